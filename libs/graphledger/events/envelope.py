@@ -1,0 +1,108 @@
+"""The one envelope every graphledger event travels in, and its Kafka headers.
+
+The record value is an ormsgpack map `{"v": version, "type": ..., "id": uuid, "ts": ms, "p": payload}`.
+Headers repeat type and version (and carry W3C `traceparent`) so a consumer can route or refuse an
+event without decoding it.
+
+Version policy: `SCHEMA_VERSION` is the version this code writes. A record with a lower version is
+upcast (`UPCASTERS`) before validation; a record with a higher version was written by a newer
+graphledger and raises `UnknownEventVersionError`, which a worker must not dead-letter (a newer worker
+understands it) but stop on.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ormsgpack
+
+from graphledger.errors import InvalidEventError, UnknownEventVersionError
+
+SCHEMA_VERSION = 1
+
+HEADER_TYPE = "gl-type"
+HEADER_VERSION = "gl-version"
+HEADER_CHUNK = "gl-chunk"
+HEADER_TRACEPARENT = "traceparent"
+
+Headers = Sequence[tuple[str, bytes]]
+
+# version -> function turning a payload of that version into one of version + 1.
+UPCASTERS: dict[int, Callable[[str, dict[str, Any]], dict[str, Any]]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One decoded event: its type, identity, producer time and raw payload map."""
+
+    type: str
+    event_id: str
+    produced_ms: int
+    payload: dict[str, Any]
+    version: int = SCHEMA_VERSION
+
+
+def new_envelope(event_type: str, payload: dict[str, Any]) -> Envelope:
+    return Envelope(event_type, str(uuid.uuid4()), int(time.time() * 1000), payload)
+
+
+def encode(envelope: Envelope) -> bytes:
+    return ormsgpack.packb(
+        {
+            "v": envelope.version,
+            "type": envelope.type,
+            "id": envelope.event_id,
+            "ts": envelope.produced_ms,
+            "p": envelope.payload,
+        }
+    )
+
+
+def headers_for(envelope: Envelope, traceparent: str | None = None) -> list[tuple[str, bytes]]:
+    headers = [(HEADER_TYPE, envelope.type.encode()), (HEADER_VERSION, str(envelope.version).encode())]
+    if traceparent:
+        headers.append((HEADER_TRACEPARENT, traceparent.encode()))
+    return headers
+
+
+def header(headers: Headers | None, name: str) -> bytes | None:
+    for key, value in headers or ():
+        if key == name:
+            return value
+    return None
+
+
+def decode(value: bytes | None) -> Envelope:
+    """Decode a record value; raises `InvalidEventError` naming what is wrong."""
+    if not value:
+        raise InvalidEventError("empty record value")
+    try:
+        raw = ormsgpack.unpackb(value)
+    except (ormsgpack.MsgpackDecodeError, ValueError, TypeError) as exc:
+        raise InvalidEventError(f"record value is not msgpack: {exc}") from None
+    if not isinstance(raw, Mapping):
+        raise InvalidEventError(f"envelope is a {type(raw).__name__}, not a map")
+    version = raw.get("v")
+    if not isinstance(version, int) or version < 1:
+        raise InvalidEventError(f"envelope version {version!r} is not a positive integer")
+    if version > SCHEMA_VERSION:
+        raise UnknownEventVersionError(
+            f"event version {version} is newer than this worker's {SCHEMA_VERSION}; upgrade the worker"
+        )
+    event_type, event_id, produced_ms, payload = raw.get("type"), raw.get("id"), raw.get("ts"), raw.get("p")
+    if not isinstance(event_type, str):
+        raise InvalidEventError(f"envelope type {event_type!r} is not a string")
+    if not isinstance(event_id, str):
+        raise InvalidEventError(f"envelope id {event_id!r} is not a string")
+    if not isinstance(produced_ms, int):
+        raise InvalidEventError(f"envelope ts {produced_ms!r} is not an integer")
+    if not isinstance(payload, dict):
+        raise InvalidEventError(f"envelope payload of {event_type} is not a map")
+    while version < SCHEMA_VERSION:
+        payload = UPCASTERS[version](event_type, payload)
+        version += 1
+    return Envelope(event_type, event_id, produced_ms, payload, version)

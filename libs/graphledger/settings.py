@@ -1,0 +1,125 @@
+"""Every setting of graphledger, read from `GRAPHLEDGER_*` environment variables.
+
+One flat model so that one table in the README documents them all; the client reads the Kafka and
+read-API part, the services the rest. Defaults are named constants with their unit.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_TOPIC_PREFIX = "graphledger"
+DEFAULT_PARTITIONS = 12
+DEFAULT_MAX_MESSAGE_BYTES = 900_000  # below Kafka's default 1 MiB message.max.bytes, with room for headers
+DEFAULT_PRODUCE_TIMEOUT_S = 30.0
+DEFAULT_CONSISTENCY_TIMEOUT_S = 10.0
+DEFAULT_BATCH_MAX_EVENTS = 5_000
+DEFAULT_BATCH_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_BATCH_MAX_WAIT_MS = 5
+DEFAULT_API_PORT = 8080
+
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+class Settings(BaseSettings):
+    """graphledger configuration; each field is `GRAPHLEDGER_<FIELD>` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="GRAPHLEDGER_", extra="ignore")
+
+    # Kafka, for client and services alike.
+    kafka_bootstrap_servers: str = Field("localhost:9092", description="Kafka bootstrap servers, comma separated.")
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="Kafka security protocol."
+    )
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, description="SASL mechanism when the protocol is SASL_*."
+    )
+    kafka_sasl_username: str | None = Field(None, description="SASL user name.")
+    kafka_sasl_password: SecretStr | None = Field(None, description="SASL password.")
+    kafka_ssl_cafile: str | None = Field(None, description="CA bundle file for Kafka TLS.")
+    kafka_ssl_certfile: str | None = Field(None, description="Client certificate file for Kafka mTLS.")
+    kafka_ssl_keyfile: str | None = Field(None, description="Client key file for Kafka mTLS.")
+    kafka_idempotence: bool = Field(
+        True, description="Idempotent producer. Off for brokers without InitProducerId (the embedded tansu)."
+    )
+    topic_prefix: str = Field(DEFAULT_TOPIC_PREFIX, description="Prefix of every graphledger topic.")
+    topic_partitions: int = Field(DEFAULT_PARTITIONS, ge=1, description="Partitions `topics ensure` creates.")
+    topic_replication_factor: int = Field(3, ge=1, description="Replication factor `topics ensure` creates.")
+    max_message_bytes: int = Field(
+        DEFAULT_MAX_MESSAGE_BYTES,
+        ge=10_000,
+        description="Largest record the client publishes; bigger events are split into chunks.",
+    )
+    produce_timeout_s: float = Field(
+        DEFAULT_PRODUCE_TIMEOUT_S, gt=0, description="Seconds a write waits for the broker's acknowledgement."
+    )
+
+    # Read API, for the client.
+    api_url: str = Field(f"http://127.0.0.1:{DEFAULT_API_PORT}", description="Base URL of the read API.")
+    api_token: SecretStr | None = Field(None, description="Bearer token sent to (and required by) the read API.")
+    consistency_timeout_s: float = Field(
+        DEFAULT_CONSISTENCY_TIMEOUT_S,
+        gt=0,
+        description="Seconds the read API waits for the projection to reach a read's consistency token.",
+    )
+
+    # Postgres, for the services.
+    postgres_dsn: str = Field("postgresql://postgres@localhost/postgres", description="Projection database DSN.")
+    postgres_schema: str = Field("graphledger", description="Schema holding the projection tables.")
+
+    # Projector.
+    projector_group_id: str = Field("graphledger-projector", description="Kafka consumer group of the projector.")
+    batch_max_events: int = Field(DEFAULT_BATCH_MAX_EVENTS, ge=1, description="Most events in one apply batch.")
+    batch_max_bytes: int = Field(DEFAULT_BATCH_MAX_BYTES, ge=1024, description="Most record bytes in one batch.")
+    batch_max_wait_ms: int = Field(
+        DEFAULT_BATCH_MAX_WAIT_MS, ge=0, description="Longest a batch waits to fill before it is applied."
+    )
+
+    # Read API server.
+    api_host: str = Field("127.0.0.1", description="Address the read API listens on.")
+    api_port: int = Field(DEFAULT_API_PORT, ge=0, le=65535, description="Port the read API listens on.")
+    api_pool_size: int = Field(10, ge=1, description="Postgres connections of one read API process.")
+
+    @field_validator("postgres_schema")
+    @classmethod
+    def _schema_is_identifier(cls, value: str) -> str:
+        # The schema name is the one identifier spliced into SQL; it must be a plain identifier.
+        if not _IDENTIFIER.match(value):
+            raise ValueError(f"postgres_schema {value!r} is not a lower-case SQL identifier")
+        return value
+
+    @property
+    def checkpoint_topic(self) -> str:
+        return f"{self.topic_prefix}.checkpoints"
+
+    @property
+    def store_topic(self) -> str:
+        return f"{self.topic_prefix}.store"
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return f"{self.topic_prefix}.dead-letters"
+
+    def kafka_client_options(self) -> dict[str, object]:
+        """Connection options shared by every aiokafka client (producer, consumer, admin)."""
+        options: dict[str, object] = {
+            "bootstrap_servers": self.kafka_bootstrap_servers,
+            "security_protocol": self.kafka_security_protocol,
+        }
+        if self.kafka_security_protocol.startswith("SASL"):
+            options["sasl_mechanism"] = self.kafka_sasl_mechanism or "PLAIN"
+            options["sasl_plain_username"] = self.kafka_sasl_username
+            options["sasl_plain_password"] = (
+                self.kafka_sasl_password.get_secret_value() if self.kafka_sasl_password else None
+            )
+        if self.kafka_security_protocol.endswith("SSL"):
+            from aiokafka.helpers import create_ssl_context
+
+            options["ssl_context"] = create_ssl_context(
+                cafile=self.kafka_ssl_cafile, certfile=self.kafka_ssl_certfile, keyfile=self.kafka_ssl_keyfile
+            )
+        return options

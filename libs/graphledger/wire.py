@@ -1,0 +1,42 @@
+"""The read API's wire format for opaque values, shared by the API (encoder) and the client (decoder).
+
+A channel value or pending write is either typed bytes made by the agent's serde, `{"t": type, "b":
+bytes}`, or a primitive the checkpoint stores inline in its jsonb, `{"v": value}`. Bodies are msgpack
+(`application/msgpack`, bytes native) or JSON (`application/json`, bytes as base64 strings).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MSGPACK = "application/msgpack"
+JSON = "application/json"
+CONSISTENCY_HEADER = "X-Graphledger-Consistency"
+
+
+def format_token(token: dict[tuple[str, int], int]) -> str:
+    """`topic:partition:offset,...`: the newest acknowledged offset per partition a reader must see."""
+    return ",".join(f"{topic}:{partition}:{offset}" for (topic, partition), offset in sorted(token.items()))
+
+
+def parse_token(value: str) -> dict[tuple[str, int], int]:
+    """Inverse of `format_token`; raises ValueError naming the malformed part."""
+    token: dict[tuple[str, int], int] = {}
+    for part in filter(None, (p.strip() for p in value.split(","))):
+        try:
+            topic, partition, offset = part.rsplit(":", 2)
+            key, at = (topic, int(partition)), int(offset)
+        except ValueError:
+            raise ValueError(f"consistency token part {part!r} is not topic:partition:offset") from None
+        if not topic or key[1] < 0 or at < 0:
+            raise ValueError(f"consistency token part {part!r} is out of range")
+        token[key] = max(token.get(key, -1), at)
+    return token
+
+
+def typed(type_: str, data: bytes) -> dict[str, Any]:
+    return {"t": type_, "b": data}
+
+
+def inline(value: Any) -> dict[str, Any]:
+    return {"v": value}
