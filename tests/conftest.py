@@ -1,0 +1,67 @@
+"""Session fixtures: one embedded Postgres and one tansu broker for the whole run, on free ports.
+
+Each test module that needs isolation takes its own database (`fresh_database`) and topic prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
+
+from graphledger.settings import Settings  # noqa: E402
+from graphledger_server.devstack.broker import EmbeddedBroker  # noqa: E402
+from graphledger_server.devstack.postgres import EmbeddedPostgres  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="graphledger-test-") as d:
+        yield Path(d)
+
+
+@pytest.fixture(scope="session")
+def pg(workdir: Path) -> Iterator[EmbeddedPostgres]:
+    server = EmbeddedPostgres.start(workdir / "pg", keep=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def broker(workdir: Path) -> Iterator[EmbeddedBroker]:
+    server = EmbeddedBroker.start(workdir / "broker")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fresh_database(pg: EmbeddedPostgres) -> str:
+    """DSN of a new, empty database."""
+    return pg.create_database(f"t_{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture
+def make_settings(broker: EmbeddedBroker, pg: EmbeddedPostgres):
+    """Settings for an isolated graphledger: own topic prefix, own database, tansu-compatible producer."""
+
+    def make(**overrides: object) -> Settings:
+        values: dict[str, object] = {
+            "kafka_bootstrap_servers": broker.bootstrap_servers,
+            "kafka_idempotence": False,
+            "topic_prefix": f"t{uuid.uuid4().hex[:10]}",
+            "topic_partitions": 4,
+            "topic_replication_factor": 1,
+            "projector_group_id": f"g{uuid.uuid4().hex[:10]}",
+        }
+        if "postgres_dsn" not in overrides:
+            values["postgres_dsn"] = pg.create_database(f"t_{uuid.uuid4().hex[:12]}")
+        values.update(overrides)
+        return Settings(**values)  # type: ignore[arg-type]
+
+    return make
