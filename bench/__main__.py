@@ -1,0 +1,173 @@
+"""`make bench`: graphledger's KafkaSaver side by side with the official AsyncPostgresSaver, one run.
+
+Both write to the same embedded Postgres (the official saver in its own schema). Printed: throughput
+of raw `aput` and of whole graph invocations at concurrency 1, 16 and 64, with ratios; projector apply
+rate; write-to-visible latency at a steady 500 checkpoints/s. Numbers, not assertions: tests never time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+from graphledger import KafkaSaver
+from graphledger_server.devstack.stack import DevStack
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import seed_graph
+
+CONCURRENCY = (1, 16, 64)
+
+
+def _message_history(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"message {j} of step {i}: " + "x" * 200} for j in range(4)]
+
+
+async def _run_puts(saver: Any, concurrency: int, total: int) -> float:
+    """Checkpoints per second of `aput`, `concurrency` threads each writing a parent chain."""
+    per_worker = max(1, total // concurrency)
+
+    async def worker() -> None:
+        config: dict[str, Any] = {"configurable": {"thread_id": str(uuid.uuid4()), "checkpoint_ns": ""}}
+        for i in range(per_worker):
+            checkpoint = empty_checkpoint()
+            version = saver.get_next_version(None if i == 0 else str(i), None)
+            checkpoint["channel_values"] = {"messages": _message_history(i), "step": i}
+            checkpoint["channel_versions"] = {"messages": version, "step": version}
+            config = await saver.aput(config, checkpoint, {"source": "loop", "step": i}, {"messages": version})
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return per_worker * concurrency / (time.perf_counter() - start)
+
+
+async def _run_graphs(saver: Any, concurrency: int, total: int) -> float:
+    """Graph invocations per second of the seed graph (4 checkpoints and 3 write sets each)."""
+    graph = seed_graph.build().compile(checkpointer=saver)
+    per_worker = max(1, total // concurrency)
+
+    async def worker() -> None:
+        for _ in range(per_worker):
+            await graph.ainvoke({"foo": ""}, {"configurable": {"thread_id": str(uuid.uuid4())}})
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return per_worker * concurrency / (time.perf_counter() - start)
+
+
+async def _side_by_side(
+    name: str, run: Callable[[Any, int, int], Awaitable[float]], ours: Any, official: Any, total: int
+) -> list[tuple[str, int, float, float]]:
+    rows = []
+    for concurrency in CONCURRENCY:
+        n = total if concurrency > 1 else total // 4
+        theirs = await run(official, concurrency, n)
+        mine = await run(ours, concurrency, n)
+        rows.append((name, concurrency, mine, theirs))
+        print(
+            f"  {name:<18} c={concurrency:<3} KafkaSaver {mine:9.0f}/s  AsyncPostgresSaver {theirs:9.0f}/s  "
+            f"ratio {mine / theirs:5.2f}x",
+            flush=True,
+        )
+    return rows
+
+
+async def _applied(conn: asyncpg.Connection, stack: DevStack) -> int:
+    settings = stack.settings
+    value = await conn.fetchval(
+        f"SELECT coalesce(sum(next_offset), 0) FROM {settings.postgres_schema}.graphledger_offsets "
+        "WHERE consumer_group = $1 AND topic = $2",
+        settings.projector_group_id,
+        settings.checkpoint_topic,
+    )
+    return int(value)
+
+
+async def _projector_rate(stack: DevStack, saver: KafkaSaver, total: int) -> float:
+    """Checkpoints applied per second by one projector catching up on a backlog of `total` puts."""
+    conn = await asyncpg.connect(stack.settings.postgres_dsn)
+    try:
+        stack.kill_projector()
+        await _run_puts(saver, 64, total)
+        target = sum(saver.consistency_token.values()) + len(saver.consistency_token)
+        before = await _applied(conn, stack)
+        stack.start_projector()
+        while await _applied(conn, stack) == before:
+            await asyncio.sleep(0.01)
+        start, first = time.perf_counter(), await _applied(conn, stack)
+        while (now := await _applied(conn, stack)) < target:
+            await asyncio.sleep(0.01)
+        return (now - first) / (time.perf_counter() - start)
+    finally:
+        await conn.close()
+
+
+async def _write_to_visible(saver: KafkaSaver, rate: int, seconds: float) -> list[float]:
+    """Milliseconds from `aput` to the checkpoint being readable, at a steady `rate` puts per second."""
+    latencies: list[float] = []
+
+    async def one(i: int) -> None:
+        config: dict[str, Any] = {"configurable": {"thread_id": f"fresh-{uuid.uuid4()}", "checkpoint_ns": ""}}
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"step": i}
+        start = time.perf_counter()
+        stored = await saver.aput(config, checkpoint, {"step": i}, {})
+        assert await saver.aget_tuple(stored) is not None
+        latencies.append((time.perf_counter() - start) * 1000)
+
+    tasks = []
+    start = time.perf_counter()
+    for i in range(int(rate * seconds)):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i)))
+    await asyncio.gather(*tasks)
+    return latencies
+
+
+async def main(args: argparse.Namespace) -> None:
+    with DevStack(Path(tempfile.mkdtemp(prefix="graphledger-bench-")), log_level="WARNING") as stack:
+        settings = stack.settings
+        dsn = settings.postgres_dsn
+        async with (
+            KafkaSaver(settings) as ours,
+            await AsyncPostgresSaver.from_conn_string(dsn) as official,
+        ):
+            await official.setup()
+            print(f"graphledger bench — {args.total} ops per row, Postgres and broker embedded, 2 cores", flush=True)
+            rows = await _side_by_side("aput", _run_puts, ours, official, args.total)
+            rows += await _side_by_side("graph.ainvoke", _run_graphs, ours, official, args.total // 8)
+            rate = await _projector_rate(stack, ours, args.backlog)
+            print(f"  projector apply    {rate:9.0f} checkpoints/s (backlog of {args.backlog})", flush=True)
+            latencies = sorted(await _write_to_visible(ours, 500, args.seconds))
+            p50 = statistics.median(latencies)
+            p99 = latencies[int(len(latencies) * 0.99) - 1]
+            print(f"  write-to-visible   p50 {p50:6.1f} ms  p99 {p99:6.1f} ms at 500 checkpoints/s", flush=True)
+
+        print("\n| operation | concurrency | KafkaSaver ops/s | AsyncPostgresSaver ops/s | ratio |")
+        print("|---|---:|---:|---:|---:|")
+        for name, concurrency, mine, theirs in rows:
+            print(f"| {name} | {concurrency} | {mine:,.0f} | {theirs:,.0f} | {mine / theirs:.2f}x |")
+        print(f"| projector apply (backlog {args.backlog:,}) | – | {rate:,.0f} checkpoints/s | – | – |")
+        print(f"| write-to-visible at 500/s | – | p50 {p50:.1f} ms, p99 {p99:.1f} ms | – | – |")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--total", type=int, default=4000, help="aput calls per row (graph rows use total/8)")
+    parser.add_argument("--backlog", type=int, default=20000, help="checkpoints for the projector rate")
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration of the write-to-visible run")
+    asyncio.run(main(parser.parse_args()))

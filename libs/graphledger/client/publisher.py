@@ -1,0 +1,98 @@
+"""Publishing events to Kafka and keeping the consistency token of what was acknowledged.
+
+A write returns once the broker acknowledged it (`acks=all`). Its partition and offset join the
+publisher's token, which the reader sends with every read (read your writes). Events larger than
+`max_message_bytes` go out as chunk records with the event's key, so they share a partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from graphledger.errors import PublishError
+from graphledger.events import chunks, envelope
+from graphledger.events.envelope import Envelope
+from graphledger.settings import Settings
+
+# Room for the envelope's and chunk headers' bytes beyond a chunk's payload.
+_REQUEST_HEADROOM_BYTES = 64 * 1024
+
+
+class EventPublisher:
+    """One aiokafka producer; runs on the client's background loop."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._producer: AIOKafkaProducer | None = None
+        self.token: dict[tuple[str, int], int] = {}
+
+    async def start(self) -> None:
+        producer = AIOKafkaProducer(
+            **self._settings.kafka_client_options(),  # type: ignore[arg-type]
+            acks="all",
+            enable_idempotence=self._settings.kafka_idempotence,
+            max_request_size=self._settings.max_message_bytes + _REQUEST_HEADROOM_BYTES,
+            request_timeout_ms=int(self._settings.produce_timeout_s * 1000),
+        )
+        try:
+            await asyncio.wait_for(producer.start(), self._settings.produce_timeout_s)
+        except (TimeoutError, KafkaError, OSError) as exc:
+            await producer.stop()
+            raise PublishError(
+                f"cannot reach Kafka at {self._settings.kafka_bootstrap_servers}: {exc or type(exc).__name__}"
+            ) from exc
+        self._producer = producer
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    async def partitions(self, topic: str) -> list[int]:
+        assert self._producer is not None
+        return sorted(await self._producer.partitions_for(topic))
+
+    async def publish(
+        self,
+        topic: str,
+        key: str | None,
+        event: Envelope,
+        *,
+        traceparent: str | None = None,
+        partition: int | None = None,
+    ) -> None:
+        """Publish one event and wait for the broker's acknowledgement of every record of it."""
+        assert self._producer is not None, "publisher not started"
+        value = envelope.encode(event)
+        headers = envelope.headers_for(event, traceparent)
+        key_bytes = key.encode() if key is not None else None
+        limit = self._settings.max_message_bytes
+        if len(value) <= limit:
+            records = [(value, headers)]
+        else:
+            parts = chunks.split(value, limit)
+            records = [
+                (
+                    part,
+                    [*headers, (envelope.HEADER_CHUNK, chunks.ChunkRef(event.event_id, i, len(parts)).header_value())],
+                )
+                for i, part in enumerate(parts)
+            ]
+        try:
+            futures = [
+                await self._producer.send(topic, part, key=key_bytes, headers=hdrs, partition=partition)
+                for part, hdrs in records
+            ]
+            acked = await asyncio.wait_for(asyncio.gather(*futures), self._settings.produce_timeout_s)
+        except (TimeoutError, KafkaError) as exc:
+            raise PublishError(
+                f"Kafka did not acknowledge a {event.type} event on {topic} within "
+                f"{self._settings.produce_timeout_s}s: {exc or type(exc).__name__}"
+            ) from exc
+        for metadata in acked:
+            tp = (metadata.topic, metadata.partition)
+            if metadata.offset > self.token.get(tp, -1):
+                self.token[tp] = metadata.offset

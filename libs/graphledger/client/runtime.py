@@ -1,0 +1,123 @@
+"""What a client object runs on: the background loop, the Kafka publisher and the read API client.
+
+Started lazily on first use (thread-safe), so constructing a saver costs nothing and LangGraph can
+build it at import time. The caller's trace context is captured in the caller's thread, before the
+hop to the loop thread, so producer records continue the caller's trace.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from opentelemetry.propagate import inject
+
+from graphledger.client.loop import BackgroundLoop
+from graphledger.client.publisher import EventPublisher
+from graphledger.client.reader import ReadApiClient
+from graphledger.events import to_envelope
+from graphledger.events.checkpoint import CheckpointEvent
+from graphledger.settings import Settings
+
+
+def _traceparent() -> str | None:
+    carrier: dict[str, str] = {}
+    inject(carrier)
+    return carrier.get("traceparent")
+
+
+class ClientRuntime:
+    def __init__(self, settings: Settings, name: str) -> None:
+        self._settings = settings
+        self._name = name
+        self._lock = threading.Lock()
+        self._loop: BackgroundLoop | None = None
+        self.publisher = EventPublisher(settings)
+        self._reader: ReadApiClient | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def _started_loop(self) -> BackgroundLoop:
+        loop = self._loop
+        if loop is not None:
+            return loop
+        with self._lock:
+            if self._loop is None:
+                loop = BackgroundLoop(self._name)
+                try:
+                    loop.run(self._start())
+                except BaseException:
+                    loop.stop()
+                    raise
+                self._loop = loop
+            return self._loop
+
+    async def _start(self) -> None:
+        self._reader = ReadApiClient(self._settings)
+        await self.publisher.start()
+
+    def ensure_started(self) -> None:
+        self._started_loop()
+
+    async def aensure_started(self) -> None:
+        # Starting blocks on a connection to Kafka; do it off the caller's event loop.
+        import asyncio
+
+        await asyncio.to_thread(self._started_loop)
+
+    def close(self) -> None:
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.run(self._stop())
+            loop.stop()
+
+    async def aclose(self) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self.close)
+
+    async def _stop(self) -> None:
+        await self.publisher.stop()
+        if self._reader is not None:
+            await self._reader.close()
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    async def _publish(self, topic: str, event: CheckpointEvent, traceparent: str | None) -> None:
+        await self.publisher.publish(topic, event.key, to_envelope(event), traceparent=traceparent)
+
+    async def _broadcast(self, topic: str, event: CheckpointEvent, traceparent: str | None) -> None:
+        # One copy per partition, so the event takes its place among every thread's writes.
+        for partition in await self.publisher.partitions(topic):
+            await self.publisher.publish(topic, None, to_envelope(event), traceparent=traceparent, partition=partition)
+
+    async def _read(self, path: str, body: dict[str, Any]) -> Any:
+        assert self._reader is not None
+        return await self._reader.call(path, body, self.publisher.token)
+
+    def publish(self, topic: str, event: CheckpointEvent) -> None:
+        self._started_loop().run(self._publish(topic, event, _traceparent()))
+
+    async def apublish(self, topic: str, event: CheckpointEvent) -> None:
+        loop = self._loop or await self._astarted_loop()
+        await loop.arun(self._publish(topic, event, _traceparent()))
+
+    def broadcast(self, topic: str, event: CheckpointEvent) -> None:
+        self._started_loop().run(self._broadcast(topic, event, _traceparent()))
+
+    async def abroadcast(self, topic: str, event: CheckpointEvent) -> None:
+        loop = self._loop or await self._astarted_loop()
+        await loop.arun(self._broadcast(topic, event, _traceparent()))
+
+    def read(self, path: str, body: dict[str, Any]) -> Any:
+        return self._started_loop().run(self._read(path, body))
+
+    async def aread(self, path: str, body: dict[str, Any]) -> Any:
+        loop = self._loop or await self._astarted_loop()
+        return await loop.arun(self._read(path, body))
+
+    async def _astarted_loop(self) -> BackgroundLoop:
+        import asyncio
+
+        return await asyncio.to_thread(self._started_loop)

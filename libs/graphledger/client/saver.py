@@ -1,0 +1,321 @@
+"""`KafkaSaver`: a LangGraph checkpointer whose writes are Kafka events and whose reads go to the read API.
+
+Writes are encoded exactly as `langgraph-checkpoint-postgres` stores them (primitive channel values
+inline in the checkpoint jsonb, the rest as `(type, bytes)` blobs from this saver's serde), so the
+projection is the official layout. Each write returns once Kafka acknowledged it; reads carry the
+consistency token of every write this saver made, so a read always sees this saver's own writes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    DeltaChannelHistory,
+    get_checkpoint_id,
+    get_serializable_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from graphledger.client.runtime import ClientRuntime
+from graphledger.client.values import (
+    decode_delta_history,
+    decode_tuple,
+    dump_json,
+    require_id,
+    split_channel_values,
+)
+from graphledger.errors import InvalidInputError
+from graphledger.events.checkpoint import (
+    PRUNE_STRATEGIES,
+    Blob,
+    CheckpointEvent,
+    CheckpointPut,
+    CheckpointWrites,
+    RunsDelete,
+    ThreadCopy,
+    ThreadDelete,
+    ThreadPrune,
+    Write,
+)
+from graphledger.settings import Settings
+
+
+class KafkaSaver(BaseCheckpointSaver[str]):
+    """Checkpointer for `graph.compile(checkpointer=...)`, sync and async, through graphledger.
+
+    Use it as a context manager (`with KafkaSaver.from_env() as saver:` or `async with`), or call
+    `close()` when done; it starts its Kafka producer on first use.
+    """
+
+    def __init__(self, settings: Settings | None = None, *, serde: SerializerProtocol | None = None) -> None:
+        super().__init__(serde=serde)
+        self.settings = settings or Settings()
+        self._runtime = ClientRuntime(self.settings, name="graphledger-saver")
+
+    @classmethod
+    def from_env(cls, *, serde: SerializerProtocol | None = None) -> KafkaSaver:
+        """A saver configured from `GRAPHLEDGER_*` environment variables."""
+        return cls(Settings(), serde=serde)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._runtime.close()
+
+    def __enter__(self) -> KafkaSaver:
+        self._runtime.ensure_started()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> KafkaSaver:
+        await self._runtime.aensure_started()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._runtime.aclose()
+
+    @property
+    def consistency_token(self) -> dict[tuple[str, int], int]:
+        """The newest acknowledged offset per partition of this saver's writes."""
+        return dict(self._runtime.publisher.token)
+
+    # -- writes: build the event in the caller's thread, publish on the runtime's loop ----------
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        event = self._checkpoint_put(config, checkpoint, metadata, new_versions)
+        self._runtime.publish(self.settings.checkpoint_topic, event)
+        return _config(event.thread_id, event.checkpoint_ns, event.checkpoint_id)
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        event = self._checkpoint_put(config, checkpoint, metadata, new_versions)
+        await self._runtime.apublish(self.settings.checkpoint_topic, event)
+        return _config(event.thread_id, event.checkpoint_ns, event.checkpoint_id)
+
+    def put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        self._runtime.publish(
+            self.settings.checkpoint_topic, self._checkpoint_writes(config, writes, task_id, task_path)
+        )
+
+    async def aput_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        event = self._checkpoint_writes(config, writes, task_id, task_path)
+        await self._runtime.apublish(self.settings.checkpoint_topic, event)
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._runtime.publish(self.settings.checkpoint_topic, ThreadDelete(require_id(thread_id, "thread_id")))
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self._runtime.apublish(self.settings.checkpoint_topic, ThreadDelete(require_id(thread_id, "thread_id")))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._runtime.publish(self.settings.checkpoint_topic, _thread_copy(source_thread_id, target_thread_id))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await self._runtime.apublish(self.settings.checkpoint_topic, _thread_copy(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        for event in _prunes(thread_ids, strategy):
+            self._runtime.publish(self.settings.checkpoint_topic, event)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        for event in _prunes(thread_ids, strategy):
+            await self._runtime.apublish(self.settings.checkpoint_topic, event)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        if event := _runs_delete(run_ids):
+            self._runtime.broadcast(self.settings.checkpoint_topic, event)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        if event := _runs_delete(run_ids):
+            await self._runtime.abroadcast(self.settings.checkpoint_topic, event)
+
+    # -- reads: one read API call each, with the consistency token --------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return decode_tuple(self._runtime.read("/v1/checkpoints/get", _get_body(config)).get("tuple"), self.serde)
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        answer = await self._runtime.aread("/v1/checkpoints/get", _get_body(config))
+        return decode_tuple(answer.get("tuple"), self.serde)
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        answer = self._runtime.read("/v1/checkpoints/list", _list_body(config, filter, before, limit))
+        for raw in answer["tuples"]:
+            yield decode_tuple(raw, self.serde)  # type: ignore[misc]
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        answer = await self._runtime.aread("/v1/checkpoints/list", _list_body(config, filter, before, limit))
+        for raw in answer["tuples"]:
+            yield decode_tuple(raw, self.serde)  # type: ignore[misc]
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        if not channels:
+            return {}
+        answer = self._runtime.read("/v1/checkpoints/delta-history", _delta_body(config, channels))
+        return decode_delta_history(answer["history"], self.serde)
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        if not channels:
+            return {}
+        answer = await self._runtime.aread("/v1/checkpoints/delta-history", _delta_body(config, channels))
+        return decode_delta_history(answer["history"], self.serde)
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """Same version format as PostgresSaver: zero-padded counter plus a random tiebreak."""
+        if current is None:
+            current_v = 0
+        elif isinstance(current, int):
+            current_v = current
+        else:
+            current_v = int(current.split(".")[0])
+        return f"{current_v + 1:032}.{random.random():016}"
+
+    # -- event builders ------------------------------------------------------------------------
+
+    def _checkpoint_put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> CheckpointPut:
+        configurable = config["configurable"]
+        thread_id = require_id(configurable.get("thread_id"), "thread_id")
+        checkpoint_ns = _namespace(configurable.get("checkpoint_ns"))
+        parent_id = configurable.get("checkpoint_id")
+        inline, blob_values = split_channel_values(checkpoint["channel_values"])
+        blobs = tuple(
+            Blob(channel, str(version), *self.serde.dumps_typed(blob_values[channel]))
+            for channel, version in new_versions.items()
+            if channel in blob_values
+        )
+        return CheckpointPut(
+            thread_id=thread_id,
+            checkpoint_ns=checkpoint_ns,
+            checkpoint_id=require_id(checkpoint["id"], "checkpoint id"),
+            parent_checkpoint_id=require_id(parent_id, "parent checkpoint_id") if parent_id else None,
+            checkpoint_json=dump_json({**checkpoint, "channel_values": inline}, "checkpoint"),
+            metadata_json=dump_json(get_serializable_checkpoint_metadata(config, metadata), "checkpoint metadata"),
+            blobs=blobs,
+        )
+
+    def _checkpoint_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
+    ) -> CheckpointWrites:
+        configurable = config["configurable"]
+        return CheckpointWrites(
+            thread_id=require_id(configurable.get("thread_id"), "thread_id"),
+            checkpoint_ns=_namespace(configurable.get("checkpoint_ns")),
+            checkpoint_id=require_id(configurable.get("checkpoint_id"), "checkpoint_id"),
+            task_id=require_id(task_id, "task_id", allow_empty=True),
+            task_path=require_id(task_path, "task_path", allow_empty=True),
+            # Like PostgresSaver: special writes (errors, interrupts) replace, regular ones never do.
+            upsert=all(channel in WRITES_IDX_MAP for channel, _ in writes),
+            writes=tuple(
+                Write(WRITES_IDX_MAP.get(channel, idx), channel, *self.serde.dumps_typed(value))
+                for idx, (channel, value) in enumerate(writes)
+            ),
+        )
+
+
+def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}}
+
+
+def _namespace(value: Any) -> str:
+    return "" if value is None else require_id(value, "checkpoint_ns", allow_empty=True)
+
+
+def _thread_copy(source: str, target: str) -> ThreadCopy:
+    return ThreadCopy(require_id(source, "source_thread_id"), require_id(target, "target_thread_id"))
+
+
+def _prunes(thread_ids: Sequence[str], strategy: str) -> list[CheckpointEvent]:
+    if isinstance(thread_ids, str):
+        raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
+    if strategy not in PRUNE_STRATEGIES:
+        raise ValueError(f"Unknown prune strategy: {strategy!r}")
+    # One event per thread, keyed by it, so each prune keeps its place among the thread's writes.
+    return [ThreadPrune(require_id(t, "thread_id"), strategy) for t in dict.fromkeys(thread_ids)]
+
+
+def _runs_delete(run_ids: Sequence[str]) -> RunsDelete | None:
+    if isinstance(run_ids, str):
+        raise TypeError("run_ids must be a sequence of run IDs, not a str")
+    ids = tuple(dict.fromkeys(require_id(r, "run_id") for r in run_ids))
+    return RunsDelete(ids) if ids else None
+
+
+def _get_body(config: RunnableConfig) -> dict[str, Any]:
+    configurable = config["configurable"]
+    return {
+        "thread_id": require_id(configurable.get("thread_id"), "thread_id"),
+        "checkpoint_ns": _namespace(configurable.get("checkpoint_ns")),
+        "checkpoint_id": get_checkpoint_id(config),
+    }
+
+
+def _list_body(
+    config: RunnableConfig | None, filter: dict[str, Any] | None, before: RunnableConfig | None, limit: int | None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"filter": filter or None, "limit": limit}
+    if config:
+        configurable = config["configurable"]
+        body["thread_id"] = require_id(configurable.get("thread_id"), "thread_id")
+        if (ns := configurable.get("checkpoint_ns")) is not None:
+            body["checkpoint_ns"] = _namespace(ns)
+        body["checkpoint_id"] = get_checkpoint_id(config)
+    if before is not None:
+        body["before_checkpoint_id"] = get_checkpoint_id(before)
+    if filter is not None and not isinstance(filter, dict):
+        raise InvalidInputError(f"filter must be a dict, not {type(filter).__name__}")
+    return body
+
+
+def _delta_body(config: RunnableConfig, channels: Sequence[str]) -> dict[str, Any]:
+    return {**_get_body(config), "channels": list(channels)}
