@@ -1,0 +1,47 @@
+"""`create_app(settings)`: the FastAPI read API, its Postgres pool and its applied-offsets watcher."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import version
+
+from fastapi import Depends, FastAPI
+
+from graphledger.settings import Settings
+from graphledger_server.api import checkpoints, handlers, health
+from graphledger_server.api.auth import bearer_auth
+from graphledger_server.api.consistency import AppliedOffsets
+from graphledger_server.api.db import conninfo, open_pool
+from graphledger_server.api.state import ApiState
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The read API for `settings`; the pool and the watcher live as long as the app's lifespan."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool = open_pool(settings)
+        # Not waiting for connections: the process starts (and /healthz answers) while Postgres is down;
+        # /readyz and the reads report the outage until it is back.
+        await pool.open(wait=False)
+        offsets = AppliedOffsets(conninfo(settings), settings.postgres_schema, settings.projector_group_id)
+        await offsets.start()
+        app.state.api = ApiState(settings, pool, offsets)
+        try:
+            yield
+        finally:
+            await offsets.stop()
+            await pool.close()
+
+    app = FastAPI(
+        title="graphledger read API",
+        version=version("graphledger"),
+        summary="Reads of the checkpoint projection, as langgraph-checkpoint-postgres answers them.",
+        lifespan=lifespan,
+    )
+    handlers.install(app)
+    app.include_router(health.router)
+    auth = [Depends(bearer_auth(settings.api_token))] if settings.api_token is not None else []
+    app.include_router(checkpoints.router, dependencies=auth)
+    return app

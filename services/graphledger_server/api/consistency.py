@@ -1,0 +1,143 @@
+"""Read-your-writes (invariant 5): hold a read until the projector has applied the client's token.
+
+One `AppliedOffsets` per process keeps the projector's `graphledger_offsets` rows in memory. Its own
+connection `LISTEN`s on `graphledger_applied`, which the projector `NOTIFY`s after every batch commit,
+and re-reads the (small) table on each notification, so a waiting read wakes one round trip after the
+commit that satisfies it. Waiting reads block on an `asyncio.Condition`; however many there are, the
+database sees one reader, not one polling loop per request. In case a notification is missed
+(reconnect, a projector that does not notify), the table is also re-read every
+`FALLBACK_REFRESH_S` while anyone waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import psycopg
+import psycopg.errors
+
+from graphledger.projection.offsets import APPLIED_CHANNEL
+from graphledger.wire import CONSISTENCY_HEADER, parse_token
+from graphledger_server.api.errors import ApiError, unavailable
+
+log = logging.getLogger(__name__)
+
+FALLBACK_REFRESH_S = 0.1
+RECONNECT_MIN_S = 0.1
+RECONNECT_MAX_S = 2.0
+SELECT_OFFSETS_SQL = "SELECT topic, partition, next_offset FROM graphledger_offsets WHERE consumer_group = %s"
+
+Token = dict[tuple[str, int], int]
+
+
+class AppliedOffsets:
+    """The next offset the projector will apply, per (topic, partition), kept current by LISTEN/NOTIFY."""
+
+    def __init__(
+        self, conninfo: str, schema: str, consumer_group: str, *, fallback_refresh_s: float = FALLBACK_REFRESH_S
+    ) -> None:
+        self._conninfo = conninfo
+        self._fallback_s = fallback_refresh_s
+        self._schema = schema
+        self._group = consumer_group
+        self._next: Token = {}
+        self._changed = asyncio.Condition()
+        self._waiters = 0
+        self._task: asyncio.Task[None] | None = None
+        self._warned_no_table = False
+        self.listening = asyncio.Event()
+        """Set while the watcher holds its LISTEN connection and has read the table once."""
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._watch(), name="graphledger-applied-offsets")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    @property
+    def waiting(self) -> int:
+        """Reads waiting for the projection right now."""
+        return self._waiters
+
+    def missing(self, token: Token) -> Token:
+        """The parts of `token` not applied yet: those whose `next_offset` is not past the token's offset."""
+        return {key: offset for key, offset in token.items() if self._next.get(key, 0) <= offset}
+
+    async def wait(self, token: Token, timeout_s: float) -> Token:
+        """Wait until `token` is applied; return what is still missing at the deadline (empty: reached)."""
+        if not self.missing(token):
+            return {}
+        self._waiters += 1
+        try:
+            async with asyncio.timeout(timeout_s), self._changed:
+                await self._changed.wait_for(lambda: not self.missing(token))
+        except TimeoutError:
+            pass
+        finally:
+            self._waiters -= 1
+        return self.missing(token)
+
+    async def _watch(self) -> None:
+        backoff = RECONNECT_MIN_S
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {APPLIED_CHANNEL}")
+                    # Anything applied while we were not listening is in the table, not in a notification.
+                    await self._refresh(conn)
+                    self.listening.set()
+                    backoff = RECONNECT_MIN_S
+                    await self._listen(conn)
+            except psycopg.Error as exc:
+                self.listening.clear()
+                log.warning("applied-offsets watcher failed (%s); reconnecting in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, RECONNECT_MAX_S)
+
+    async def _listen(self, conn: psycopg.AsyncConnection) -> None:
+        while True:
+            notified = False
+            async for notify in conn.notifies(timeout=self._fallback_s, stop_after=1):
+                # The payload is the schema the projector applied to; another schema's batch (a replay
+                # building beside us) cannot satisfy our readers.
+                notified = notified or notify.payload in ("", self._schema)
+            if notified or self._waiters:
+                await self._refresh(conn)
+
+    async def _refresh(self, conn: psycopg.AsyncConnection) -> None:
+        try:
+            cur = await conn.execute(SELECT_OFFSETS_SQL, (self._group,))
+            rows = await cur.fetchall()
+        except psycopg.errors.UndefinedTable:
+            if not self._warned_no_table:
+                log.warning("no graphledger_offsets in schema %s yet; is it migrated?", self._schema)
+                self._warned_no_table = True
+            return
+        offsets = {(topic, partition): next_offset for topic, partition, next_offset in rows}
+        if offsets != self._next:
+            async with self._changed:
+                self._next = offsets
+                self._changed.notify_all()
+
+
+async def hold(header: str | None, offsets: AppliedOffsets, timeout_s: float) -> None:
+    """Return once a read may run: it has no token, or the projection reached it; else 400 or 503."""
+    if header is None:
+        return
+    try:
+        token = parse_token(header)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_consistency_token", f"{CONSISTENCY_HEADER}: {exc}") from None
+    missing = await offsets.wait(token, timeout_s)
+    if missing:
+        behind = ", ".join(f"{topic}:{partition}:{offset}" for (topic, partition), offset in sorted(missing.items()))
+        raise unavailable(
+            "consistency_timeout",
+            f"the projection has not applied {behind} after {timeout_s:g}s; retry, or check the projector",
+        )

@@ -1,0 +1,52 @@
+"""The read API's Postgres connections: a pool whose sessions see only the projection schema."""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from graphledger.settings import Settings
+
+CHECKPOINTS_TABLE_SQL = "SELECT to_regclass('checkpoints') IS NOT NULL AS ready"
+
+
+def conninfo(settings: Settings) -> str:
+    """The DSN with `search_path` set to the projection schema, keeping options the DSN already has.
+
+    The official saver's queries name tables unqualified, so the schema is chosen per session; the
+    schema name is a validated identifier (`Settings.postgres_schema`).
+    """
+    options = conninfo_to_dict(settings.postgres_dsn).get("options") or ""
+    return make_conninfo(settings.postgres_dsn, options=f"{options} -c search_path={settings.postgres_schema}".strip())
+
+
+def open_pool(settings: Settings) -> AsyncConnectionPool:
+    """A fixed-size pool with the session settings `AsyncPostgresSaver` expects; opened by the caller."""
+    return AsyncConnectionPool(
+        conninfo(settings),
+        min_size=settings.api_pool_size,
+        max_size=settings.api_pool_size,
+        # What AsyncPostgresSaver.from_conn_string sets: reads need no transaction, prepared
+        # statements would break behind PgBouncer, and the saver indexes rows by column name.
+        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+        # A read that gets no connection in time is a retryable 503, not a wait of the pool's default
+        # 30 s, longer than a client's patience.
+        timeout=settings.api_pool_timeout_s,
+        name="graphledger-read-api",
+        open=False,
+    )
+
+
+async def not_ready_reason(pool: AsyncConnectionPool) -> str | None:
+    """None when Postgres answers and the schema has the checkpoint tables; otherwise why not."""
+    try:
+        async with pool.connection() as conn:
+            cur = await conn.execute(CHECKPOINTS_TABLE_SQL)
+            row = await cur.fetchone()
+    except psycopg.OperationalError as exc:
+        return f"Postgres is unreachable: {type(exc).__name__}"
+    if not row or not row["ready"]:
+        return "the projection schema is not migrated: no checkpoints table"
+    return None

@@ -1,0 +1,74 @@
+"""Exception handlers: every failure becomes `{"error", "message", "retryable"}` in the negotiated format.
+
+Database failures are translated here, in one place, so a route never returns SQL text or a bare 500
+for an outage: an unreachable Postgres (`OperationalError`, which includes the pool's `PoolTimeout`)
+and a schema that is not migrated yet are 503s the client retries.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+import psycopg.errors
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+
+from graphledger_server.api.codec import describe, respond
+from graphledger_server.api.errors import ApiError, unavailable
+from graphledger_server.api.passthrough import ReencodeRefusedError
+
+log = logging.getLogger(__name__)
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
+def _send(request: Request, error: ApiError) -> Response:
+    return respond(request, error.body(), error.status, error.headers)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return _send(request, exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    return _send(request, ApiError(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {})))
+
+
+async def _validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    return _send(request, ApiError(422, "invalid_request", describe(exc.errors())))
+
+
+async def _postgres_unreachable(request: Request, exc: Exception) -> Response:
+    log.warning("postgres unavailable for %s: %s", request.url.path, exc)
+    return _send(request, unavailable("postgres_unavailable", "the projection database is unreachable; retry"))
+
+
+async def _not_migrated(request: Request, exc: Exception) -> Response:
+    log.warning("projection not migrated for %s: %s", request.url.path, exc)
+    return _send(request, unavailable("not_ready", "the projection schema is not migrated yet; retry"))
+
+
+async def _reencode_refused(request: Request, exc: Exception) -> Response:
+    return _send(request, ApiError(501, "legacy_checkpoint", str(exc)))
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    # Starlette re-raises after this answer, so the server logs the traceback; the body says nothing
+    # about SQL or internals.
+    return _send(request, ApiError(500, "internal", "internal error; see the read API's log"))
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(psycopg.OperationalError, _postgres_unreachable)
+    app.add_exception_handler(psycopg.errors.UndefinedTable, _not_migrated)
+    app.add_exception_handler(ReencodeRefusedError, _reencode_refused)
+    app.add_exception_handler(Exception, _unexpected)

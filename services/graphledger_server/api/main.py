@@ -1,0 +1,55 @@
+"""Run the read API under uvicorn until SIGTERM or SIGINT, then shut down gracefully and exit 0."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+import uvicorn
+
+from graphledger.settings import Settings
+from graphledger_server.api.app import create_app
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, minus re-raising the stop signal after its graceful shutdown.
+
+    uvicorn re-raises a caught SIGTERM/SIGINT once it has drained, so the process would die of the
+    signal (exit 143, or a KeyboardInterrupt traceback) after a clean stop. Here it returns normally.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def server(settings: Settings) -> uvicorn.Server:
+    """A uvicorn server for the read API on `settings.api_host:settings.api_port`."""
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.api_host,
+        port=settings.api_port,
+        lifespan="on",
+        # In-flight reads get to finish: the longest is a consistency wait plus its query.
+        timeout_graceful_shutdown=int(settings.consistency_timeout_s) + 5,
+        access_log=False,
+        log_config=None,  # the process's logging setup, not uvicorn's
+    )
+    return _Server(config)
+
+
+def main(settings: Settings) -> None:
+    """Entry point of `graphledger api` and `python -m graphledger_server.api`."""
+    server(settings).run()

@@ -1,0 +1,164 @@
+"""Request bodies of the read API (validated) and response bodies (for the OpenAPI schema).
+
+Requests are strict and closed: a wrong type or an unknown field is a 422 naming it, so a client typo
+(`fliter`) fails loudly instead of silently widening a read. Text Postgres cannot hold (NUL) is refused
+here rather than surfacing as a database error.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL (\\u0000): Postgres text cannot hold it")
+    return value
+
+
+def _no_nul_inside(value: Any) -> Any:
+    """Postgres jsonb rejects \\u0000 anywhere, keys included; say so instead of failing in the query."""
+    if isinstance(value, str):
+        _no_nul(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _no_nul_inside(key)
+            _no_nul_inside(item)
+    elif isinstance(value, list):
+        for item in value:
+            _no_nul_inside(item)
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+ThreadId = Annotated[str, StringConstraints(min_length=1), AfterValidator(_no_nul)]
+MetadataFilter = Annotated[dict[str, Any], AfterValidator(_no_nul_inside)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class GetRequest(_Request):
+    """`aget_tuple`: the given checkpoint, or the newest of the thread's namespace without an id."""
+
+    thread_id: ThreadId
+    checkpoint_ns: Text = ""
+    checkpoint_id: Text | None = None
+
+    def config(self) -> dict[str, Any]:
+        configurable: dict[str, Any] = {"thread_id": self.thread_id, "checkpoint_ns": self.checkpoint_ns}
+        if self.checkpoint_id is not None:
+            configurable["checkpoint_id"] = self.checkpoint_id
+        return {"configurable": configurable}
+
+
+class ListRequest(_Request):
+    """`alist`, newest first. No `thread_id` lists every thread; no `checkpoint_ns`, every namespace."""
+
+    thread_id: ThreadId | None = None
+    checkpoint_ns: Text | None = None
+    checkpoint_id: Text | None = None
+    filter: MetadataFilter | None = Field(None, description="Checkpoint metadata must contain this (jsonb @>).")
+    before_checkpoint_id: Text | None = Field(None, description="Only checkpoints with a smaller id.")
+    limit: int | None = Field(None, ge=0, le=2**63 - 1)  # Postgres LIMIT is a bigint
+
+    @model_validator(mode="after")
+    def _narrowing_needs_thread(self) -> ListRequest:
+        if self.thread_id is None and (self.checkpoint_ns is not None or self.checkpoint_id is not None):
+            raise ValueError("checkpoint_ns and checkpoint_id narrow a thread: give thread_id too")
+        return self
+
+    def config(self) -> dict[str, Any] | None:
+        if self.thread_id is None:
+            return None
+        configurable: dict[str, Any] = {"thread_id": self.thread_id}
+        if self.checkpoint_ns is not None:
+            configurable["checkpoint_ns"] = self.checkpoint_ns
+        if self.checkpoint_id is not None:
+            configurable["checkpoint_id"] = self.checkpoint_id
+        return {"configurable": configurable}
+
+    def before(self) -> dict[str, Any] | None:
+        if self.before_checkpoint_id is None:
+            return None
+        return {"configurable": {"checkpoint_id": self.before_checkpoint_id}}
+
+
+class DeltaHistoryRequest(GetRequest):
+    """`aget_delta_channel_history`: the writes (and seed) that rebuild each DeltaChannel's value."""
+
+    channels: list[Text]
+
+
+# Responses. Routes build them as plain dicts (the hot path); these models document them in the
+# OpenAPI schema, and the tests validate real answers against them so the two cannot drift.
+
+
+class TypedValue(BaseModel):
+    """Opaque bytes from the agent's serde; `b` is base64 in JSON, binary in msgpack."""
+
+    t: str
+    b: str | bytes
+
+
+class InlineValue(BaseModel):
+    """A primitive kept inline in the checkpoint's jsonb."""
+
+    v: Any
+
+
+Value = TypedValue | InlineValue
+Write = tuple[str, str, Value]
+
+
+class Config(BaseModel):
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+
+
+class Checkpoint(BaseModel):
+    """LangGraph's checkpoint, its channel values as wire values; other fields as stored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    v: int
+    id: str
+    ts: str
+    channel_values: dict[str, Value]
+    channel_versions: dict[str, Any]
+    versions_seen: dict[str, dict[str, Any]]
+
+
+class CheckpointTuple(BaseModel):
+    config: Config
+    checkpoint: Checkpoint
+    metadata: dict[str, Any]
+    parent_config: Config | None
+    pending_writes: list[Write]
+
+
+class GetResponse(BaseModel):
+    tuple: CheckpointTuple | None
+
+
+class ListResponse(BaseModel):
+    tuples: list[CheckpointTuple]
+
+
+class DeltaChannelHistory(BaseModel):
+    writes: list[Write] = Field(description="(task_id, channel, value), oldest first.")
+    seed: Value | None = Field(None, description="Absent when replay starts from an empty channel.")
+
+
+class DeltaHistoryResponse(BaseModel):
+    history: dict[str, DeltaChannelHistory]
+
+
+class ErrorBody(BaseModel):
+    error: str
+    message: str
+    retryable: bool
