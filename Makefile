@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint install clean
+.PHONY: run test bench lint install settings-doc clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,12 +14,17 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The embedded stack plus the seed-graph demo; keeps serving until Ctrl-C.
 run: $(STAMP)
 	$(BIN)/graphledger dev --demo
 
 test: $(STAMP)
 	$(BIN)/ruff check libs services tests bench
 	$(BIN)/python -m pytest -q
+
+# Regenerate the README's settings table from graphledger.Settings (a test fails when it is stale).
+settings-doc: $(STAMP)
+	$(BIN)/python -m graphledger_server.settings_doc --write README.md
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

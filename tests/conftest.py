@@ -10,14 +10,15 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
 
-from graphledger.settings import Settings  # noqa: E402
-from graphledger_server.devstack.broker import EmbeddedBroker  # noqa: E402
-from graphledger_server.devstack.postgres import EmbeddedPostgres  # noqa: E402
+from graphledger.settings import Settings
+from graphledger_server.devstack.broker import EmbeddedBroker
+from graphledger_server.devstack.postgres import EmbeddedPostgres
 
 
 @pytest.fixture(scope="session")
@@ -65,3 +66,21 @@ def make_settings(broker: EmbeddedBroker, pg: EmbeddedPostgres):
         return Settings(**values)  # type: ignore[arg-type]
 
     return make
+
+
+if TYPE_CHECKING:
+    from graphledger_server.devstack.stack import DevStack
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[DevStack]:
+    """The whole dev stack (Postgres, tansu, projector, read API, sweeper as child processes), started
+    once for the session exactly as `graphledger dev` starts it, in a temporary directory."""
+    from graphledger_server.devstack.stack import DevStack
+
+    dev = DevStack(partitions=4)
+    dev.start()
+    try:
+        yield dev
+    finally:
+        dev.stop()

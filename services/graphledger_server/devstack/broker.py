@@ -44,6 +44,9 @@ class EmbeddedBroker:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                # Own process group: a terminal Ctrl-C must not kill the broker before `graphledger dev`
+                # has stopped the projector, which otherwise spins on reconnects until it is killed.
+                process_group=0,
             )
         broker = cls(port, process, log_path)
         try:

@@ -1,0 +1,5 @@
+"""`python -m graphledger_server`, the same as the `graphledger` command (the dev stack starts its children so)."""
+
+from graphledger_server.cli import main
+
+raise SystemExit(main())
