@@ -1,5 +1,6 @@
-"""The client an agent pod installs: `KafkaSaver` (and later `KafkaStore`)."""
+"""The client an agent pod installs: `KafkaSaver` and `KafkaStore`."""
 
 from graphledger.client.saver import KafkaSaver
+from graphledger.client.store import KafkaStore
 
-__all__ = ["KafkaSaver"]
+__all__ = ["KafkaSaver", "KafkaStore"]

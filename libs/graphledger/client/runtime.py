@@ -7,7 +7,9 @@ hop to the loop thread, so producer records continue the caller's trace.
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry.propagate import inject
@@ -15,8 +17,7 @@ from opentelemetry.propagate import inject
 from graphledger.client.loop import BackgroundLoop
 from graphledger.client.publisher import EventPublisher
 from graphledger.client.reader import ReadApiClient
-from graphledger.events import to_envelope
-from graphledger.events.checkpoint import CheckpointEvent
+from graphledger.events import Event, to_envelope
 from graphledger.settings import Settings
 
 
@@ -84,10 +85,15 @@ class ClientRuntime:
 
     # -- calls ---------------------------------------------------------------------------------
 
-    async def _publish(self, topic: str, event: CheckpointEvent, traceparent: str | None) -> None:
+    async def _publish(self, topic: str, event: Event, traceparent: str | None) -> None:
         await self.publisher.publish(topic, event.key, to_envelope(event), traceparent=traceparent)
 
-    async def _broadcast(self, topic: str, event: CheckpointEvent, traceparent: str | None) -> None:
+    async def _publish_many(self, topic: str, events: Sequence[Event], traceparent: str | None) -> None:
+        # Concurrently, so the producer batches them; callers pass events with distinct keys, whose
+        # relative order does not matter.
+        await asyncio.gather(*(self._publish(topic, event, traceparent) for event in events))
+
+    async def _broadcast(self, topic: str, event: Event, traceparent: str | None) -> None:
         # One copy per partition, so the event takes its place among every thread's writes.
         for partition in await self.publisher.partitions(topic):
             await self.publisher.publish(topic, None, to_envelope(event), traceparent=traceparent, partition=partition)
@@ -96,17 +102,27 @@ class ClientRuntime:
         assert self._reader is not None
         return await self._reader.call(path, body, self.publisher.token)
 
-    def publish(self, topic: str, event: CheckpointEvent) -> None:
+    def publish(self, topic: str, event: Event) -> None:
         self._started_loop().run(self._publish(topic, event, _traceparent()))
 
-    async def apublish(self, topic: str, event: CheckpointEvent) -> None:
+    async def apublish(self, topic: str, event: Event) -> None:
         loop = self._loop or await self._astarted_loop()
         await loop.arun(self._publish(topic, event, _traceparent()))
 
-    def broadcast(self, topic: str, event: CheckpointEvent) -> None:
+    def publish_many(self, topic: str, events: Sequence[Event]) -> None:
+        """Publish events with distinct keys together; returns once every one is acknowledged."""
+        if events:
+            self._started_loop().run(self._publish_many(topic, events, _traceparent()))
+
+    async def apublish_many(self, topic: str, events: Sequence[Event]) -> None:
+        if events:
+            loop = self._loop or await self._astarted_loop()
+            await loop.arun(self._publish_many(topic, events, _traceparent()))
+
+    def broadcast(self, topic: str, event: Event) -> None:
         self._started_loop().run(self._broadcast(topic, event, _traceparent()))
 
-    async def abroadcast(self, topic: str, event: CheckpointEvent) -> None:
+    async def abroadcast(self, topic: str, event: Event) -> None:
         loop = self._loop or await self._astarted_loop()
         await loop.arun(self._broadcast(topic, event, _traceparent()))
 

@@ -1,13 +1,17 @@
-"""Events: the envelope, the checkpoint-topic payloads, chunking of large events, topic management."""
+"""Events: the envelope, the checkpoint- and store-topic payloads, chunking, topic management."""
 
 from __future__ import annotations
 
 from graphledger.errors import InvalidEventError
 from graphledger.events.checkpoint import CHECKPOINT_EVENT_TYPES, CheckpointEvent
 from graphledger.events.envelope import Envelope, new_envelope
+from graphledger.events.store import STORE_EVENT_TYPES, StoreEvent
+
+Event = CheckpointEvent | StoreEvent
+"""Any event a client publishes: each has `TYPE`, `key` (its Kafka key) and `to_payload()`."""
 
 
-def to_envelope(event: CheckpointEvent) -> Envelope:
+def to_envelope(event: Event) -> Envelope:
     return new_envelope(event.TYPE, event.to_payload())
 
 
@@ -16,4 +20,12 @@ def checkpoint_event(envelope: Envelope) -> CheckpointEvent:
     cls = CHECKPOINT_EVENT_TYPES.get(envelope.type)
     if cls is None:
         raise InvalidEventError(f"unknown checkpoint event type {envelope.type!r}")
+    return cls.from_payload(envelope.payload)
+
+
+def store_event(envelope: Envelope) -> StoreEvent:
+    """The typed store event inside an envelope; `InvalidEventError` names what is wrong."""
+    cls = STORE_EVENT_TYPES.get(envelope.type)
+    if cls is None:
+        raise InvalidEventError(f"unknown store event type {envelope.type!r}")
     return cls.from_payload(envelope.payload)

@@ -52,7 +52,14 @@ async def ensure_topics(settings: Settings, *, allow_finite_retention: bool = Fa
                 configs = {"retention.ms": INFINITE, "retention.bytes": INFINITE} if source else {}
                 try:
                     await admin.create_topics(
-                        [NewTopic(name, settings.topic_partitions, settings.topic_replication_factor, topic_configs=configs)]
+                        [
+                            NewTopic(
+                                name,
+                                settings.topic_partitions,
+                                settings.topic_replication_factor,
+                                topic_configs=configs,
+                            )
+                        ]
                     )
                     created = True
                 except TopicAlreadyExistsError:
@@ -66,8 +73,13 @@ async def ensure_topics(settings: Settings, *, allow_finite_retention: bool = Fa
             meta = await admin.describe_topics([name])
             partitions = len(meta[0].get("partitions", [])) if meta else 0
             reports.append(TopicReport(name, created, partitions, retention))
-            log.info("topic %s: %s, %d partitions, retention.ms=%s", name, "created" if created else "exists",
-                     partitions, retention)
+            log.info(
+                "topic %s: %s, %d partitions, retention.ms=%s",
+                name,
+                "created" if created else "exists",
+                partitions,
+                retention,
+            )
         return reports
     finally:
         await admin.close()

@@ -1,0 +1,365 @@
+"""`KafkaStore`: LangGraph's long-term memory store, with writes as Kafka events and reads from the read API.
+
+A batch is validated whole before anything happens, so a bad op publishes nothing. Embedding runs
+here, before publishing, so the events carry the vectors and a replay never calls an embedding API
+again. A batch reads first (one `POST /v1/store/batch` for all its gets, searches and listings) and
+then publishes its puts and deletes, so, as in `InMemoryStore` and `AsyncPostgresStore`, a batch's
+reads do not see its own writes; later reads do (they carry the consistency token).
+
+Async callers get LangGraph's `AsyncBatchedBaseStore` behaviour: the ops awaited in the same tick
+of an event loop run as one batch, identical reads are asked once and a later put to the same key
+wins. `AsyncBatchedBaseStore` itself does not fit: it binds to the loop running at construction,
+while this store is built anywhere and serves plain threads and any number of loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+from langchain_core.embeddings import Embeddings
+from langgraph.store.base import (
+    NOT_PROVIDED,
+    BaseStore,
+    GetOp,
+    IndexConfig,
+    Item,
+    ListNamespacesOp,
+    MatchCondition,
+    NamespacePath,
+    NotProvided,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+    TTLConfig,
+    _ensure_refresh,
+    _ensure_ttl,
+    _validate_namespace,
+    ensure_embeddings,
+)
+from langgraph.store.base.batch import _dedupe_ops
+
+from graphledger.client.runtime import ClientRuntime
+from graphledger.client.store_values import (
+    Constant,
+    Prepared,
+    PreparedRead,
+    PreparedWrite,
+    TokenizedField,
+    decode_results,
+    prepare,
+    tokenized_fields,
+)
+from graphledger.errors import InvalidInputError
+from graphledger.events.store import StoreDelete, StorePut
+from graphledger.settings import Settings
+
+STORE_BATCH_PATH = "/v1/store/batch"
+
+
+class KafkaStore(BaseStore):
+    """Store for `graph.compile(store=...)`, sync and async, through graphledger.
+
+    `index` is LangGraph's `IndexConfig` (`dims`, `embed`: a LangChain `Embeddings`, a sync or an
+    async function, `fields`: default `["$"]`). TTL is not supported yet (`supports_ttl` is False):
+    `put(..., ttl=...)` raises `NotImplementedError` as `BaseStore` does; a `ttl` config is kept.
+    Use it as a context manager, or call `close()` when done; it connects on first use.
+    """
+
+    supports_ttl: bool = False
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        index: IndexConfig | None = None,
+        ttl: TTLConfig | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.ttl_config = ttl
+        self.index_config: IndexConfig | None = None
+        self.embeddings: Embeddings | None = None
+        self._fields: list[TokenizedField] | None = None
+        self._dims = 0
+        if index is not None:
+            self._configure_index(index)
+        self._runtime = ClientRuntime(self.settings, name="graphledger-store")
+        self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBatcher] = weakref.WeakKeyDictionary()
+        self._batchers_lock = threading.Lock()
+
+    def _configure_index(self, index: IndexConfig) -> None:
+        if not isinstance(index, Mapping):
+            raise InvalidInputError(f"index must be an IndexConfig dict, got {type(index).__name__}")
+        dims = index.get("dims")
+        if isinstance(dims, bool) or not isinstance(dims, int) or dims < 1:
+            raise InvalidInputError(f"index dims must be a positive int, got {dims!r}")
+        self.index_config = index.copy()  # type: ignore[assignment]
+        self.embeddings = ensure_embeddings(index.get("embed"))
+        self._fields = tokenized_fields(index.get("fields"))
+        self._dims = dims
+
+    @classmethod
+    def from_env(cls, *, index: IndexConfig | None = None, ttl: TTLConfig | None = None) -> KafkaStore:
+        """A store configured from `GRAPHLEDGER_*` environment variables."""
+        return cls(Settings(), index=index, ttl=ttl)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._runtime.close()
+
+    def __enter__(self) -> KafkaStore:
+        self._runtime.ensure_started()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> KafkaStore:
+        await self._runtime.aensure_started()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._runtime.aclose()
+
+    @property
+    def consistency_token(self) -> dict[tuple[str, int], int]:
+        """The newest acknowledged offset per partition of this store's writes."""
+        return dict(self._runtime.publisher.token)
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        """Run ops from a plain thread: embed here, then read and publish on the client's loop."""
+        prepared = self._prepare_all(ops)
+        plan = _Plan(prepared)
+        vectors, queries = self._embed(plan.texts, plan.queries)
+        answer = self._runtime.read(STORE_BATCH_PATH, plan.read_body(queries)) if plan.reads else None
+        results = plan.results(answer)  # a malformed answer fails before anything is published
+        self._runtime.publish_many(self.settings.store_topic, plan.events(vectors))
+        return results
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        return await self._aexecute(self._prepare_all(ops))
+
+    async def _aexecute(self, prepared: Sequence[Prepared]) -> list[Result]:
+        plan = _Plan(prepared)
+        vectors, queries = await self._aembed(plan.texts, plan.queries)
+        answer = await self._runtime.aread(STORE_BATCH_PATH, plan.read_body(queries)) if plan.reads else None
+        results = plan.results(answer)
+        await self._runtime.apublish_many(self.settings.store_topic, plan.events(vectors))
+        return results
+
+    def _prepare_all(self, ops: Iterable[Op]) -> list[Prepared]:
+        return [prepare(op, index_fields=self._fields) for op in ops]
+
+    # -- embedding: documents for puts, queries for searches -----------------------------------
+
+    def _embed(
+        self, texts: list[str], queries: list[str]
+    ) -> tuple[dict[str, tuple[float, ...]], dict[str, tuple[float, ...]]]:
+        if not texts and not queries:
+            return {}, {}
+        assert self.embeddings is not None  # prepare() refuses queries and collects no texts without an index
+        docs = self.embeddings.embed_documents(texts) if texts else []
+        asked = [self.embeddings.embed_query(q) for q in queries]
+        return self._checked(texts, docs, "document"), self._checked(queries, asked, "query")
+
+    async def _aembed(
+        self, texts: list[str], queries: list[str]
+    ) -> tuple[dict[str, tuple[float, ...]], dict[str, tuple[float, ...]]]:
+        if not texts and not queries:
+            return {}, {}
+        assert self.embeddings is not None
+        embeddings = self.embeddings
+
+        async def documents() -> list[list[float]]:
+            return await embeddings.aembed_documents(texts) if texts else []
+
+        docs, *asked = await asyncio.gather(documents(), *(embeddings.aembed_query(q) for q in queries))
+        return self._checked(texts, docs, "document"), self._checked(queries, asked, "query")
+
+    def _checked(self, texts: list[str], vectors: Any, what: str) -> dict[str, tuple[float, ...]]:
+        """Vectors as the events carry them; an embedder's wrong answer fails before publishing."""
+        vectors = list(vectors)
+        if len(vectors) != len(texts):
+            raise InvalidInputError(f"the embedder returned {len(vectors)} {what} vectors for {len(texts)} texts")
+        out: dict[str, tuple[float, ...]] = {}
+        for text, vector in zip(texts, vectors, strict=True):
+            values = tuple(float(x) for x in vector)
+            if len(values) != self._dims:
+                raise InvalidInputError(
+                    f"the embedder returned a {what} vector of {len(values)} dims; the index has dims={self._dims}"
+                )
+            if not all(math.isfinite(x) for x in values):
+                raise InvalidInputError(f"the embedder returned a {what} vector holding NaN or infinity")
+            out[text] = values
+        return out
+
+    # -- async convenience methods: micro-batched per event loop, like AsyncBatchedBaseStore ----
+
+    async def aget(
+        self,
+        namespace: tuple[str, ...],
+        key: str,
+        *,
+        refresh_ttl: bool | None = None,
+    ) -> Item | None:
+        return await self._enqueue(GetOp(namespace, key, refresh_ttl=_ensure_refresh(self.ttl_config, refresh_ttl)))
+
+    async def asearch(
+        self,
+        namespace_prefix: tuple[str, ...],
+        /,
+        *,
+        query: str | None = None,
+        filter: dict[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        refresh_ttl: bool | None = None,
+    ) -> list[SearchItem]:
+        op = SearchOp(
+            namespace_prefix, filter, limit, offset, query, refresh_ttl=_ensure_refresh(self.ttl_config, refresh_ttl)
+        )
+        return await self._enqueue(op)
+
+    async def aput(
+        self,
+        namespace: tuple[str, ...],
+        key: str,
+        value: Mapping[str, Any],
+        index: Literal[False] | list[str] | None = None,
+        *,
+        ttl: float | NotProvided | None = NOT_PROVIDED,
+    ) -> None:
+        _validate_namespace(namespace)
+        if ttl not in (NOT_PROVIDED, None) and not self.supports_ttl:
+            raise NotImplementedError(
+                f"TTL is not supported by {self.__class__.__name__}. "
+                f"Use a store implementation that supports TTL or set ttl=None."
+            )
+        await self._enqueue(PutOp(namespace, str(key), value, index=index, ttl=_ensure_ttl(self.ttl_config, ttl)))
+
+    async def adelete(self, namespace: tuple[str, ...], key: str) -> None:
+        await self._enqueue(PutOp(namespace, str(key), None))
+
+    async def alist_namespaces(
+        self,
+        *,
+        prefix: NamespacePath | None = None,
+        suffix: NamespacePath | None = None,
+        max_depth: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[tuple[str, ...]]:
+        conditions = []
+        if prefix:
+            conditions.append(MatchCondition(match_type="prefix", path=prefix))
+        if suffix:
+            conditions.append(MatchCondition(match_type="suffix", path=suffix))
+        op = ListNamespacesOp(match_conditions=tuple(conditions), max_depth=max_depth, limit=limit, offset=offset)
+        return await self._enqueue(op)
+
+    async def _enqueue(self, op: Op) -> Any:
+        # Validate now, in the caller: a bad op fails its own call and never the batch it would join.
+        prepared = prepare(op, index_fields=self._fields)
+        loop = asyncio.get_running_loop()
+        with self._batchers_lock:
+            batcher = self._batchers.get(loop)
+            if batcher is None:
+                batcher = self._batchers[loop] = _LoopBatcher(self, loop)
+        return await batcher.submit(op, prepared)
+
+
+class _Plan:
+    """One batch after validation: the writes (last per item wins), the reads, what to embed."""
+
+    def __init__(self, prepared: Sequence[Prepared]) -> None:
+        self.prepared = prepared
+        self.reads = [p for p in prepared if isinstance(p, PreparedRead)]
+        writes: dict[tuple[tuple[str, ...], str], PreparedWrite] = {}
+        for p in prepared:
+            if isinstance(p, PreparedWrite):
+                writes[(p.namespace, p.key)] = p  # as both LangGraph stores: the last write wins
+        self.writes = list(writes.values())
+        self.texts = list(dict.fromkeys(text for w in self.writes for _, text in w.texts or ()))
+        self.queries = list(dict.fromkeys(r.query for r in self.reads if r.query))
+
+    def read_body(self, query_vectors: dict[str, tuple[float, ...]]) -> dict[str, Any]:
+        ops = [{**r.body, "query_vector": list(query_vectors[r.query])} if r.query else r.body for r in self.reads]
+        return {"ops": ops}
+
+    def events(self, vectors: dict[str, tuple[float, ...]]) -> list[StorePut | StoreDelete]:
+        return [w.event(vectors) for w in self.writes]
+
+    def results(self, answer: Any) -> list[Result]:
+        decoded = iter(decode_results(self.reads, answer) if self.reads else ())
+        results: list[Result] = []
+        for p in self.prepared:
+            if isinstance(p, PreparedRead):
+                results.append(next(decoded))
+            elif isinstance(p, Constant):
+                results.append(p.result)
+            else:
+                results.append(None)
+        return results
+
+
+class _LoopBatcher:
+    """The ops awaited on one event loop in one tick, run as one deduplicated batch.
+
+    The first op of a tick schedules a flush with `call_soon`, which runs after every task already
+    ready in that tick (e.g. all of an `asyncio.gather`) has queued its op. Batches of later ticks
+    run concurrently with earlier ones; ops of one tick share one read API call.
+    """
+
+    def __init__(self, store: KafkaStore, loop: asyncio.AbstractEventLoop) -> None:
+        self._store = weakref.ref(store)
+        self._loop = loop
+        self._pending: list[tuple[asyncio.Future[Any], Op, Prepared]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def submit(self, op: Op, prepared: Prepared) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = self._loop.create_future()
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append((future, op, prepared))
+        return future
+
+    def _flush(self) -> None:
+        items = [item for item in self._pending if not item[0].done()]  # skip cancelled callers
+        self._pending = []
+        if items:
+            task = self._loop.create_task(self._run(items))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, items: list[tuple[asyncio.Future[Any], Op, Prepared]]) -> None:
+        futures = [future for future, _, _ in items]
+        try:
+            store = self._store()
+            if store is None:
+                raise RuntimeError("the KafkaStore was garbage-collected with operations pending")
+            prepared_of = {id(op): prepared for _, op, prepared in items}
+            listen, ops = _dedupe_ops([op for _, op, _ in items])
+            results = await store._aexecute([prepared_of[id(op)] for op in ops])
+            if listen is not None:
+                results = [results[i] for i in listen]
+        except asyncio.CancelledError:
+            for future in futures:
+                future.cancel()
+            raise
+        except Exception as exc:
+            for future in futures:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for future, result in zip(futures, results, strict=True):
+            if not future.done():
+                future.set_result(result)

@@ -1,0 +1,191 @@
+"""Store-topic events: what a `KafkaStore` write publishes and the projector applies.
+
+Values travel as the JSON text of the item's dict (the projector hands it to jsonb as is). Vectors
+are computed by the client before publishing, so replaying the topic never calls an embedding API
+again. Every event is keyed by namespace + key, so one item's events keep their order on one
+partition; the item's timestamps come from the envelope's producer time, so a replay writes the
+same rows.
+
+`from_payload` validates what Postgres would otherwise reject in the middle of a batch (bad JSON,
+NUL characters, non-finite floats, duplicate vector rows), so such an event is dead-lettered
+instead of failing every event applied with it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from graphledger.errors import InvalidEventError
+
+NAMESPACE_SEPARATOR = "\x1f"
+KEY_SEPARATOR = "\x1e"
+
+Vector = tuple[str, tuple[float, ...]]
+"""One vector row of an item: `(field_path, embedding)`, as `store_vectors` stores it."""
+
+
+def store_key(namespace: tuple[str, ...], item_key: str) -> str:
+    """The Kafka key of an item's events: `"\\x1f".join(namespace) + "\\x1e" + key`."""
+    return NAMESPACE_SEPARATOR.join(namespace) + KEY_SEPARATOR + item_key
+
+
+@dataclass(frozen=True, slots=True)
+class StorePut:
+    """`put`: insert or replace one item.
+
+    `vectors` None means the item is not indexed by this put; a tuple (maybe empty) replaces every
+    vector row of the item. `item_key` is the item's key; `key` is the Kafka key.
+    """
+
+    TYPE: ClassVar[str] = "store.put"
+    namespace: tuple[str, ...]
+    item_key: str
+    value_json: bytes
+    """The item's value (a dict) as UTF-8 JSON text."""
+    ttl_minutes: float | None
+    vectors: tuple[Vector, ...] | None
+
+    @property
+    def key(self) -> str:
+        return store_key(self.namespace, self.item_key)
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "namespace": list(self.namespace),
+            "key": self.item_key,
+            "value": self.value_json,
+            "ttl_minutes": self.ttl_minutes,
+            "vectors": None if self.vectors is None else [[path, list(vec)] for path, vec in self.vectors],
+        }
+
+    @classmethod
+    def from_payload(cls, p: dict[str, Any]) -> StorePut:
+        value = p.get("value")
+        if not isinstance(value, bytes):
+            raise InvalidEventError(f"value is a {type(value).__name__}, not bytes")
+        _check_value_json(value)
+        return cls(
+            _namespace(p),
+            _item_key(p),
+            value,
+            _ttl_minutes(p.get("ttl_minutes")),
+            _vectors(p.get("vectors")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StoreDelete:
+    """`delete`: the item and all its vectors."""
+
+    TYPE: ClassVar[str] = "store.delete"
+    namespace: tuple[str, ...]
+    item_key: str
+
+    @property
+    def key(self) -> str:
+        return store_key(self.namespace, self.item_key)
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"namespace": list(self.namespace), "key": self.item_key}
+
+    @classmethod
+    def from_payload(cls, p: dict[str, Any]) -> StoreDelete:
+        return cls(_namespace(p), _item_key(p))
+
+
+StoreEvent = StorePut | StoreDelete
+
+STORE_EVENT_TYPES: dict[str, type[StoreEvent]] = {cls.TYPE: cls for cls in (StorePut, StoreDelete)}
+
+
+# -- validation helpers: each names the field and the bad value ------------------------------------
+
+
+def _namespace(p: dict[str, Any]) -> tuple[str, ...]:
+    labels = p.get("namespace")
+    if not isinstance(labels, list) or not labels:
+        raise InvalidEventError(f"namespace {labels!r} is not a non-empty list")
+    for label in labels:
+        # The projection stores ".".join(namespace): a label with "." would address another namespace.
+        if not isinstance(label, str) or not label or "." in label or "\x00" in label:
+            raise InvalidEventError(f"namespace label {label!r} is not a non-empty string without '.' or NUL")
+    return tuple(labels)
+
+
+def _item_key(p: dict[str, Any]) -> str:
+    key = p.get("key")
+    if not isinstance(key, str) or "\x00" in key:
+        raise InvalidEventError(f"key {key!r} is not a string without NUL")
+    return key
+
+
+def _ttl_minutes(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidEventError(f"ttl_minutes {value!r} is not a finite number or null")
+    return float(value)
+
+
+def _vectors(rows: Any) -> tuple[Vector, ...] | None:
+    if rows is None:
+        return None
+    if not isinstance(rows, list):
+        raise InvalidEventError(f"vectors is a {type(rows).__name__}, not a list or null")
+    vectors: list[Vector] = []
+    seen: set[str] = set()
+    dims: int | None = None
+    for row in rows:
+        if not isinstance(row, list) or len(row) != 2:
+            raise InvalidEventError(f"vectors row {str(row)[:80]} is not a list of 2")
+        path, embedding = row
+        if not isinstance(path, str) or "\x00" in path:
+            raise InvalidEventError(f"vector field path {path!r} is not a string without NUL")
+        if path in seen:
+            raise InvalidEventError(f"vector field path {path!r} appears twice")
+        seen.add(path)
+        if not isinstance(embedding, list) or not embedding:
+            raise InvalidEventError(f"vector of {path!r} is not a non-empty list")
+        for x in embedding:
+            if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+                raise InvalidEventError(f"vector of {path!r} holds {x!r}, not a finite number")
+        if dims is not None and len(embedding) != dims:
+            raise InvalidEventError(f"vector of {path!r} has {len(embedding)} dims, the item's others {dims}")
+        dims = len(embedding)
+        vectors.append((path, tuple(float(x) for x in embedding)))
+    return tuple(vectors)
+
+
+def _reject_constant(name: str) -> Any:
+    raise InvalidEventError(f"value holds {name}, which jsonb cannot store")
+
+
+def _check_value_json(value: bytes) -> None:
+    try:
+        decoded = json.loads(value.decode("utf-8"), parse_constant=_reject_constant)
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise InvalidEventError(f"value is not UTF-8 JSON text: {exc}") from None
+    if not isinstance(decoded, dict):
+        raise InvalidEventError(f"value is a JSON {type(decoded).__name__}, not an object")
+    _check_strings(decoded, "value")
+
+
+def _check_strings(value: Any, path: str) -> None:
+    """jsonb rejects NUL (`\\u0000`) and lone surrogates, which JSON text can spell as escapes."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidEventError(f"{path} contains a NUL character")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidEventError(f"{path} contains a lone surrogate") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_strings(k, f"{path} key")
+            _check_strings(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_strings(v, f"{path}[{i}]")
