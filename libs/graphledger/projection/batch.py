@@ -1,0 +1,277 @@
+"""One batch of Kafka records applied in one Postgres transaction, with its partitions' offsets.
+
+In order, inside the transaction:
+1. lock each partition's offset row and drop records below its `next_offset` (already applied);
+2. resolve chunks (store them, or reassemble a completed event at its last chunk's position);
+3. stop a partition at an event from a newer graphledger (nothing of it or after it is applied);
+4. apply the events, set-based, per topic projection;
+5. record dead letters, advance the offsets, `NOTIFY graphledger_applied`;
+6. produce the dead letters to their topic (the sink waits for the broker's acknowledgement);
+then commit. A failure anywhere rolls all of it back, so the caller retries the same records.
+
+If Postgres rejects the batch's data (`rejects_input`: a value it cannot store, or asyncpg refusing
+an argument), an event is bad in a way validation did not catch. The batch is then re-run with each
+event in its own savepoint, and the events Postgres rejects become dead letters: bad input never stops
+a partition.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import asyncpg
+
+from graphledger.events.envelope import Envelope
+from graphledger.projection import chunks as chunk_store
+from graphledger.projection.dead_letters import record_dead_letters
+from graphledger.projection.offsets import (
+    OffsetStatements,
+    TopicPartition,
+    advance_offsets,
+    lock_offsets,
+    notify_applied,
+)
+from graphledger.projection.records import (
+    Chunk,
+    Classified,
+    DeadLetter,
+    Decoded,
+    SourceRecord,
+    TooNew,
+    classify,
+    decode_value,
+)
+
+log = logging.getLogger(__name__)
+
+DeadLetterSink = Callable[[Sequence[DeadLetter]], Awaitable[None]]
+"""Produces dead letters to the dead-letter topic and returns once the broker acknowledged them."""
+
+
+class TopicProjection(Protocol):
+    """The projection of one topic: how its envelopes become events and how a batch of them applies."""
+
+    def to_event(self, env: Envelope) -> Any: ...
+
+    async def apply(self, conn: asyncpg.Connection, items: Sequence[tuple[str, int, int, Any]]) -> None: ...
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """What a committed batch did."""
+
+    next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    """The offsets written for the partitions this batch advanced."""
+    stopped: dict[TopicPartition, TooNew] = field(default_factory=dict)
+    """Partitions stopped at an event from a newer graphledger; pause them."""
+    applied: int = 0
+    dead_letters: int = 0
+    skipped: int = 0
+    """Records below their partition's stored offset: applied before (replay after a crash, or a zombie)."""
+    isolated: bool = False
+
+
+@dataclass(slots=True)
+class _Resolved:
+    events: list[Decoded] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+    stopped: dict[TopicPartition, TooNew] = field(default_factory=dict)
+
+
+# SQLSTATE classes of Postgres refusing the data itself rather than failing: cardinality violation
+# (21), data exception (22, invalid JSON text among them), integrity constraint violation (23), and
+# program limit exceeded (54, e.g. an id too long for a btree index row).
+REJECTED_INPUT_CLASSES = ("21", "22", "23", "54")
+
+
+def rejects_input(exc: BaseException) -> bool:
+    """Whether `exc` is Postgres (or asyncpg, for an argument) refusing a value of the batch."""
+    return isinstance(exc, asyncpg.PostgresError) and (exc.sqlstate or "")[:2] in REJECTED_INPUT_CLASSES
+
+
+def _fresh(classified: Sequence[Classified], stored: Mapping[TopicPartition, int]) -> list[Classified]:
+    """The records not applied yet: at or above their partition's stored offset, each offset once.
+
+    A batch can hold a partition's records twice when a rebalance sought it back mid-fetch; applying
+    them twice in one batch would re-run operations (prune, copy) out of order, so only the first
+    occurrence of an offset, in log order, stays.
+    """
+    high = dict(stored)
+    fresh = []
+    for c in classified:
+        tp = (c.record.topic, c.record.partition)
+        if c.record.offset >= high[tp]:
+            high[tp] = c.record.offset + 1
+            fresh.append(c)
+    return fresh
+
+
+class BatchApplier:
+    """Applies batches of records for a set of topic projections into one schema."""
+
+    def __init__(
+        self,
+        schema: str,
+        consumer_group: str,
+        projections: Mapping[str, TopicProjection],
+        dead_letter_sink: DeadLetterSink,
+    ) -> None:
+        self.schema = schema
+        self.group = consumer_group
+        self.projections = dict(projections)
+        self.sink = dead_letter_sink
+        self._offsets = OffsetStatements(schema)
+        self._chunks = chunk_store.ChunkStatements(schema)
+
+    def classify(self, records: Sequence[SourceRecord]) -> list[Classified]:
+        """Decode and validate every record (pure; done outside the transaction)."""
+        return [classify(r, self.projections[r.topic].to_event) for r in records]
+
+    async def apply(
+        self, conn: asyncpg.Connection, records: Sequence[SourceRecord], classified: Sequence[Classified] | None = None
+    ) -> BatchResult:
+        """Apply `records` (per partition in offset order) in one transaction on `conn`."""
+        if not records:
+            return BatchResult()
+        if classified is None:
+            classified = self.classify(records)
+        try:
+            return await self._apply(conn, records, classified, isolate=False)
+        except asyncpg.PostgresError as exc:
+            if not rejects_input(exc):
+                raise
+            log.warning("Postgres rejected data in a batch of %d records (%s); applying one by one", len(records), exc)
+            return await self._apply(conn, records, classified, isolate=True)
+
+    async def _apply(
+        self,
+        conn: asyncpg.Connection,
+        records: Sequence[SourceRecord],
+        classified: Sequence[Classified],
+        *,
+        isolate: bool,
+    ) -> BatchResult:
+        result = BatchResult(isolated=isolate)
+        async with conn.transaction():
+            stored = await lock_offsets(conn, self._offsets, self.group, {(r.topic, r.partition) for r in records})
+            fresh = _fresh(classified, stored)
+            result.skipped = len(classified) - len(fresh)
+            if result.skipped:
+                log.info("skipped %d records applied before (stored offsets %s)", result.skipped, stored)
+            resolved = await self._resolve(conn, fresh)
+            dead = list(resolved.dead)
+            if isolate:
+                dead.extend(await self._apply_isolated(conn, resolved.events))
+            else:
+                await self._apply_events(conn, resolved.events)
+            await record_dead_letters(conn, self.schema, dead)
+            for record in records:
+                tp = (record.topic, record.partition)
+                if tp not in resolved.stopped and record.offset >= stored[tp]:
+                    result.next_offsets[tp] = max(result.next_offsets.get(tp, 0), record.offset + 1)
+            for tp, too_new in resolved.stopped.items():
+                if too_new.record.offset > stored[tp]:
+                    result.next_offsets[tp] = too_new.record.offset
+            await advance_offsets(conn, self._offsets, self.group, result.next_offsets)
+            await notify_applied(conn, self.schema)
+            if dead:
+                await self.sink(dead)
+            result.stopped = resolved.stopped
+            result.applied = len(resolved.events) - (len(dead) - len(resolved.dead))
+            result.dead_letters = len(dead)
+        return result
+
+    async def _resolve(self, conn: asyncpg.Connection, items: Sequence[Classified]) -> _Resolved:
+        """Sort records into events, dead letters and stops, storing and reassembling chunks."""
+        out = _Resolved()
+        indexed_chunks = [(i, c) for i, c in enumerate(items) if isinstance(c, Chunk)]
+        completing: dict[int, chunk_store.ChunkKey] = {}
+        stored_parts: dict[chunk_store.ChunkKey, dict[int, bytes]] = {}
+        if indexed_chunks:
+            keys = {chunk_store.key_of(c) for _, c in indexed_chunks}
+            stored = await chunk_store.stored_indexes(conn, self._chunks, keys)
+            completing = chunk_store.completions(indexed_chunks, stored)
+            with_stored = {k for k in completing.values() if k in stored}
+            if with_stored:
+                stored_parts = await chunk_store.stored_data(conn, self._chunks, with_stored)
+        in_batch: dict[chunk_store.ChunkKey, dict[int, Chunk]] = {}
+        finished: set[chunk_store.ChunkKey] = set()
+        for position, item in enumerate(items):
+            record = item.record
+            tp = (record.topic, record.partition)
+            if tp in out.stopped:
+                continue
+            if isinstance(item, Chunk):
+                key = chunk_store.key_of(item)
+                if key in finished:
+                    continue  # a duplicate of a chunk of an event already applied
+                if position not in completing:
+                    in_batch.setdefault(key, {}).setdefault(item.ref.index, item)
+                    continue
+                parts = {
+                    **stored_parts.get(key, {}),
+                    **{i: c.record.value or b"" for i, c in in_batch.get(key, {}).items()},
+                }
+                parts.setdefault(item.ref.index, record.value or b"")
+                value = chunk_store.assemble(parts, item.ref.count)
+                if value is None:
+                    outcome: Decoded | DeadLetter | TooNew = DeadLetter(
+                        record, f"chunks of event {key[2]} do not cover 0..{item.ref.count - 1}", None, None, key[2]
+                    )
+                else:
+                    outcome = decode_value(record, value, self.projections[record.topic].to_event, key[2])
+                if isinstance(outcome, TooNew):
+                    self._stop(out, tp, outcome)
+                    continue
+                finished.add(key)
+                in_batch.pop(key, None)
+                if isinstance(outcome, Decoded):
+                    out.events.append(outcome)
+                else:
+                    out.dead.append(outcome)
+            elif isinstance(item, Decoded):
+                out.events.append(item)
+            elif isinstance(item, DeadLetter):
+                out.dead.append(item)
+            else:
+                self._stop(out, tp, item)
+        if indexed_chunks:
+            await chunk_store.store(conn, self._chunks, [c for parts in in_batch.values() for c in parts.values()])
+            await chunk_store.delete(conn, self._chunks, finished)
+        return out
+
+    @staticmethod
+    def _stop(out: _Resolved, tp: TopicPartition, too_new: TooNew) -> None:
+        r = too_new.record
+        log.error(
+            "stopping partition %s:%d at offset %d: %s; events after it wait for an upgraded projector",
+            r.topic, r.partition, r.offset, too_new.reason,
+        )  # fmt: skip
+        out.stopped[tp] = too_new
+
+    async def _apply_events(self, conn: asyncpg.Connection, events: Sequence[Decoded]) -> None:
+        by_topic: dict[str, list[tuple[str, int, int, Any]]] = {}
+        for d in events:
+            r = d.record
+            by_topic.setdefault(r.topic, []).append((r.topic, r.partition, r.offset, d.event))
+        for topic, items in by_topic.items():
+            await self.projections[topic].apply(conn, items)
+
+    async def _apply_isolated(self, conn: asyncpg.Connection, events: Sequence[Decoded]) -> list[DeadLetter]:
+        """Apply each event in its own savepoint; the ones Postgres rejects become dead letters."""
+        dead = []
+        for d in events:
+            r = d.record
+            try:
+                async with conn.transaction():
+                    await self.projections[r.topic].apply(conn, [(r.topic, r.partition, r.offset, d.event)])
+            except asyncpg.PostgresError as exc:
+                if not rejects_input(exc):
+                    raise
+                log.error("Postgres rejected the event at %s:%d@%d: %s", r.topic, r.partition, r.offset, exc)
+                event_type = getattr(d.event, "TYPE", None)
+                dead.append(DeadLetter(r, f"Postgres rejected the event: {exc}", event_type, d.value, d.chunk_event_id))
+        return dead

@@ -1,0 +1,447 @@
+"""The checkpoint projection: SQL as named constants, pure batch planning, and the batch apply.
+
+A batch is a list of `(topic, partition, offset, event)` in log order. Planning (pure) cuts it into
+steps: a run of consecutive data events (`checkpoint.put`, `checkpoint.writes`) becomes one
+`DataRun` with one array parameter set per table, deduplicated here with the semantics that applying
+the events one by one would have; every other event is a barrier applied on its own, in order.
+Applying (I/O) sends each `DataRun` as one `INSERT ... SELECT FROM unnest(...)` per table, so a
+batch of thousands of events costs a handful of round trips.
+
+Checkpoint and metadata JSON arrive as JSON text and go to Postgres as `text` cast to `jsonb`:
+never parsed here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from graphledger.errors import InvalidEventError
+from graphledger.events import checkpoint_event
+from graphledger.events.checkpoint import (
+    CheckpointEvent,
+    CheckpointPut,
+    CheckpointWrites,
+    RunsDelete,
+    ThreadCopy,
+    ThreadDelete,
+    ThreadPrune,
+)
+from graphledger.events.envelope import Envelope
+from graphledger.projection import prune
+from graphledger.projection.sql import render
+
+BatchItem = tuple[str, int, int, CheckpointEvent]
+"""`(topic, partition, offset, event)`: one event at its position in the log."""
+
+# --- data runs --------------------------------------------------------------------------------------
+
+# Like the official UPSERT_CHECKPOINTS_SQL: a repeated put replaces checkpoint and metadata only.
+# $1..$6 -> unnest(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata);
+# the JSON columns arrive as text and are cast to jsonb here. Keys are unique (deduplicated in Python):
+# ON CONFLICT DO UPDATE cannot touch one row twice in a statement.
+UPSERT_CHECKPOINTS_SQL = """
+INSERT INTO {schema}.checkpoints
+    (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
+SELECT u.thread_id, u.checkpoint_ns, u.checkpoint_id, u.parent_checkpoint_id, u.checkpoint::jsonb, u.metadata::jsonb
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+    AS u(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
+ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
+    checkpoint = EXCLUDED.checkpoint,
+    metadata = EXCLUDED.metadata
+"""
+
+# Like UPSERT_CHECKPOINT_BLOBS_SQL: a channel version's value never changes, the first one stays.
+# $1..$6 -> unnest(thread_id, checkpoint_ns, channel, version, type, blob).
+INSERT_BLOBS_SQL = """
+INSERT INTO {schema}.checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[])
+ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING
+"""
+
+# INSERT_CHECKPOINT_WRITES_SQL / UPSERT_CHECKPOINT_WRITES_SQL, set-based.
+# $1..$9 -> unnest(thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob).
+INSERT_WRITES_SQL = """
+INSERT INTO {schema}.checkpoint_writes
+    (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[],
+                     $8::text[], $9::bytea[])
+ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING
+"""
+
+UPSERT_WRITES_SQL = """
+INSERT INTO {schema}.checkpoint_writes
+    (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[],
+                     $8::text[], $9::bytea[])
+ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
+    channel = EXCLUDED.channel,
+    type = EXCLUDED.type,
+    blob = EXCLUDED.blob
+"""
+
+# $1..$3 -> unnest(thread_id, topic, partition). The WHERE skips rewriting unchanged rows, which
+# would otherwise leave a dead tuple per thread per batch.
+UPSERT_THREAD_PARTITIONS_SQL = """
+INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, partition)
+SELECT * FROM unnest($1::text[], $2::text[], $3::int[])
+ON CONFLICT (thread_id) DO UPDATE SET topic = EXCLUDED.topic, partition = EXCLUDED.partition
+WHERE (tp.topic, tp.partition) IS DISTINCT FROM (EXCLUDED.topic, EXCLUDED.partition)
+"""
+
+# --- operations -------------------------------------------------------------------------------------
+
+# delete_thread (and prune "delete"): every namespace of every listed thread. $1 -> thread ids.
+# The partition row goes too: a thread without rows needs no routing of `runs.delete`.
+DELETE_THREADS_SQL = """
+WITH c AS (DELETE FROM {schema}.checkpoints WHERE thread_id = ANY($1::text[])),
+     b AS (DELETE FROM {schema}.checkpoint_blobs WHERE thread_id = ANY($1::text[])),
+     w AS (DELETE FROM {schema}.checkpoint_writes WHERE thread_id = ANY($1::text[]))
+DELETE FROM {schema}.graphledger_thread_partitions WHERE thread_id = ANY($1::text[])
+"""
+
+# copy_thread: the source's rows under the target id, keeping whatever the target already has
+# (a copy onto itself changes nothing; DISTINCT keeps its partition upsert from touching a row twice).
+# $1 source, $2 target, $3 topic, $4 partition (the source's, which carried this event).
+COPY_THREAD_SQL = """
+WITH c AS (
+    INSERT INTO {schema}.checkpoints
+        (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
+    SELECT $2::text, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata
+    FROM {schema}.checkpoints WHERE thread_id = $1::text
+    ON CONFLICT DO NOTHING
+), b AS (
+    INSERT INTO {schema}.checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+    SELECT $2::text, checkpoint_ns, channel, version, type, blob
+    FROM {schema}.checkpoint_blobs WHERE thread_id = $1::text
+    ON CONFLICT DO NOTHING
+), w AS (
+    INSERT INTO {schema}.checkpoint_writes
+        (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+    SELECT $2::text, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob
+    FROM {schema}.checkpoint_writes WHERE thread_id = $1::text
+    ON CONFLICT DO NOTHING
+)
+INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, partition)
+SELECT DISTINCT t, $3::text, $4::int FROM unnest(ARRAY[$1::text, $2::text]) AS t
+ON CONFLICT (thread_id) DO UPDATE SET topic = EXCLUDED.topic, partition = EXCLUDED.partition
+WHERE (tp.topic, tp.partition) IS DISTINCT FROM (EXCLUDED.topic, EXCLUDED.partition)
+"""
+
+# delete_for_runs, one partition's copy: checkpoints of this partition's threads whose metadata
+# run_id is listed, with their writes. Returns the channel versions they referenced, so that
+# GC_BLOBS_SQL (a second statement, which sees the deletion) can drop the blobs left unreferenced.
+# $1 -> run ids, $2 topic, $3 partition.
+DELETE_RUNS_SQL = """
+WITH deleted AS (
+    DELETE FROM {schema}.checkpoints c
+    USING {schema}.graphledger_thread_partitions tp
+    WHERE tp.topic = $2::text AND tp.partition = $3::int
+      AND c.thread_id = tp.thread_id
+      AND c.metadata ->> 'run_id' = ANY($1::text[])
+    RETURNING c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.checkpoint -> 'channel_versions' AS versions
+), w AS (
+    DELETE FROM {schema}.checkpoint_writes cw
+    USING deleted d
+    WHERE cw.thread_id = d.thread_id AND cw.checkpoint_ns = d.checkpoint_ns AND cw.checkpoint_id = d.checkpoint_id
+)
+SELECT DISTINCT d.thread_id, d.checkpoint_ns, v.key AS channel, v.value AS version
+FROM deleted d
+CROSS JOIN LATERAL jsonb_each_text(d.versions) AS v
+"""
+
+# Blobs that deleted checkpoints referenced and no remaining checkpoint of their thread and
+# namespace does. $1..$4 -> unnest(thread_id, checkpoint_ns, channel, version) of the freed versions.
+# EXCEPT (a hash set operation) rather than a NOT EXISTS per freed blob, which would rescan a
+# thread's checkpoints once per blob.
+GC_BLOBS_SQL = """
+WITH freed AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])
+        AS f(thread_id, checkpoint_ns, channel, version)
+), scopes AS (
+    SELECT DISTINCT thread_id, checkpoint_ns FROM freed
+), referenced AS (
+    SELECT c.thread_id, c.checkpoint_ns, v.key AS channel, v.value AS version
+    FROM scopes s
+    JOIN {schema}.checkpoints c ON c.thread_id = s.thread_id AND c.checkpoint_ns = s.checkpoint_ns
+    CROSS JOIN LATERAL jsonb_each_text(c.checkpoint -> 'channel_versions') AS v
+), garbage AS (
+    SELECT * FROM freed EXCEPT SELECT * FROM referenced
+)
+DELETE FROM {schema}.checkpoint_blobs b
+USING garbage g
+WHERE b.thread_id = g.thread_id AND b.checkpoint_ns = g.checkpoint_ns
+  AND b.channel = g.channel AND b.version = g.version
+"""
+
+
+# --- validation beyond the event schema: what Postgres would reject ---------------------------------
+
+# A JSON `\u0000` escape (not an escaped backslash followed by "u0000"): jsonb cannot hold NUL.
+_JSON_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+_INT4 = range(-(2**31), 2**31)
+
+
+def to_checkpoint_event(env: Envelope) -> CheckpointEvent:
+    """The typed event, refusing what would make its batch's statements fail (`InvalidEventError`).
+
+    Without this one bad event would fail the set-based statement of a whole batch; the projector
+    then falls back to applying events one by one to find it, which is correct but slow.
+    """
+    event = checkpoint_event(env)
+    if isinstance(event, CheckpointPut):
+        for name, text in (("checkpoint", event.checkpoint_json), ("metadata", event.metadata_json)):
+            try:
+                text.decode()
+            except UnicodeDecodeError as exc:
+                raise InvalidEventError(f"{name} JSON is not UTF-8: {exc}") from None
+            if b"\x00" in text or (b"\\u0000" in text and _JSON_NUL.search(text)):
+                raise InvalidEventError(f"{name} JSON contains \\u0000, which Postgres jsonb cannot store")
+    elif isinstance(event, CheckpointWrites):
+        for w in event.writes:
+            if w.idx not in _INT4:
+                raise InvalidEventError(f"write idx {w.idx} does not fit checkpoint_writes.idx (int4)")
+    return event
+
+
+# --- plan -------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class DataRun:
+    """Consecutive put/writes events as column lists, one list per `unnest` parameter.
+
+    Keys are unique within each statement, merged as sequential application would leave them:
+    checkpoints keep the first put's parent and the last put's checkpoint and metadata (the upsert
+    updates only those two); blobs keep the first value; a write keeps the last upsert's value if
+    any event upserted it, else the first insert's.
+    """
+
+    checkpoints: list[list[Any]]
+    blobs: list[list[Any]]
+    writes_insert: list[list[Any]]
+    writes_upsert: list[list[Any]]
+    threads: list[list[Any]]
+    events: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteThreads:
+    """Consecutive `thread.delete` / prune `delete` events: deletions commute, so one statement."""
+
+    thread_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CopyThread:
+    source: str
+    target: str
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class PruneKeepLatest:
+    thread_id: str
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRuns:
+    run_ids: tuple[str, ...]
+    topic: str
+    partition: int
+
+
+Step = DataRun | DeleteThreads | CopyThread | PruneKeepLatest | DeleteRuns
+
+
+@dataclass(slots=True)
+class _RunBuilder:
+    """Accumulates one run of data events, merging duplicate keys as they arrive."""
+
+    checkpoints: dict[tuple[str, str, str], list[Any]] = field(default_factory=dict)
+    blobs: dict[tuple[str, str, str, str], tuple[Any, ...]] = field(default_factory=dict)
+    writes: dict[tuple[str, str, str, str, int], list[Any]] = field(default_factory=dict)
+    threads: dict[str, tuple[str, int]] = field(default_factory=dict)
+    events: int = 0
+
+    def put(self, topic: str, partition: int, e: CheckpointPut) -> None:
+        self.events += 1
+        thread_id, ns = e.thread_id, e.checkpoint_ns
+        self.threads[thread_id] = (topic, partition)
+        key = (thread_id, ns, e.checkpoint_id)
+        row = self.checkpoints.get(key)
+        if row is None:
+            self.checkpoints[key] = [
+                thread_id, ns, e.checkpoint_id, e.parent_checkpoint_id,
+                e.checkpoint_json.decode(), e.metadata_json.decode(),
+            ]  # fmt: skip
+        else:
+            row[4] = e.checkpoint_json.decode()
+            row[5] = e.metadata_json.decode()
+        blobs = self.blobs
+        for b in e.blobs:
+            bkey = (thread_id, ns, b.channel, b.version)
+            if bkey not in blobs:
+                blobs[bkey] = (thread_id, ns, b.channel, b.version, b.type, b.data)
+
+    def put_writes(self, topic: str, partition: int, e: CheckpointWrites) -> None:
+        self.events += 1
+        thread_id, ns, cid, task_id = e.thread_id, e.checkpoint_ns, e.checkpoint_id, e.task_id
+        self.threads[thread_id] = (topic, partition)
+        writes = self.writes
+        for w in e.writes:
+            key = (thread_id, ns, cid, task_id, w.idx)
+            row = writes.get(key)
+            if row is None:
+                writes[key] = [thread_id, ns, cid, task_id, e.task_path, w.idx, w.channel, w.type, w.data, e.upsert]
+            elif e.upsert:
+                # The upsert replaces channel, type and blob; task_path stays the first insert's.
+                row[6], row[7], row[8], row[9] = w.channel, w.type, w.data, True
+
+    def build(self) -> DataRun:
+        inserts = [r[:9] for r in self.writes.values() if not r[9]]
+        upserts = [r[:9] for r in self.writes.values() if r[9]]
+        return DataRun(
+            _columns(self.checkpoints.values(), 6),
+            _columns(self.blobs.values(), 6),
+            _columns(inserts, 9),
+            _columns(upserts, 9),
+            _columns(((t, tp[0], tp[1]) for t, tp in self.threads.items()), 3),
+            self.events,
+        )
+
+
+def _columns(rows: Any, width: int) -> list[list[Any]]:
+    """Rows to column lists (what `unnest($1::t[], $2::u[], ...)` takes)."""
+    cols = [list(c) for c in zip(*rows, strict=True)]
+    return cols or [[] for _ in range(width)]
+
+
+def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
+    """Cut a batch into set-based data runs and ordered barrier operations. Pure."""
+    steps: list[Step] = []
+    run: _RunBuilder | None = None
+    deletes: list[str] = []
+
+    def flush() -> None:
+        nonlocal run
+        if run is not None:
+            steps.append(run.build())
+            run = None
+        if deletes:
+            steps.append(DeleteThreads(tuple(dict.fromkeys(deletes))))
+            deletes.clear()
+
+    for topic, partition, _offset, event in items:
+        if isinstance(event, CheckpointPut | CheckpointWrites):
+            if deletes:
+                flush()
+            if run is None:
+                run = _RunBuilder()
+            if isinstance(event, CheckpointPut):
+                run.put(topic, partition, event)
+            else:
+                run.put_writes(topic, partition, event)
+        elif isinstance(event, ThreadDelete) or (isinstance(event, ThreadPrune) and event.strategy == "delete"):
+            if run is not None:
+                flush()
+            deletes.append(event.thread_id)
+        else:
+            flush()
+            if isinstance(event, ThreadCopy):
+                steps.append(CopyThread(event.source_thread_id, event.target_thread_id, topic, partition))
+            elif isinstance(event, ThreadPrune):
+                steps.append(PruneKeepLatest(event.thread_id, topic, partition))
+            elif isinstance(event, RunsDelete):
+                if event.run_ids:
+                    steps.append(DeleteRuns(event.run_ids, topic, partition))
+            else:  # pragma: no cover - the event union is closed
+                raise TypeError(f"not a checkpoint event: {event!r}")
+    flush()
+    return steps
+
+
+# --- apply ------------------------------------------------------------------------------------------
+
+
+class CheckpointStatements:
+    """The projection's statements rendered for one schema (once per worker, not per batch)."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self.upsert_checkpoints = render(UPSERT_CHECKPOINTS_SQL, schema)
+        self.insert_blobs = render(INSERT_BLOBS_SQL, schema)
+        self.insert_writes = render(INSERT_WRITES_SQL, schema)
+        self.upsert_writes = render(UPSERT_WRITES_SQL, schema)
+        self.upsert_thread_partitions = render(UPSERT_THREAD_PARTITIONS_SQL, schema)
+        self.delete_threads = render(DELETE_THREADS_SQL, schema)
+        self.copy_thread = render(COPY_THREAD_SQL, schema)
+        self.delete_runs = render(DELETE_RUNS_SQL, schema)
+        self.gc_blobs = render(GC_BLOBS_SQL, schema)
+        self.prune = prune.PruneStatements(schema)
+
+
+async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps: Sequence[Step]) -> None:
+    """Apply planned steps in order on `conn`, inside the caller's transaction."""
+    for step in steps:
+        if isinstance(step, DataRun):
+            await _apply_run(conn, sql, step)
+        elif isinstance(step, DeleteThreads):
+            await conn.execute(sql.delete_threads, list(step.thread_ids))
+        elif isinstance(step, CopyThread):
+            await conn.execute(sql.copy_thread, step.source, step.target, step.topic, step.partition)
+        elif isinstance(step, PruneKeepLatest):
+            await conn.execute(sql.upsert_thread_partitions, [step.thread_id], [step.topic], [step.partition])
+            freed = await prune.keep_latest(conn, sql.prune, step.thread_id)
+            await gc_blobs(conn, sql, freed)
+        else:
+            rows = await conn.fetch(sql.delete_runs, list(step.run_ids), step.topic, step.partition)
+            await gc_blobs(conn, sql, [tuple(r) for r in rows])
+
+
+async def _apply_run(conn: asyncpg.Connection, sql: CheckpointStatements, run: DataRun) -> None:
+    if run.checkpoints[0]:
+        await conn.execute(sql.upsert_checkpoints, *run.checkpoints)
+    if run.blobs[0]:
+        await conn.execute(sql.insert_blobs, *run.blobs)
+    if run.writes_insert[0]:
+        await conn.execute(sql.insert_writes, *run.writes_insert)
+    if run.writes_upsert[0]:
+        await conn.execute(sql.upsert_writes, *run.writes_upsert)
+    if run.threads[0]:
+        await conn.execute(sql.upsert_thread_partitions, *run.threads)
+
+
+async def gc_blobs(
+    conn: asyncpg.Connection, sql: CheckpointStatements, freed: Sequence[tuple[str, str, str, str]]
+) -> None:
+    """Delete the freed `(thread_id, checkpoint_ns, channel, version)` blobs no checkpoint references."""
+    if freed:
+        await conn.execute(sql.gc_blobs, *_columns(freed, 4))
+
+
+async def apply_checkpoint_batch(
+    conn: asyncpg.Connection, sql: CheckpointStatements, items: Sequence[BatchItem]
+) -> None:
+    """Plan and apply one batch of checkpoint events inside the caller's transaction."""
+    await apply_steps(conn, sql, plan_batch(items))
+
+
+class CheckpointProjection:
+    """The checkpoint topic's projection, as the batch applier drives it."""
+
+    def __init__(self, schema: str) -> None:
+        self.sql = CheckpointStatements(schema)
+
+    def to_event(self, env: Envelope) -> CheckpointEvent:
+        return to_checkpoint_event(env)
+
+    async def apply(self, conn: asyncpg.Connection, items: Sequence[BatchItem]) -> None:
+        await apply_steps(conn, self.sql, plan_batch(items))

@@ -1,0 +1,86 @@
+"""Dead letters: the record for the dead-letter topic, and the `graphledger_dead_letters` row.
+
+The dead-letter record carries the original key, value and headers plus why and where it came from,
+so it can be inspected and republished. Both are written before the batch commits, and the row's key
+(topic, partition, offset) makes a retried batch add no second row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+from graphledger.events import envelope
+from graphledger.events.chunks import ChunkRef, split
+from graphledger.projection.records import DeadLetter
+from graphledger.projection.sql import render
+
+HEADER_REASON = "gl-dlq-reason"
+HEADER_TOPIC = "gl-dlq-topic"
+HEADER_PARTITION = "gl-dlq-partition"
+HEADER_OFFSET = "gl-dlq-offset"
+
+MAX_REASON_CHARS = 2000
+
+# $1..$5 -> unnest(topic, partition, offset, event_type, reason).
+INSERT_DEAD_LETTERS_SQL = """
+INSERT INTO {schema}.graphledger_dead_letters (topic, partition, "offset", event_type, reason)
+SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[], $5::text[])
+ON CONFLICT (topic, partition, "offset") DO NOTHING
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingRecord:
+    """One record to produce to the dead-letter topic."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+
+def reason_text(reason: str) -> str:
+    """The reason as Postgres text can hold it: no NUL (it quotes arbitrary input), bounded length."""
+    reason = reason.replace("\x00", "\\x00")
+    return reason if len(reason) <= MAX_REASON_CHARS else reason[: MAX_REASON_CHARS - 1] + "…"
+
+
+def outgoing_records(letter: DeadLetter, max_message_bytes: int) -> list[OutgoingRecord]:
+    """The dead-letter topic records of one dead letter.
+
+    A reassembled chunked event is too large for one record, so it goes out in chunks again, with
+    `gl-chunk` headers of its own event id, each carrying the `gl-dlq-*` headers.
+    """
+    record = letter.record
+    dlq = [
+        (HEADER_REASON, reason_text(letter.reason).encode()),
+        (HEADER_TOPIC, record.topic.encode()),
+        (HEADER_PARTITION, str(record.partition).encode()),
+        (HEADER_OFFSET, str(record.offset).encode()),
+    ]
+    if letter.chunk_event_id is None:
+        return [OutgoingRecord(record.key, letter.value, [*record.headers, *dlq])]
+    original = [(k, v) for k, v in record.headers if k != envelope.HEADER_CHUNK]
+    parts = split(letter.value or b"", max_message_bytes)
+    return [
+        OutgoingRecord(
+            record.key,
+            part,
+            [*original, (envelope.HEADER_CHUNK, ChunkRef(letter.chunk_event_id, i, len(parts)).header_value()), *dlq],
+        )
+        for i, part in enumerate(parts)
+    ]
+
+
+async def record_dead_letters(conn: asyncpg.Connection, schema: str, letters: Sequence[DeadLetter]) -> None:
+    if letters:
+        await conn.execute(
+            render(INSERT_DEAD_LETTERS_SQL, schema),
+            [d.record.topic for d in letters],
+            [d.record.partition for d in letters],
+            [d.record.offset for d in letters],
+            [d.event_type for d in letters],
+            [reason_text(d.reason) for d in letters],
+        )

@@ -1,0 +1,133 @@
+"""Kafka records as the projector sees them, and their pure classification before a batch applies.
+
+A record is an event, a chunk of a larger event, a dead letter (undecodable or invalid), or an event
+from a newer graphledger that its partition must stop before. Classifying needs no database; chunks
+are resolved later, inside the batch transaction, where earlier chunks are stored.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from graphledger.errors import InvalidEventError, UnknownEventVersionError
+from graphledger.events import envelope
+from graphledger.events.chunks import ChunkRef, parse_header
+from graphledger.events.envelope import Envelope
+
+log = logging.getLogger(__name__)
+
+Header = tuple[str, bytes]
+
+MAX_EVENT_ID_CHARS = 200
+"""Longer chunk event ids are refused: they key `graphledger_chunks`, whose btree rows are bounded."""
+MAX_EVENT_TYPE_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRecord:
+    """One Kafka record: where it is in the log and what it carries."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return len(self.value or b"") + len(self.key or b"")
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A valid event, ready to apply at its record's position."""
+
+    record: SourceRecord
+    event: Any
+    chunk_event_id: str | None = None
+    """Set when the event was reassembled from chunks; `record` is then the chunk that completed it."""
+    assembled: bytes | None = None
+    """The reassembled value (the dead-letter topic needs it if Postgres rejects the event)."""
+
+    @property
+    def value(self) -> bytes | None:
+        return self.assembled if self.chunk_event_id is not None else self.record.value
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A record (or reassembled chunked event, `value`) that goes to the dead-letter topic."""
+
+    record: SourceRecord
+    reason: str
+    event_type: str | None
+    value: bytes | None
+    chunk_event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TooNew:
+    """An event written by a newer graphledger: its partition stops here until a newer worker runs."""
+
+    record: SourceRecord
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One chunk of an event larger than the broker's message limit."""
+
+    record: SourceRecord
+    ref: ChunkRef
+
+
+Classified = Decoded | DeadLetter | TooNew | Chunk
+
+ToEvent = Callable[[Envelope], Any]
+"""Validates an envelope into a typed event of one topic; raises `InvalidEventError`."""
+
+
+def header_type(record: SourceRecord) -> str | None:
+    """The `gl-type` header, as text a dead-letter row can hold."""
+    raw = envelope.header(record.headers, envelope.HEADER_TYPE)
+    if raw is None:
+        return None
+    return raw[:MAX_EVENT_TYPE_CHARS].decode(errors="replace").replace("\x00", "\\x00")
+
+
+def classify(record: SourceRecord, to_event: ToEvent) -> Classified:
+    """What a record is, without touching the database."""
+    chunk_header = envelope.header(record.headers, envelope.HEADER_CHUNK)
+    if chunk_header is not None:
+        try:
+            ref = parse_header(chunk_header)
+        except InvalidEventError as exc:
+            return DeadLetter(record, str(exc), header_type(record), record.value)
+        if len(ref.event_id) > MAX_EVENT_ID_CHARS or "\x00" in ref.event_id:
+            return DeadLetter(
+                record, f"gl-chunk event id {ref.event_id[:80]!r}... is too long", header_type(record), record.value
+            )
+        return Chunk(record, ref)
+    return decode_value(record, record.value, to_event)
+
+
+def decode_value(
+    record: SourceRecord, value: bytes | None, to_event: ToEvent, chunk_event_id: str | None = None
+) -> Decoded | DeadLetter | TooNew:
+    """Decode and validate an event's bytes (a record's value, or a reassembled chunked event)."""
+    try:
+        event = to_event(envelope.decode(value))
+        if chunk_event_id is None:
+            return Decoded(record, event)
+        return Decoded(record, event, chunk_event_id, value)
+    except UnknownEventVersionError as exc:
+        return TooNew(record, str(exc))
+    except InvalidEventError as exc:
+        return DeadLetter(record, str(exc), header_type(record), value, chunk_event_id)
+    except Exception as exc:  # a validator bug must not stop the partition; the DLQ keeps the event
+        log.exception("unexpected error validating %s:%d@%d", record.topic, record.partition, record.offset)
+        return DeadLetter(record, f"unexpected {type(exc).__name__}: {exc}", header_type(record), value, chunk_event_id)

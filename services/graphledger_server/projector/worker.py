@@ -1,0 +1,268 @@
+"""The projector's consumer loop: fetch a batch, apply it in one transaction, repeat.
+
+Progress lives only in Postgres (`graphledger_offsets`, written with the rows): Kafka offsets are
+never committed, and on every assignment the consumer seeks to the stored offsets. A batch that
+fails on a retryable error (connection lost, serialization failure, deadlock, Kafka unreachable for a
+dead letter) is rolled back and retried as is, after a capped backoff; it is never skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord
+
+from graphledger.projection.batch import BatchApplier, BatchResult, TopicProjection
+from graphledger.projection.checkpoints import CheckpointProjection
+from graphledger.projection.dead_letters import outgoing_records
+from graphledger.projection.offsets import OffsetStatements, stored_offsets
+from graphledger.projection.records import DeadLetter, SourceRecord
+from graphledger.settings import Settings
+
+log = logging.getLogger(__name__)
+
+BACKOFF_INITIAL_S = 0.1
+BACKOFF_MAX_S = 5.0
+IDLE_POLL_MS = 200
+"""How long one empty fetch waits: also the longest a stop request waits for an idle worker."""
+REVOKE_WAIT_S = 10.0
+"""How long a rebalance waits for the in-flight batch before giving the partitions up anyway."""
+_REQUEST_HEADROOM_BYTES = 64 * 1024
+
+# SQLSTATEs worth retrying: the transaction lost a race or the server is going away or busy.
+_RETRYABLE_SQLSTATE_CLASSES = ("08", "40", "53", "57")
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """A failure the same batch can succeed after: connection trouble, serialization, Kafka hiccups."""
+    if isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError | KafkaError):
+        return True
+    if isinstance(exc, asyncpg.PostgresError):
+        state = getattr(exc, "sqlstate", None) or ""
+        return state[:2] in _RETRYABLE_SQLSTATE_CLASSES
+    return False
+
+
+def projections_for(settings: Settings) -> dict[str, TopicProjection]:
+    """The topics the projector consumes and each one's projection (the store topic joins here)."""
+    return {settings.checkpoint_topic: CheckpointProjection(settings.postgres_schema)}
+
+
+def _to_source(record: ConsumerRecord[bytes, bytes]) -> SourceRecord:
+    headers = tuple(record.headers or ())
+    return SourceRecord(record.topic, record.partition, record.offset, record.key, record.value, headers)
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        pass
+
+
+class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Seeks newly assigned partitions to their stored offsets; lets a revoke wait for the batch."""
+
+    def __init__(self, worker: ProjectorWorker) -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        # Finishing the in-flight batch first spares the next owner re-reading it; correctness does
+        # not depend on it (the offset row lock fences a late commit).
+        try:
+            await asyncio.wait_for(self.worker.batch_lock.acquire(), REVOKE_WAIT_S)
+        except TimeoutError:
+            log.warning("rebalance did not wait for the in-flight batch after %.0fs", REVOKE_WAIT_S)
+            return
+        self.worker.batch_lock.release()
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.worker.seek_to_stored(assigned)
+
+
+class ProjectorWorker:
+    """One consumer-group member: an aiokafka consumer, a dead-letter producer and an asyncpg pool."""
+
+    def __init__(self, settings: Settings, projections: dict[str, TopicProjection] | None = None) -> None:
+        self.settings = settings
+        self.projections = projections or projections_for(settings)
+        self.topics = list(self.projections)
+        self.applier = BatchApplier(
+            settings.postgres_schema, settings.projector_group_id, self.projections, self._produce_dead_letters
+        )
+        self.batch_lock = asyncio.Lock()
+        self.pool: asyncpg.Pool | None = None
+        self.consumer: AIOKafkaConsumer | None = None
+        self.producer: AIOKafkaProducer | None = None
+        self._offsets = OffsetStatements(settings.postgres_schema)
+        self._stop = asyncio.Event()
+        self.batches = 0
+        self.events = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        s = self.settings
+        self.pool = await asyncpg.create_pool(s.postgres_dsn, min_size=1, max_size=2)
+        self.producer = AIOKafkaProducer(
+            **s.kafka_client_options(),  # type: ignore[arg-type]
+            acks="all",
+            enable_idempotence=s.kafka_idempotence,
+            max_request_size=s.max_message_bytes + _REQUEST_HEADROOM_BYTES,
+        )
+        await self.producer.start()
+        self.consumer = AIOKafkaConsumer(
+            **s.kafka_client_options(),  # type: ignore[arg-type]
+            group_id=s.projector_group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=max(1024 * 1024, s.max_message_bytes + _REQUEST_HEADROOM_BYTES),
+        )
+        self.consumer.subscribe(self.topics, listener=_SeekToStored(self))
+        await self.consumer.start()
+        log.info("projector consuming %s as group %s into schema %s", self.topics, s.projector_group_id,
+                 s.postgres_schema)  # fmt: skip
+
+    async def close(self) -> None:
+        """Leave the group (its partitions go to the other workers now), then close the rest."""
+        try:
+            if self.consumer is not None:
+                await self.consumer.stop()
+        finally:
+            try:
+                if self.producer is not None:
+                    await self.producer.stop()
+            finally:
+                if self.pool is not None:
+                    await self.pool.close()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Apply batches until `stop` is set; the batch in flight then finishes (or, if it is
+        waiting to retry, is abandoned uncommitted).
+
+        Fetching the next batch while the previous one applies was tried and measured no faster on
+        two cores (the broker, Postgres and this process already share them), so batches go in turn.
+        """
+        self._stop = stop
+        while not stop.is_set():
+            records = await self.next_batch(stop)
+            if records and not stop.is_set():  # on stop, a batch not started is left to the next worker
+                await self.apply_with_retry(records, stop)
+
+    # -- assignment ----------------------------------------------------------------------------------
+
+    async def seek_to_stored(self, assigned: set[TopicPartition]) -> None:
+        """Seek each assigned partition to its stored next offset, or to the beginning without one."""
+        assert self.consumer is not None and self.pool is not None
+        if not assigned:
+            return
+        delay = BACKOFF_INITIAL_S
+        while True:
+            try:
+                async with self.pool.acquire() as conn:
+                    stored = {
+                        topic: await stored_offsets(conn, self._offsets, self.settings.projector_group_id, topic)
+                        for topic in {tp.topic for tp in assigned}
+                    }
+                break
+            except Exception as exc:
+                if not is_retryable(exc) or self._stop.is_set():
+                    raise
+                log.warning("cannot read stored offsets (%s); retrying in %.1fs", exc, delay)
+                await _sleep_or_stop(self._stop, delay)
+                delay = min(delay * 2, BACKOFF_MAX_S)
+        beginning = []
+        for tp in sorted(assigned):
+            offset = stored[tp.topic].get(tp.partition)
+            if offset is None:
+                beginning.append(tp)
+            else:
+                self.consumer.seek(tp, offset)
+        if beginning:
+            await self.consumer.seek_to_beginning(*beginning)
+        positions = (f"{tp.topic}:{tp.partition}@{stored[tp.topic].get(tp.partition, 0)}" for tp in sorted(assigned))
+        log.info("assigned %s", ", ".join(positions))
+
+    # -- batches -------------------------------------------------------------------------------------
+
+    async def next_batch(self, stop: asyncio.Event) -> list[SourceRecord]:
+        """Records up to `batch_max_events` / `batch_max_bytes`, waiting at most `batch_max_wait_ms`
+        after the first arrives. A partition cut short by the byte bound is sought back to its first
+        record left out, so nothing is skipped."""
+        assert self.consumer is not None
+        s = self.settings
+        records: list[SourceRecord] = []
+        size = 0
+        deadline: float | None = None
+        full = False
+        while not full and not stop.is_set():
+            if deadline is None:
+                timeout_ms = IDLE_POLL_MS
+            else:
+                timeout_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            fetched = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=s.batch_max_events - len(records))
+            if deadline is None and fetched:
+                deadline = time.monotonic() + s.batch_max_wait_ms / 1000
+            for tp, messages in fetched.items():
+                for message in messages:
+                    record = _to_source(message)
+                    if full or (records and size + record.size > s.batch_max_bytes):
+                        self.consumer.seek(tp, message.offset)
+                        full = True
+                        break
+                    records.append(record)
+                    size += record.size
+            if len(records) >= s.batch_max_events:
+                full = True
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        return records
+
+    async def apply_with_retry(self, records: Sequence[SourceRecord], stop: asyncio.Event) -> BatchResult | None:
+        """Apply one batch, retrying retryable failures with a capped backoff; None if abandoned."""
+        assert self.pool is not None
+        classified = self.applier.classify(records)  # once: a retry re-runs only the transaction
+        delay = BACKOFF_INITIAL_S
+        while True:
+            try:
+                async with self.batch_lock, self.pool.acquire() as conn:
+                    started = time.perf_counter()
+                    result = await self.applier.apply(conn, records, classified)
+                break
+            except Exception as exc:
+                if not is_retryable(exc):
+                    raise
+                if stop.is_set():
+                    log.warning("abandoning a batch of %d records on stop after: %s", len(records), exc)
+                    return None
+                log.warning("batch of %d records failed (%s: %s); retrying in %.1fs", len(records),
+                            type(exc).__name__, exc, delay)  # fmt: skip
+                await _sleep_or_stop(stop, delay)
+                delay = min(delay * 2, BACKOFF_MAX_S)
+        self.batches += 1
+        self.events += result.applied
+        if result.stopped:
+            assert self.consumer is not None
+            self.consumer.pause(*(TopicPartition(t, p) for t, p in result.stopped))
+        log.debug("applied %d events (%d dead letters, %d skipped) in %.1f ms", result.applied,
+                  result.dead_letters, result.skipped, (time.perf_counter() - started) * 1000)  # fmt: skip
+        return result
+
+    async def _produce_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
+        """Produce to the dead-letter topic and wait for every acknowledgement (inside the batch
+        transaction, before it commits)."""
+        assert self.producer is not None
+        topic = self.settings.dead_letter_topic
+        futures = []
+        for letter in letters:
+            r = letter.record
+            log.error("dead letter %s:%d@%d (%s): %s", r.topic, r.partition, r.offset, letter.event_type, letter.reason)
+            for out in outgoing_records(letter, self.settings.max_message_bytes):
+                futures.append(await self.producer.send(topic, out.value, key=out.key, headers=out.headers))
+        await asyncio.wait_for(asyncio.gather(*futures), self.settings.produce_timeout_s)

@@ -1,0 +1,127 @@
+"""Builders of checkpoint events and records, and row dumps, for the projection and projector tests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+import psycopg
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from psycopg.rows import dict_row
+
+from graphledger.events import envelope, to_envelope
+from graphledger.events.checkpoint import Blob, CheckpointEvent, CheckpointPut, CheckpointWrites, Write
+from graphledger.projection.records import SourceRecord
+
+TOPIC = "test.checkpoints"
+
+TABLE_ORDER = {
+    "checkpoints": "thread_id, checkpoint_ns, checkpoint_id",
+    "checkpoint_blobs": "thread_id, checkpoint_ns, channel, version",
+    "checkpoint_writes": "thread_id, checkpoint_ns, checkpoint_id, task_id, idx",
+    "graphledger_thread_partitions": "thread_id",
+}
+
+
+def cid(n: int) -> str:
+    """A checkpoint id that sorts by `n`, shaped like LangGraph's uuid6 ids."""
+    return f"1f000000-0000-6000-8000-{n:012d}"
+
+
+def version(n: int) -> str:
+    return f"{n:032}.{0.5:016}"
+
+
+def put(
+    thread_id: str,
+    n: int,
+    parent: int | None = None,
+    *,
+    ns: str = "",
+    inline: dict[str, Any] | None = None,
+    blobs: dict[str, bytes | None] | None = None,
+    metadata: dict[str, Any] | None = None,
+    ver: int | None = None,
+    refs: dict[str, int] | None = None,
+) -> CheckpointPut:
+    """A put of checkpoint `cid(n)`: `inline` values in its JSON, `blobs` (channel -> bytes, None for an
+    "empty" blob) at version `ver` (default n), every channel listed in `channel_versions`, plus `refs`
+    (channel -> version number) for values stored by an earlier put."""
+    inline = inline or {}
+    blobs = blobs or {}
+    v = version(ver if ver is not None else n)
+    checkpoint = {
+        "v": 4,
+        "ts": "2026-01-01T00:00:00+00:00",
+        "id": cid(n),
+        "channel_values": inline,
+        "channel_versions": {
+            **{ch: version(r) for ch, r in (refs or {}).items()},
+            **{ch: v for ch in [*inline, *blobs]},
+        },
+        "versions_seen": {},
+        "updated_channels": None,
+    }
+    meta = {"source": "loop", "step": n, "parents": {}, **(metadata or {})}
+    return CheckpointPut(
+        thread_id,
+        ns,
+        cid(n),
+        cid(parent) if parent is not None else None,
+        json.dumps(checkpoint).encode(),
+        json.dumps(meta).encode(),
+        tuple(Blob(ch, v, "empty" if data is None else "bytes", data) for ch, data in blobs.items()),
+    )
+
+
+def writes(
+    thread_id: str,
+    n: int,
+    task_id: str,
+    items: Sequence[tuple[str, bytes]],
+    *,
+    ns: str = "",
+    upsert: bool = False,
+    task_path: str = "",
+    first_idx: int = 0,
+) -> CheckpointWrites:
+    return CheckpointWrites(
+        thread_id,
+        ns,
+        cid(n),
+        task_id,
+        task_path,
+        upsert,
+        tuple(Write(first_idx + i, ch, "bytes", data) for i, (ch, data) in enumerate(items)),
+    )
+
+
+def record(event: CheckpointEvent, partition: int, offset: int, topic: str = TOPIC) -> SourceRecord:
+    env = to_envelope(event)
+    key = event.key.encode() if event.key is not None else None
+    return SourceRecord(topic, partition, offset, key, envelope.encode(env), tuple(envelope.headers_for(env)))
+
+
+async def dump(conn: asyncpg.Connection, schema: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of the projection tables, ordered, JSON columns as text."""
+    out = {}
+    for table, order in TABLE_ORDER.items():
+        rows = await conn.fetch(f"SELECT * FROM {schema}.{table} ORDER BY {order}")
+        out[table] = [tuple(str(v) if isinstance(v, dict) else v for v in r.values()) for r in rows]
+    return out
+
+
+async def count(conn: asyncpg.Connection, schema: str, table: str, where: str = "TRUE", *args: Any) -> int:
+    return await conn.fetchval(f"SELECT count(*) FROM {schema}.{table} WHERE {where}", *args)
+
+
+@asynccontextmanager
+async def official_saver(dsn: str, schema: str) -> AsyncIterator[AsyncPostgresSaver]:
+    """The official saver on `schema`, connected as its docs say (autocommit, dict rows)."""
+    async with await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, row_factory=dict_row, options=f"-c search_path={schema}"
+    ) as conn:
+        yield AsyncPostgresSaver(conn)
