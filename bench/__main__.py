@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -23,10 +22,8 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
 from graphledger import KafkaSaver
+from graphledger_server.demo import build_graph
 from graphledger_server.devstack.stack import DevStack
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import seed_graph
 
 CONCURRENCY = (1, 16, 64)
 
@@ -55,7 +52,7 @@ async def _run_puts(saver: Any, concurrency: int, total: int) -> float:
 
 async def _run_graphs(saver: Any, concurrency: int, total: int) -> float:
     """Graph invocations per second of the seed graph (4 checkpoints and 3 write sets each)."""
-    graph = seed_graph.build().compile(checkpointer=saver)
+    graph = build_graph().compile(checkpointer=saver)
     per_worker = max(1, total // concurrency)
 
     async def worker() -> None:
@@ -144,7 +141,7 @@ async def main(args: argparse.Namespace) -> None:
         dsn = settings.postgres_dsn
         async with (
             KafkaSaver(settings) as ours,
-            await AsyncPostgresSaver.from_conn_string(dsn) as official,
+            AsyncPostgresSaver.from_conn_string(dsn) as official,
         ):
             await official.setup()
             print(f"graphledger bench — {args.total} ops per row, Postgres and broker embedded, 2 cores", flush=True)

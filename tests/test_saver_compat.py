@@ -8,14 +8,14 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-import seed_graph
 from graphledger import KafkaSaver
+from graphledger_server.demo import build_graph
 
 
 async def test_official_saver_reads_the_same_tuples(stack) -> None:
     settings = stack.settings
     async with KafkaSaver(settings) as saver:
-        graph = seed_graph.build().compile(checkpointer=saver)
+        graph = build_graph().compile(checkpointer=saver)
         config = {"configurable": {"thread_id": str(uuid.uuid4())}}
         await graph.ainvoke({"foo": ""}, config)
         ours = [t async for t in saver.alist(config)]

@@ -19,8 +19,9 @@ from langgraph.graph import START, StateGraph
 from langgraph.types import interrupt
 from typing_extensions import TypedDict
 
-import seed_graph
 from graphledger import KafkaSaver
+from graphledger_server.demo import build_graph
+from graphledger_server.devstack.ports import wait_until
 
 
 @pytest.fixture
@@ -48,7 +49,7 @@ def _summary(history: list) -> list[tuple]:
 
 
 def test_seed_example_yields_the_documented_four_checkpoints(saver) -> None:
-    graph = seed_graph.build().compile(checkpointer=saver)
+    graph = build_graph().compile(checkpointer=saver)
     config = _thread()
     assert graph.invoke({"foo": ""}, config) == {"foo": "b", "bar": ["a", "b"]}
 
@@ -70,7 +71,7 @@ def test_seed_example_yields_the_documented_four_checkpoints(saver) -> None:
         assert newer.config["configurable"]["checkpoint_ns"] == ""
     assert history[-1].parent_config is None
 
-    reference = seed_graph.build().compile(checkpointer=InMemorySaver())
+    reference = build_graph().compile(checkpointer=InMemorySaver())
     ref_config = _thread()
     reference.invoke({"foo": ""}, ref_config)
     assert _summary(history) == _summary(list(reference.get_state_history(ref_config)))
@@ -80,7 +81,7 @@ def test_seed_example_yields_the_documented_four_checkpoints(saver) -> None:
 def test_update_state_and_replay_match_in_memory_saver(saver, as_node: str | None) -> None:
     results = []
     for checkpointer in (saver, InMemorySaver()):
-        graph = seed_graph.build().compile(checkpointer=checkpointer)
+        graph = build_graph().compile(checkpointer=checkpointer)
         config = _thread()
         graph.invoke({"foo": ""}, config)
         graph.update_state(config, {"foo": "x", "bar": ["x"]}, as_node=as_node)
@@ -96,7 +97,7 @@ def test_update_state_and_replay_match_in_memory_saver(saver, as_node: str | Non
 
 
 async def test_async_invoke_and_state(saver) -> None:
-    graph = seed_graph.build().compile(checkpointer=saver)
+    graph = build_graph().compile(checkpointer=saver)
     config = _thread()
     assert await graph.ainvoke({"foo": ""}, config) == {"foo": "b", "bar": ["a", "b"]}
     assert len([s async for s in graph.aget_state_history(config)]) == 4
@@ -124,6 +125,7 @@ import json, sys
 sys.path.insert(0, {tests!r})
 from langgraph.types import Command
 from graphledger import KafkaSaver
+from graphledger_server.devstack.ports import wait_until
 from test_saver_graphs import build_ask_graph
 with KafkaSaver.from_env() as saver:
     graph = build_ask_graph().compile(checkpointer=saver)
@@ -149,8 +151,9 @@ def test_interrupt_then_resume_from_a_second_process(saver, stack) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"question": "the answer?", "answer": "forty-two"}
-    # This process sees the other process's writes once the projection has them.
-    assert graph.get_state(config).next == ()
+    # Another process's writes carry no token of ours: they become visible here eventually.
+    wait_until(lambda: graph.get_state(config).next == (), 30, "the resumed run to be projected")
+    assert graph.get_state(config).values == {"question": "the answer?", "answer": "forty-two"}
 
 
 class FanState(TypedDict):

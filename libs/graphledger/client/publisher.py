@@ -1,8 +1,8 @@
-"""Publishing events to Kafka and keeping the consistency token of what was acknowledged.
+"""Publishing events to Kafka.
 
-A write returns once the broker acknowledged it (`acks=all`). Its partition and offset join the
-publisher's token, which the reader sends with every read (read your writes). Events larger than
-`max_message_bytes` go out as chunk records with the event's key, so they share a partition.
+A write returns once the broker acknowledged it (`acks=all`), with the partitions and offsets it
+landed at, which become consistency tokens (`tokens.py`). Events larger than `max_message_bytes` go
+out as chunk records with the event's key, so they share a partition.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ class EventPublisher:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._producer: AIOKafkaProducer | None = None
-        self.token: dict[tuple[str, int], int] = {}
 
     async def start(self) -> None:
         producer = AIOKafkaProducer(
@@ -63,8 +62,8 @@ class EventPublisher:
         *,
         traceparent: str | None = None,
         partition: int | None = None,
-    ) -> None:
-        """Publish one event and wait for the broker's acknowledgement of every record of it."""
+    ) -> list[tuple[str, int, int]]:
+        """Publish one event; returns `(topic, partition, offset)` of each record once all are acknowledged."""
         assert self._producer is not None, "publisher not started"
         value = envelope.encode(event)
         headers = envelope.headers_for(event, traceparent)
@@ -92,7 +91,4 @@ class EventPublisher:
                 f"Kafka did not acknowledge a {event.type} event on {topic} within "
                 f"{self._settings.produce_timeout_s}s: {exc or type(exc).__name__}"
             ) from exc
-        for metadata in acked:
-            tp = (metadata.topic, metadata.partition)
-            if metadata.offset > self.token.get(tp, -1):
-                self.token[tp] = metadata.offset
+        return [(metadata.topic, metadata.partition, metadata.offset) for metadata in acked]

@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 from opentelemetry.propagate import inject
 
 from graphledger.client.loop import BackgroundLoop
 from graphledger.client.publisher import EventPublisher
 from graphledger.client.reader import ReadApiClient
+from graphledger.client.tokens import ConsistencyTokens
 from graphledger.events import Event, to_envelope
+from graphledger.events.checkpoint import ThreadCopy
 from graphledger.settings import Settings
 
 
@@ -34,6 +36,7 @@ class ClientRuntime:
         self._lock = threading.Lock()
         self._loop: BackgroundLoop | None = None
         self.publisher = EventPublisher(settings)
+        self.tokens = ConsistencyTokens()
         self._reader: ReadApiClient | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -62,8 +65,6 @@ class ClientRuntime:
 
     async def aensure_started(self) -> None:
         # Starting blocks on a connection to Kafka; do it off the caller's event loop.
-        import asyncio
-
         await asyncio.to_thread(self._started_loop)
 
     def close(self) -> None:
@@ -74,8 +75,6 @@ class ClientRuntime:
             loop.stop()
 
     async def aclose(self) -> None:
-        import asyncio
-
         await asyncio.to_thread(self.close)
 
     async def _stop(self) -> None:
@@ -86,7 +85,8 @@ class ClientRuntime:
     # -- calls ---------------------------------------------------------------------------------
 
     async def _publish(self, topic: str, event: Event, traceparent: str | None) -> None:
-        await self.publisher.publish(topic, event.key, to_envelope(event), traceparent=traceparent)
+        acked = await self.publisher.publish(topic, event.key, to_envelope(event), traceparent=traceparent)
+        self.tokens.record(acked, _scopes(event))
 
     async def _publish_many(self, topic: str, events: Sequence[Event], traceparent: str | None) -> None:
         # Concurrently, so the producer batches them; callers pass events with distinct keys, whose
@@ -96,11 +96,14 @@ class ClientRuntime:
     async def _broadcast(self, topic: str, event: Event, traceparent: str | None) -> None:
         # One copy per partition, so the event takes its place among every thread's writes.
         for partition in await self.publisher.partitions(topic):
-            await self.publisher.publish(topic, None, to_envelope(event), traceparent=traceparent, partition=partition)
+            acked = await self.publisher.publish(
+                topic, None, to_envelope(event), traceparent=traceparent, partition=partition
+            )
+            self.tokens.record(acked, None)
 
-    async def _read(self, path: str, body: dict[str, Any]) -> Any:
+    async def _read(self, path: str, body: dict[str, Any], scope: str | None) -> Any:
         assert self._reader is not None
-        return await self._reader.call(path, body, self.publisher.token)
+        return await self._reader.call(path, body, self.tokens.for_scope(scope))
 
     def publish(self, topic: str, event: Event) -> None:
         self._started_loop().run(self._publish(topic, event, _traceparent()))
@@ -126,14 +129,50 @@ class ClientRuntime:
         loop = self._loop or await self._astarted_loop()
         await loop.arun(self._broadcast(topic, event, _traceparent()))
 
-    def read(self, path: str, body: dict[str, Any]) -> Any:
-        return self._started_loop().run(self._read(path, body))
+    def read(self, path: str, body: dict[str, Any], scope: str | None = None) -> Any:
+        """One read API call that waits for this client's writes to `scope` (a thread), or all of them."""
+        return self._started_loop().run(self._read(path, body, scope))
 
-    async def aread(self, path: str, body: dict[str, Any]) -> Any:
+    async def aread(self, path: str, body: dict[str, Any], scope: str | None = None) -> Any:
         loop = self._loop or await self._astarted_loop()
-        return await loop.arun(self._read(path, body))
+        return await loop.arun(self._read(path, body, scope))
 
     async def _astarted_loop(self) -> BackgroundLoop:
-        import asyncio
 
         return await asyncio.to_thread(self._started_loop)
+
+
+def _scopes(event: Event) -> tuple[str, ...] | None:
+    """The threads an event changes, or None when it may change any (runs.delete, store writes)."""
+    if isinstance(event, ThreadCopy):
+        return (event.source_thread_id, event.target_thread_id)
+    thread_id = getattr(event, "thread_id", None)
+    return (thread_id,) if thread_id is not None else None
+
+
+class ClientLifecycle:
+    """Context-manager and `close()` plumbing shared by `KafkaSaver` and `KafkaStore`."""
+
+    _runtime: ClientRuntime
+
+    def close(self) -> None:
+        self._runtime.close()
+
+    def __enter__(self) -> Self:
+        self._runtime.ensure_started()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        await self._runtime.aensure_started()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._runtime.aclose()
+
+    @property
+    def consistency_token(self) -> dict[tuple[str, int], int]:
+        """The newest acknowledged offset per partition of this client's writes."""
+        return dict(self._runtime.tokens.client_wide)

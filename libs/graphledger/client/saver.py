@@ -3,7 +3,8 @@
 Writes are encoded exactly as `langgraph-checkpoint-postgres` stores them (primitive channel values
 inline in the checkpoint jsonb, the rest as `(type, bytes)` blobs from this saver's serde), so the
 projection is the official layout. Each write returns once Kafka acknowledged it; reads carry the
-consistency token of every write this saver made, so a read always sees this saver's own writes.
+consistency token of this saver's writes to the thread read (or all of its writes, for a read across
+threads), so a read always sees this saver's own writes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from graphledger.client.runtime import ClientRuntime
+from graphledger.client.runtime import ClientLifecycle, ClientRuntime
 from graphledger.client.values import (
     decode_delta_history,
     decode_tuple,
@@ -50,7 +51,7 @@ from graphledger.events.checkpoint import (
 from graphledger.settings import Settings
 
 
-class KafkaSaver(BaseCheckpointSaver[str]):
+class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
     """Checkpointer for `graph.compile(checkpointer=...)`, sync and async, through graphledger.
 
     Use it as a context manager (`with KafkaSaver.from_env() as saver:` or `async with`), or call
@@ -66,30 +67,6 @@ class KafkaSaver(BaseCheckpointSaver[str]):
     def from_env(cls, *, serde: SerializerProtocol | None = None) -> KafkaSaver:
         """A saver configured from `GRAPHLEDGER_*` environment variables."""
         return cls(Settings(), serde=serde)
-
-    # -- lifecycle -----------------------------------------------------------------------------
-
-    def close(self) -> None:
-        self._runtime.close()
-
-    def __enter__(self) -> KafkaSaver:
-        self._runtime.ensure_started()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> KafkaSaver:
-        await self._runtime.aensure_started()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._runtime.aclose()
-
-    @property
-    def consistency_token(self) -> dict[tuple[str, int], int]:
-        """The newest acknowledged offset per partition of this saver's writes."""
-        return dict(self._runtime.publisher.token)
 
     # -- writes: build the event in the caller's thread, publish on the runtime's loop ----------
 
@@ -159,10 +136,12 @@ class KafkaSaver(BaseCheckpointSaver[str]):
     # -- reads: one read API call each, with the consistency token --------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return decode_tuple(self._runtime.read("/v1/checkpoints/get", _get_body(config)).get("tuple"), self.serde)
+        body = _get_body(config)
+        return decode_tuple(self._runtime.read("/v1/checkpoints/get", body, body["thread_id"]).get("tuple"), self.serde)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        answer = await self._runtime.aread("/v1/checkpoints/get", _get_body(config))
+        body = _get_body(config)
+        answer = await self._runtime.aread("/v1/checkpoints/get", body, body["thread_id"])
         return decode_tuple(answer.get("tuple"), self.serde)
 
     def list(
@@ -173,7 +152,8 @@ class KafkaSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        answer = self._runtime.read("/v1/checkpoints/list", _list_body(config, filter, before, limit))
+        body = _list_body(config, filter, before, limit)
+        answer = self._runtime.read("/v1/checkpoints/list", body, body.get("thread_id"))
         for raw in answer["tuples"]:
             yield decode_tuple(raw, self.serde)  # type: ignore[misc]
 
@@ -185,7 +165,8 @@ class KafkaSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        answer = await self._runtime.aread("/v1/checkpoints/list", _list_body(config, filter, before, limit))
+        body = _list_body(config, filter, before, limit)
+        answer = await self._runtime.aread("/v1/checkpoints/list", body, body.get("thread_id"))
         for raw in answer["tuples"]:
             yield decode_tuple(raw, self.serde)  # type: ignore[misc]
 
@@ -194,7 +175,8 @@ class KafkaSaver(BaseCheckpointSaver[str]):
     ) -> Mapping[str, DeltaChannelHistory]:
         if not channels:
             return {}
-        answer = self._runtime.read("/v1/checkpoints/delta-history", _delta_body(config, channels))
+        body = _delta_body(config, channels)
+        answer = self._runtime.read("/v1/checkpoints/delta-history", body, body["thread_id"])
         return decode_delta_history(answer["history"], self.serde)
 
     async def aget_delta_channel_history(
@@ -202,7 +184,8 @@ class KafkaSaver(BaseCheckpointSaver[str]):
     ) -> Mapping[str, DeltaChannelHistory]:
         if not channels:
             return {}
-        answer = await self._runtime.aread("/v1/checkpoints/delta-history", _delta_body(config, channels))
+        body = _delta_body(config, channels)
+        answer = await self._runtime.aread("/v1/checkpoints/delta-history", body, body["thread_id"])
         return decode_delta_history(answer["history"], self.serde)
 
     def get_next_version(self, current: str | None, channel: None) -> str:

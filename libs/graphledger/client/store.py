@@ -45,7 +45,7 @@ from langgraph.store.base import (
 )
 from langgraph.store.base.batch import _dedupe_ops
 
-from graphledger.client.runtime import ClientRuntime
+from graphledger.client.runtime import ClientLifecycle, ClientRuntime
 from graphledger.client.store_values import (
     Constant,
     Prepared,
@@ -63,7 +63,7 @@ from graphledger.settings import Settings
 STORE_BATCH_PATH = "/v1/store/batch"
 
 
-class KafkaStore(BaseStore):
+class KafkaStore(ClientLifecycle, BaseStore):
     """Store for `graph.compile(store=...)`, sync and async, through graphledger.
 
     `index` is LangGraph's `IndexConfig` (`dims`, `embed`: a LangChain `Embeddings`, a sync or an
@@ -108,30 +108,6 @@ class KafkaStore(BaseStore):
     def from_env(cls, *, index: IndexConfig | None = None, ttl: TTLConfig | None = None) -> KafkaStore:
         """A store configured from `GRAPHLEDGER_*` environment variables."""
         return cls(Settings(), index=index, ttl=ttl)
-
-    # -- lifecycle -----------------------------------------------------------------------------
-
-    def close(self) -> None:
-        self._runtime.close()
-
-    def __enter__(self) -> KafkaStore:
-        self._runtime.ensure_started()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> KafkaStore:
-        await self._runtime.aensure_started()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._runtime.aclose()
-
-    @property
-    def consistency_token(self) -> dict[tuple[str, int], int]:
-        """The newest acknowledged offset per partition of this store's writes."""
-        return dict(self._runtime.publisher.token)
 
     # -- batches -------------------------------------------------------------------------------
 

@@ -58,11 +58,13 @@ def split_channel_values(values: dict[str, Any]) -> tuple[dict[str, Any], dict[s
 
 def dump_json(value: Any, what: str) -> bytes:
     """JSON text as PostgresSaver's `Jsonb` writes it; refuses what Postgres jsonb would reject."""
-    _refuse_nul(value, what)
     try:
-        return json.dumps(value, allow_nan=False).encode()
+        text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} is not JSON-serializable: {exc}") from None
+    if "\\u0000" in text:  # rare: walk the value to name where the NUL is (or find an escaped "\\u0000")
+        _refuse_nul(value, what)
+    return text.encode()
 
 
 def _refuse_nul(value: Any, path: str) -> None:
