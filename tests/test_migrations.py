@@ -21,6 +21,8 @@ OUR_TABLES = (
     "graphledger_chunks",
     "graphledger_dead_letters",
 )
+# 0002_store: the store projection (its vector table only when configured: test_store_projection.py).
+STORE_TABLES = ("store", "store_migrations", "graphledger_store_index")
 
 COLUMNS_SQL = """
 SELECT table_name, ordinal_position, column_name, data_type, is_nullable, column_default
@@ -61,7 +63,7 @@ async def test_concurrent_migrations_apply_each_version_once(fresh_database: str
     tables = await _rows(
         fresh_database, "SELECT table_name FROM information_schema.tables WHERE table_schema = 'gl' ORDER BY 1"
     )
-    assert {t[0] for t in tables} == set(OFFICIAL_TABLES + OUR_TABLES)
+    assert {t[0] for t in tables} == set(OFFICIAL_TABLES + OUR_TABLES + STORE_TABLES)
 
 
 async def test_layout_equals_the_official_saver_setup(fresh_database: str) -> None:

@@ -18,6 +18,7 @@ a partition.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -72,6 +73,10 @@ class BatchResult:
     skipped: int = 0
     """Records below their partition's stored offset: applied before (replay after a crash, or a zombie)."""
     isolated: bool = False
+    applied_by_type: Counter[str | None] = field(default_factory=Counter)
+    """`applied` by event type (the projector's metrics count events by type)."""
+    dead_letters_by_type: Counter[str | None] = field(default_factory=Counter)
+    """`dead_letters` by event type, None where the record did not say."""
 
 
 @dataclass(slots=True)
@@ -182,6 +187,9 @@ class BatchApplier:
             result.stopped = resolved.stopped
             result.applied = len(resolved.events) - (len(dead) - len(resolved.dead))
             result.dead_letters = len(dead)
+            result.applied_by_type = Counter(getattr(d.event, "TYPE", None) for d in resolved.events)
+            result.applied_by_type.subtract(letter.event_type for letter in dead[len(resolved.dead) :])
+            result.dead_letters_by_type = Counter(letter.event_type for letter in dead)
         return result
 
     async def _resolve(self, conn: asyncpg.Connection, items: Sequence[Classified]) -> _Resolved:

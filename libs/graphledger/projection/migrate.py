@@ -16,8 +16,10 @@ from importlib import resources
 
 import asyncpg
 from langgraph.checkpoint.postgres.base import MIGRATIONS as OFFICIAL_MIGRATIONS
+from langgraph.store.postgres.base import MIGRATIONS as OFFICIAL_STORE_MIGRATIONS
 
 from graphledger.projection.sql import check_schema, render
+from graphledger.projection.vector_index import VectorIndex, ensure_vector_index
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,8 @@ _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 # langgraph-checkpoint-postgres migrations whose end state 0001_checkpoints.sql creates. When the
 # dependency adds one, a test fails here rather than `setup()` being skipped over a changed layout.
 OFFICIAL_MIGRATIONS_MIRRORED = 10
+# The same for the store's migrations, whose end state 0002_store.sql creates.
+OFFICIAL_STORE_MIGRATIONS_MIRRORED = 4
 
 # One key for every schema: CREATE EXTENSION is per database, and two schemas migrating at once
 # would otherwise race on it.
@@ -53,6 +57,12 @@ RECORD_MIGRATION_SQL = "INSERT INTO {schema}.graphledger_migrations (version, na
 # $1 -> generate_series(0, $1 - 1): every official migration version, so `setup()` finds none to run.
 FILL_OFFICIAL_MIGRATIONS_SQL = """
 INSERT INTO {schema}.checkpoint_migrations (v)
+SELECT generate_series(0, $1::int - 1)
+ON CONFLICT (v) DO NOTHING
+"""
+
+FILL_OFFICIAL_STORE_MIGRATIONS_SQL = """
+INSERT INTO {schema}.store_migrations (v)
 SELECT generate_series(0, $1::int - 1)
 ON CONFLICT (v) DO NOTHING
 """
@@ -86,13 +96,22 @@ def lock_key(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
 
 
-async def migrate(dsn: str, schema: str) -> list[int]:
-    """Bring `schema` up to the newest migration; returns the versions applied by this call."""
+async def migrate(dsn: str, schema: str, *, vectors: VectorIndex | None = None) -> list[int]:
+    """Bring `schema` up to the newest migration; returns the versions applied by this call.
+
+    `vectors` (`VectorIndex.from_settings`) creates the store's vector table if the schema has none,
+    or checks that the one it has is of that shape (`VectorIndexMismatchError` otherwise).
+    """
     check_schema(schema)
     if len(OFFICIAL_MIGRATIONS) != OFFICIAL_MIGRATIONS_MIRRORED:
         raise RuntimeError(
             f"langgraph-checkpoint-postgres has {len(OFFICIAL_MIGRATIONS)} migrations; graphledger's "
             f"checkpoint tables mirror {OFFICIAL_MIGRATIONS_MIRRORED}. Add a graphledger migration first."
+        )
+    if len(OFFICIAL_STORE_MIGRATIONS) != OFFICIAL_STORE_MIGRATIONS_MIRRORED:
+        raise RuntimeError(
+            f"langgraph-checkpoint-postgres has {len(OFFICIAL_STORE_MIGRATIONS)} store migrations; graphledger's "
+            f"store table mirrors {OFFICIAL_STORE_MIGRATIONS_MIRRORED}. Add a graphledger migration first."
         )
     conn = await asyncpg.connect(dsn)
     try:
@@ -112,6 +131,10 @@ async def migrate(dsn: str, schema: str) -> list[int]:
                 await conn.execute(render(RECORD_MIGRATION_SQL, schema), migration.version, migration.name)
                 applied.append(migration.version)
             await conn.execute(render(FILL_OFFICIAL_MIGRATIONS_SQL, schema), len(OFFICIAL_MIGRATIONS))
+            await conn.execute(render(FILL_OFFICIAL_STORE_MIGRATIONS_SQL, schema), len(OFFICIAL_STORE_MIGRATIONS))
+            if await ensure_vector_index(conn, schema, vectors):
+                assert vectors is not None
+                log.info("created the store's vector table in schema %s: %s", schema, vectors.describe())
         return applied
     finally:
         await conn.close()

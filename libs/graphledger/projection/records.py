@@ -36,6 +36,8 @@ class SourceRecord:
     key: bytes | None
     value: bytes | None
     headers: tuple[Header, ...] = ()
+    timestamp: int = -1
+    """The record's Kafka timestamp in ms (-1: unknown); the write-to-visible metric starts here."""
 
     @property
     def size(self) -> int:

@@ -9,7 +9,8 @@ from importlib.metadata import version
 from fastapi import Depends, FastAPI
 
 from graphledger.settings import Settings
-from graphledger_server.api import checkpoints, handlers, health
+from graphledger.telemetry import api as telemetry
+from graphledger_server.api import checkpoints, handlers, health, store
 from graphledger_server.api.auth import bearer_auth
 from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.db import conninfo, open_pool
@@ -37,11 +38,13 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(
         title="graphledger read API",
         version=version("graphledger"),
-        summary="Reads of the checkpoint projection, as langgraph-checkpoint-postgres answers them.",
+        summary="Reads of the checkpoint and store projections, as langgraph-checkpoint-postgres answers them.",
         lifespan=lifespan,
     )
     handlers.install(app)
+    telemetry.instrument_app(app)  # server spans continuing the caller's trace, HTTP server metrics
     app.include_router(health.router)
     auth = [Depends(bearer_auth(settings.api_token))] if settings.api_token is not None else []
     app.include_router(checkpoints.router, dependencies=auth)
+    app.include_router(store.router, dependencies=auth)
     return app

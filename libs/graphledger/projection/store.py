@@ -1,0 +1,284 @@
+"""The store projection: store events applied set-based into `store` and `store_vectors`.
+
+A batch's store events are one run: puts and deletes of different items commute, and the events of
+one item are merged here (pure) into the effect applying them one by one would have, so the run costs
+one statement per table however many events it holds.
+
+Merging one item's events in log order:
+- the last event decides whether the item exists (a delete) or what it holds (a put);
+- `created_at` is the first put after the item's last delete in the run; without a delete in the run,
+  an existing row keeps its own (`reset` says which);
+- vectors: the last put that carried a list replaces every vector row of the item; puts with
+  `vectors` null keep what is there (as both official stores do on `index=False`), unless a delete in
+  the run removed it.
+
+Timestamps come from the envelope's producer time, never `now()`, so a replay writes identical rows,
+whatever its batch boundaries. Vector rows take the time of the put that wrote them for both
+`created_at` and `updated_at` (the official store keeps a vector row's `created_at` across re-puts,
+which would make it depend on how a replay batches). A put whose vectors do not fit the schema's
+vector table (other dims, or no table at all) is refused in `to_event`, so it is dead-lettered
+with a reason naming the dims instead of failing its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from graphledger.errors import InvalidEventError
+from graphledger.events import store_event
+from graphledger.events.envelope import Envelope
+from graphledger.events.store import StoreDelete, StoreEvent, StorePut, Vector
+from graphledger.projection.sql import render
+from graphledger.projection.vector_index import (
+    COMPONENT_MAX,
+    VectorIndex,
+    load_extension_schema,
+    load_vector_index,
+)
+
+MAX_TTL_MINUTES = 2**31 - 1
+"""`store.ttl_minutes` is an int4."""
+MAX_TS_MS = 253_402_300_799_999
+"""9999-12-31T23:59:59.999Z: later producer times are a broken clock, not an item's time."""
+MAX_KEY_BYTES = 2_600
+"""prefix + key + field name: a btree index row (the primary keys) holds about 2,700 bytes."""
+
+# $1/$2 -> unnest(prefix, key) of the items whose last event is a delete (their vectors cascade).
+# $3..$8 -> unnest(prefix, key, value, ts_ms, created_ms, ttl_minutes) of the items whose last event is
+# a put; $9/$10 -> unnest(prefix, key) of those put after a delete in the run, whose existing row's
+# created_at is replaced (a hashed subplan, usually empty). The two parts touch disjoint rows, so
+# one statement applies both.
+APPLY_ITEMS_SQL = """
+WITH deleted AS (
+    DELETE FROM {schema}.store s
+    USING unnest($1::text[], $2::text[]) AS d(prefix, key)
+    WHERE s.prefix = d.prefix AND s.key = d.key
+)
+INSERT INTO {schema}.store AS s (prefix, key, value, created_at, updated_at, expires_at, ttl_minutes)
+SELECT u.prefix, u.key, u.value::jsonb,
+       'epoch'::timestamptz + u.created_ms * interval '1 millisecond',
+       'epoch'::timestamptz + u.ts_ms * interval '1 millisecond',
+       'epoch'::timestamptz + u.ts_ms * interval '1 millisecond' + u.ttl * interval '1 minute',
+       u.ttl::int
+FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::float8[])
+    AS u(prefix, key, value, ts_ms, created_ms, ttl)
+ON CONFLICT (prefix, key) DO UPDATE SET
+    value = EXCLUDED.value,
+    created_at = CASE
+        WHEN (s.prefix, s.key) IN (SELECT * FROM unnest($9::text[], $10::text[])) THEN EXCLUDED.created_at
+        ELSE s.created_at
+    END,
+    updated_at = EXCLUDED.updated_at,
+    expires_at = EXCLUDED.expires_at,
+    ttl_minutes = EXCLUDED.ttl_minutes
+"""
+
+# The vector rows of items whose vectors are replaced: $1..$4 -> unnest(prefix, key, field_name, ts_ms)
+# of the new rows, $5 all their embeddings concatenated (dims $6 each), $7/$8 -> unnest(prefix, key)
+# of every replaced item (some have no new rows). Rows of a replaced item that no new row overwrites
+# are deleted; the others are upserted: disjoint rows, one statement. `{ext}` is pgvector's schema
+# and `{vector_type}` the column's type, both validated.
+REPLACE_VECTORS_SQL = """
+WITH fresh AS MATERIALIZED (
+    SELECT u.prefix, u.key, u.field_name, u.ts_ms,
+           ($5::real[])[(u.i - 1) * $6::int + 1 : u.i * $6::int] AS embedding
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) WITH ORDINALITY
+        AS u(prefix, key, field_name, ts_ms, i)
+), stale AS (
+    DELETE FROM {schema}.store_vectors sv
+    USING unnest($7::text[], $8::text[]) AS r(prefix, key)
+    WHERE sv.prefix = r.prefix AND sv.key = r.key
+      AND NOT EXISTS (
+          SELECT 1 FROM fresh f WHERE f.prefix = sv.prefix AND f.key = sv.key AND f.field_name = sv.field_name
+      )
+)
+INSERT INTO {schema}.store_vectors AS sv (prefix, key, field_name, embedding, created_at, updated_at)
+SELECT f.prefix, f.key, f.field_name, f.embedding::{ext}.{vector_type},
+       'epoch'::timestamptz + f.ts_ms * interval '1 millisecond',
+       'epoch'::timestamptz + f.ts_ms * interval '1 millisecond'
+FROM fresh f
+ON CONFLICT (prefix, key, field_name) DO UPDATE SET
+    embedding = EXCLUDED.embedding,
+    created_at = EXCLUDED.created_at,
+    updated_at = EXCLUDED.updated_at
+"""
+
+
+def prefix_of(namespace: Sequence[str]) -> str:
+    """The `store.prefix` of a namespace, as the official store writes it."""
+    return ".".join(namespace)
+
+
+@dataclass(frozen=True, slots=True)
+class TimedStoreEvent:
+    """A store event with its envelope's producer time (ms), which becomes the item's timestamps."""
+
+    event: StoreEvent
+    ts_ms: int
+
+    @property
+    def TYPE(self) -> str:
+        return self.event.TYPE
+
+
+# --- plan -------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Merged:
+    """One item's events of a run, merged as sequential application would leave the item."""
+
+    put: StorePut | None
+    ts_ms: int
+    created_ms: int = 0
+    reset: bool = False
+    vectors: tuple[Vector, ...] | None = None
+    vectors_ms: int = 0
+
+
+@dataclass(slots=True)
+class StoreRun:
+    """A run of store events as the column lists of its (at most) two statements."""
+
+    deletes: list[list[Any]] = field(default_factory=lambda: [[], []])
+    puts: list[list[Any]] = field(default_factory=lambda: [[], [], [], [], [], []])
+    resets: list[list[Any]] = field(default_factory=lambda: [[], []])
+    vector_rows: list[list[Any]] = field(default_factory=lambda: [[], [], [], []])
+    embeddings: list[float] = field(default_factory=list)
+    dims: int = 0
+    replaced: list[list[Any]] = field(default_factory=lambda: [[], []])
+    events: int = 0
+
+
+def plan_run(items: Sequence[tuple[str, int, int, TimedStoreEvent]]) -> StoreRun:
+    """Merge a run of store events per item (pure); `items` are in log order."""
+    merged: dict[tuple[str, str], _Merged] = {}
+    for _topic, _partition, _offset, timed in items:
+        event, ts = timed.event, timed.ts_ms
+        item = (prefix_of(event.namespace), event.item_key)
+        current = merged.get(item)
+        if isinstance(event, StoreDelete):
+            merged[item] = _Merged(None, ts)
+        elif current is None or current.put is None:
+            # The first put of a chain: a new item, or one deleted earlier in this run (reset).
+            merged[item] = _Merged(event, ts, ts, current is not None, event.vectors, ts)
+        else:
+            current.put, current.ts_ms = event, ts
+            if event.vectors is not None:
+                current.vectors, current.vectors_ms = event.vectors, ts
+    run = StoreRun(events=len(items))
+    for (prefix, key), m in merged.items():
+        if m.put is None:
+            run.deletes[0].append(prefix)
+            run.deletes[1].append(key)
+            continue
+        for column, value in zip(
+            run.puts, (prefix, key, m.put.value_json.decode(), m.ts_ms, m.created_ms, m.put.ttl_minutes), strict=True
+        ):
+            column.append(value)
+        if m.reset:
+            run.resets[0].append(prefix)
+            run.resets[1].append(key)
+        if m.vectors is not None or m.reset:
+            run.replaced[0].append(prefix)
+            run.replaced[1].append(key)
+            for field_name, embedding in m.vectors or ():
+                for column, value in zip(run.vector_rows, (prefix, key, field_name, m.vectors_ms), strict=True):
+                    column.append(value)
+                run.embeddings.extend(embedding)
+                run.dims = len(embedding)
+    return run
+
+
+# --- apply ------------------------------------------------------------------------------------------
+
+
+class StoreProjection:
+    """The store topic's projection, as the batch applier drives it.
+
+    `prepare` must run once before events are classified: it reads the shape of the schema's vector
+    table, which `to_event` checks every put against.
+    """
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self.apply_items_sql = render(APPLY_ITEMS_SQL, schema)
+        self.index: VectorIndex | None = None
+        self._replace_vectors_sql: str | None = None
+        self._prepared = False
+
+    async def prepare(self, conn: asyncpg.Connection) -> None:
+        """Read the vector table's shape (after `migrate`, before the first batch)."""
+        self.index = await load_vector_index(conn, self.schema)
+        if self.index is not None:
+            ext = await load_extension_schema(conn)
+            self._replace_vectors_sql = (
+                render(REPLACE_VECTORS_SQL, self.schema).replace("{ext}", ext).replace("{vector_type}",
+                                                                                       self.index.vector_type)
+            )  # fmt: skip
+        self._prepared = True
+
+    def to_event(self, env: Envelope) -> TimedStoreEvent:
+        """The typed event, refusing what its batch's statements would fail on (`InvalidEventError`)."""
+        if not self._prepared:
+            raise RuntimeError("StoreProjection.prepare() was not awaited before the first event")
+        event = store_event(env)
+        if not 0 <= env.produced_ms <= MAX_TS_MS:
+            raise InvalidEventError(f"envelope ts {env.produced_ms} ms is not a time between 1970 and 9999")
+        prefix_bytes = len(prefix_of(event.namespace).encode()) + len(event.item_key.encode())
+        if isinstance(event, StorePut):
+            if event.ttl_minutes is not None and abs(event.ttl_minutes) > MAX_TTL_MINUTES:
+                raise InvalidEventError(f"ttl_minutes {event.ttl_minutes} does not fit store.ttl_minutes (int4)")
+            self._check_vectors(event)
+            prefix_bytes += max((len(path.encode()) for path, _ in event.vectors or ()), default=0)
+        if prefix_bytes > MAX_KEY_BYTES:
+            raise InvalidEventError(
+                f"namespace, key and field names take {prefix_bytes} bytes; at most {MAX_KEY_BYTES}"
+            )
+        return TimedStoreEvent(event, env.produced_ms)
+
+    def _check_vectors(self, event: StorePut) -> None:
+        if not event.vectors:
+            return  # null keeps the item's vectors, [] removes them: both fit any schema
+        dims = len(event.vectors[0][1])
+        index = self.index
+        if index is None:
+            raise InvalidEventError(
+                f"store.put carries {dims}-dim vectors, but schema {self.schema!r} has no vector table "
+                "(set GRAPHLEDGER_STORE_VECTOR_DIMS and migrate, or write with a KafkaStore without an index)"
+            )
+        if dims != index.dims:
+            raise InvalidEventError(
+                f"store.put carries {dims}-dim vectors, but store_vectors.embedding is {index.column_type} "
+                f"in schema {self.schema!r}: the writer's embedder does not match the projection's dims"
+            )
+        # Beyond the column's float width asyncpg cannot even send the batch.
+        limit = COMPONENT_MAX[index.vector_type]
+        for path, embedding in event.vectors:
+            if any(abs(x) > limit for x in embedding):
+                raise InvalidEventError(f"vector of {path!r} holds a value beyond {index.vector_type}'s ±{limit:g}")
+
+    async def apply(self, conn: asyncpg.Connection, items: Sequence[tuple[str, int, int, TimedStoreEvent]]) -> None:
+        """Apply a batch's store events inside the caller's transaction."""
+        await apply_run(conn, self, plan_run(items))
+
+
+async def apply_run(conn: asyncpg.Connection, projection: StoreProjection, run: StoreRun) -> None:
+    if run.deletes[0] or run.puts[0]:
+        await conn.execute(projection.apply_items_sql, *run.deletes, *run.puts, *run.resets)
+    if run.replaced[0]:
+        if projection._replace_vectors_sql is None:
+            # Only puts with `vectors` [] or a delete-then-put reach here without a vector table;
+            # with no table there are no rows to replace.
+            return
+        await conn.execute(
+            projection._replace_vectors_sql,
+            *run.vector_rows,
+            run.embeddings,
+            run.dims or 1,
+            *run.replaced,
+        )

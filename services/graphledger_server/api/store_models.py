@@ -1,0 +1,178 @@
+"""Request and response bodies of `POST /v1/store/batch`.
+
+Requests are strict and closed like the checkpoint routes': a wrong type, an unknown field or an
+unknown op is a 422 naming it. Everything that would otherwise fail inside Postgres is refused here
+with the field's name: NUL and lone surrogates in any text (Postgres text and jsonb reject them),
+non-finite numbers, a `.` or an empty label in a namespace (the projection stores `".".join(namespace)`),
+and filters outside the operator language of LangGraph's stores (seed 000, section 15.8.4).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+FILTER_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
+RANGE_OPERATORS = ("$gt", "$gte", "$lt", "$lte")
+MAX_OPS = 1_000
+MAX_FILTER_DEPTH = 32
+MAX_COUNT = 2**63 - 1  # Postgres LIMIT/OFFSET are bigints
+MAX_QUERY_DIMS = 16_000  # pgvector's largest vector
+
+
+def _text(value: str, what: str = "text") -> str:
+    if "\x00" in value:
+        raise ValueError(f"{what} must not contain NUL (\\u0000): Postgres cannot store it")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} must not contain a lone surrogate: Postgres cannot store it") from None
+    return value
+
+
+def _label(value: str) -> str:
+    _text(value, "a namespace label")
+    if not value or "." in value:
+        raise ValueError("a namespace label must be non-empty and must not contain '.'")
+    return value
+
+
+def _finite(values: list[float]) -> list[float]:
+    for i, x in enumerate(values):
+        if not math.isfinite(x):
+            raise ValueError(f"component {i} is {x!r}; a query vector holds finite numbers")
+    return values
+
+
+def _json(value: Any, path: str, depth: int = 0) -> None:
+    """A JSON value jsonb can hold: what msgpack can carry besides (bytes, NaN) is refused."""
+    if depth > MAX_FILTER_DEPTH:
+        raise ValueError(f"{path} nests deeper than {MAX_FILTER_DEPTH} levels")
+    if isinstance(value, str):
+        _text(value, path)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{path} is {value!r}, which JSON cannot hold")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValueError(f"{path} has a key {k!r} that is not a string")
+            _text(k, f"{path} key {k!r}")
+            _json(v, f"{path}.{k}", depth + 1)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _json(v, f"{path}[{i}]", depth + 1)
+    elif value is not None and not isinstance(value, bool | int):
+        raise ValueError(f"{path} is a {type(value).__name__}, not a JSON value")
+
+
+def _condition(condition: Any, path: str, depth: int = 0) -> None:
+    """One field's filter: a value to match (dicts match field by field, lists element by element) or,
+    when any key starts with `$`, a dict of operators that must all hold (as `InMemoryStore` reads it)."""
+    if depth > MAX_FILTER_DEPTH:
+        raise ValueError(f"{path} nests deeper than {MAX_FILTER_DEPTH} levels")
+    if isinstance(condition, dict):
+        if any(isinstance(k, str) and k.startswith("$") for k in condition):
+            for operator, operand in condition.items():
+                if operator not in FILTER_OPERATORS:
+                    raise ValueError(f"{path}: unknown operator {operator!r}; supported: {', '.join(FILTER_OPERATORS)}")
+                if operator in RANGE_OPERATORS and (
+                    isinstance(operand, bool) or not isinstance(operand, int | float | str)
+                ):
+                    raise ValueError(f"{path}.{operator} compares with a number or a string, got {operand!r}")
+                _json(operand, f"{path}.{operator}", depth + 1)
+            return
+        for key, sub in condition.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{path} has a key {key!r} that is not a string")
+            _text(key, f"{path} key {key!r}")
+            _condition(sub, f"{path}.{key}", depth + 1)
+    elif isinstance(condition, list):
+        for i, sub in enumerate(condition):
+            _condition(sub, f"{path}[{i}]", depth + 1)
+    else:
+        _json(condition, path, depth)
+
+
+def _filter(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    for field, condition in (value or {}).items():
+        _text(field, f"filter key {field!r}")
+        _condition(condition, f"filter.{field}")
+    return value
+
+
+Label = Annotated[str, AfterValidator(_label)]
+PatternLabel = Annotated[str, AfterValidator(_label)]
+"""A label of a list_namespaces prefix/suffix; `*` matches any one label."""
+Key = Annotated[str, AfterValidator(lambda v: _text(v, "key"))]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+
+
+class _Op(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class GetOp(_Op):
+    """`GetOp`: the item, or null."""
+
+    op: Literal["get"]
+    namespace: list[Label]
+    key: Key
+
+
+class SearchOp(_Op):
+    """`SearchOp`: items under `namespace_prefix` matching `filter`; ranked by similarity to
+    `query_vector` when given (the client embeds the query), else most recently updated first."""
+
+    op: Literal["search"]
+    namespace_prefix: list[Label] = Field(default_factory=list)
+    filter: Annotated[dict[str, Any] | None, AfterValidator(_filter)] = None
+    limit: Count = 10
+    offset: Count = 0
+    query_vector: (
+        Annotated[list[float], Field(min_length=1, max_length=MAX_QUERY_DIMS), AfterValidator(_finite)] | None
+    ) = None
+
+
+class ListNamespacesOp(_Op):
+    """`ListNamespacesOp` with at most one prefix and one suffix condition (`*` matches one label)."""
+
+    op: Literal["list_namespaces"]
+    prefix: list[PatternLabel] | None = None
+    suffix: list[PatternLabel] | None = None
+    max_depth: Count | None = None
+    limit: Count = 100
+    offset: Count = 0
+
+
+StoreOp = Annotated[GetOp | SearchOp | ListNamespacesOp, Field(discriminator="op")]
+
+
+class StoreBatchRequest(_Op):
+    """The ops of one `BaseStore.batch` call's reads, answered in order."""
+
+    ops: list[StoreOp] = Field(max_length=MAX_OPS)
+
+
+# Responses: built as plain dicts on the hot path; these models document them in the OpenAPI schema.
+
+
+class ItemBody(BaseModel):
+    namespace: list[str]
+    key: str
+    value: dict[str, Any]
+    created_at: str = Field(description="ISO 8601 with offset.")
+    updated_at: str = Field(description="ISO 8601 with offset.")
+
+
+class SearchItemBody(ItemBody):
+    score: float | None = Field(description="Similarity to query_vector (max over the item's vectors); null "
+                                "without a query, or for an item without vectors.")  # fmt: skip
+
+
+class StoreBatchResponse(BaseModel):
+    results: list[ItemBody | list[SearchItemBody] | list[list[str]] | None] = Field(
+        description="One per op, in op order: get -> Item | null, search -> [SearchItem], list_namespaces -> [[label]]."
+    )

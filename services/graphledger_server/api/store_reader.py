@@ -1,0 +1,211 @@
+"""Runs the ops of one `/v1/store/batch` request on one pooled connection.
+
+Gets are answered together by one statement. A search with a query vector is exact (every vector of
+every matching item scored) when at most `exact_max_items` items match its namespace prefix and
+filter (a capped count decides), so small namespaces (one user's memories) get exact answers,
+identical to a brute-force search. Larger scopes use the HNSW index: the nearest vector rows of
+matching items, max-pooled per item; when that does not fill the requested page (a selective filter,
+a page deep into the ranking, items without vectors needed for the tail), the exact search answers
+instead, so the index never drops an item that should be on the page.
+
+pgvector's settings (`ef_search`, strict-order iterative scans) are set once per pooled connection,
+at session level: they only affect HNSW scans, which only these reads run, and it spares every
+search a transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg.types.json import set_json_loads
+from psycopg_pool import AsyncConnectionPool
+
+from graphledger.projection.sql import render
+from graphledger.projection.vector_index import (
+    EXTENSION_SCHEMA_SQL,
+    LOAD_SQL,
+    VectorIndex,
+    extension_schema,
+    index_from_row,
+)
+from graphledger.telemetry import api as telemetry
+from graphledger_server.api import store_sql
+from graphledger_server.api.errors import ApiError
+from graphledger_server.api.store_models import GetOp, ListNamespacesOp, SearchOp
+
+EXACT_SEARCH_MAX_ITEMS = 1_000
+"""Searches whose namespace prefix holds at most this many items are answered exactly."""
+INDEX_CANDIDATES_PER_ITEM = 4
+"""Vector rows fetched from the index per item of the page (items have several vectors with `fields`)."""
+
+
+def _loads(data: bytes | str) -> Any:
+    """orjson for speed; json for what orjson refuses (integers beyond 64 bits, which jsonb allows)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
+@dataclass(frozen=True, slots=True)
+class _Vectors:
+    index: VectorIndex
+    ext: str
+
+
+class StoreReader:
+    """The store's read path for one API process; remembers the schema's vector table once seen."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        schema: str,
+        *,
+        ef_search: int,
+        exact_max_items: int = EXACT_SEARCH_MAX_ITEMS,
+    ) -> None:
+        self.pool = pool
+        self.schema = schema
+        self.ef_search = ef_search
+        self.exact_max_items = exact_max_items
+        self._vectors: _Vectors | None = None
+        self._load_index_sql = render(LOAD_SQL, schema)
+        self._configured: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
+        """Pooled connections whose session has this process's pgvector settings."""
+
+    async def run(self, ops: Sequence[GetOp | SearchOp | ListNamespacesOp]) -> list[Any]:
+        """The results of `ops`, in order (no transaction: each statement is one consistent read)."""
+        results: list[Any] = [None] * len(ops)
+        async with self.pool.connection() as conn:
+            vectors = await self._check_queries(conn, ops)
+            if vectors is not None and conn not in self._configured:
+                await conn.execute(*store_sql.vector_session_statement(self.ef_search))
+                self._configured.add(conn)
+            async with conn.cursor() as cur:
+                set_json_loads(_loads, cur)
+                gets = [(i, op) for i, op in enumerate(ops) if isinstance(op, GetOp)]
+                if gets:
+                    await self._gets(cur, gets, results)
+                for i, op in enumerate(ops):
+                    if isinstance(op, SearchOp):
+                        ranked = op.query_vector is not None and vectors is not None
+                        with telemetry.store_search("vector" if ranked else "filter"):  # search latency metric
+                            results[i] = await self._search(cur, op, vectors)
+                    elif isinstance(op, ListNamespacesOp):
+                        results[i] = await self._list_namespaces(cur, op)
+        return results
+
+    # -- vector table ----------------------------------------------------------------------------
+
+    async def _check_queries(self, conn: psycopg.AsyncConnection, ops: Sequence[Any]) -> _Vectors | None:
+        """The vector table, if any search has a query vector; 400 when it cannot be answered."""
+        queries = [(i, op.query_vector) for i, op in enumerate(ops) if isinstance(op, SearchOp) and op.query_vector]
+        if not queries:
+            return None
+        vectors = self._vectors or await self._load_vectors(conn)
+        for i, query in queries:
+            if vectors is None:
+                raise ApiError(
+                    400,
+                    "no_vector_index",
+                    f"ops.{i}.query_vector: the projection has no vector table (it was migrated without "
+                    "GRAPHLEDGER_STORE_VECTOR_DIMS), so a search cannot rank by similarity",
+                )
+            if len(query) != vectors.index.dims:
+                raise ApiError(
+                    400,
+                    "query_vector_dims",
+                    f"ops.{i}.query_vector has {len(query)} dims; the store's vectors have {vectors.index.dims} "
+                    f"(store_vectors.embedding {vectors.index.column_type}): embed queries with the writers' embedder",
+                )
+        return vectors
+
+    async def _load_vectors(self, conn: psycopg.AsyncConnection) -> _Vectors | None:
+        # Not cached while absent: a migration may add the table while this process runs.
+        cur = await conn.execute(self._load_index_sql)
+        index = index_from_row(await cur.fetchone())
+        if index is None:
+            return None
+        cur = await conn.execute(EXTENSION_SCHEMA_SQL)
+        row = await cur.fetchone()
+        self._vectors = _Vectors(index, extension_schema(row["schema"] if row else None))
+        return self._vectors
+
+    # -- ops -------------------------------------------------------------------------------------
+
+    async def _gets(self, cur: psycopg.AsyncCursor[Any], gets: list[tuple[int, GetOp]], results: list[Any]) -> None:
+        wanted = [(".".join(op.namespace), op.key) for _, op in gets]
+        sql, params = store_sql.get_statement(self.schema, list(dict.fromkeys(wanted)))
+        await cur.execute(sql, params)
+        found = {(row["prefix"], row["key"]): _item(row) for row in await cur.fetchall()}
+        for (i, _), item in zip(gets, wanted, strict=True):
+            results[i] = found.get(item)
+
+    async def _search(self, cur: psycopg.AsyncCursor[Any], op: SearchOp, vectors: _Vectors | None) -> list[Any]:
+        if op.limit == 0:
+            return []
+        if op.query_vector is None or vectors is None:
+            sql, params = store_sql.search_statement(self.schema, op.namespace_prefix, op.filter, op.limit, op.offset)
+            await cur.execute(sql, params)
+            return [_search_item(row) for row in await cur.fetchall()]
+        if vectors.index.index == "hnsw":
+            # Exact when few items match (one cheap, capped count); the HNSW index otherwise.
+            sql, params = store_sql.scope_statement(
+                self.schema, op.namespace_prefix, op.filter, self.exact_max_items + 1
+            )
+            await cur.execute(sql, params)
+            scope = await cur.fetchone()
+            if scope is not None and scope["items"] > self.exact_max_items:
+                candidates = max(self.ef_search, (op.offset + op.limit) * INDEX_CANDIDATES_PER_ITEM)
+                rows = await self._vector_rows(cur, op, vectors, candidates=candidates)
+                if len(rows) == op.limit:
+                    return [_search_item(r) for r in rows]
+        return [_search_item(r) for r in await self._vector_rows(cur, op, vectors)]
+
+    async def _vector_rows(
+        self, cur: psycopg.AsyncCursor[Any], op: SearchOp, vectors: _Vectors, *, candidates: int | None = None
+    ) -> list[Any]:
+        """The index search over `candidates` vector rows, else the exact one."""
+        assert op.query_vector is not None
+        sql, params = store_sql.vector_search_statement(
+            self.schema,
+            vectors.ext,
+            vectors.index,
+            op.namespace_prefix,
+            op.filter,
+            op.query_vector,
+            op.limit,
+            op.offset,
+            candidates=candidates,
+        )
+        await cur.execute(sql, params)
+        return await cur.fetchall()
+
+    async def _list_namespaces(self, cur: psycopg.AsyncCursor[Any], op: ListNamespacesOp) -> list[list[str]]:
+        sql, params = store_sql.list_namespaces_statement(
+            self.schema, op.prefix, op.suffix, op.max_depth, op.limit, op.offset
+        )
+        await cur.execute(sql, params)
+        return [row["labels"] for row in await cur.fetchall()]
+
+
+def _item(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "namespace": row["prefix"].split("."),
+        "key": row["key"],
+        "value": row["value"],
+        "created_at": row["created_at"].isoformat(),
+        "updated_at": row["updated_at"].isoformat(),
+    }
+
+
+def _search_item(row: dict[str, Any]) -> dict[str, Any]:
+    item = _item(row)
+    item["score"] = row["score"]
+    return item

@@ -1,0 +1,325 @@
+"""The store reads as SQL: named statement templates and the pure builders that fill them.
+
+Every value a request brings (namespaces, keys, filter paths and operands, the query vector, counts)
+is a named parameter. What is spliced into the text comes from fixed fragments only: the schema
+(a checked identifier), pgvector's schema, the vector type and distance operator (validated
+literals), and the filter's shape (which fixed fragment each condition uses).
+
+Filters follow `InMemoryStore._compare_values` (seed 000, section 15.8.4), evaluated on jsonb:
+- a field missing from the value reads as JSON null, so `{"f": None}` and `{"f": {"$eq": None}}`
+  match it and `$ne` matches it unless the operand is null;
+- a dict without `$` keys matches field by field where the value holds an object (a subset match,
+  recursively); a list matches a list of the same length element by element;
+- `$eq`/`$ne` compare JSON values (numbers numerically: 1 equals 1.0; objects and arrays exactly);
+- `$gt`/`$gte`/`$lt`/`$lte` compare numbers numerically and strings by code point; a value of
+  another type does not match. `InMemoryStore` converts both sides with `float()` (so it raises on
+  strings and missing fields and accepts "5" > 3); `AsyncPostgresStore` compares both sides as text
+  (so 10 < 9). Neither is kept.
+The one place JSON and Python disagree is kept on JSON's side: `true` is not `1`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from graphledger.projection.sql import render
+from graphledger.projection.vector_index import VectorIndex
+
+LIVE = "(s.expires_at IS NULL OR s.expires_at > now())"
+"""Rows past their TTL are hidden from every read until the sweeper deletes them."""
+
+GET_SQL = """
+SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at
+FROM {schema}.store s
+JOIN unnest(%(prefixes)s::text[], %(keys)s::text[]) AS u(prefix, key) ON s.prefix = u.prefix AND s.key = u.key
+WHERE (s.expires_at IS NULL OR s.expires_at > now())
+"""
+
+# As AsyncPostgresStore orders a search without a query (most recently updated first), plus a
+# tie-break so paging is stable when two items share an update time.
+SEARCH_SQL = """
+SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, NULL::float8 AS score
+FROM {schema}.store s
+WHERE {namespace} AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
+ORDER BY s.updated_at DESC, s.prefix, s.key
+LIMIT %(limit)s OFFSET %(offset)s
+"""
+
+# pgvector's settings of this process's index searches, set once per pooled connection (they only
+# affect HNSW scans, which only the store reads run).
+VECTOR_SESSION_SQL = """
+SELECT set_config('hnsw.ef_search', %(ef_search)s, false), set_config('hnsw.iterative_scan', 'strict_order', false)
+"""
+
+# How many items (up to `cap`) a search matches: few enough, and the exact search answers it.
+SCOPE_SQL = """
+SELECT count(*) AS items FROM (
+    SELECT 1 FROM {schema}.store s
+    WHERE {namespace} AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
+    LIMIT %(cap)s
+) AS x
+"""
+
+# Exact search: every vector of every matching item scored, max-pooled per item; items without
+# vectors follow, most recently updated first (as InMemoryStore fills the tail), then one
+# LIMIT/OFFSET over the whole ranking. `{op}` is the distance operator, `{score}` turns the best
+# (smallest) distance into the score AsyncPostgresStore reports.
+EXACT_VECTOR_SEARCH_SQL = """
+WITH q AS MATERIALIZED (
+    SELECT %(query)s::float8[]::{ext}.{vector_type} AS v
+), items AS MATERIALIZED (
+    SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at
+    FROM {schema}.store s
+    WHERE {namespace} AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
+), best AS (
+    SELECT sv.prefix, sv.key, min(sv.embedding OPERATOR({ext}.{op}) (SELECT v FROM q)) AS dist
+    FROM items i
+    JOIN {schema}.store_vectors sv ON sv.prefix = i.prefix AND sv.key = i.key
+    GROUP BY sv.prefix, sv.key
+)
+SELECT i.prefix, i.key, i.value, i.created_at, i.updated_at, {score} AS score
+FROM items i
+LEFT JOIN best b ON b.prefix = i.prefix AND b.key = i.key
+ORDER BY b.dist IS NULL, b.dist, i.updated_at DESC, i.prefix, i.key
+LIMIT %(limit)s OFFSET %(offset)s
+"""
+
+# Index search: the nearest vector rows of matching items from the HNSW index (ORDER BY distance
+# LIMIT, with pgvector's iterative scan continuing past filtered-out rows), max-pooled per item.
+# Used only when it yields a full page; the caller falls back to the exact search otherwise, which
+# also serves the tail of items without vectors.
+INDEX_VECTOR_SEARCH_SQL = """
+WITH q AS MATERIALIZED (
+    SELECT %(query)s::float8[]::{ext}.{vector_type} AS v
+), candidates AS MATERIALIZED (
+    SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at,
+           sv.embedding OPERATOR({ext}.{op}) (SELECT v FROM q) AS dist
+    FROM {schema}.store_vectors sv
+    JOIN {schema}.store s ON s.prefix = sv.prefix AND s.key = sv.key
+    WHERE {namespace} AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
+    ORDER BY sv.embedding OPERATOR({ext}.{op}) (SELECT v FROM q)
+    LIMIT %(candidates)s
+), b AS (
+    SELECT DISTINCT ON (prefix, key) * FROM candidates ORDER BY prefix, key, dist
+)
+SELECT b.prefix, b.key, b.value, b.created_at, b.updated_at, {score} AS score
+FROM b
+ORDER BY b.dist, b.updated_at DESC, b.prefix, b.key
+LIMIT %(limit)s OFFSET %(offset)s
+"""
+
+# AsyncPostgresStore's score per distance: higher is closer.
+SCORES = {"cosine": "1 - b.dist", "l2": "-b.dist", "inner_product": "-b.dist"}
+
+# list_namespaces: the distinct namespaces of live items matching the prefix and suffix patterns
+# (`*` matches any one label), truncated to max_depth and deduplicated, ordered as AsyncPostgresStore
+# orders them (by the dot-joined text; here byte-wise, whatever the database's collation).
+# `{narrow}` restricts the scan with the pattern's leading literal labels (the prefix index).
+LIST_NAMESPACES_SQL = """
+WITH labelled AS (
+    SELECT string_to_array(n.prefix, '.') AS labels
+    FROM (
+        SELECT DISTINCT s.prefix FROM {schema}.store s
+        WHERE {narrow} AND (s.expires_at IS NULL OR s.expires_at > now())
+    ) AS n
+), matched AS (
+    SELECT CASE WHEN %(depth)s::int IS NULL THEN l.labels ELSE l.labels[1:%(depth)s::int] END AS labels
+    FROM labelled l
+    WHERE (%(prefix)s::text[] IS NULL OR (
+            cardinality(l.labels) >= cardinality(%(prefix)s::text[])
+            AND NOT EXISTS (
+                SELECT 1 FROM unnest(%(prefix)s::text[]) WITH ORDINALITY AS p(label, i)
+                WHERE p.label <> '*' AND p.label IS DISTINCT FROM l.labels[p.i::int])))
+      AND (%(suffix)s::text[] IS NULL OR (
+            cardinality(l.labels) >= cardinality(%(suffix)s::text[])
+            AND NOT EXISTS (
+                SELECT 1 FROM unnest(%(suffix)s::text[]) WITH ORDINALITY AS p(label, i)
+                WHERE p.label <> '*' AND p.label IS DISTINCT FROM
+                    l.labels[cardinality(l.labels) - cardinality(%(suffix)s::text[]) + p.i::int])))
+)
+SELECT labels FROM matched
+GROUP BY labels
+ORDER BY array_to_string(labels, '.') COLLATE "C"
+LIMIT %(limit)s OFFSET %(offset)s
+"""
+
+_SQL_OPERATORS = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
+
+
+class Params:
+    """Named parameters of one statement; `add` returns the placeholder of a new one."""
+
+    def __init__(self, **values: Any) -> None:
+        self.values: dict[str, Any] = dict(values)
+        self._n = 0
+
+    def add(self, value: Any) -> str:
+        name = f"p{self._n}"
+        self._n += 1
+        self.values[name] = value
+        return f"%({name})s"
+
+
+def escape_like(text: str) -> str:
+    """`text` matched literally by LIKE (with ESCAPE '\\'): labels may hold `%` and `_`."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def namespace_condition(labels: Sequence[str], params: Params, column: str = "s.prefix") -> str:
+    """The namespace itself or anything below it (`("a",)` does not cover `("ab",)`); index-friendly."""
+    if not labels:
+        return "TRUE"
+    prefix = ".".join(labels)
+    return f"({column} = {params.add(prefix)} OR {column} LIKE {params.add(escape_like(prefix) + '.%')} ESCAPE '\\')"
+
+
+def compile_filter(filter: dict[str, Any] | None, params: Params, column: str = "s.value") -> str:
+    """A validated filter (`store_models`) as one boolean SQL expression on the jsonb `column`."""
+    if not filter:
+        return "TRUE"
+    return " AND ".join(_condition(column, [field], condition, params) for field, condition in filter.items())
+
+
+def _at(column: str, path: list[str], params: Params) -> str:
+    """The jsonb at `path` (SQL NULL where the value has nothing there)."""
+    if len(path) == 1:
+        return f"({column} -> {params.add(path[0])}::text)"
+    return f"({column} #> {params.add(path)}::text[])"
+
+
+def _condition(column: str, path: list[str], condition: Any, params: Params) -> str:
+    at = _at(column, path, params)
+    if isinstance(condition, dict):
+        if any(k.startswith("$") for k in condition):
+            return "(" + " AND ".join(_operator(at, op, operand, params) for op, operand in condition.items()) + ")"
+        parts = [f"jsonb_typeof({at}) = 'object'"]
+        parts += [_condition(column, [*path, key], sub, params) for key, sub in condition.items()]
+        return "(" + " AND ".join(parts) + ")"
+    if isinstance(condition, list):
+        length = params.add(len(condition))
+        parts = [f"CASE WHEN jsonb_typeof({at}) = 'array' THEN jsonb_array_length({at}) = {length}::int ELSE false END"]
+        parts += [_condition(column, [*path, str(i)], sub, params) for i, sub in enumerate(condition)]
+        return "(" + " AND ".join(parts) + ")"
+    return _equals(at, condition, params)
+
+
+def _equals(at: str, operand: Any, params: Params) -> str:
+    # A missing field reads as JSON null.
+    if operand is None:
+        return f"({at} IS NULL OR {at} = 'null'::jsonb)"
+    return f"{at} = {params.add(json.dumps(operand))}::jsonb"
+
+
+def _operator(at: str, operator: str, operand: Any, params: Params) -> str:
+    if operator == "$eq":
+        return _equals(at, operand, params)
+    if operator == "$ne":
+        if operand is None:
+            return f"({at} IS NOT NULL AND {at} <> 'null'::jsonb)"
+        return f"({at} IS NULL OR {at} <> {params.add(json.dumps(operand))}::jsonb)"
+    sql = _SQL_OPERATORS[operator]
+    if isinstance(operand, str):
+        return (
+            f"CASE WHEN jsonb_typeof({at}) = 'string' "
+            f"THEN ({at} #>> '{{}}') COLLATE \"C\" {sql} {params.add(operand)}::text ELSE false END"
+        )
+    # jsonb compares two numbers numerically.
+    number = params.add(json.dumps(operand))
+    return f"CASE WHEN jsonb_typeof({at}) = 'number' THEN {at} {sql} {number}::jsonb ELSE false END"
+
+
+# --- statements -------------------------------------------------------------------------------------
+
+
+def get_statement(schema: str, items: Sequence[tuple[str, str]]) -> tuple[str, dict[str, Any]]:
+    return render(GET_SQL, schema), {"prefixes": [p for p, _ in items], "keys": [k for _, k in items]}
+
+
+def search_statement(
+    schema: str, namespace_prefix: Sequence[str], filter: dict[str, Any] | None, limit: int, offset: int
+) -> tuple[str, dict[str, Any]]:
+    params = Params(limit=limit, offset=offset)
+    sql = (
+        render(SEARCH_SQL, schema)
+        .replace("{namespace}", namespace_condition(namespace_prefix, params))
+        .replace("{filter}", compile_filter(filter, params))
+    )
+    return sql, params.values
+
+
+def vector_session_statement(ef_search: int) -> tuple[str, dict[str, Any]]:
+    return VECTOR_SESSION_SQL, {"ef_search": str(int(ef_search))}
+
+
+def scope_statement(
+    schema: str, namespace_prefix: Sequence[str], filter: dict[str, Any] | None, cap: int
+) -> tuple[str, dict[str, Any]]:
+    params = Params(cap=cap)
+    sql = (
+        render(SCOPE_SQL, schema)
+        .replace("{namespace}", namespace_condition(namespace_prefix, params))
+        .replace("{filter}", compile_filter(filter, params))
+    )
+    return sql, params.values
+
+
+def vector_search_statement(
+    schema: str,
+    ext: str,
+    index: VectorIndex,
+    namespace_prefix: Sequence[str],
+    filter: dict[str, Any] | None,
+    query: Sequence[float],
+    limit: int,
+    offset: int,
+    *,
+    candidates: int | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """The index search over the `candidates` nearest vector rows, or (without) the exact search."""
+    params = Params(query=list(query), limit=limit, offset=offset)
+    template = EXACT_VECTOR_SEARCH_SQL if candidates is None else INDEX_VECTOR_SEARCH_SQL
+    if candidates is not None:
+        params.values["candidates"] = candidates
+    column = "s.prefix" if candidates is None else "sv.prefix"
+    sql = (
+        render(template, schema)
+        .replace("{ext}", ext)
+        .replace("{vector_type}", index.vector_type)
+        .replace("{op}", index.operator)
+        .replace("{score}", SCORES[index.distance])
+        .replace("{namespace}", namespace_condition(namespace_prefix, params, column))
+        .replace("{filter}", compile_filter(filter, params))
+    )
+    return sql, params.values
+
+
+def list_namespaces_statement(
+    schema: str,
+    prefix: Sequence[str] | None,
+    suffix: Sequence[str] | None,
+    max_depth: int | None,
+    limit: int,
+    offset: int,
+) -> tuple[str, dict[str, Any]]:
+    params = Params(
+        prefix=list(prefix) if prefix else None,
+        suffix=list(suffix) if suffix else None,
+        depth=max_depth,
+        limit=limit,
+        offset=offset,
+    )
+    sql = render(LIST_NAMESPACES_SQL, schema).replace("{narrow}", _narrow(prefix or (), params))
+    return sql, params.values
+
+
+def _narrow(prefix: Sequence[str], params: Params) -> str:
+    """The leading literal labels of a prefix pattern as an index-friendly condition on `s.prefix`."""
+    literal = list(prefix[: prefix.index("*")] if "*" in prefix else prefix)
+    if not literal:
+        return "TRUE"
+    if len(literal) == len(prefix):
+        return namespace_condition(literal, params)
+    # A wildcard follows: at least one more label.
+    return f"s.prefix LIKE {params.add(escape_like('.'.join(literal)) + '.%')} ESCAPE '\\'"
