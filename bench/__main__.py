@@ -21,6 +21,7 @@ import asyncpg
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
+from bench import store as store_bench
 from graphledger import KafkaSaver
 from graphledger_server.demo import build_graph
 from graphledger_server.devstack.stack import DevStack
@@ -168,6 +169,7 @@ async def main(args: argparse.Namespace) -> None:
             p50 = statistics.median(latencies)
             p99 = latencies[int(len(latencies) * 0.99) - 1]
             print(f"  write-to-visible   p50 {p50:6.1f} ms  p99 {p99:6.1f} ms at 500 checkpoints/s", flush=True)
+        store_rows = await store_bench.run(stack, args.total, args.recall_items) if args.store else []
 
         print("\n| operation | concurrency | KafkaSaver ops/s | AsyncPostgresSaver ops/s | ratio |")
         print("|---|---:|---:|---:|---:|")
@@ -175,6 +177,7 @@ async def main(args: argparse.Namespace) -> None:
             print(f"| {name} | {concurrency} | {mine:,.0f} | {theirs:,.0f} | {mine / theirs:.2f}x |")
         print(f"| projector apply (backlog {args.backlog:,}) | – | {rate:,.0f} checkpoints/s | – | – |")
         print(f"| write-to-visible at 500/s | – | p50 {p50:.1f} ms, p99 {p99:.1f} ms | – | – |")
+        print("\n".join(store_rows))
 
 
 if __name__ == "__main__":
@@ -182,4 +185,6 @@ if __name__ == "__main__":
     parser.add_argument("--total", type=int, default=4000, help="aput calls per row (graph rows use total/8)")
     parser.add_argument("--backlog", type=int, default=20000, help="checkpoints for the projector rate")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of the write-to-visible run")
+    parser.add_argument("--recall-items", type=int, default=20000, help="items for the HNSW recall@10 row")
+    parser.add_argument("--no-store", dest="store", action="store_false", help="skip the store rows")
     asyncio.run(main(parser.parse_args()))

@@ -11,11 +11,14 @@ import asyncio
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from opentelemetry.context import Context
 
 from graphledger.errors import PublishError
 from graphledger.events import chunks, envelope
 from graphledger.events.envelope import Envelope
 from graphledger.settings import Settings
+from graphledger.telemetry import client as telemetry
+from graphledger.telemetry.propagation import traceparent
 
 # Room for the envelope's and chunk headers' bytes beyond a chunk's payload.
 _REQUEST_HEADROOM_BYTES = 64 * 1024
@@ -35,6 +38,9 @@ class EventPublisher:
             enable_idempotence=self._settings.kafka_idempotence,
             max_request_size=self._settings.max_message_bytes + _REQUEST_HEADROOM_BYTES,
             request_timeout_ms=int(self._settings.produce_timeout_s * 1000),
+            # One batch per partition may hold a whole chunk; the 16 KiB default split concurrent
+            # checkpoints into many small produce requests.
+            max_batch_size=self._settings.max_message_bytes + _REQUEST_HEADROOM_BYTES,
         )
         try:
             await asyncio.wait_for(producer.start(), self._settings.produce_timeout_s)
@@ -60,35 +66,51 @@ class EventPublisher:
         key: str | None,
         event: Envelope,
         *,
-        traceparent: str | None = None,
+        context: Context | None = None,
         partition: int | None = None,
     ) -> list[tuple[str, int, int]]:
-        """Publish one event; returns `(topic, partition, offset)` of each record once all are acknowledged."""
+        """Publish one event; returns `(topic, partition, offset)` of each record once all are acknowledged.
+
+        The event gets a producer span under `context` (the caller's, captured in the caller's thread);
+        the span's context rides in the records' `traceparent` header, so the projector links to it.
+        """
         assert self._producer is not None, "publisher not started"
         value = envelope.encode(event)
-        headers = envelope.headers_for(event, traceparent)
+        # Thread ids key the checkpoint topic and are no secret; store keys may name a user: not recorded.
+        key_attribute = key if topic == self._settings.checkpoint_topic else None
+        span = telemetry.start_send_span(topic, event.type, event.event_id, len(value), key_attribute, context)
+        headers = envelope.headers_for(event, traceparent(span, context))
         key_bytes = key.encode() if key is not None else None
         limit = self._settings.max_message_bytes
-        if len(value) <= limit:
-            records = [(value, headers)]
-        else:
-            parts = chunks.split(value, limit)
-            records = [
-                (
-                    part,
-                    [*headers, (envelope.HEADER_CHUNK, chunks.ChunkRef(event.event_id, i, len(parts)).header_value())],
-                )
-                for i, part in enumerate(parts)
-            ]
         try:
+            if len(value) <= limit:
+                records = [(value, headers)]
+            else:
+                parts = chunks.split(value, limit)
+                records = [
+                    (
+                        part,
+                        [
+                            *headers,
+                            (envelope.HEADER_CHUNK, chunks.ChunkRef(event.event_id, i, len(parts)).header_value()),
+                        ],
+                    )
+                    for i, part in enumerate(parts)
+                ]
             futures = [
                 await self._producer.send(topic, part, key=key_bytes, headers=hdrs, partition=partition)
                 for part, hdrs in records
             ]
             acked = await asyncio.wait_for(asyncio.gather(*futures), self._settings.produce_timeout_s)
         except (TimeoutError, KafkaError) as exc:
+            telemetry.fail_span(span, exc)
             raise PublishError(
                 f"Kafka did not acknowledge a {event.type} event on {topic} within "
                 f"{self._settings.produce_timeout_s}s: {exc or type(exc).__name__}"
             ) from exc
-        return [(metadata.topic, metadata.partition, metadata.offset) for metadata in acked]
+        except BaseException as exc:  # cancelled, or a producer error: the span still ends
+            telemetry.fail_span(span, exc)
+            raise
+        positions = [(metadata.topic, metadata.partition, metadata.offset) for metadata in acked]
+        telemetry.end_send_span(span, positions)
+        return positions

@@ -1,0 +1,137 @@
+"""Store rows of `make bench`: KafkaStore beside AsyncPostgresStore with the same embedder and dims.
+
+Puts (throughput at concurrency 1/16/64), searches (query, filter, both: p50 latency at concurrency 1
+and throughput at 16/64), and recall@10 of the read API's HNSW search against exact search.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+from langgraph.store.postgres.aio import AsyncPostgresStore
+
+from graphledger import KafkaStore
+from graphledger.embeddings import HashEmbedder
+from graphledger_server.devstack.stack import DevStack
+
+CONCURRENCY = (1, 16, 64)
+TOPICS = ("pizza", "pasta", "sushi", "hiking", "climbing", "chess", "jazz", "piano", "python", "kafka")
+
+
+def _memory(rng: random.Random, i: int) -> dict[str, Any]:
+    words = rng.sample(TOPICS, 3)
+    return {"text": f"user {i % 97} likes {words[0]} and {words[1]}, not {words[2]}", "rank": i % 100}
+
+
+def _index(dims: int) -> dict[str, Any]:
+    return {"dims": dims, "embed": HashEmbedder(dims), "fields": ["text"]}
+
+
+async def _puts(store: Any, root: str, concurrency: int, total: int) -> float:
+    rng = random.Random(concurrency)
+    per_worker = max(1, total // concurrency)
+
+    async def worker(w: int) -> None:
+        for i in range(per_worker):
+            await store.aput((root, f"w{w}"), f"k{i}", _memory(rng, i))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    return per_worker * concurrency / (time.perf_counter() - start)
+
+
+# Each worker asks its own question: identical concurrent searches would be de-duplicated by both
+# stores' micro-batching and measure nothing.
+SEARCHES: dict[str, Callable[[Any, str, int], Awaitable[Any]]] = {
+    "query": lambda store, root, w: store.asearch((root,), query=f"likes {TOPICS[w % 10]} #{w}", limit=10),
+    "filter": lambda store, root, w: store.asearch((root,), filter={"rank": {"$gte": 90 - w % 90}}, limit=10),
+    "both": lambda store, root, w: store.asearch(
+        (root,), query=f"likes {TOPICS[w % 10]} #{w}", filter={"rank": {"$lt": 10 + w % 90}}, limit=10
+    ),
+}
+
+
+async def _search(store: Any, root: str, kind: str, concurrency: int, total: int) -> tuple[float, float]:
+    """(p50 latency in ms, searches per second)."""
+    latencies: list[float] = []
+    per_worker = max(1, total // concurrency)
+
+    async def worker(w: int) -> None:
+        for i in range(per_worker):
+            start = time.perf_counter()
+            await SEARCHES[kind](store, root, w * per_worker + i)
+            latencies.append((time.perf_counter() - start) * 1000)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    return statistics.median(latencies), per_worker * concurrency / (time.perf_counter() - start)
+
+
+async def _recall_at_10(store: KafkaStore, dims: int, items: int, queries: int) -> float:
+    """Share of the exact top 10 (cosine, numpy) that the read API's HNSW search returns."""
+    rng = random.Random(7)
+    root = f"recall-{uuid.uuid4().hex[:8]}"
+    texts = [_memory(rng, i)["text"] + f" #{i}" for i in range(items)]
+    for start in range(0, items, 500):
+        await asyncio.gather(
+            *(store.aput((root,), str(i), {"text": texts[i]}) for i in range(start, min(items, start + 500)))
+        )
+    embedder = HashEmbedder(dims)
+    matrix = np.array(embedder.embed_documents(texts), dtype=np.float32)
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    hits = 0
+    for q in range(queries):
+        query = f"likes {TOPICS[q % len(TOPICS)]} and {TOPICS[(q * 3 + 1) % len(TOPICS)]} #{q * 37}"
+        vector = np.array(embedder.embed_query(query), dtype=np.float32)
+        exact = {str(i) for i in np.argsort(-(matrix @ (vector / np.linalg.norm(vector))))[:10]}
+        found = {item.key for item in await store.asearch((root,), query=query, limit=10)}
+        hits += len(exact & found)
+    return hits / (10 * queries)
+
+
+async def run(stack: DevStack, total: int, recall_items: int) -> list[str]:
+    """Runs the store rows; returns them as Markdown table rows."""
+    settings = stack.settings
+    dims = settings.store_vector_dims or 256
+    rows: list[str] = []
+    async with (
+        KafkaStore(settings, index=_index(dims)) as ours,
+        AsyncPostgresStore.from_conn_string(settings.postgres_dsn, index=_index(dims)) as official,
+    ):
+        await official.setup()
+        root = f"bench-{uuid.uuid4().hex[:8]}"
+        for concurrency in CONCURRENCY:
+            n = total if concurrency > 1 else total // 4
+            theirs = await _puts(official, root, concurrency, n)
+            mine = await _puts(ours, root, concurrency, n)
+            print(
+                f"  store.aput         c={concurrency:<3} KafkaStore {mine:9.0f}/s  AsyncPostgresStore "
+                f"{theirs:9.0f}/s  ratio {mine / theirs:5.2f}x",
+                flush=True,
+            )
+            rows.append(f"| store.aput | {concurrency} | {mine:,.0f}/s | {theirs:,.0f}/s | {mine / theirs:.2f}x |")
+        for kind in SEARCHES:
+            for concurrency in CONCURRENCY:
+                n = max(200, total // 4)
+                t_p50, t_rate = await _search(official, root, kind, concurrency, n)
+                m_p50, m_rate = await _search(ours, root, kind, concurrency, n)
+                print(
+                    f"  search {kind:<7}     c={concurrency:<3} p50 {m_p50:6.2f} ms vs {t_p50:6.2f} ms "
+                    f"({m_p50 / t_p50:4.2f}x)  {m_rate:7.0f}/s vs {t_rate:7.0f}/s",
+                    flush=True,
+                )
+                rows.append(
+                    f"| store.asearch {kind} | {concurrency} | p50 {m_p50:.2f} ms, {m_rate:,.0f}/s | "
+                    f"p50 {t_p50:.2f} ms, {t_rate:,.0f}/s | p50 {m_p50 / t_p50:.2f}x |"
+                )
+        recall = await _recall_at_10(ours, dims, recall_items, 50)
+        print(f"  recall@10 of HNSW search over {recall_items:,} items: {recall:.3f}", flush=True)
+        rows.append(f"| recall@10, HNSW vs exact ({recall_items:,} items) | 1 | {recall:.3f} | – | – |")
+    return rows
