@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -163,8 +164,9 @@ def test_sweeper_idles_until_sigterm(tmp_path: Path) -> None:
             process.kill()
             process.wait()
     lines = log_path.read_text().splitlines()
-    start = next(line for line in lines if IDLE_MESSAGE in line)
-    assert " INFO graphledger_server.sweeper.main: " in start
+    start = json.loads(next(line for line in lines if IDLE_MESSAGE in line))  # services log JSON lines
+    assert (start["level"], start["logger"]) == ("INFO", "graphledger_server.sweeper.main")
+    assert start["message"] == IDLE_MESSAGE
 
 
 def test_log_records_are_one_line_each() -> None:

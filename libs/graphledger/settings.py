@@ -19,8 +19,10 @@ DEFAULT_PRODUCE_TIMEOUT_S = 30.0
 DEFAULT_CONSISTENCY_TIMEOUT_S = 10.0
 DEFAULT_BATCH_MAX_EVENTS = 5_000
 DEFAULT_BATCH_MAX_BYTES = 64 * 1024 * 1024
-DEFAULT_BATCH_MAX_WAIT_MS = 5
+DEFAULT_BATCH_MAX_WAIT_MS = 2
+DEFAULT_FETCH_MAX_WAIT_MS = 10
 DEFAULT_API_PORT = 8080
+DEFAULT_API_POOL_TIMEOUT_S = 5.0
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -79,10 +81,58 @@ class Settings(BaseSettings):
         DEFAULT_BATCH_MAX_WAIT_MS, ge=0, description="Longest a batch waits to fill before it is applied."
     )
 
+    fetch_max_wait_ms: int = Field(
+        DEFAULT_FETCH_MAX_WAIT_MS,
+        ge=1,
+        description="Longest the broker holds an empty fetch; bounds write-to-visible latency on brokers "
+        "that do not answer a fetch as soon as data arrives.",
+    )
+
     # Read API server.
     api_host: str = Field("127.0.0.1", description="Address the read API listens on.")
     api_port: int = Field(DEFAULT_API_PORT, ge=0, le=65535, description="Port the read API listens on.")
     api_pool_size: int = Field(10, ge=1, description="Postgres connections of one read API process.")
+    api_pool_timeout_s: float = Field(
+        DEFAULT_API_POOL_TIMEOUT_S,
+        gt=0,
+        description="Seconds a read waits for a Postgres connection before answering 503 (retryable).",
+    )
+
+    # Store (long-term memory) projection. `migrate` builds the vector table from these once; the
+    # schema then records its shape, and migrating with another one fails (dims: re-embed).
+    store_vector_dims: int | None = Field(
+        None,
+        ge=1,
+        le=16_000,
+        description="Dims of `store_vectors.embedding` (the writers' embedder's); unset: no vector table "
+        "(an existing one stays and is served).",
+    )
+    store_vector_type: Literal["vector", "halfvec"] = Field(
+        "vector", description="pgvector column type: `vector` (float4) or `halfvec` (float2, half the size)."
+    )
+    store_distance: Literal["cosine", "l2", "inner_product"] = Field(
+        "cosine", description="Distance of vector search; scores as `AsyncPostgresStore` reports them."
+    )
+    store_index: Literal["hnsw", "flat"] = Field(
+        "hnsw", description="HNSW index on `store_vectors`, or `flat` (no index: exact search only)."
+    )
+    store_hnsw_m: int = Field(16, ge=2, le=100, description="HNSW `m` (links per node) of the vector index.")
+    store_hnsw_ef_construction: int = Field(
+        64, ge=4, le=1000, description="HNSW `ef_construction` of the vector index (at least 2 * m)."
+    )
+    store_hnsw_ef_search: int = Field(
+        40, ge=1, le=1000, description="HNSW `ef_search` of the read API's index searches (recall vs latency)."
+    )
+
+    # Telemetry of the services (traces and OTLP metrics are configured by the standard OTEL_* variables).
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Port of each service's Prometheus endpoint (`/metrics`); unset or 0: none. "
+        "`graphledger dev` gives the projector this port, the read API the next, the sweeper the one after.",
+    )
+    metrics_host: str = Field("127.0.0.1", description="Address the Prometheus endpoint listens on.")
 
     @field_validator("postgres_schema")
     @classmethod

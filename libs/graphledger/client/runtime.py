@@ -2,7 +2,8 @@
 
 Started lazily on first use (thread-safe), so constructing a saver costs nothing and LangGraph can
 build it at import time. The caller's trace context is captured in the caller's thread, before the
-hop to the loop thread, so producer records continue the caller's trace.
+hop to the loop thread, so the producer and HTTP client spans (graphledger.telemetry.client) continue
+the caller's trace.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Self
 
-from opentelemetry.propagate import inject
+from opentelemetry.context import Context
 
 from graphledger.client.loop import BackgroundLoop
 from graphledger.client.publisher import EventPublisher
@@ -21,12 +22,7 @@ from graphledger.client.tokens import ConsistencyTokens
 from graphledger.events import Event, to_envelope
 from graphledger.events.checkpoint import ThreadCopy
 from graphledger.settings import Settings
-
-
-def _traceparent() -> str | None:
-    carrier: dict[str, str] = {}
-    inject(carrier)
-    return carrier.get("traceparent")
+from graphledger.telemetry.propagation import caller_context
 
 
 class ClientRuntime:
@@ -84,58 +80,56 @@ class ClientRuntime:
 
     # -- calls ---------------------------------------------------------------------------------
 
-    async def _publish(self, topic: str, event: Event, traceparent: str | None) -> None:
-        acked = await self.publisher.publish(topic, event.key, to_envelope(event), traceparent=traceparent)
+    async def _publish(self, topic: str, event: Event, context: Context) -> None:
+        acked = await self.publisher.publish(topic, event.key, to_envelope(event), context=context)
         self.tokens.record(acked, _scopes(event))
 
-    async def _publish_many(self, topic: str, events: Sequence[Event], traceparent: str | None) -> None:
+    async def _publish_many(self, topic: str, events: Sequence[Event], context: Context) -> None:
         # Concurrently, so the producer batches them; callers pass events with distinct keys, whose
         # relative order does not matter.
-        await asyncio.gather(*(self._publish(topic, event, traceparent) for event in events))
+        await asyncio.gather(*(self._publish(topic, event, context) for event in events))
 
-    async def _broadcast(self, topic: str, event: Event, traceparent: str | None) -> None:
+    async def _broadcast(self, topic: str, event: Event, context: Context) -> None:
         # One copy per partition, so the event takes its place among every thread's writes.
         for partition in await self.publisher.partitions(topic):
-            acked = await self.publisher.publish(
-                topic, None, to_envelope(event), traceparent=traceparent, partition=partition
-            )
+            acked = await self.publisher.publish(topic, None, to_envelope(event), context=context, partition=partition)
             self.tokens.record(acked, None)
 
-    async def _read(self, path: str, body: dict[str, Any], scope: str | None) -> Any:
+    async def _read(self, path: str, body: dict[str, Any], scope: str | None, context: Context) -> Any:
         assert self._reader is not None
-        return await self._reader.call(path, body, self.tokens.for_scope(scope))
+        return await self._reader.call(path, body, self.tokens.for_scope(scope), context)
 
     def publish(self, topic: str, event: Event) -> None:
-        self._started_loop().run(self._publish(topic, event, _traceparent()))
+        self._started_loop().run(self._publish(topic, event, caller_context()))
 
     async def apublish(self, topic: str, event: Event) -> None:
         loop = self._loop or await self._astarted_loop()
-        await loop.arun(self._publish(topic, event, _traceparent()))
+        await loop.arun(self._publish(topic, event, caller_context()))
 
     def publish_many(self, topic: str, events: Sequence[Event]) -> None:
         """Publish events with distinct keys together; returns once every one is acknowledged."""
         if events:
-            self._started_loop().run(self._publish_many(topic, events, _traceparent()))
+            self._started_loop().run(self._publish_many(topic, events, caller_context()))
 
     async def apublish_many(self, topic: str, events: Sequence[Event]) -> None:
         if events:
             loop = self._loop or await self._astarted_loop()
-            await loop.arun(self._publish_many(topic, events, _traceparent()))
+            await loop.arun(self._publish_many(topic, events, caller_context()))
 
     def broadcast(self, topic: str, event: Event) -> None:
-        self._started_loop().run(self._broadcast(topic, event, _traceparent()))
+        self._started_loop().run(self._broadcast(topic, event, caller_context()))
 
     async def abroadcast(self, topic: str, event: Event) -> None:
         loop = self._loop or await self._astarted_loop()
-        await loop.arun(self._broadcast(topic, event, _traceparent()))
+        await loop.arun(self._broadcast(topic, event, caller_context()))
 
     def read(self, path: str, body: dict[str, Any], scope: str | None = None) -> Any:
         """One read API call that waits for this client's writes to `scope` (a thread), or all of them."""
-        return self._started_loop().run(self._read(path, body, scope))
+        return self._started_loop().run(self._read(path, body, scope, caller_context()))
 
     async def aread(self, path: str, body: dict[str, Any], scope: str | None = None) -> Any:
         loop = self._loop or await self._astarted_loop()
-        return await loop.arun(self._read(path, body, scope))
+        return await loop.arun(self._read(path, body, scope, caller_context()))
 
     async def _astarted_loop(self) -> BackgroundLoop:
 

@@ -266,9 +266,11 @@ def _list(p: dict[str, Any], name: str, *, row_len: int) -> list[list[Any]]:
     rows = p.get(name)
     if not isinstance(rows, list):
         raise InvalidEventError(f"{name} is a {type(rows).__name__}, not a list")
-    for row in rows:
+    for i, row in enumerate(rows):
         if not isinstance(row, list) or len(row) != row_len:
-            raise InvalidEventError(f"{name} row {str(row)[:80]} is not a list of {row_len}")
+            # The row's shape, never its content: rows hold channel values, which reach logs via the reason.
+            shape = f"a list of {len(row)}" if isinstance(row, list) else f"a {type(row).__name__}"
+            raise InvalidEventError(f"{name} row {i} is {shape}, not a list of {row_len}")
     return rows
 
 

@@ -140,7 +140,9 @@ def _vectors(rows: Any) -> tuple[Vector, ...] | None:
     dims: int | None = None
     for row in rows:
         if not isinstance(row, list) or len(row) != 2:
-            raise InvalidEventError(f"vectors row {str(row)[:80]} is not a list of 2")
+            # The row's shape, never its content (embeddings are derived from the item's value).
+            shape = f"a list of {len(row)}" if isinstance(row, list) else f"a {type(row).__name__}"
+            raise InvalidEventError(f"vectors row {len(vectors)} is {shape}, not a list of 2")
         path, embedding = row
         if not isinstance(path, str) or "\x00" in path:
             raise InvalidEventError(f"vector field path {path!r} is not a string without NUL")

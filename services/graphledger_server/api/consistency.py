@@ -19,6 +19,7 @@ import psycopg
 import psycopg.errors
 
 from graphledger.projection.offsets import APPLIED_CHANNEL
+from graphledger.telemetry import api as telemetry
 from graphledger.wire import CONSISTENCY_HEADER, parse_token
 from graphledger_server.api.errors import ApiError, unavailable
 
@@ -134,7 +135,9 @@ async def hold(header: str | None, offsets: AppliedOffsets, timeout_s: float) ->
         token = parse_token(header)
     except ValueError as exc:
         raise ApiError(400, "invalid_consistency_token", f"{CONSISTENCY_HEADER}: {exc}") from None
-    missing = await offsets.wait(token, timeout_s)
+    with telemetry.consistency_wait(bool(offsets.missing(token))) as outcome:
+        missing = await offsets.wait(token, timeout_s)
+        outcome["timed_out"] = bool(missing)
     if missing:
         behind = ", ".join(f"{topic}:{partition}:{offset}" for (topic, partition), offset in sorted(missing.items()))
         raise unavailable(

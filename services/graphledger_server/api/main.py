@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
+from graphledger import telemetry
 from graphledger.settings import Settings
 from graphledger_server.api.app import create_app
 
@@ -52,4 +53,5 @@ def server(settings: Settings) -> uvicorn.Server:
 
 def main(settings: Settings) -> None:
     """Entry point of `graphledger api` and `python -m graphledger_server.api`."""
+    telemetry.setup("graphledger-api", settings)
     server(settings).run()

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_DEV_PARTITIONS = 4
+DEV_STORE_VECTOR_DIMS = 256
+"""The dev stack's store vectors: `HashEmbedder()`'s default dims, which the demo and tests embed with."""
 READY_TIMEOUT_S = 90.0  # first start of embedded Postgres runs initdb; the services then connect
 STOP_TIMEOUT_S = 15.0  # per stop: how long children get after SIGTERM before SIGKILL
 
@@ -161,8 +163,10 @@ class DevStack:
 
         from graphledger.events.topics import ensure_topics
         from graphledger.projection.migrate import migrate
+        from graphledger.projection.vector_index import VectorIndex
 
-        applied = _run(migrate(self.settings.postgres_dsn, self.settings.postgres_schema))
+        vectors = VectorIndex.from_settings(self.settings)
+        applied = _run(migrate(self.settings.postgres_dsn, self.settings.postgres_schema, vectors=vectors))
         log.info("migrations applied: %s", applied or "none (schema up to date)")
         _run(ensure_topics(self.settings))
         if self.data_dir is not None and (stale := _run(self._stored_offsets())):
@@ -267,6 +271,14 @@ class DevStack:
     def children(self) -> dict[str, ChildProcess]:
         return dict(self._children)
 
+    def metrics_urls(self) -> dict[str, str]:
+        """Each service's Prometheus endpoint, by name; empty unless `metrics_port` is set."""
+        base = self.settings.metrics_port
+        if not base:
+            return {}
+        host = self.settings.metrics_host
+        return {name: f"http://{host}:{base + i}/metrics" for i, name in enumerate(SERVICES)}
+
     def client_env(self) -> dict[str, str]:
         """The `GRAPHLEDGER_*` variables an agent needs to use this stack through `KafkaSaver.from_env()`."""
         return settings_to_env(self.settings, CLIENT_FIELDS)
@@ -313,6 +325,8 @@ class DevStack:
             f"  read API   {pid('api'):<12} {settings.api_url}, log {log_of('api')}",
             f"  sweeper    {pid('sweeper'):<12} idle until issue 4, log {log_of('sweeper')}",
         ]
+        for name, url in self.metrics_urls().items():
+            lines.append(f"  metrics of {name:<10} {url}")
         if self.data_dir is not None:
             lines.append(
                 "  note: Postgres keeps its rows and stored offsets in the data dir, but the broker starts "
@@ -345,11 +359,15 @@ class DevStack:
             api_port=api_port,
             api_url=f"http://127.0.0.1:{api_port}",
         )
+        if values.get("store_vector_dims") is None:
+            values["store_vector_dims"] = DEV_STORE_VECTOR_DIMS
         return Settings(**values)
 
     def _spawn(self, name: str) -> ChildProcess:
         env = {k: v for k, v in os.environ.items() if not k.upper().startswith("GRAPHLEDGER_")}
         env.update(self.service_env())
+        if self.settings.metrics_port:  # one endpoint per child: the base port, then the next ones
+            env["GRAPHLEDGER_METRICS_PORT"] = str(self.settings.metrics_port + SERVICES.index(name))
         env["PYTHONUNBUFFERED"] = "1"  # log lines reach the file as they happen
         if threading.current_thread() is threading.main_thread():
             env[PARENT_PID_ENV] = str(os.getpid())

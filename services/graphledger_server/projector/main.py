@@ -12,7 +12,9 @@ import gc
 import logging
 import signal
 
+from graphledger import telemetry
 from graphledger.projection.migrate import migrate
+from graphledger.projection.vector_index import VectorIndex
 from graphledger.settings import Settings
 from graphledger_server.projector.worker import ProjectorWorker
 
@@ -27,7 +29,9 @@ async def run_projector(settings: Settings, stop: asyncio.Event | None = None, *
     """
     stop = stop or asyncio.Event()
     if migrate_first:
-        applied = await migrate(settings.postgres_dsn, settings.postgres_schema)
+        applied = await migrate(
+            settings.postgres_dsn, settings.postgres_schema, vectors=VectorIndex.from_settings(settings)
+        )
         if applied:
             log.info("migrated schema %s: applied %s", settings.postgres_schema, applied)
     worker = ProjectorWorker(settings)
@@ -41,6 +45,7 @@ async def run_projector(settings: Settings, stop: asyncio.Event | None = None, *
 
 def main(settings: Settings) -> None:
     """Run the projector in this process until SIGTERM or SIGINT, then stop cleanly."""
+    telemetry.setup("graphledger-projector", settings)
 
     # Everything imported so far lives as long as the process; frozen, the collector stops rescanning
     # it every time a batch's short-lived objects trigger a full collection. Measured on the apply

@@ -23,7 +23,9 @@ from graphledger.projection.checkpoints import CheckpointProjection
 from graphledger.projection.dead_letters import outgoing_records
 from graphledger.projection.offsets import OffsetStatements, stored_offsets
 from graphledger.projection.records import DeadLetter, SourceRecord
+from graphledger.projection.store import StoreProjection
 from graphledger.settings import Settings
+from graphledger.telemetry.projector import ProjectorTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +52,18 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def projections_for(settings: Settings) -> dict[str, TopicProjection]:
-    """The topics the projector consumes and each one's projection (the store topic joins here)."""
-    return {settings.checkpoint_topic: CheckpointProjection(settings.postgres_schema)}
+    """The topics the projector consumes and each one's projection."""
+    return {
+        settings.checkpoint_topic: CheckpointProjection(settings.postgres_schema),
+        settings.store_topic: StoreProjection(settings.postgres_schema),
+    }
 
 
 def _to_source(record: ConsumerRecord[bytes, bytes]) -> SourceRecord:
     headers = tuple(record.headers or ())
-    return SourceRecord(record.topic, record.partition, record.offset, record.key, record.value, headers)
+    return SourceRecord(
+        record.topic, record.partition, record.offset, record.key, record.value, headers, record.timestamp
+    )
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
@@ -104,12 +111,19 @@ class ProjectorWorker:
         self._stop = asyncio.Event()
         self.batches = 0
         self.events = 0
+        self.telemetry = ProjectorTelemetry(settings)
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
     async def start(self) -> None:
         s = self.settings
         self.pool = await asyncpg.create_pool(s.postgres_dsn, min_size=1, max_size=2)
+        async with self.pool.acquire() as conn:
+            for projection in self.projections.values():
+                # A projection that reads the schema before classifying events (the store's vector dims).
+                prepare = getattr(projection, "prepare", None)
+                if prepare is not None:
+                    await prepare(conn)
         self.producer = AIOKafkaProducer(
             **s.kafka_client_options(),  # type: ignore[arg-type]
             acks="all",
@@ -122,6 +136,7 @@ class ProjectorWorker:
             group_id=s.projector_group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            fetch_max_wait_ms=s.fetch_max_wait_ms,
             max_partition_fetch_bytes=max(1024 * 1024, s.max_message_bytes + _REQUEST_HEADROOM_BYTES),
         )
         self.consumer.subscribe(self.topics, listener=_SeekToStored(self))
@@ -186,6 +201,7 @@ class ProjectorWorker:
                 self.consumer.seek(tp, offset)
         if beginning:
             await self.consumer.seek_to_beginning(*beginning)
+        self.telemetry.assigned({(tp.topic, tp.partition): stored[tp.topic].get(tp.partition, 0) for tp in assigned})
         positions = (f"{tp.topic}:{tp.partition}@{stored[tp.topic].get(tp.partition, 0)}" for tp in sorted(assigned))
         log.info("assigned %s", ", ".join(positions))
 
@@ -207,6 +223,7 @@ class ProjectorWorker:
             else:
                 timeout_ms = max(0, int((deadline - time.monotonic()) * 1000))
             fetched = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=s.batch_max_events - len(records))
+            self.telemetry.fetched(self.consumer)  # high watermarks, for the lag gauge
             if deadline is None and fetched:
                 deadline = time.monotonic() + s.batch_max_wait_ms / 1000
             for tp, messages in fetched.items():
@@ -233,7 +250,7 @@ class ProjectorWorker:
             try:
                 async with self.batch_lock, self.pool.acquire() as conn:
                     started = time.perf_counter()
-                    result = await self.applier.apply(conn, records, classified)
+                    result = await self.telemetry.apply(self.applier, conn, records, classified)  # spans, metrics
                 break
             except Exception as exc:
                 if not is_retryable(exc):

@@ -10,7 +10,9 @@ import asyncio
 import logging
 import signal
 
+from graphledger import telemetry
 from graphledger.settings import Settings
+from graphledger.telemetry import sweeper as sweeper_telemetry
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +21,8 @@ IDLE_MESSAGE = "sweeper: TTL and retention sweeping are not implemented yet (iss
 
 def main(settings: Settings) -> None:
     """Log that nothing is swept yet, then wait for SIGTERM/SIGINT and return."""
+    telemetry.setup("graphledger-sweeper", settings)
+    sweeper_telemetry.started()
     asyncio.run(_idle())  # settings: the sweep intervals will come from here
 
 
@@ -27,6 +31,7 @@ async def _idle() -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info(IDLE_MESSAGE)
+    with sweeper_telemetry.root_span("sweeper start"):
+        log.info(IDLE_MESSAGE)
     await stop.wait()
     log.info("sweeper: stopping")

@@ -1,0 +1,63 @@
+"""Names every graphledger span, attribute and meter uses, in one place.
+
+Attribute keys follow the OpenTelemetry semantic conventions (messaging, database, HTTP) where one
+exists, written out as strings rather than imported from `opentelemetry.semconv._incubating`, whose
+module paths change between releases. Our own keys live under `graphledger.`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+INSTRUMENTATION_NAME: Final = "graphledger"
+"""Tracer and meter name prefix; each component gets its own scope (`graphledger.client`, ...)."""
+
+CLIENT_SCOPE: Final = "graphledger.client"
+PROJECTOR_SCOPE: Final = "graphledger.projector"
+API_SCOPE: Final = "graphledger.api"
+SWEEPER_SCOPE: Final = "graphledger.sweeper"
+REPLAY_SCOPE: Final = "graphledger.replay"
+
+# -- messaging (Kafka) ----------------------------------------------------------------------------------
+MESSAGING_SYSTEM: Final = "messaging.system"
+MESSAGING_SYSTEM_KAFKA: Final = "kafka"
+MESSAGING_DESTINATION_NAME: Final = "messaging.destination.name"
+MESSAGING_DESTINATION_PARTITION_ID: Final = "messaging.destination.partition.id"
+MESSAGING_OPERATION_TYPE: Final = "messaging.operation.type"
+MESSAGING_OPERATION_NAME: Final = "messaging.operation.name"
+MESSAGING_BATCH_MESSAGE_COUNT: Final = "messaging.batch.message_count"
+MESSAGING_CONSUMER_GROUP_NAME: Final = "messaging.consumer.group.name"
+MESSAGING_MESSAGE_ID: Final = "messaging.message.id"
+MESSAGING_MESSAGE_BODY_SIZE: Final = "messaging.message.body.size"
+MESSAGING_KAFKA_MESSAGE_KEY: Final = "messaging.kafka.message.key"
+MESSAGING_KAFKA_OFFSET: Final = "messaging.kafka.offset"
+
+# -- database (Postgres) ------------------------------------------------------------------------------
+DB_SYSTEM_NAME: Final = "db.system.name"
+DB_SYSTEM_POSTGRESQL: Final = "postgresql"
+DB_NAMESPACE: Final = "db.namespace"
+DB_OPERATION_NAME: Final = "db.operation.name"
+DB_COLLECTION_NAME: Final = "db.collection.name"
+DB_QUERY_SUMMARY: Final = "db.query.summary"
+
+# -- HTTP and network ------------------------------------------------------------------------------------
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+HTTP_ROUTE: Final = "http.route"
+URL_FULL: Final = "url.full"
+URL_TEMPLATE: Final = "url.template"
+SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+ERROR_TYPE: Final = "error.type"
+
+# -- graphledger's own ----------------------------------------------------------------------------------
+EVENT_TYPE: Final = "graphledger.event.type"
+"""A known event type (`checkpoint.put`, `store.delete`, ...); anything else is reported as `other`."""
+BATCH_APPLIED: Final = "graphledger.batch.applied"
+BATCH_DEAD_LETTERS: Final = "graphledger.batch.dead_letters"
+BATCH_SKIPPED: Final = "graphledger.batch.skipped"
+BATCH_ISOLATED: Final = "graphledger.batch.isolated"
+BATCH_LINKS_DROPPED: Final = "graphledger.batch.links_dropped"
+CONSISTENCY_OUTCOME: Final = "graphledger.consistency.outcome"
+SEARCH_MODE: Final = "graphledger.search.mode"
+OTHER: Final = "other"
