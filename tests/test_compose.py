@@ -215,9 +215,12 @@ def test_observability_is_configuration_that_fits_together(services) -> None:
     for pipeline in pipelines.values():
         for kind in ("receivers", "processors", "exporters"):
             assert set(pipeline[kind]) <= set(collector[kind]), (kind, pipeline)
-    grpc = collector["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"]
-    endpoint = urlsplit(env_of(services["api"])["OTEL_EXPORTER_OTLP_ENDPOINT"])
-    assert endpoint.hostname == "otel-collector" and endpoint.port == int(grpc.rsplit(":", 1)[1])
+    # The services export OTLP over HTTP only: the endpoint must be the collector's HTTP receiver.
+    http = collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"]
+    env = env_of(services["api"])
+    assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
+    endpoint = urlsplit(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    assert endpoint.hostname == "otel-collector" and endpoint.port == int(http.rsplit(":", 1)[1])
     assert urlsplit("//" + collector["exporters"]["otlp/jaeger"]["endpoint"]).hostname in services
     prometheus = yaml.safe_load((DOCKER / "prometheus.yml").read_text())
     targets = [t for job in prometheus["scrape_configs"] for c in job["static_configs"] for t in c["targets"]]
