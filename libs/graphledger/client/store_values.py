@@ -31,6 +31,7 @@ from langgraph.store.base import (
 from langgraph.store.base import _validate_namespace as validate_namespace
 from langgraph.store.base import _validate_namespace_labels as validate_namespace_labels
 
+from graphledger.client.values import check_int_range
 from graphledger.errors import InvalidInputError, ReadApiError
 from graphledger.events.store import StoreDelete, StorePut, Vector
 
@@ -181,6 +182,8 @@ def _check_json(value: Any, path: str) -> None:
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidInputError(f"{path} is {value!r}, which JSON cannot hold")
+    elif isinstance(value, int) and not isinstance(value, bool):
+        check_int_range(value, path)
     elif isinstance(value, Mapping):
         for k, v in value.items():
             if isinstance(k, str):

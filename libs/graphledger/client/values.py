@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from typing import Any
 
@@ -56,6 +57,28 @@ def split_channel_values(values: dict[str, Any]) -> tuple[dict[str, Any], dict[s
     return inline, blobs
 
 
+# msgpack, the read API's wire format, holds integers in [-2**63, 2**64); jsonb would store larger
+# ones, but no read could then return them.
+_MIN_INT, _MAX_INT = -(2**63), 2**64 - 1
+_LONG_DIGITS = re.compile(r"\d{20}")
+
+
+def check_int_range(value: int, path: str) -> None:
+    if not _MIN_INT <= value <= _MAX_INT:
+        raise InvalidInputError(f"{path} is {value}, outside the 64-bit range the read API can return")
+
+
+def _refuse_huge_ints(value: Any, path: str) -> None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        check_int_range(value, path)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_huge_ints(item, f"{path}.{key}")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _refuse_huge_ints(item, f"{path}[{i}]")
+
+
 def dump_json(value: Any, what: str) -> bytes:
     """JSON text as PostgresSaver's `Jsonb` writes it; refuses what Postgres jsonb would reject."""
     try:
@@ -64,6 +87,8 @@ def dump_json(value: Any, what: str) -> bytes:
         raise InvalidInputError(f"{what} is not JSON-serializable: {exc}") from None
     if "\\u0000" in text:  # rare: walk the value to name where the NUL is (or find an escaped "\\u0000")
         _refuse_nul(value, what)
+    if _LONG_DIGITS.search(text):  # rare: a 20-digit run may be an integer past 64 bits
+        _refuse_huge_ints(value, what)
     return text.encode()
 
 
