@@ -34,6 +34,7 @@ from langgraph.store.base import _validate_namespace_labels as validate_namespac
 from graphledger.client.values import check_int_range
 from graphledger.errors import InvalidInputError, ReadApiError
 from graphledger.events.store import StoreDelete, StorePut, Vector
+from graphledger.pg_text import unstorable
 
 FILTER_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
 
@@ -197,12 +198,8 @@ def _check_json(value: Any, path: str) -> None:
 
 
 def _check_text(text: str, path: str) -> None:
-    if "\x00" in text:
-        raise InvalidInputError(f"{path} contains a NUL character (\\u0000), which Postgres jsonb rejects")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInputError(f"{path} contains a lone surrogate, which Postgres jsonb rejects") from None
+    if reason := unstorable(text):
+        raise InvalidInputError(f"{path} {reason}, which Postgres jsonb rejects")
 
 
 def _prepare_search(op: SearchOp, *, has_index: bool) -> PreparedRead:

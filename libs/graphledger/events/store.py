@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from graphledger.errors import InvalidEventError
+from graphledger.pg_text import unstorable
 
 NAMESPACE_SEPARATOR = "\x1f"
 KEY_SEPARATOR = "\x1e"
@@ -178,12 +179,8 @@ def _check_value_json(value: bytes) -> None:
 def _check_strings(value: Any, path: str) -> None:
     """jsonb rejects NUL (`\\u0000`) and lone surrogates, which JSON text can spell as escapes."""
     if isinstance(value, str):
-        if "\x00" in value:
-            raise InvalidEventError(f"{path} contains a NUL character")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidEventError(f"{path} contains a lone surrogate") from None
+        if reason := unstorable(value):
+            raise InvalidEventError(f"{path} {reason}")
     elif isinstance(value, dict):
         for k, v in value.items():
             _check_strings(k, f"{path} key")

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from graphledger.pg_text import unstorable
+
 FILTER_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
 RANGE_OPERATORS = ("$gt", "$gte", "$lt", "$lte")
 MAX_OPS = 1_000
@@ -23,12 +25,8 @@ MAX_QUERY_DIMS = 16_000  # pgvector's largest vector
 
 
 def _text(value: str, what: str = "text") -> str:
-    if "\x00" in value:
-        raise ValueError(f"{what} must not contain NUL (\\u0000): Postgres cannot store it")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"{what} must not contain a lone surrogate: Postgres cannot store it") from None
+    if reason := unstorable(value):
+        raise ValueError(f"{what} {reason}: Postgres cannot store it")
     return value
 
 
