@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
-from typing import Any, Self
+from collections.abc import Coroutine, Sequence
+from typing import Any, Self, TypeVar
 
 from opentelemetry.context import Context
 
@@ -23,6 +23,8 @@ from graphledger.events import Event, to_envelope
 from graphledger.events.checkpoint import ThreadCopy
 from graphledger.settings import Settings
 from graphledger.telemetry.propagation import caller_context
+
+T = TypeVar("T")
 
 
 class ClientRuntime:
@@ -103,8 +105,7 @@ class ClientRuntime:
         self._started_loop().run(self._publish(topic, event, caller_context()))
 
     async def apublish(self, topic: str, event: Event) -> None:
-        loop = self._loop or await self._astarted_loop()
-        await loop.arun(self._publish(topic, event, caller_context()))
+        await self._arun(self._publish(topic, event, caller_context()))
 
     def publish_many(self, topic: str, events: Sequence[Event]) -> None:
         """Publish events with distinct keys together; returns once every one is acknowledged."""
@@ -113,27 +114,29 @@ class ClientRuntime:
 
     async def apublish_many(self, topic: str, events: Sequence[Event]) -> None:
         if events:
-            loop = self._loop or await self._astarted_loop()
-            await loop.arun(self._publish_many(topic, events, caller_context()))
+            await self._arun(self._publish_many(topic, events, caller_context()))
 
     def broadcast(self, topic: str, event: Event) -> None:
         self._started_loop().run(self._broadcast(topic, event, caller_context()))
 
     async def abroadcast(self, topic: str, event: Event) -> None:
-        loop = self._loop or await self._astarted_loop()
-        await loop.arun(self._broadcast(topic, event, caller_context()))
+        await self._arun(self._broadcast(topic, event, caller_context()))
 
     def read(self, path: str, body: dict[str, Any], scope: str | None = None) -> Any:
         """One read API call that waits for this client's writes to `scope` (a thread), or all of them."""
         return self._started_loop().run(self._read(path, body, scope, caller_context()))
 
     async def aread(self, path: str, body: dict[str, Any], scope: str | None = None) -> Any:
-        loop = self._loop or await self._astarted_loop()
-        return await loop.arun(self._read(path, body, scope, caller_context()))
+        return await self._arun(self._read(path, body, scope, caller_context()))
 
-    async def _astarted_loop(self) -> BackgroundLoop:
-
-        return await asyncio.to_thread(self._started_loop)
+    async def _arun(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await `coro` on the runtime's loop, starting the runtime first (off the caller's loop)."""
+        try:
+            loop = self._loop or await asyncio.to_thread(self._started_loop)
+        except BaseException:
+            coro.close()
+            raise
+        return await loop.arun(coro)
 
 
 def _scopes(event: Event) -> tuple[str, ...] | None:
