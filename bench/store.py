@@ -6,12 +6,15 @@ and throughput at 16/64), and recall@10 of the read API's HNSW search against ex
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import random
 import statistics
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -135,3 +138,16 @@ async def run(stack: DevStack, total: int, recall_items: int) -> list[str]:
         print(f"  recall@10 of HNSW search over {recall_items:,} items: {recall:.3f}", flush=True)
         rows.append(f"| recall@10, HNSW vs exact ({recall_items:,} items) | 1 | {recall:.3f} | – | – |")
     return rows
+
+
+async def _main(args: argparse.Namespace) -> None:
+    with DevStack(Path(tempfile.mkdtemp(prefix="graphledger-bench-")), log_level="WARNING") as stack:
+        print("\n".join(await run(stack, args.total, args.recall_items)))
+
+
+if __name__ == "__main__":
+    # `python -m bench.store`: only the store rows (`python -m bench` runs them after the checkpoint rows).
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--total", type=int, default=4000, help="puts per row at concurrency 16 and 64")
+    parser.add_argument("--recall-items", type=int, default=20000, help="items for the HNSW recall@10 row")
+    asyncio.run(_main(parser.parse_args()))

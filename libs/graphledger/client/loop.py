@@ -1,6 +1,6 @@
 """A private event loop on a daemon thread, where the client's Kafka producer and HTTP client live.
 
-aiokafka and httpx's async client are bound to the loop they start on, while LangGraph calls a
+aiokafka and aiohttp are bound to the loop they start on, while LangGraph calls a
 checkpointer from plain threads (`graph.invoke`) and from any number of user loops (`ainvoke`). Both
 paths hop onto this one loop, so there is one producer, one connection pool and one code path.
 

@@ -1,10 +1,16 @@
-"""The read API's HTTP client: msgpack bodies, bearer token, consistency token on every read."""
+"""The read API's HTTP client: msgpack bodies, bearer token, consistency token on every read.
+
+aiohttp rather than httpx: its C HTTP parser made a read API round trip ~0.3 ms shorter (0.24 ms
+against 0.5 ms for a trivial request on the development machine), which is most of a store search's
+budget at concurrency 1.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-import httpx
+import aiohttp
 import ormsgpack
 from opentelemetry.context import Context
 
@@ -17,53 +23,55 @@ _CONNECT_TIMEOUT_S = 5.0
 
 
 class ReadApiClient:
-    """One httpx connection pool; runs on the client's background loop."""
+    """One aiohttp connection pool, made on first use on the client's background loop."""
 
     def __init__(self, settings: Settings) -> None:
-        headers = {"Accept": MSGPACK, "Content-Type": MSGPACK}
+        self._headers = {"Accept": MSGPACK, "Content-Type": MSGPACK}
         if settings.api_token is not None:
-            headers["Authorization"] = f"Bearer {settings.api_token.get_secret_value()}"
+            self._headers["Authorization"] = f"Bearer {settings.api_token.get_secret_value()}"
         # The server waits up to consistency_timeout_s before it answers; allow for that and the query.
-        read_timeout = settings.consistency_timeout_s + 30.0
-        self._traced_url = redact_url(settings.api_url)
-        self._http = httpx.AsyncClient(
-            base_url=settings.api_url.rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(read_timeout, connect=_CONNECT_TIMEOUT_S),
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=_CONNECT_TIMEOUT_S, sock_read=settings.consistency_timeout_s + 30.0
         )
+        self._base_url = settings.api_url.rstrip("/")
+        self._traced_url = redact_url(settings.api_url)
+        self._session: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
-        await self._http.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     async def call(
         self, path: str, body: dict[str, Any], token: dict[tuple[str, int], int], context: Context | None = None
     ) -> Any:
         """POST `body` to `path` with the consistency token, in an HTTP client span under `context`."""
+        if self._session is None:
+            # trust_env: honour HTTP(S)_PROXY and NO_PROXY as the usual HTTP clients do.
+            self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout, trust_env=True)
         headers = {CONSISTENCY_HEADER: format_token(token)} if token else {}
         with http_client_span(self._traced_url, "POST", path, headers, context) as span:
             try:
-                response = await self._http.post(path, content=ormsgpack.packb(body), headers=headers)
-            except httpx.TransportError as exc:
+                async with self._session.post(
+                    self._base_url + path, data=ormsgpack.packb(body), headers=headers
+                ) as response:
+                    content = await response.read()
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 raise ReadApiError(0, "unreachable", f"{path}: {exc or type(exc).__name__}", retryable=True) from exc
-            span.status(response.status_code)
-            if response.status_code == 200:
-                return ormsgpack.unpackb(response.content)
-            raise _error(path, response)
+            span.status(response.status)
+            if response.status == 200:
+                return ormsgpack.unpackb(content)
+            return _raise(path, response.status, response.headers.get("content-type", ""), content)
 
 
-def _error(path: str, response: httpx.Response) -> ReadApiError:
+def _raise(path: str, status: int, content_type: str, content: bytes) -> Any:
     try:
-        body = (
-            ormsgpack.unpackb(response.content)
-            if response.headers.get("content-type", "").startswith(MSGPACK)
-            else response.json()
-        )
+        body = ormsgpack.unpackb(content) if content_type.startswith(MSGPACK) else json.loads(content)
     except ValueError:
         body = {}
     if not isinstance(body, dict):
         body = {}
     code = str(body.get("error", "http_error"))
-    message = str(body.get("message") or body.get("detail") or response.text[:500])
-    retryable = bool(body.get("retryable", response.status_code in (429, 502, 503, 504)))
+    message = str(body.get("message") or body.get("detail") or content[:500].decode("utf-8", "replace"))
+    retryable = bool(body.get("retryable", status in (429, 502, 503, 504)))
     cls = ConsistencyTimeoutError if code == "consistency_timeout" else ReadApiError
-    return cls(response.status_code, code, f"{path}: {message}", retryable)
+    raise cls(status, code, f"{path}: {message}", retryable)

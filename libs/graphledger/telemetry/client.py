@@ -116,7 +116,7 @@ def http_client_span(
         yield call
     except BaseException as exc:
         if span.is_recording() and not call.failed:
-            # The transport's own error (httpx.ConnectError...) when graphledger's wraps one.
+            # The transport's own error (aiohttp.ClientConnectorError...) when graphledger's wraps one.
             span.set_attribute(names.ERROR_TYPE, type(exc.__cause__ or exc).__qualname__)
             span.set_status(Status(StatusCode.ERROR))
         raise

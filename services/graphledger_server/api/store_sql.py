@@ -39,10 +39,27 @@ WHERE (s.expires_at IS NULL OR s.expires_at > now())
 
 # As AsyncPostgresStore orders a search without a query (most recently updated first), plus a
 # tie-break so paging is stable when two items share an update time.
-SEARCH_SQL = """
+SEARCH_ALL_SQL = """
 SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, NULL::float8 AS score
 FROM {schema}.store s
-WHERE {namespace} AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
+WHERE (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
+ORDER BY s.updated_at DESC, s.prefix, s.key
+LIMIT %(limit)s OFFSET %(offset)s
+"""
+
+# The same below a namespace prefix, in two parts merged by update time: the namespace itself, read
+# newest first from `graphledger_store_recent_idx` and stopped after a page of matches (the common
+# case: one user's memories), and the namespaces below it (a range of the same index, then sorted).
+SEARCH_SQL = """
+SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, NULL::float8 AS score FROM (
+    (SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at FROM {schema}.store s
+     WHERE s.prefix = %(namespace)s AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
+     ORDER BY s.updated_at DESC, s.key LIMIT %(window)s)
+    UNION ALL
+    (SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at FROM {schema}.store s
+     WHERE s.prefix LIKE %(below)s ESCAPE '\\' AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
+     ORDER BY s.updated_at DESC, s.prefix, s.key LIMIT %(window)s)
+) s
 ORDER BY s.updated_at DESC, s.prefix, s.key
 LIMIT %(limit)s OFFSET %(offset)s
 """
@@ -213,6 +230,8 @@ def _equals(at: str, operand: Any, params: Params) -> str:
 
 
 def _operator(at: str, operator: str, operand: Any, params: Params) -> str:
+    # Range conditions are plain ANDs, cheaper than CASE: filters are only ever ANDed in a WHERE
+    # clause (never negated), where NULL and false drop a row alike, and neither side can raise.
     if operator == "$eq":
         return _equals(at, operand, params)
     if operator == "$ne":
@@ -221,13 +240,10 @@ def _operator(at: str, operator: str, operand: Any, params: Params) -> str:
         return f"({at} IS NULL OR {at} <> {params.add(json.dumps(operand))}::jsonb)"
     sql = _SQL_OPERATORS[operator]
     if isinstance(operand, str):
-        return (
-            f"CASE WHEN jsonb_typeof({at}) = 'string' "
-            f"THEN ({at} #>> '{{}}') COLLATE \"C\" {sql} {params.add(operand)}::text ELSE false END"
-        )
+        return f"(jsonb_typeof({at}) = 'string' AND ({at} #>> '{{}}') COLLATE \"C\" {sql} {params.add(operand)}::text)"
     # jsonb compares two numbers numerically.
     number = params.add(json.dumps(operand))
-    return f"CASE WHEN jsonb_typeof({at}) = 'number' THEN {at} {sql} {number}::jsonb ELSE false END"
+    return f"(jsonb_typeof({at}) = 'number' AND {at} {sql} {number}::jsonb)"
 
 
 # --- statements -------------------------------------------------------------------------------------
@@ -241,12 +257,20 @@ def search_statement(
     schema: str, namespace_prefix: Sequence[str], filter: dict[str, Any] | None, limit: int, offset: int
 ) -> tuple[str, dict[str, Any]]:
     params = Params(limit=limit, offset=offset)
-    sql = (
-        render(SEARCH_SQL, schema)
-        .replace("{namespace}", namespace_condition(namespace_prefix, params))
-        .replace("{filter}", compile_filter(filter, params))
-    )
-    return sql, params.values
+    template = SEARCH_ALL_SQL
+    if namespace_prefix:
+        prefix = ".".join(namespace_prefix)
+        params.values.update(namespace=prefix, below=escape_like(prefix) + ".%", window=limit + offset)
+        template = SEARCH_SQL
+    condition = compile_filter(filter, params)
+    if filter:
+        # Postgres guesses a jsonb condition matches a fraction of a percent of the rows, so it would
+        # filter and sort the whole namespace rather than walk the recent-items index and stop after
+        # a page. As `<> 0` the same condition is guessed to match nearly every row: the index walk
+        # wins (0.1 ms against 0.9 ms for a page of 2,000 items), and a selective filter costs at
+        # most the scan it would have had anyway.
+        condition = f"(CASE WHEN {condition} THEN 1 ELSE 0 END) <> 0"
+    return render(template, schema).replace("{filter}", condition), params.values
 
 
 def vector_session_statement(ef_search: int) -> tuple[str, dict[str, Any]]:

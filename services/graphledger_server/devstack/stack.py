@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -458,8 +459,6 @@ class DevStack:
         wait_until(projector_assigned, self.ready_timeout_s, "the projector to join its consumer group", poll_s=0.2)
 
     def _api_ready(self) -> bool:
-        import httpx
-
         for child in self._children.values():
             if not child.running:
                 raise RuntimeError(
@@ -467,8 +466,9 @@ class DevStack:
                     f"last lines of {child.log_path}:\n{child.log_tail()}"
                 )
         try:
-            return httpx.get(f"{self.settings.api_url}/readyz", timeout=1.0).status_code == 200
-        except httpx.HTTPError:
+            with urllib.request.urlopen(f"{self.settings.api_url}/readyz", timeout=1.0) as response:
+                return response.status == 200
+        except OSError:  # refused, timed out, or an HTTPError (a 503 while not ready)
             return False
 
 
