@@ -16,7 +16,14 @@ from typing_extensions import TypedDict
 
 from graphledger.errors import InvalidEventError
 from graphledger.events import to_envelope
-from graphledger.events.checkpoint import CheckpointEvent, RunsDelete, ThreadCopy, ThreadDelete, ThreadPrune
+from graphledger.events.checkpoint import (
+    CheckpointEvent,
+    RunsDelete,
+    ThreadCopy,
+    ThreadDelete,
+    ThreadExpire,
+    ThreadPrune,
+)
 from graphledger.projection.checkpoints import (
     CheckpointProjection,
     CopyThread,
@@ -24,6 +31,7 @@ from graphledger.projection.checkpoints import (
     DeleteRuns,
     DeleteThreads,
     PruneKeepLatest,
+    TimedCheckpointEvent,
     plan_batch,
     to_checkpoint_event,
 )
@@ -206,7 +214,7 @@ async def test_put_delete_put_in_one_batch_leaves_only_the_last_put(conn: asyncp
     assert [r[2] for r in rows["checkpoints"]] == [cid(2)]
     assert [r[5] for r in rows["checkpoint_blobs"]] == [b"new"]
     assert rows["checkpoint_writes"] == []
-    assert rows["graphledger_thread_partitions"] == [("t", TOPIC, 0)]
+    assert rows["graphledger_thread_partitions"] == [("t", TOPIC, 0, None)]  # untimed events: no activity
 
 
 async def test_copy_thread_copies_every_namespace_and_keeps_the_target_rows(conn: asyncpg.Connection) -> None:
@@ -231,7 +239,7 @@ async def test_copy_thread_copies_every_namespace_and_keeps_the_target_rows(conn
         target = [r[1:] for r in rows[table] if r[0] == "target"]
         assert source and all(r in target for r in source)
     assert await count(conn, "gl", "checkpoints", "thread_id = 'target'") == 3
-    assert ("target", TOPIC, 1) in rows["graphledger_thread_partitions"]
+    assert ("target", TOPIC, 1, None) in rows["graphledger_thread_partitions"]
 
 
 async def test_runs_delete_touches_only_the_threads_of_its_partition(conn: asyncpg.Connection) -> None:
@@ -385,3 +393,82 @@ async def test_prune_keep_latest_keeps_the_delta_history_of_the_head(
         await graph.ainvoke({"items": ["more"], "n": 100}, config)
         final = await graph.aget_state(config)
         assert final.values["items"] == [*before.values["items"], "more", "a100", "b101"]
+
+
+# -- retention: keep-last-N and thread TTL (the sweeper publishes these, docs/retention.md) ------------
+
+
+@pytest.mark.parametrize("keep", [2, 3, 5])
+async def test_prune_keep_n_keeps_exactly_the_newest_n_of_a_plain_thread(conn: asyncpg.Connection, keep: int) -> None:
+    thread_id = f"plain-{uuid.uuid4().hex[:6]}"
+    chain = [put(thread_id, n, n - 1 if n else None, blobs={"log": f"v{n}".encode()}) for n in range(8)]
+    await apply(conn, items(chain))
+    await apply(conn, items([ThreadPrune(thread_id, "keep_latest", keep)], first_offset=8))
+    rows = await conn.fetch(
+        "SELECT checkpoint_id, parent_checkpoint_id FROM gl.checkpoints WHERE thread_id = $1 ORDER BY 1", thread_id
+    )
+    assert [r["checkpoint_id"] for r in rows] == [cid(n) for n in range(8 - keep, 8)]
+    assert rows[0]["parent_checkpoint_id"] is None  # the oldest kept one's parent went
+    assert [r["parent_checkpoint_id"] for r in rows[1:]] == [cid(n) for n in range(8 - keep, 7)]
+    blobs = await conn.fetch("SELECT blob FROM gl.checkpoint_blobs WHERE thread_id = $1 ORDER BY 1", thread_id)
+    assert [b["blob"] for b in blobs] == [f"v{n}".encode() for n in range(8 - keep, 8)]
+
+
+@pytest.mark.parametrize("keep", [2, 3])
+async def test_prune_keep_n_keeps_the_state_of_every_kept_delta_checkpoint(
+    conn: asyncpg.Connection, fresh_database: str, keep: int
+) -> None:
+    thread_id = f"delta-{uuid.uuid4().hex[:6]}"
+    config = {"configurable": {"thread_id": thread_id}}
+    async with official_saver(fresh_database, "gl") as saver:
+        graph = delta_graph().compile(checkpointer=saver)
+        for i in range(5):
+            await graph.ainvoke({"items": [f"in{i}"], "n": i * 10}, config)
+        history = [s async for s in graph.aget_state_history(config)]
+        total = len(history)
+
+        await apply(conn, items([ThreadPrune(thread_id, "keep_latest", keep)]))
+
+        after = [s async for s in graph.aget_state_history(config)]
+        assert len(after) < total
+        # The newest `keep` entries are all there, each with the state it had (DeltaChannel replayed).
+        assert [(s.config, s.values, s.next) for s in after[:keep]] == [
+            (s.config, s.values, s.next) for s in history[:keep]
+        ]
+        assert (await graph.aget_state(config)).values == history[0].values
+        await graph.ainvoke({"items": ["more"], "n": 100}, config)
+        assert (await graph.aget_state(config)).values["items"] == [*history[0].values["items"], "more", "a100", "b101"]
+
+
+async def test_thread_expire_deletes_only_a_thread_still_idle_at_the_cutoff(conn: asyncpg.Connection) -> None:
+    t0 = 1_767_225_600_000
+    timed = [
+        TimedCheckpointEvent(put("idle", 1), t0),
+        TimedCheckpointEvent(put("busy", 1), t0),
+        TimedCheckpointEvent(writes("busy", 1, "task", [("c", b"x")]), t0 + 60_000),  # activity after the cutoff
+    ]
+    await apply(conn, items(timed))  # type: ignore[arg-type]
+    active = await conn.fetch("SELECT thread_id, last_active_at FROM gl.graphledger_thread_partitions ORDER BY 1")
+    assert [(r["thread_id"], int(r["last_active_at"].timestamp() * 1000)) for r in active] == [
+        ("busy", t0 + 60_000),
+        ("idle", t0),
+    ]
+    cutoff = t0 + 30_000
+    expiries = [TimedCheckpointEvent(ThreadExpire(t, cutoff), t0 + 90_000) for t in ("idle", "busy")]
+    await apply(conn, items(expiries, first_offset=3))  # type: ignore[arg-type]
+    assert await count(conn, "gl", "checkpoints", "thread_id = 'idle'") == 0
+    assert await count(conn, "gl", "graphledger_thread_partitions", "thread_id = 'idle'") == 0
+    assert await count(conn, "gl", "checkpoints", "thread_id = 'busy'") == 1
+    # Applying it again (a replay, or a repeat after a slow projector) changes nothing.
+    await apply(conn, items(expiries, first_offset=5))  # type: ignore[arg-type]
+    assert await count(conn, "gl", "checkpoints", "thread_id = 'busy'") == 1
+
+
+def test_a_prune_keep_and_a_thread_expire_are_validated() -> None:
+    assert ThreadPrune.from_payload({"thread_id": "t", "strategy": "keep_latest"}).keep == 1
+    assert ThreadPrune("t", "keep_latest", 4).to_payload()["keep"] == 4
+    for bad in (0, -1, True, 1.5, "2"):
+        with pytest.raises(InvalidEventError, match="prune keep"):
+            ThreadPrune.from_payload({"thread_id": "t", "strategy": "keep_latest", "keep": bad})
+    with pytest.raises(InvalidEventError, match="idle_before_ms"):
+        ThreadExpire.from_payload({"thread_id": "t", "idle_before_ms": -5})

@@ -19,7 +19,7 @@ from graphledger_server.cli import SERVER_EXTRA_MESSAGE, OneLineFormatter
 from graphledger_server.devstack.broker import EmbeddedBroker
 from graphledger_server.devstack.ports import wait_until
 from graphledger_server.settings_doc import current_block, render_table
-from graphledger_server.sweeper.main import IDLE_MESSAGE
+from graphledger_server.sweeper.main import START_MESSAGE
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND_TIMEOUT_S = 120
@@ -141,20 +141,20 @@ def test_exit_after_demo_needs_demo() -> None:
     assert "--exit-after-demo needs --demo" in result.stderr
 
 
-def test_sweeper_idles_until_sigterm(tmp_path: Path) -> None:
+def test_sweeper_stands_by_without_a_database_until_sigterm(tmp_path: Path) -> None:
     log_path = tmp_path / "sweeper.log"
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "graphledger_server", "sweeper"],
-            env=clean_env(),
+            env=clean_env(postgres_dsn=f"postgresql://postgres@/postgres?host={tmp_path}", sweeper_interval_s="0.2"),
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )
     try:
         wait_until(
-            lambda: process.poll() is not None or IDLE_MESSAGE in log_path.read_text(),
+            lambda: process.poll() is not None or "standing by until the next try" in log_path.read_text(),
             COMMAND_TIMEOUT_S,
-            "the sweeper's start message",
+            "the sweeper to start and stand by (no database)",
         )
         assert process.poll() is None, log_path.read_text()
         process.send_signal(signal.SIGTERM)
@@ -164,9 +164,9 @@ def test_sweeper_idles_until_sigterm(tmp_path: Path) -> None:
             process.kill()
             process.wait()
     lines = log_path.read_text().splitlines()
-    start = json.loads(next(line for line in lines if IDLE_MESSAGE in line))  # services log JSON lines
+    start = json.loads(next(line for line in lines if START_MESSAGE in line))  # services log JSON lines
     assert (start["level"], start["logger"]) == ("INFO", "graphledger_server.sweeper.main")
-    assert start["message"] == IDLE_MESSAGE
+    assert start["message"] == START_MESSAGE
 
 
 def test_log_records_are_one_line_each() -> None:

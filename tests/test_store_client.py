@@ -35,7 +35,7 @@ from graphledger.embeddings import HashEmbedder
 from graphledger.errors import InvalidEventError, InvalidInputError, ReadApiError
 from graphledger.events import store_event, to_envelope
 from graphledger.events.envelope import decode, encode, new_envelope
-from graphledger.events.store import StoreDelete, StorePut, store_key
+from graphledger.events.store import StoreDelete, StorePut, StoreRefresh, store_key
 from graphledger.events.topics import ensure_topics
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER, parse_token
@@ -359,14 +359,30 @@ async def test_other_bad_ops_fail_the_whole_batch_before_anything_happens(
     assert api.requests == []
 
 
-async def test_ttl_is_refused_as_basestore_refuses_it_when_unsupported(settings: Settings, store: KafkaStore) -> None:
+async def test_ttl_puts_carry_their_minutes_and_refreshing_reads_publish_coalesced_refreshes(
+    settings: Settings,
+) -> None:
     before = await _end_offsets(settings)
-    assert store.supports_ttl is False
-    with pytest.raises(NotImplementedError, match="TTL is not supported by KafkaStore"):
-        await store.aput(("ns",), "k", {"a": 1}, ttl=5)
-    with pytest.raises(NotImplementedError, match="TTL is not supported by KafkaStore"):
-        await asyncio.to_thread(store.put, ("ns",), "k", {"a": 1}, ttl=5)
-    assert await _end_offsets(settings) == before
+    hourly = settings.model_copy(update={"store_refresh_coalesce_s": 3600})
+    async with KafkaStore(hourly, ttl={"default_ttl": 2.5}) as store:
+        assert store.supports_ttl is True
+        await store.aput(("ns",), "default", {"a": 1})
+        await store.aput(("ns",), "short", {"a": 1}, ttl=0.02)
+        await asyncio.to_thread(store.put, ("ns",), "none", {"a": 1}, ttl=None)
+        for _ in range(3):  # refresh_on_read defaults to True with a TTL config: one refresh per window
+            await store.aget(("ns",), "hot")
+        await store.aget(("ns",), "quiet", refresh_ttl=False)
+        await store.asearch(("ns",))  # the fake API returns item ("ns", "x") / "a"
+    events = [e for _, _, e in await _events_since(settings, before)]
+    puts = {e.item_key: e.ttl_minutes for e in events if isinstance(e, StorePut)}
+    assert puts == {"default": 2.5, "short": 0.02, "none": None}
+    refreshed = sorted((e.namespace, e.item_key) for e in events if isinstance(e, StoreRefresh))
+    assert refreshed == [(("ns",), "hot"), (("ns", "x"), "a")]
+
+
+async def test_a_ttl_beyond_the_int_column_is_refused(store: KafkaStore) -> None:
+    with pytest.raises(InvalidInputError, match=r"ttl 3000000000\.0 minutes is beyond"):
+        await store.aput(("ns",), "k", {"a": 1}, ttl=3e9)
 
 
 async def test_an_embedder_with_the_wrong_dims_fails_before_publishing(settings: Settings, api: FakeReadApi) -> None:

@@ -23,6 +23,9 @@ DEFAULT_BATCH_MAX_WAIT_MS = 2
 DEFAULT_FETCH_MAX_WAIT_MS = 10
 DEFAULT_API_PORT = 8080
 DEFAULT_API_POOL_TIMEOUT_S = 5.0
+DEFAULT_SWEEPER_INTERVAL_S = 60.0
+DEFAULT_SWEEPER_BATCH_SIZE = 500
+DEFAULT_STORE_REFRESH_COALESCE_S = 30.0
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -122,6 +125,36 @@ class Settings(BaseSettings):
     )
     store_hnsw_ef_search: int = Field(
         40, ge=1, le=1000, description="HNSW `ef_search` of the read API's index searches (recall vs latency)."
+    )
+
+    # TTL and retention: the sweeper's settings, and the store client's refresh coalescing (docs/retention.md).
+    sweeper_interval_s: float = Field(
+        DEFAULT_SWEEPER_INTERVAL_S,
+        gt=0,
+        description="Seconds between two sweeps of the active sweeper (and between a standby's tries to take over).",
+    )
+    sweeper_batch_size: int = Field(
+        DEFAULT_SWEEPER_BATCH_SIZE,
+        ge=1,
+        le=100_000,
+        description="Most items or threads one sweeper query selects (and one round of expiry events covers).",
+    )
+    thread_ttl_minutes: float | None = Field(
+        None,
+        gt=0,
+        description="Thread TTL: threads without a checkpoint or write for this long are deleted; unset: off.",
+    )
+    checkpoint_keep_last: int | None = Field(
+        None,
+        ge=1,
+        description="Keep-last-N retention: each thread namespace keeps its newest N checkpoints (plus what a "
+        "DeltaChannel needs); unset: off.",
+    )
+    store_refresh_coalesce_s: float = Field(
+        DEFAULT_STORE_REFRESH_COALESCE_S,
+        ge=0,
+        description="A KafkaStore refreshes one item's TTL on read at most once per this many seconds (keep it "
+        "well below the shortest TTL); 0: every read.",
     )
 
     # Telemetry of the services (traces and OTLP metrics are configured by the standard OTEL_* variables).

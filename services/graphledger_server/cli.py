@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in (
         ("projector", "consume the topics and apply events to the Postgres projection"),
         ("api", "serve the HTTP read API"),
-        ("sweeper", "TTL and retention sweeper (not implemented yet: idles)"),
+        ("sweeper", "TTL and retention sweeper: publishes expiry events; one active replica"),
     ):
         commands.add_parser(name, help=help_text).set_defaults(run=_service)
     return parser

@@ -6,6 +6,11 @@ again. A batch reads first (one `POST /v1/store/batch` for all its gets, searche
 then publishes its puts and deletes, so, as in `InMemoryStore` and `AsyncPostgresStore`, a batch's
 reads do not see its own writes; later reads do (they carry the consistency token).
 
+TTL (`TTLConfig`, per-put `ttl`, per-read `refresh_ttl`) works as in the official stores, with the
+refresh going through the log: a read with `refresh_ttl` publishes a `store.refresh` for each item
+it returned (at most one per item per `store_refresh_coalesce_s`), and the projector restarts the
+item's TTL at that event's time. Expired items are never returned; the sweeper deletes them.
+
 Async callers get LangGraph's `AsyncBatchedBaseStore` behaviour: the ops awaited in the same tick
 of an event loop run as one batch, identical reads are asked once and a later put to the same key
 wins. `AsyncBatchedBaseStore` itself does not fit: it binds to the loop running at construction,
@@ -45,6 +50,7 @@ from langgraph.store.base import (
 )
 from langgraph.store.base.batch import _dedupe_ops
 
+from graphledger.client.refresh import RefreshCoalescer, Target
 from graphledger.client.runtime import ClientLifecycle, ClientRuntime
 from graphledger.client.store_values import (
     Constant,
@@ -57,7 +63,7 @@ from graphledger.client.store_values import (
     tokenized_fields,
 )
 from graphledger.errors import InvalidInputError
-from graphledger.events.store import StoreDelete, StorePut
+from graphledger.events.store import StoreDelete, StorePut, StoreRefresh
 from graphledger.settings import Settings
 
 STORE_BATCH_PATH = "/v1/store/batch"
@@ -67,12 +73,13 @@ class KafkaStore(ClientLifecycle, BaseStore):
     """Store for `graph.compile(store=...)`, sync and async, through graphledger.
 
     `index` is LangGraph's `IndexConfig` (`dims`, `embed`: a LangChain `Embeddings`, a sync or an
-    async function, `fields`: default `["$"]`). TTL is not supported yet (`supports_ttl` is False):
-    `put(..., ttl=...)` raises `NotImplementedError` as `BaseStore` does; a `ttl` config is kept.
+    async function, `fields`: default `["$"]`). `ttl` is LangGraph's `TTLConfig`: `default_ttl`
+    (minutes) for puts without `ttl`, `refresh_on_read` (default True) for reads without
+    `refresh_ttl`; `sweep_interval_minutes` is the sweeper service's business (`GRAPHLEDGER_SWEEPER_*`).
     Use it as a context manager, or call `close()` when done; it connects on first use.
     """
 
-    supports_ttl: bool = False
+    supports_ttl: bool = True
 
     def __init__(
         self,
@@ -90,6 +97,7 @@ class KafkaStore(ClientLifecycle, BaseStore):
         if index is not None:
             self._configure_index(index)
         self._runtime = ClientRuntime(self.settings, name="graphledger-store")
+        self._refreshes = RefreshCoalescer(self.settings.store_refresh_coalesce_s)
         self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBatcher] = weakref.WeakKeyDictionary()
         self._batchers_lock = threading.Lock()
 
@@ -118,7 +126,8 @@ class KafkaStore(ClientLifecycle, BaseStore):
         vectors, queries = self._embed(plan.texts, plan.queries)
         answer = self._runtime.read(STORE_BATCH_PATH, plan.read_body(queries)) if plan.reads else None
         results = plan.results(answer)  # a malformed answer fails before anything is published
-        self._runtime.publish_many(self.settings.store_topic, plan.events(vectors))
+        events = [*plan.events(vectors), *self._refresh_events(plan, results)]
+        self._runtime.publish_many(self.settings.store_topic, events)
         return results
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
@@ -129,8 +138,16 @@ class KafkaStore(ClientLifecycle, BaseStore):
         vectors, queries = await self._aembed(plan.texts, plan.queries)
         answer = await self._runtime.aread(STORE_BATCH_PATH, plan.read_body(queries)) if plan.reads else None
         results = plan.results(answer)
-        await self._runtime.apublish_many(self.settings.store_topic, plan.events(vectors))
+        events = [*plan.events(vectors), *self._refresh_events(plan, results)]
+        await self._runtime.apublish_many(self.settings.store_topic, events)
         return results
+
+    def _refresh_events(self, plan: _Plan, results: Sequence[Result]) -> list[StoreRefresh]:
+        """`store.refresh` for the items the batch's `refresh_ttl` reads returned, coalesced; an item
+        the batch also writes needs none (a put restarts its TTL, a delete leaves nothing)."""
+        written = {(w.namespace, w.key) for w in plan.writes}
+        found = (t for t in plan.refreshed(results) if t not in written)
+        return [StoreRefresh(namespace, key) for namespace, key in self._refreshes.due(found)]
 
     def _prepare_all(self, ops: Iterable[Op]) -> list[Prepared]:
         return [prepare(op, index_fields=self._fields) for op in ops]
@@ -273,6 +290,17 @@ class _Plan:
 
     def events(self, vectors: dict[str, tuple[float, ...]]) -> list[StorePut | StoreDelete]:
         return [w.event(vectors) for w in self.writes]
+
+    def refreshed(self, results: Sequence[Result]) -> list[Target]:
+        """The items returned by reads with `refresh_ttl`, in order."""
+        out: list[Target] = []
+        for p, result in zip(self.prepared, results, strict=True):
+            if not (isinstance(p, PreparedRead) and p.refresh and result):
+                continue
+            for item in result if isinstance(result, list) else [result]:
+                if isinstance(item, Item):
+                    out.append((tuple(item.namespace), item.key))
+        return out
 
     def results(self, answer: Any) -> list[Result]:
         decoded = iter(decode_results(self.reads, answer) if self.reads else ())

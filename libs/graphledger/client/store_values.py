@@ -33,7 +33,7 @@ from langgraph.store.base import _validate_namespace_labels as validate_namespac
 
 from graphledger.client.values import check_int_range
 from graphledger.errors import InvalidInputError, ReadApiError
-from graphledger.events.store import StoreDelete, StorePut, Vector
+from graphledger.events.store import MAX_TTL_MINUTES, StoreDelete, StorePut, Vector
 from graphledger.pg_text import unstorable
 
 FILTER_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
@@ -80,6 +80,8 @@ class PreparedRead:
     kind: Literal["get", "search", "list_namespaces"]
     body: dict[str, Any]
     query: str | None = None
+    refresh: bool = False
+    """`refresh_ttl`: the items it returns get a `store.refresh` event."""
 
 
 @dataclass(slots=True)
@@ -99,9 +101,13 @@ def prepare(op: Op, *, index_fields: list[TokenizedField] | None) -> Prepared:
         return _prepare_put(op, index_fields)
     if isinstance(op, GetOp):
         namespace = _namespace_labels(op.namespace)
-        return PreparedRead("get", {"op": "get", "namespace": list(namespace), "key": _key(op.key)})
+        body = {"op": "get", "namespace": list(namespace), "key": _key(op.key)}
+        return PreparedRead("get", body, refresh=bool(op.refresh_ttl))
     if isinstance(op, SearchOp):
-        return _prepare_search(op, has_index=index_fields is not None)
+        read = _prepare_search(op, has_index=index_fields is not None)
+        if isinstance(read, PreparedRead):
+            read.refresh = bool(op.refresh_ttl)
+        return read
     if isinstance(op, ListNamespacesOp):
         return _prepare_list_namespaces(op)
     raise InvalidInputError(f"unknown store operation {type(op).__name__}")
@@ -142,6 +148,10 @@ def _prepare_put(op: PutOp, index_fields: list[TokenizedField] | None) -> Prepar
     ttl = op.ttl
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl)):
         raise InvalidInputError(f"ttl must be a finite number of minutes or None, got {ttl!r}")
+    if ttl is not None and abs(ttl) > MAX_TTL_MINUTES:
+        raise InvalidInputError(
+            f"ttl {ttl!r} minutes is beyond the store's ±{MAX_TTL_MINUTES} (its ttl_minutes is an INT)"
+        )
     index = op.index
     if index is not None and index is not False and not _is_path_list(index):
         raise InvalidInputError(f"index must be False, None or a list of field paths, got {index!r}")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from graphledger.errors import InvalidEventError
+from graphledger.events.envelope import MAX_EPOCH_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,31 +181,67 @@ class ThreadCopy:
 
 
 PRUNE_STRATEGIES = ("keep_latest", "delete")
+MAX_KEEP = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
 class ThreadPrune:
-    """`prune` of one thread: `keep_latest` keeps each namespace's newest checkpoint (and, for a thread
-    with DeltaChannels, the ancestors back to the snapshot its state is rebuilt from); `delete` drops all.
+    """`prune` of one thread: `keep_latest` keeps each namespace's newest `keep` checkpoints (and, for
+    a thread with DeltaChannels, the ancestors back to the snapshot each one's state is rebuilt from);
+    `delete` drops all. `prune()` publishes `keep` 1; the sweeper's keep-last-N retention publishes N.
     """
 
     TYPE: ClassVar[str] = "thread.prune"
     thread_id: str
     strategy: str
+    keep: int = 1
 
     @property
     def key(self) -> str:
         return self.thread_id
 
     def to_payload(self) -> dict[str, Any]:
-        return {"thread_id": self.thread_id, "strategy": self.strategy}
+        payload: dict[str, Any] = {"thread_id": self.thread_id, "strategy": self.strategy}
+        if self.keep != 1:
+            payload["keep"] = self.keep
+        return payload
 
     @classmethod
     def from_payload(cls, p: dict[str, Any]) -> ThreadPrune:
         strategy = _field_str(p, "strategy")
         if strategy not in PRUNE_STRATEGIES:
             raise InvalidEventError(f"prune strategy {strategy!r} is not one of {PRUNE_STRATEGIES}")
-        return cls(_field_str(p, "thread_id", nonempty=True), strategy)
+        keep = p.get("keep", 1)
+        if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= MAX_KEEP:
+            raise InvalidEventError(f"prune keep {keep!r} is not an integer from 1 to {MAX_KEEP}")
+        return cls(_field_str(p, "thread_id", nonempty=True), strategy, keep)
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadExpire:
+    """The sweeper's thread TTL, conditional: it deletes the thread (as `delete_thread`) only if the
+    thread's last activity is still at or before `idle_before_ms` when the event applies, so a write
+    that landed after the sweeper's decision keeps the thread.
+    """
+
+    TYPE: ClassVar[str] = "thread.expire"
+    thread_id: str
+    idle_before_ms: int
+    """The cutoff (ms since the epoch): now minus the thread TTL, at the sweeper's decision."""
+
+    @property
+    def key(self) -> str:
+        return self.thread_id
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"thread_id": self.thread_id, "idle_before_ms": self.idle_before_ms}
+
+    @classmethod
+    def from_payload(cls, p: dict[str, Any]) -> ThreadExpire:
+        cutoff = p.get("idle_before_ms")
+        if isinstance(cutoff, bool) or not isinstance(cutoff, int) or not 0 <= cutoff <= MAX_EPOCH_MS:
+            raise InvalidEventError(f"idle_before_ms {cutoff!r} is not a time in ms between 1970 and 9999")
+        return cls(_field_str(p, "thread_id", nonempty=True), cutoff)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,10 +269,11 @@ class RunsDelete:
         return cls(tuple(run_ids))
 
 
-CheckpointEvent = CheckpointPut | CheckpointWrites | ThreadDelete | ThreadCopy | ThreadPrune | RunsDelete
+CheckpointEvent = CheckpointPut | CheckpointWrites | ThreadDelete | ThreadCopy | ThreadPrune | ThreadExpire | RunsDelete
 
 CHECKPOINT_EVENT_TYPES: dict[str, type[CheckpointEvent]] = {
-    cls.TYPE: cls for cls in (CheckpointPut, CheckpointWrites, ThreadDelete, ThreadCopy, ThreadPrune, RunsDelete)
+    cls.TYPE: cls
+    for cls in (CheckpointPut, CheckpointWrites, ThreadDelete, ThreadCopy, ThreadPrune, ThreadExpire, RunsDelete)
 }
 
 

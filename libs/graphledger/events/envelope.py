@@ -24,6 +24,9 @@ from graphledger.errors import InvalidEventError, UnknownEventVersionError
 
 SCHEMA_VERSION = 1
 
+MAX_EPOCH_MS = 253_402_300_799_999
+"""9999-12-31T23:59:59.999Z: later event times are a broken clock (and beyond what timestamptz holds)."""
+
 HEADER_TYPE = "gl-type"
 HEADER_VERSION = "gl-version"
 HEADER_CHUNK = "gl-chunk"

@@ -19,7 +19,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from graphledger.errors import InvalidEventError
+from graphledger.events.envelope import MAX_EPOCH_MS
 from graphledger.pg_text import unstorable
+
+MAX_TTL_MINUTES = 2**31 - 1
+"""`store.ttl_minutes` is an INT (int4), as in the official layout."""
 
 NAMESPACE_SEPARATOR = "\x1f"
 KEY_SEPARATOR = "\x1e"
@@ -97,9 +101,67 @@ class StoreDelete:
         return cls(_namespace(p), _item_key(p))
 
 
-StoreEvent = StorePut | StoreDelete
+@dataclass(frozen=True, slots=True)
+class StoreRefresh:
+    """A read with `refresh_ttl`: the item's TTL restarts at the envelope's producer time.
 
-STORE_EVENT_TYPES: dict[str, type[StoreEvent]] = {cls.TYPE: cls for cls in (StorePut, StoreDelete)}
+    Applies only to an item that has a TTL and is still live at that time; it never shortens a
+    lifetime. Published by the reading client, coalesced per item (`store_refresh_coalesce_s`).
+    """
+
+    TYPE: ClassVar[str] = "store.refresh"
+    namespace: tuple[str, ...]
+    item_key: str
+
+    @property
+    def key(self) -> str:
+        return store_key(self.namespace, self.item_key)
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"namespace": list(self.namespace), "key": self.item_key}
+
+    @classmethod
+    def from_payload(cls, p: dict[str, Any]) -> StoreRefresh:
+        return cls(_namespace(p), _item_key(p))
+
+
+@dataclass(frozen=True, slots=True)
+class StoreExpire:
+    """The sweeper's expiry of one item, conditional: it deletes the item only if the item's
+    `expires_at` is still at or before `at_ms` when the event applies, so a put or refresh that
+    landed after the sweeper's decision keeps the item.
+    """
+
+    TYPE: ClassVar[str] = "store.expire"
+    namespace: tuple[str, ...]
+    item_key: str
+    at_ms: int
+    """The sweeper's decision time (ms since the epoch): what counts as expired."""
+
+    @property
+    def key(self) -> str:
+        return store_key(self.namespace, self.item_key)
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"namespace": list(self.namespace), "key": self.item_key, "at_ms": self.at_ms}
+
+    @classmethod
+    def from_payload(cls, p: dict[str, Any]) -> StoreExpire:
+        return cls(_namespace(p), _item_key(p), epoch_ms(p.get("at_ms"), "at_ms"))
+
+
+StoreEvent = StorePut | StoreDelete | StoreRefresh | StoreExpire
+
+STORE_EVENT_TYPES: dict[str, type[StoreEvent]] = {
+    cls.TYPE: cls for cls in (StorePut, StoreDelete, StoreRefresh, StoreExpire)
+}
+
+
+def epoch_ms(value: Any, name: str) -> int:
+    """A time carried in a payload, in ms since the epoch, within what a timestamptz holds."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_EPOCH_MS:
+        raise InvalidEventError(f"{name} {value!r} is not a time in ms between 1970 and 9999")
+    return value
 
 
 # -- validation helpers: each names the field and the bad value ------------------------------------

@@ -29,14 +29,29 @@ from graphledger.events.checkpoint import (
     RunsDelete,
     ThreadCopy,
     ThreadDelete,
+    ThreadExpire,
     ThreadPrune,
 )
-from graphledger.events.envelope import Envelope
+from graphledger.events.envelope import MAX_EPOCH_MS, Envelope
 from graphledger.projection import prune
 from graphledger.projection.sql import render
 
-BatchItem = tuple[str, int, int, CheckpointEvent]
-"""`(topic, partition, offset, event)`: one event at its position in the log."""
+
+@dataclass(frozen=True, slots=True)
+class TimedCheckpointEvent:
+    """A checkpoint event with its envelope's producer time (ms): a thread's activity time."""
+
+    event: CheckpointEvent
+    ts_ms: int
+
+    @property
+    def TYPE(self) -> str:
+        return self.event.TYPE
+
+
+BatchItem = tuple[str, int, int, CheckpointEvent | TimedCheckpointEvent]
+"""`(topic, partition, offset, event)`: one event at its position in the log (untimed events, as
+tests build them, record no thread activity)."""
 
 # --- data runs --------------------------------------------------------------------------------------
 
@@ -84,13 +99,31 @@ ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SE
     blob = EXCLUDED.blob
 """
 
-# $1..$3 -> unnest(thread_id, topic, partition). The WHERE skips rewriting unchanged rows, which
-# would otherwise leave a dead tuple per thread per batch.
+# $1..$4 -> unnest(thread_id, topic, partition, ts_ms): ts_ms is the newest producer time of the
+# thread's events in the run (null: no activity, e.g. a prune), kept as the greatest ever seen, so a
+# replay in any batching writes the same value. The WHERE skips rewriting unchanged rows, which would
+# otherwise leave a dead tuple per thread per batch.
 UPSERT_THREAD_PARTITIONS_SQL = """
-INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, partition)
-SELECT * FROM unnest($1::text[], $2::text[], $3::int[])
-ON CONFLICT (thread_id) DO UPDATE SET topic = EXCLUDED.topic, partition = EXCLUDED.partition
+INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, partition, last_active_at)
+SELECT u.thread_id, u.topic, u.partition, 'epoch'::timestamptz + u.ts_ms * interval '1 millisecond'
+FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[]) AS u(thread_id, topic, partition, ts_ms)
+ON CONFLICT (thread_id) DO UPDATE SET
+    topic = EXCLUDED.topic,
+    partition = EXCLUDED.partition,
+    last_active_at = greatest(tp.last_active_at, EXCLUDED.last_active_at)
 WHERE (tp.topic, tp.partition) IS DISTINCT FROM (EXCLUDED.topic, EXCLUDED.partition)
+   OR EXCLUDED.last_active_at > tp.last_active_at
+   OR (tp.last_active_at IS NULL AND EXCLUDED.last_active_at IS NOT NULL)
+"""
+
+# thread.expire: whether the thread is still idle at the sweeper's cutoff (no activity after it).
+# $1 -> thread id, $2 cutoff ms.
+THREAD_IDLE_SQL = """
+SELECT EXISTS (
+    SELECT 1 FROM {schema}.graphledger_thread_partitions
+    WHERE thread_id = $1::text
+      AND last_active_at <= 'epoch'::timestamptz + $2::bigint * interval '1 millisecond'
+)
 """
 
 # --- operations -------------------------------------------------------------------------------------
@@ -106,6 +139,7 @@ DELETE FROM {schema}.graphledger_thread_partitions WHERE thread_id = ANY($1::tex
 
 # copy_thread: the source's rows under the target id, keeping whatever the target already has
 # (a copy onto itself changes nothing; DISTINCT keeps its partition upsert from touching a row twice).
+# The target's last activity is the copy's time ($5, null without one); the source's stays.
 # $1 source, $2 target, $3 topic, $4 partition (the source's, which carried this event).
 COPY_THREAD_SQL = """
 WITH c AS (
@@ -126,10 +160,17 @@ WITH c AS (
     FROM {schema}.checkpoint_writes WHERE thread_id = $1::text
     ON CONFLICT DO NOTHING
 )
-INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, partition)
-SELECT DISTINCT t, $3::text, $4::int FROM unnest(ARRAY[$1::text, $2::text]) AS t
-ON CONFLICT (thread_id) DO UPDATE SET topic = EXCLUDED.topic, partition = EXCLUDED.partition
+INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, partition, last_active_at)
+SELECT DISTINCT t, $3::text, $4::int,
+       CASE WHEN t = $2::text THEN 'epoch'::timestamptz + $5::bigint * interval '1 millisecond' END
+FROM unnest(ARRAY[$1::text, $2::text]) AS t
+ON CONFLICT (thread_id) DO UPDATE SET
+    topic = EXCLUDED.topic,
+    partition = EXCLUDED.partition,
+    last_active_at = greatest(tp.last_active_at, EXCLUDED.last_active_at)
 WHERE (tp.topic, tp.partition) IS DISTINCT FROM (EXCLUDED.topic, EXCLUDED.partition)
+   OR EXCLUDED.last_active_at > tp.last_active_at
+   OR (tp.last_active_at IS NULL AND EXCLUDED.last_active_at IS NOT NULL)
 """
 
 # delete_for_runs, one partition's copy: checkpoints of this partition's threads whose metadata
@@ -242,6 +283,7 @@ class CopyThread:
     target: str
     topic: str
     partition: int
+    ts_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +291,15 @@ class PruneKeepLatest:
     thread_id: str
     topic: str
     partition: int
+    keep: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireThread:
+    """`thread.expire`: delete the thread if it is still idle at the cutoff."""
+
+    thread_id: str
+    idle_before_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +309,7 @@ class DeleteRuns:
     partition: int
 
 
-Step = DataRun | DeleteThreads | CopyThread | PruneKeepLatest | DeleteRuns
+Step = DataRun | DeleteThreads | CopyThread | PruneKeepLatest | ExpireThread | DeleteRuns
 
 
 @dataclass(slots=True)
@@ -268,13 +319,20 @@ class _RunBuilder:
     checkpoints: dict[tuple[str, str, str], list[Any]] = field(default_factory=dict)
     blobs: dict[tuple[str, str, str, str], tuple[Any, ...]] = field(default_factory=dict)
     writes: dict[tuple[str, str, str, str, int], list[Any]] = field(default_factory=dict)
-    threads: dict[str, tuple[str, int]] = field(default_factory=dict)
+    threads: dict[str, tuple[str, int, int | None]] = field(default_factory=dict)
     events: int = 0
 
-    def put(self, topic: str, partition: int, e: CheckpointPut) -> None:
+    def touch(self, thread_id: str, topic: str, partition: int, ts_ms: int | None) -> None:
+        """The thread's partition, and its newest activity time in the run."""
+        seen = self.threads.get(thread_id)
+        if seen is not None and seen[2] is not None and (ts_ms is None or seen[2] > ts_ms):
+            ts_ms = seen[2]
+        self.threads[thread_id] = (topic, partition, ts_ms)
+
+    def put(self, topic: str, partition: int, e: CheckpointPut, ts_ms: int | None) -> None:
         self.events += 1
         thread_id, ns = e.thread_id, e.checkpoint_ns
-        self.threads[thread_id] = (topic, partition)
+        self.touch(thread_id, topic, partition, ts_ms)
         key = (thread_id, ns, e.checkpoint_id)
         row = self.checkpoints.get(key)
         if row is None:
@@ -291,10 +349,10 @@ class _RunBuilder:
             if bkey not in blobs:
                 blobs[bkey] = (thread_id, ns, b.channel, b.version, b.type, b.data)
 
-    def put_writes(self, topic: str, partition: int, e: CheckpointWrites) -> None:
+    def put_writes(self, topic: str, partition: int, e: CheckpointWrites, ts_ms: int | None) -> None:
         self.events += 1
         thread_id, ns, cid, task_id = e.thread_id, e.checkpoint_ns, e.checkpoint_id, e.task_id
-        self.threads[thread_id] = (topic, partition)
+        self.touch(thread_id, topic, partition, ts_ms)
         writes = self.writes
         for w in e.writes:
             key = (thread_id, ns, cid, task_id, w.idx)
@@ -313,7 +371,7 @@ class _RunBuilder:
             _columns(self.blobs.values(), 6),
             _columns(inserts, 9),
             _columns(upserts, 9),
-            _columns(((t, tp[0], tp[1]) for t, tp in self.threads.items()), 3),
+            _columns(((t, *tp) for t, tp in self.threads.items()), 4),
             self.events,
         )
 
@@ -339,16 +397,17 @@ def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
             steps.append(DeleteThreads(tuple(dict.fromkeys(deletes))))
             deletes.clear()
 
-    for topic, partition, _offset, event in items:
+    for topic, partition, _offset, item in items:
+        event, ts_ms = (item.event, item.ts_ms) if isinstance(item, TimedCheckpointEvent) else (item, None)
         if isinstance(event, CheckpointPut | CheckpointWrites):
             if deletes:
                 flush()
             if run is None:
                 run = _RunBuilder()
             if isinstance(event, CheckpointPut):
-                run.put(topic, partition, event)
+                run.put(topic, partition, event, ts_ms)
             else:
-                run.put_writes(topic, partition, event)
+                run.put_writes(topic, partition, event, ts_ms)
         elif isinstance(event, ThreadDelete) or (isinstance(event, ThreadPrune) and event.strategy == "delete"):
             if run is not None:
                 flush()
@@ -356,9 +415,11 @@ def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
         else:
             flush()
             if isinstance(event, ThreadCopy):
-                steps.append(CopyThread(event.source_thread_id, event.target_thread_id, topic, partition))
+                steps.append(CopyThread(event.source_thread_id, event.target_thread_id, topic, partition, ts_ms))
             elif isinstance(event, ThreadPrune):
-                steps.append(PruneKeepLatest(event.thread_id, topic, partition))
+                steps.append(PruneKeepLatest(event.thread_id, topic, partition, event.keep))
+            elif isinstance(event, ThreadExpire):
+                steps.append(ExpireThread(event.thread_id, event.idle_before_ms))
             elif isinstance(event, RunsDelete):
                 if event.run_ids:
                     steps.append(DeleteRuns(event.run_ids, topic, partition))
@@ -381,6 +442,7 @@ class CheckpointStatements:
         self.insert_writes = render(INSERT_WRITES_SQL, schema)
         self.upsert_writes = render(UPSERT_WRITES_SQL, schema)
         self.upsert_thread_partitions = render(UPSERT_THREAD_PARTITIONS_SQL, schema)
+        self.thread_idle = render(THREAD_IDLE_SQL, schema)
         self.delete_threads = render(DELETE_THREADS_SQL, schema)
         self.copy_thread = render(COPY_THREAD_SQL, schema)
         self.delete_runs = render(DELETE_RUNS_SQL, schema)
@@ -396,11 +458,14 @@ async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps
         elif isinstance(step, DeleteThreads):
             await conn.execute(sql.delete_threads, list(step.thread_ids))
         elif isinstance(step, CopyThread):
-            await conn.execute(sql.copy_thread, step.source, step.target, step.topic, step.partition)
+            await conn.execute(sql.copy_thread, step.source, step.target, step.topic, step.partition, step.ts_ms)
         elif isinstance(step, PruneKeepLatest):
-            await conn.execute(sql.upsert_thread_partitions, [step.thread_id], [step.topic], [step.partition])
-            freed = await prune.keep_latest(conn, sql.prune, step.thread_id)
+            await conn.execute(sql.upsert_thread_partitions, [step.thread_id], [step.topic], [step.partition], [None])
+            freed = await prune.keep_latest(conn, sql.prune, step.thread_id, step.keep)
             await gc_blobs(conn, sql, freed)
+        elif isinstance(step, ExpireThread):
+            if await conn.fetchval(sql.thread_idle, step.thread_id, step.idle_before_ms):
+                await conn.execute(sql.delete_threads, [step.thread_id])
         else:
             rows = await conn.fetch(sql.delete_runs, list(step.run_ids), step.topic, step.partition)
             await gc_blobs(conn, sql, [tuple(r) for r in rows])
@@ -440,8 +505,11 @@ class CheckpointProjection:
     def __init__(self, schema: str) -> None:
         self.sql = CheckpointStatements(schema)
 
-    def to_event(self, env: Envelope) -> CheckpointEvent:
-        return to_checkpoint_event(env)
+    def to_event(self, env: Envelope) -> TimedCheckpointEvent:
+        event = to_checkpoint_event(env)
+        if not 0 <= env.produced_ms <= MAX_EPOCH_MS:
+            raise InvalidEventError(f"envelope ts {env.produced_ms} ms is not a time between 1970 and 9999")
+        return TimedCheckpointEvent(event, env.produced_ms)
 
     async def apply(self, conn: asyncpg.Connection, items: Sequence[BatchItem]) -> None:
         await apply_steps(conn, self.sql, plan_batch(items))

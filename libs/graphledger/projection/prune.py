@@ -1,9 +1,10 @@
 """`thread.prune` with strategy `keep_latest`, as the official `_keep_latest` does it, DeltaChannel-safe.
 
-Per namespace the newest checkpoint (by checkpoint_id) is kept, with the parent a pre-v4 checkpoint
-reads its pending sends from; a subgraph call's namespace (a ':' in it) goes whole once the root
-checkpoint it started from is saved and not kept. Everything else goes with its writes; kept
-checkpoints whose parent went get a NULL parent; blobs no kept checkpoint references go.
+Per namespace the newest `keep` checkpoints (by checkpoint_id; `prune()` keeps 1, the sweeper's
+keep-last-N retention N) are kept, each with the parent a pre-v4 checkpoint reads its pending sends
+from; a subgraph call's namespace (a ':' in it) goes whole once the root checkpoint it started from is
+saved and not kept. Everything else goes with its writes; kept checkpoints whose parent went get a
+NULL parent; blobs no kept checkpoint references go.
 
 The official prune refuses threads with a `DeltaChannel`: such a channel stores no value at most
 checkpoints, and `get_delta_channel_history` rebuilds it by walking the head's ancestors (from its
@@ -16,7 +17,8 @@ Which channels to walk: those the head's `counters_since_delta_snapshot` lists (
 counter for every DeltaChannel not snapshotted at that checkpoint), less those the head stores itself
 or has no version of, as the loader (`_delta_channels_to_replay`) decides. A head marked only with
 LangGraph.js's `delta_writes_versioned` names no channels, so every unstored versioned channel is
-walked: keeping too much is safe, keeping too little loses state.
+walked: keeping too much is safe, keeping too little loses state. With `keep` N every kept
+checkpoint gets its own walk, so each one's state (`get_state` of any kept history entry) is unchanged.
 """
 
 from __future__ import annotations
@@ -40,13 +42,14 @@ _STORED = """(
     )
 )"""
 
-# Per namespace: the head, the parent it reads pending sends from when it predates v4, the root
-# checkpoint its subgraph call started from (and whether that is saved), and the channels whose
-# DeltaChannel history the head needs. $1 -> thread id.
+# Per namespace, the newest $2 checkpoints ("heads", rank 1 the newest): each one's parent it reads
+# pending sends from when it predates v4, the root checkpoint its subgraph call started from (and
+# whether that is saved), and the channels whose DeltaChannel history it needs. $1 -> thread id.
 HEADS_SQL = f"""
 SELECT
     h.checkpoint_ns,
     h.checkpoint_id AS head,
+    h.rank,
     c.parent_checkpoint_id AS parent,
     CASE WHEN (c.checkpoint ->> 'v')::int < 4 AND EXISTS (
         SELECT 1 FROM {{schema}}.checkpoint_writes w
@@ -73,10 +76,13 @@ SELECT
         ORDER BY k
     ) AS walk_channels
 FROM (
-    SELECT DISTINCT ON (checkpoint_ns) checkpoint_ns, checkpoint_id
-    FROM {{schema}}.checkpoints
-    WHERE thread_id = $1::text
-    ORDER BY checkpoint_ns DESC, checkpoint_id DESC
+    SELECT * FROM (
+        SELECT checkpoint_ns, checkpoint_id,
+               row_number() OVER (PARTITION BY checkpoint_ns ORDER BY checkpoint_id DESC) AS rank
+        FROM {{schema}}.checkpoints
+        WHERE thread_id = $1::text
+    ) AS ranked
+    WHERE rank <= $2::int
 ) AS h
 CROSS JOIN LATERAL (
     SELECT * FROM {{schema}}.checkpoints
@@ -169,30 +175,39 @@ def subgraph_calls(heads: Sequence[asyncpg.Record], kept: dict[str, set[str]]) -
     return sorted(
         h["checkpoint_ns"]
         for h in heads
-        if ":" in h["checkpoint_ns"] and h["root_saved"] and h["root"] not in root_kept
+        if h["rank"] == 1 and ":" in h["checkpoint_ns"] and h["root_saved"] and h["root"] not in root_kept
     )
 
 
-async def keep_latest(
-    conn: asyncpg.Connection, sql: PruneStatements, thread_id: str
-) -> list[tuple[str, str, str, str]]:
-    """Prune one thread; returns the `(thread_id, ns, channel, version)` its deleted checkpoints used.
-
-    The caller garbage-collects those blobs in a later statement, which sees the deletion.
-    """
-    heads = await conn.fetch(sql.heads, thread_id)
-    if not heads:
-        return []
+async def plan_keep(
+    conn: asyncpg.Connection, sql: PruneStatements, thread_id: str, keep: int = 1
+) -> tuple[dict[str, set[str]], list[str]]:
+    """What a `keep_latest` prune of `keep` keeps (read only): the checkpoint ids kept per namespace,
+    and the subgraph-call namespaces it deletes whole. Empty when the thread has no checkpoint."""
+    heads = await conn.fetch(sql.heads, thread_id, keep)
     kept: dict[str, set[str]] = {}
     for h in heads:
-        ids = {h["head"]}
+        ids = kept.setdefault(h["checkpoint_ns"], set())
+        ids.add(h["head"])
         if h["sends_parent"]:
             ids.add(h["sends_parent"])
         if h["walk_channels"] and h["parent"]:
             rows = await conn.fetch(sql.delta_walk, thread_id, h["checkpoint_ns"], h["parent"], h["walk_channels"])
             ids.update(r["checkpoint_id"] for r in rows)
-        kept[h["checkpoint_ns"]] = ids
-    calls = subgraph_calls(heads, kept)
+    return kept, subgraph_calls(heads, kept)
+
+
+async def keep_latest(
+    conn: asyncpg.Connection, sql: PruneStatements, thread_id: str, keep: int = 1
+) -> list[tuple[str, str, str, str]]:
+    """Prune one thread to its newest `keep` checkpoints per namespace; returns the
+    `(thread_id, ns, channel, version)` its deleted checkpoints used.
+
+    The caller garbage-collects those blobs in a later statement, which sees the deletion.
+    """
+    kept, calls = await plan_keep(conn, sql, thread_id, keep)
+    if not kept:
+        return []
     if calls:
         await conn.execute(sql.delete_namespaces, thread_id, calls)
     pruned = sorted(ns for ns in kept if ns not in calls)

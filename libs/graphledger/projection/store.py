@@ -12,6 +12,11 @@ Merging one item's events in log order:
   `vectors` null keep what is there (as both official stores do on `index=False`), unless a delete in
   the run removed it.
 
+`store.refresh` and `store.expire` depend on the row they find, so they apply after the puts before
+them (`plan_segments`): a refresh restarts the TTL at its event's time, an expire deletes only what
+is still expired at its decision time. Both compare event times, never `now()`, so a replay
+computes the same `expires_at` and removes the same items.
+
 Timestamps come from the envelope's producer time, never `now()`, so a replay writes identical rows,
 whatever its batch boundaries. Vector rows take the time of the put that wrote them for both
 `created_at` and `updated_at` (the official store keeps a vector row's `created_at` across re-puts,
@@ -30,8 +35,8 @@ import asyncpg
 
 from graphledger.errors import InvalidEventError
 from graphledger.events import store_event
-from graphledger.events.envelope import Envelope
-from graphledger.events.store import StoreDelete, StoreEvent, StorePut, Vector
+from graphledger.events.envelope import MAX_EPOCH_MS, Envelope
+from graphledger.events.store import MAX_TTL_MINUTES, StoreDelete, StoreEvent, StoreExpire, StorePut, Vector
 from graphledger.projection.sql import render
 from graphledger.projection.vector_index import (
     COMPONENT_MAX,
@@ -40,10 +45,6 @@ from graphledger.projection.vector_index import (
     load_vector_index,
 )
 
-MAX_TTL_MINUTES = 2**31 - 1
-"""`store.ttl_minutes` is an int4."""
-MAX_TS_MS = 253_402_300_799_999
-"""9999-12-31T23:59:59.999Z: later producer times are a broken clock, not an item's time."""
 MAX_KEY_BYTES = 2_600
 """prefix + key + field name: a btree index row (the primary keys) holds about 2,700 bytes."""
 
@@ -58,12 +59,13 @@ WITH deleted AS (
     USING unnest($1::text[], $2::text[]) AS d(prefix, key)
     WHERE s.prefix = d.prefix AND s.key = d.key
 )
-INSERT INTO {schema}.store AS s (prefix, key, value, created_at, updated_at, expires_at, ttl_minutes)
+INSERT INTO {schema}.store AS s
+    (prefix, key, value, created_at, updated_at, expires_at, ttl_minutes, graphledger_ttl_minutes)
 SELECT u.prefix, u.key, u.value::jsonb,
        'epoch'::timestamptz + u.created_ms * interval '1 millisecond',
        'epoch'::timestamptz + u.ts_ms * interval '1 millisecond',
        'epoch'::timestamptz + u.ts_ms * interval '1 millisecond' + u.ttl * interval '1 minute',
-       u.ttl::int
+       u.ttl::int, u.ttl
 FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::float8[])
     AS u(prefix, key, value, ts_ms, created_ms, ttl)
 ON CONFLICT (prefix, key) DO UPDATE SET
@@ -74,7 +76,33 @@ ON CONFLICT (prefix, key) DO UPDATE SET
     END,
     updated_at = EXCLUDED.updated_at,
     expires_at = EXCLUDED.expires_at,
-    ttl_minutes = EXCLUDED.ttl_minutes
+    ttl_minutes = EXCLUDED.ttl_minutes,
+    graphledger_ttl_minutes = EXCLUDED.graphledger_ttl_minutes
+"""
+
+# store.refresh: the TTL restarts at the event's time, for items with a TTL still live then; never
+# shorter (a later put's lifetime stays). The exact TTL, else the official INT one (rows written
+# before migration 0003). $1..$3 -> unnest(prefix, key, ts_ms), distinct items.
+REFRESH_SQL = """
+UPDATE {schema}.store s
+SET expires_at = greatest(
+    s.expires_at,
+    'epoch'::timestamptz + u.ts_ms * interval '1 millisecond'
+        + coalesce(s.graphledger_ttl_minutes, s.ttl_minutes) * interval '1 minute'
+)
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(prefix, key, ts_ms)
+WHERE s.prefix = u.prefix AND s.key = u.key
+  AND s.expires_at > 'epoch'::timestamptz + u.ts_ms * interval '1 millisecond'
+"""
+
+# store.expire: the item (and, by cascade, its vectors) only if it is still expired at the sweeper's
+# decision time; a put or refresh applied since has moved expires_at past it, or cleared it.
+# $1..$3 -> unnest(prefix, key, at_ms), distinct items.
+EXPIRE_SQL = """
+DELETE FROM {schema}.store s
+USING unnest($1::text[], $2::text[], $3::bigint[]) AS u(prefix, key, at_ms)
+WHERE s.prefix = u.prefix AND s.key = u.key
+  AND s.expires_at <= 'epoch'::timestamptz + u.at_ms * interval '1 millisecond'
 """
 
 # The vector rows of items whose vectors are replaced: $1..$4 -> unnest(prefix, key, field_name, ts_ms)
@@ -154,11 +182,64 @@ class StoreRun:
     events: int = 0
 
 
+@dataclass(slots=True)
+class Maintenance:
+    """Consecutive refresh and expire events of distinct items (they commute): two statements."""
+
+    refreshes: list[list[Any]] = field(default_factory=lambda: [[], [], []])
+    expires: list[list[Any]] = field(default_factory=lambda: [[], [], []])
+    items: set[tuple[str, str]] = field(default_factory=set)
+
+
+Segment = StoreRun | Maintenance
+
+
+def plan_segments(items: Sequence[tuple[str, int, int, TimedStoreEvent]]) -> list[Segment]:
+    """Cut a batch into runs of puts/deletes and of refresh/expire events, in log order (pure).
+
+    A refresh or an expire depends on the row it finds, so it waits for the puts before it; an item
+    met twice in one maintenance segment starts the next one, so each applies as in sequence.
+    """
+    segments: list[Segment] = []
+    data: list[tuple[str, int, int, TimedStoreEvent]] = []
+    upkeep: Maintenance | None = None
+    for item in items:
+        timed = item[3]
+        event = timed.event
+        if isinstance(event, StorePut | StoreDelete):
+            if upkeep is not None:
+                segments.append(upkeep)
+                upkeep = None
+            data.append(item)
+            continue
+        if data:
+            segments.append(plan_run(data))
+            data = []
+        target = (prefix_of(event.namespace), event.item_key)
+        if upkeep is None or target in upkeep.items:
+            if upkeep is not None:
+                segments.append(upkeep)
+            upkeep = Maintenance()
+        upkeep.items.add(target)
+        if isinstance(event, StoreExpire):
+            columns, when = upkeep.expires, event.at_ms
+        else:
+            columns, when = upkeep.refreshes, timed.ts_ms
+        for column, value in zip(columns, (*target, when), strict=True):
+            column.append(value)
+    if data:
+        segments.append(plan_run(data))
+    if upkeep is not None:
+        segments.append(upkeep)
+    return segments
+
+
 def plan_run(items: Sequence[tuple[str, int, int, TimedStoreEvent]]) -> StoreRun:
-    """Merge a run of store events per item (pure); `items` are in log order."""
+    """Merge a run of puts and deletes per item (pure); `items` are in log order."""
     merged: dict[tuple[str, str], _Merged] = {}
     for _topic, _partition, _offset, timed in items:
         event, ts = timed.event, timed.ts_ms
+        assert isinstance(event, StorePut | StoreDelete), "refresh and expire are planned by plan_segments"
         item = (prefix_of(event.namespace), event.item_key)
         current = merged.get(item)
         if isinstance(event, StoreDelete):
@@ -207,6 +288,8 @@ class StoreProjection:
     def __init__(self, schema: str) -> None:
         self.schema = schema
         self.apply_items_sql = render(APPLY_ITEMS_SQL, schema)
+        self.refresh_sql = render(REFRESH_SQL, schema)
+        self.expire_sql = render(EXPIRE_SQL, schema)
         self.index: VectorIndex | None = None
         self._replace_vectors_sql: str | None = None
         self._prepared = False
@@ -227,7 +310,7 @@ class StoreProjection:
         if not self._prepared:
             raise RuntimeError("StoreProjection.prepare() was not awaited before the first event")
         event = store_event(env)
-        if not 0 <= env.produced_ms <= MAX_TS_MS:
+        if not 0 <= env.produced_ms <= MAX_EPOCH_MS:
             raise InvalidEventError(f"envelope ts {env.produced_ms} ms is not a time between 1970 and 9999")
         prefix_bytes = len(prefix_of(event.namespace).encode()) + len(event.item_key.encode())
         if isinstance(event, StorePut):
@@ -264,7 +347,18 @@ class StoreProjection:
 
     async def apply(self, conn: asyncpg.Connection, items: Sequence[tuple[str, int, int, TimedStoreEvent]]) -> None:
         """Apply a batch's store events inside the caller's transaction."""
-        await apply_run(conn, self, plan_run(items))
+        for segment in plan_segments(items):
+            if isinstance(segment, StoreRun):
+                await apply_run(conn, self, segment)
+            else:
+                await apply_maintenance(conn, self, segment)
+
+
+async def apply_maintenance(conn: asyncpg.Connection, projection: StoreProjection, upkeep: Maintenance) -> None:
+    if upkeep.refreshes[0]:
+        await conn.execute(projection.refresh_sql, *upkeep.refreshes)
+    if upkeep.expires[0]:
+        await conn.execute(projection.expire_sql, *upkeep.expires)
 
 
 async def apply_run(conn: asyncpg.Connection, projection: StoreProjection, run: StoreRun) -> None:

@@ -226,14 +226,34 @@ API_STORE_SEARCH_DURATION = MetricSpec(
     buckets=SECONDS_BUCKETS,
 )
 
-# -- sweeper and replay (declared before the features land, so dashboards and alerts can) -----------
+# -- sweeper --------------------------------------------------------------------------------------------
 SWEEPER_EXPIRATIONS = MetricSpec(
     "graphledger.sweeper.expirations",
     "counter",
     "{item}",
-    "Expiry events the sweeper published (0 until TTL sweeping lands).",
+    "Expiry and retention events the sweeper published, by kind (store_item, idle_thread, old_checkpoints); "
+    "each removes what is still due when the projector applies it.",
+    names.SWEEPER_SCOPE,
+    (names.SWEEP_KIND,),
+)
+SWEEPER_SWEEP_DURATION = MetricSpec(
+    "graphledger.sweeper.sweep.duration",
+    "histogram",
+    "s",
+    "Time of one sweep by the active sweeper: finding due items and threads, publishing, waiting for the "
+    "projector to apply them.",
+    names.SWEEPER_SCOPE,
+    buckets=SECONDS_BUCKETS,
+)
+SWEEPER_ACTIVE = MetricSpec(
+    "graphledger.sweeper.active",
+    "gauge",
+    "1",
+    "1 while this sweeper replica holds the Postgres advisory lock and sweeps, 0 while it stands by.",
     names.SWEEPER_SCOPE,
 )
+
+# -- replay (declared before the feature lands, so dashboards and alerts can) -----------------------
 REPLAY_PROGRESS = MetricSpec(
     "graphledger.replay.progress",
     "gauge",
@@ -260,6 +280,8 @@ REGISTRY: tuple[MetricSpec, ...] = (
     API_CONSISTENCY_TIMEOUTS,
     API_STORE_SEARCH_DURATION,
     SWEEPER_EXPIRATIONS,
+    SWEEPER_SWEEP_DURATION,
+    SWEEPER_ACTIVE,
     REPLAY_PROGRESS,
 )
 """Every metric graphledger's processes can emit."""

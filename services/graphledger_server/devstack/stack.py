@@ -324,7 +324,7 @@ class DevStack:
             f"with {settings.topic_partitions} partitions",
             f"  projector  {pid('projector'):<12} group {settings.projector_group_id}, log {log_of('projector')}",
             f"  read API   {pid('api'):<12} {settings.api_url}, log {log_of('api')}",
-            f"  sweeper    {pid('sweeper'):<12} idle until issue 4, log {log_of('sweeper')}",
+            f"  sweeper    {pid('sweeper'):<12} TTL and retention, log {log_of('sweeper')}",
         ]
         for name, url in self.metrics_urls().items():
             lines.append(f"  metrics of {name:<10} {url}")

@@ -1,1 +1,1 @@
-"""TTL and retention sweeper (issue 4). Until then it only idles, so the stack's process layout is final."""
+"""TTL and retention sweeper: finds what is due and publishes expiry events; the projector deletes."""

@@ -1,7 +1,9 @@
-"""`graphledger sweeper`: a placeholder process until TTL and retention sweeping land (issue 4).
+"""`graphledger sweeper`: TTL and retention sweeping, one active replica among any number.
 
-It runs so deployments and `graphledger dev` already have the sweeper's process in place, but it does no
-work and says so once; it pretends nothing. SIGTERM or SIGINT ends it with exit status 0.
+Every `sweeper_interval_s` a replica tries the advisory lock (`leader.py`); the one holding it
+sweeps (`sweep.py`), the others stand by and take over when it dies. A lost database or broker
+connection makes the replica stand by and retry at the next interval; it never exits on its own.
+SIGTERM or SIGINT ends it with exit status 0.
 """
 
 from __future__ import annotations
@@ -10,28 +12,99 @@ import asyncio
 import logging
 import signal
 
+import asyncpg
+from aiokafka.errors import KafkaError
+
 from graphledger import telemetry
+from graphledger.client.publisher import EventPublisher
+from graphledger.errors import PublishError
 from graphledger.settings import Settings
 from graphledger.telemetry import sweeper as sweeper_telemetry
+from graphledger_server.sweeper.leader import AdvisoryLeader
+from graphledger_server.sweeper.sweep import Sweep
 
 log = logging.getLogger(__name__)
 
-IDLE_MESSAGE = "sweeper: TTL and retention sweeping are not implemented yet (issue 4); idling"
+START_MESSAGE = "sweeper: started; sweeping whenever this replica holds the advisory lock"
+
+_RETRYABLE = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, PublishError, KafkaError, TimeoutError)
+
+
+class SweeperRunner:
+    """One sweeper replica: standby or active, with counts of what it did (for logs and tests)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.leader = AdvisoryLeader(settings.postgres_dsn, settings.postgres_schema)
+        self.publisher: EventPublisher | None = None
+        self.active = False
+        self.sweeps = 0
+        self.published: dict[str, int] = dict.fromkeys(sweeper_telemetry.KINDS, 0)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sweep or stand by every interval until `stop` is set; then release the lock."""
+        try:
+            while not stop.is_set():
+                await self.tick()
+                try:
+                    await asyncio.wait_for(stop.wait(), self.settings.sweeper_interval_s)
+                except TimeoutError:
+                    pass
+        finally:
+            await self.leader.release()
+            if self.publisher is not None:
+                await self.publisher.stop()
+            self._set_active(False)
+
+    async def tick(self) -> None:
+        """Take the lock if free; sweep once if held. Connection failures mean standing by for now."""
+        try:
+            conn = await self.leader.acquire()
+            self._set_active(conn is not None)
+            if conn is None:
+                return
+            if self.publisher is None:
+                publisher = EventPublisher(self.settings)
+                await publisher.start()
+                self.publisher = publisher
+            with sweeper_telemetry.sweep() as span:
+                report = await Sweep(self.settings, self.publisher).run(conn)
+                for kind, count in report.published.items():
+                    span.set_attribute(f"graphledger.sweep.{kind}", count)
+                    self.published[kind] += count
+            self.sweeps += 1
+            if any(report.published.values()):
+                log.info("sweeper: published %s", ", ".join(f"{n} {k}" for k, n in report.published.items() if n))
+        except _RETRYABLE as exc:
+            log.warning("sweeper: %s: %s; standing by until the next try", type(exc).__name__, exc)
+            await self.leader.release()
+            self._set_active(False)
+
+    def _set_active(self, active: bool) -> None:
+        if active != self.active:
+            log.info("sweeper: %s", "active (holding the advisory lock)" if active else "standing by")
+        self.active = active
+        sweeper_telemetry.active(active)
+
+
+async def run_sweeper(settings: Settings, stop: asyncio.Event) -> None:
+    """Run one replica until `stop` is set (for the CLI and tests)."""
+    await SweeperRunner(settings).run(stop)
 
 
 def main(settings: Settings) -> None:
-    """Log that nothing is swept yet, then wait for SIGTERM/SIGINT and return."""
+    """Entry point of `graphledger sweeper`: run until SIGTERM/SIGINT, then release the lock and return."""
     telemetry.setup("graphledger-sweeper", settings)
     sweeper_telemetry.started()
-    asyncio.run(_idle())  # settings: the sweep intervals will come from here
 
+    async def _run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        with sweeper_telemetry.root_span("sweeper start"):
+            log.info(START_MESSAGE)
+        await run_sweeper(settings, stop)
+        log.info("sweeper: stopped")
 
-async def _idle() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    with sweeper_telemetry.root_span("sweeper start"):
-        log.info(IDLE_MESSAGE)
-    await stop.wait()
-    log.info("sweeper: stopping")
+    asyncio.run(_run())

@@ -1,0 +1,192 @@
+"""One sweep: find what is due in bounded batches, publish conditional expiry events, wait for them.
+
+Three kinds, each paged by an index in batches of `sweeper_batch_size`, never one unbounded DELETE:
+- store items whose `expires_at` has passed: `store.expire` (deletes only what is still expired at
+  the sweep's time, so a put or refresh that lands first keeps the item);
+- threads idle longer than `thread_ttl_minutes`: `thread.expire` (deletes only a thread with no
+  activity after the cutoff, so a write that lands first keeps it);
+- threads with a namespace over `checkpoint_keep_last` checkpoints: `thread.prune` keep N (which
+  keeps whatever a DeltaChannel needs, so a thread whose extra checkpoints are all needed gets none).
+Times come from Postgres' clock (`now()`), the one the read API hides expired items by.
+
+After each page the sweeper waits until the projector has applied its events, so the next page (and
+the next sweep) does not find the same rows again; if the projector is slower than
+`sweep_wait_s`, a later sweep may publish an event twice, which applies as a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from graphledger.client.publisher import EventPublisher
+from graphledger.events import Event, to_envelope
+from graphledger.events.checkpoint import ThreadExpire, ThreadPrune
+from graphledger.events.store import StoreExpire
+from graphledger.projection import prune
+from graphledger.projection.sql import render
+from graphledger.settings import Settings
+from graphledger.telemetry import sweeper as telemetry
+
+log = logging.getLogger(__name__)
+
+NOW_MS_SQL = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+# Expired items after the cursor (expires_at, prefix, key; null: from the start), oldest first, by
+# idx_store_expires_at.
+# $1 now ms, $2..$4 cursor, $5 page size.
+EXPIRED_ITEMS_SQL = """
+SELECT prefix, key, expires_at FROM {schema}.store
+WHERE expires_at IS NOT NULL
+  AND expires_at <= 'epoch'::timestamptz + $1::bigint * interval '1 millisecond'
+  AND ($2::timestamptz IS NULL OR (expires_at, prefix, key) > ($2::timestamptz, $3::text, $4::text))
+ORDER BY expires_at, prefix, key
+LIMIT $5::int
+"""
+
+# Idle threads after the cursor (last_active_at, thread_id; null: from the start), by their last
+# activity's index.
+# $1 cutoff ms, $2/$3 cursor, $4 page size.
+IDLE_THREADS_SQL = """
+SELECT thread_id, last_active_at FROM {schema}.graphledger_thread_partitions
+WHERE last_active_at <= 'epoch'::timestamptz + $1::bigint * interval '1 millisecond'
+  AND ($2::timestamptz IS NULL OR (last_active_at, thread_id) > ($2::timestamptz, $3::text))
+ORDER BY last_active_at, thread_id
+LIMIT $4::int
+"""
+
+# A page of threads after the cursor, and which of their namespaces hold more than $3 checkpoints.
+# $1 cursor, $2 page size, $3 keep.
+THREAD_PAGE_SQL = """
+SELECT thread_id FROM {schema}.graphledger_thread_partitions
+WHERE thread_id > $1::text ORDER BY thread_id LIMIT $2::int
+"""
+OVER_KEEP_SQL = """
+SELECT thread_id, checkpoint_ns, count(*) AS checkpoints FROM {schema}.checkpoints
+WHERE thread_id = ANY($1::text[])
+GROUP BY thread_id, checkpoint_ns
+HAVING count(*) > $2::int
+"""
+
+# Whether the projector has applied every listed position. $1..$3 -> unnest(topic, partition, offset).
+APPLIED_SQL = """
+SELECT bool_and(coalesce(o.next_offset > u.off, false))
+FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(topic, partition, off)
+LEFT JOIN {schema}.graphledger_offsets o
+  ON o.consumer_group = $1::text AND o.topic = u.topic AND o.partition = u.partition
+"""
+
+MIN_SWEEP_WAIT_S = 30.0
+
+
+@dataclass(slots=True)
+class SweepReport:
+    """What one sweep published, by kind."""
+
+    published: dict[str, int] = field(default_factory=lambda: dict.fromkeys(telemetry.KINDS, 0))
+
+
+class Sweep:
+    """The sweep queries of one schema and the publishing of their events."""
+
+    def __init__(self, settings: Settings, publisher: EventPublisher) -> None:
+        self.settings = settings
+        self.publisher = publisher
+        schema = settings.postgres_schema
+        self._expired_items = render(EXPIRED_ITEMS_SQL, schema)
+        self._idle_threads = render(IDLE_THREADS_SQL, schema)
+        self._thread_page = render(THREAD_PAGE_SQL, schema)
+        self._over_keep = render(OVER_KEEP_SQL, schema)
+        self._applied = render(APPLIED_SQL, schema)
+        self._prune = prune.PruneStatements(schema)
+        # A page's events are waited for up to this long before the sweep moves on.
+        self.sweep_wait_s = max(MIN_SWEEP_WAIT_S, settings.sweeper_interval_s)
+
+    async def run(self, conn: asyncpg.Connection) -> SweepReport:
+        """One sweep on `conn` (the lock-holding session)."""
+        report = SweepReport()
+        now_ms = await conn.fetchval(NOW_MS_SQL)
+        await self._store_items(conn, now_ms, report)
+        if self.settings.thread_ttl_minutes is not None:
+            cutoff_ms = now_ms - int(self.settings.thread_ttl_minutes * 60_000)
+            await self._idle(conn, cutoff_ms, report)
+        if self.settings.checkpoint_keep_last is not None:
+            await self._keep_last(conn, self.settings.checkpoint_keep_last, report)
+        return report
+
+    async def _store_items(self, conn: asyncpg.Connection, now_ms: int, report: SweepReport) -> None:
+        cursor: tuple[object, str, str] = (None, "", "")
+        batch = self.settings.sweeper_batch_size
+        while True:
+            rows = await conn.fetch(self._expired_items, now_ms, *cursor, batch)
+            if not rows:
+                return
+            events = [StoreExpire(tuple(r["prefix"].split(".")), r["key"], now_ms) for r in rows]
+            await self._publish(conn, self.settings.store_topic, events, telemetry.STORE_ITEM, report)
+            last = rows[-1]
+            cursor = (last["expires_at"], last["prefix"], last["key"])
+            if len(rows) < batch:
+                return
+
+    async def _idle(self, conn: asyncpg.Connection, cutoff_ms: int, report: SweepReport) -> None:
+        cursor: tuple[object, str] = (None, "")
+        batch = self.settings.sweeper_batch_size
+        while True:
+            rows = await conn.fetch(self._idle_threads, cutoff_ms, *cursor, batch)
+            if not rows:
+                return
+            events = [ThreadExpire(r["thread_id"], cutoff_ms) for r in rows]
+            await self._publish(conn, self.settings.checkpoint_topic, events, telemetry.IDLE_THREAD, report)
+            cursor = (rows[-1]["last_active_at"], rows[-1]["thread_id"])
+            if len(rows) < batch:
+                return
+
+    async def _keep_last(self, conn: asyncpg.Connection, keep: int, report: SweepReport) -> None:
+        cursor = ""
+        batch = self.settings.sweeper_batch_size
+        while True:
+            page = [r["thread_id"] for r in await conn.fetch(self._thread_page, cursor, batch)]
+            if not page:
+                return
+            over: dict[str, dict[str, int]] = {}
+            for r in await conn.fetch(self._over_keep, page, keep):
+                over.setdefault(r["thread_id"], {})[r["checkpoint_ns"]] = r["checkpoints"]
+            due = [thread_id for thread_id, counts in over.items() if await self._prunes(conn, thread_id, keep, counts)]
+            if due:
+                events = [ThreadPrune(thread_id, "keep_latest", keep) for thread_id in due]
+                await self._publish(conn, self.settings.checkpoint_topic, events, telemetry.OLD_CHECKPOINTS, report)
+            cursor = page[-1]
+            if len(page) < batch:
+                return
+
+    async def _prunes(self, conn: asyncpg.Connection, thread_id: str, keep: int, counts: dict[str, int]) -> bool:
+        """Whether a keep-`keep` prune would delete anything (DeltaChannel ancestors may all be needed)."""
+        kept, calls = await prune.plan_keep(conn, self._prune, thread_id, keep)
+        return bool(calls) or any(n > len(kept.get(ns, ())) for ns, n in counts.items())
+
+    async def _publish(
+        self, conn: asyncpg.Connection, topic: str, events: list[Event], kind: str, report: SweepReport
+    ) -> None:
+        """Publish a page's events together, count them, and wait until the projector applied them."""
+        acked = await asyncio.gather(*(self.publisher.publish(topic, e.key, to_envelope(e)) for e in events))
+        telemetry.expired(kind, len(events))
+        report.published[kind] += len(events)
+        positions = [p for positions in acked for p in positions]
+        if not await self._wait_applied(conn, positions):
+            log.warning(
+                "sweeper: the projector did not apply %d %s events within %.0fs; moving on (a later sweep may "
+                "repeat some, which applies as a no-op)", len(events), kind, self.sweep_wait_s,
+            )  # fmt: skip
+
+    async def _wait_applied(self, conn: asyncpg.Connection, positions: list[tuple[str, int, int]]) -> bool:
+        columns = [list(c) for c in zip(*positions, strict=True)]
+        deadline = time.monotonic() + self.sweep_wait_s
+        while not await conn.fetchval(self._applied, self.settings.projector_group_id, *columns):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
