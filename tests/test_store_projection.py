@@ -256,6 +256,7 @@ ORDER BY table_name, ordinal_position
 INDEXES_SQL = """
 SELECT tablename, indexname, replace(replace(indexdef, $1 || '.', 'SCHEMA.'), 'public.', '') AS indexdef
 FROM pg_indexes WHERE schemaname = $1 AND tablename = ANY($2::text[])
+  AND indexname NOT LIKE 'graphledger\\_%'  -- our own indexes beside the official ones
 ORDER BY tablename, indexname
 """
 
