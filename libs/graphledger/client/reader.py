@@ -35,6 +35,19 @@ class ReadApiClient:
     async def close(self) -> None:
         await self._http.aclose()
 
+    async def whoami(self) -> str:
+        """The tenant the read API knows this client's token by ("" : none)."""
+        try:
+            response = await self._http.get("/v1/whoami")
+        except httpx.TransportError as exc:
+            raise ReadApiError(0, "unreachable", f"/v1/whoami: {exc or type(exc).__name__}", retryable=True) from exc
+        if response.status_code != 200:
+            raise _error("/v1/whoami", response)
+        tenant = ormsgpack.unpackb(response.content).get("tenant")
+        if not isinstance(tenant, str):
+            raise ReadApiError(response.status_code, "bad_answer", f"/v1/whoami answered tenant {tenant!r}")
+        return tenant
+
     async def call(
         self, path: str, body: dict[str, Any], token: dict[tuple[str, int], int], context: Context | None = None
     ) -> Any:
