@@ -50,7 +50,9 @@ async def projection(pg: Any) -> str:
     try:
         store = StoreProjection(SCHEMA)
         await store.prepare(conn)
-        applier = BatchApplier(SCHEMA, "limits", {TOPIC: CheckpointProjection(SCHEMA), STORE_TOPIC: store}, _no_dead_letters)
+        applier = BatchApplier(
+            SCHEMA, "limits", {TOPIC: CheckpointProjection(SCHEMA), STORE_TOPIC: store}, _no_dead_letters
+        )
         events = [put(THREAD, n, n - 1 if n > 1 else None) for n in range(1, CHECKPOINTS + 1)]
         events.append(put("big", 1, blobs={"payload": b"x" * BIG_BLOB}))
         records = [record(e, 0, i) for i, e in enumerate(events)]
@@ -74,7 +76,9 @@ async def running(dsn: str, **overrides: Any) -> AsyncIterator[tuple[Any, httpx.
             yield app, client
 
 
-async def post(client: httpx.AsyncClient, path: str, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
+async def post(
+    client: httpx.AsyncClient, path: str, body: Any, headers: dict[str, str] | None = None
+) -> httpx.Response:
     sent = {"Content-Type": MSGPACK, "Accept": MSGPACK, **(headers or {})}
     return await client.post(path, content=ormsgpack.packb(body), headers=sent)
 
@@ -99,7 +103,10 @@ async def test_a_request_body_over_the_limit_is_a_413(projection: str) -> None:
         for response in (declared, streamed):
             assert response.status_code == 413
             assert error(response)["error"] == "body_too_large"
-            assert "2048 bytes" in error(response)["message"] and "GRAPHLEDGER_API_MAX_BODY_BYTES" in error(response)["message"]
+            assert (
+                "2048 bytes" in error(response)["message"]
+                and "GRAPHLEDGER_API_MAX_BODY_BYTES" in error(response)["message"]
+            )
         assert (await post(client, "/v1/checkpoints/get", {"thread_id": "t"})).status_code == 200
 
 
@@ -113,7 +120,9 @@ async def test_a_list_matching_more_than_the_cap_is_a_413_and_pages_work(project
         page = error(await post(client, "/v1/checkpoints/list", {"thread_id": THREAD, "limit": 3}))["tuples"]
         assert len(page) == 3
         last = page[-1]["config"]["checkpoint_id"]
-        rest = await post(client, "/v1/checkpoints/list", {"thread_id": THREAD, "limit": 3, "before_checkpoint_id": last})
+        rest = await post(
+            client, "/v1/checkpoints/list", {"thread_id": THREAD, "limit": 3, "before_checkpoint_id": last}
+        )
         assert len(error(rest)["tuples"]) == CHECKPOINTS - 3
         # A limit above the cap is fine while fewer match.
         assert len(error(await post(client, "/v1/checkpoints/list", {"thread_id": "big", "limit": 100}))["tuples"]) == 1
@@ -125,10 +134,17 @@ async def test_a_store_search_or_listing_over_the_cap_is_a_413(projection: str) 
             {"op": "search", "namespace_prefix": ["docs"], "limit": 10},
             {"op": "list_namespaces", "limit": 10},
         ):
-            response = await post(client, "/v1/store/batch", {"ops": [{"op": "get", "namespace": ["docs"], "key": "k"}, op]})
+            response = await post(
+                client, "/v1/store/batch", {"ops": [{"op": "get", "namespace": ["docs"], "key": "k"}, op]}
+            )
             assert response.status_code == 413, op
-            assert error(response)["error"] == "result_too_large" and "ops.1 matches more than 3" in error(response)["message"]
-        fits = await post(client, "/v1/store/batch", {"ops": [{"op": "search", "namespace_prefix": ["docs"], "limit": 3}]})
+            assert (
+                error(response)["error"] == "result_too_large"
+                and "ops.1 matches more than 3" in error(response)["message"]
+            )
+        fits = await post(
+            client, "/v1/store/batch", {"ops": [{"op": "search", "namespace_prefix": ["docs"], "limit": 3}]}
+        )
         assert len(error(fits)["results"][0]) == 3
         listed = await post(client, "/v1/store/batch", {"ops": [{"op": "list_namespaces", "limit": 3, "offset": 3}]})
         assert error(listed)["results"][0] == [["docs", "n3"], ["docs", "n4"]]
@@ -148,7 +164,9 @@ async def test_consistency_waits_beyond_the_limit_are_503_with_retry_after(proje
     ahead = {CONSISTENCY_HEADER: f"{topic}:0:41"}  # the projector has not applied this yet
     async with running(projection, api_max_consistency_waits=2, consistency_timeout_s=60) as (app, client):
         offsets = app.state.api.offsets
-        waiting = [asyncio.create_task(post(client, "/v1/checkpoints/get", {"thread_id": THREAD}, ahead)) for _ in range(2)]
+        waiting = [
+            asyncio.create_task(post(client, "/v1/checkpoints/get", {"thread_id": THREAD}, ahead)) for _ in range(2)
+        ]
         deadline = time.monotonic() + 30
         while offsets.waiting < 2:
             assert time.monotonic() < deadline, "the two reads never started waiting"

@@ -205,7 +205,7 @@ def test_store_of_one_tenant_is_invisible_to_the_other(tenant_api: TenantApi) ->
 
 def test_token_hashes_are_checked_at_start() -> None:
     for bad in ("acme", "acme:1234", "a.b:" + "0" * 64, f"acme:{'0' * 64},globex:{'0' * 64}", " , "):
-        with pytest.raises(ValueError, match="api_token_hashes|tenant name"):
+        with pytest.raises(ValueError, match=r"api_token_hashes|tenant name"):
             create_app(Settings(api_token_hashes=SecretStr(bad)))
 
 

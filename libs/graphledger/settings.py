@@ -91,7 +91,11 @@ class Settings(BaseSettings):
     # Projector.
     projector_group_id: str = Field("graphledger-projector", description="Kafka consumer group of the projector.")
     batch_max_events: int = Field(DEFAULT_BATCH_MAX_EVENTS, ge=1, description="Most events in one apply batch.")
-    batch_max_bytes: int = Field(DEFAULT_BATCH_MAX_BYTES, ge=1024, description="Most record bytes in one batch.")
+    batch_max_bytes: int = Field(
+        DEFAULT_BATCH_MAX_BYTES,
+        ge=1024,
+        description="Most record bytes in one batch, and most bytes of stored chunks one batch reassembles.",
+    )
     batch_max_wait_ms: int = Field(
         DEFAULT_BATCH_MAX_WAIT_MS, ge=0, description="Longest a batch waits to fill before it is applied."
     )

@@ -22,7 +22,8 @@ def register(commands: Any) -> None:
         "hash",
         help="print `tenant:sha256hex` for the token on stdin",
         description="Read one token from stdin and print its GRAPHLEDGER_API_TOKEN_HASHES entry for TENANT; "
-        "join entries with commas. Make a token with e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`.",
+        "join entries with commas. Make a token with e.g. "
+        "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`.",
     )
     hash_cmd.add_argument("tenant", help="tenant name: 1-64 of A-Z a-z 0-9 _ -")
     hash_cmd.set_defaults(run=_hash)

@@ -125,12 +125,15 @@ async def list_tuples(request: Request) -> Response:
     cap = settings.api_max_result_items
     limit = cap + 1 if body.limit is None or body.limit > cap else body.limit
     saver = await _saver(request, tenant)
-    found = [t async for t in saver.alist(body.config(tenant.thread), filter=body.filter, before=body.before(), limit=limit)]
+    found = [
+        t async for t in saver.alist(body.config(tenant.thread), filter=body.filter, before=body.before(), limit=limit)
+    ]
     if len(found) > cap:
         raise ApiError(
             413,
             "result_too_large",
-            f"more than {cap} checkpoints match (GRAPHLEDGER_API_MAX_RESULT_ITEMS); page with limit and before_checkpoint_id",
+            f"more than {cap} checkpoints match (GRAPHLEDGER_API_MAX_RESULT_ITEMS); "
+            "page with limit and before_checkpoint_id",
         )
     return _answer(request, {"tuples": [_tuple(t, tenant) for t in found]})
 

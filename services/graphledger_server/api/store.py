@@ -78,7 +78,8 @@ async def store_batch(request: Request) -> Response:
             raise ApiError(
                 413,
                 "result_too_large",
-                f"ops.{i} matches more than {cap} results (GRAPHLEDGER_API_MAX_RESULT_ITEMS); page with limit and offset",
+                f"ops.{i} matches more than {cap} results (GRAPHLEDGER_API_MAX_RESULT_ITEMS); "
+                "page with limit and offset",
             )
     answer = {"results": tenant.store_results(ops, results)}
     return respond(request, answer, max_bytes=state.settings.api_max_response_bytes)
