@@ -26,6 +26,11 @@ DEFAULT_API_POOL_TIMEOUT_S = 5.0
 DEFAULT_SWEEPER_INTERVAL_S = 60.0
 DEFAULT_SWEEPER_BATCH_SIZE = 500
 DEFAULT_STORE_REFRESH_COALESCE_S = 30.0
+DEFAULT_MAX_INFLIGHT_BYTES = 256 * 1024 * 1024
+DEFAULT_API_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_API_MAX_RESPONSE_BYTES = 128 * 1024 * 1024  # above a 50 MB checkpoint as base64 JSON
+DEFAULT_API_MAX_RESULT_ITEMS = 10_000
+DEFAULT_API_MAX_CONSISTENCY_WAITS = 1_000
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -62,10 +67,20 @@ class Settings(BaseSettings):
     produce_timeout_s: float = Field(
         DEFAULT_PRODUCE_TIMEOUT_S, gt=0, description="Seconds a write waits for the broker's acknowledgement."
     )
+    max_inflight_bytes: int = Field(
+        DEFAULT_MAX_INFLIGHT_BYTES,
+        ge=1024,
+        description="Most event bytes one client holds unacknowledged; a write beyond it waits for room up to "
+        "`produce_timeout_s`, then fails (retryable). One event larger than this goes out alone.",
+    )
 
     # Read API, for the client.
     api_url: str = Field(f"http://127.0.0.1:{DEFAULT_API_PORT}", description="Base URL of the read API.")
-    api_token: SecretStr | None = Field(None, description="Bearer token sent to (and required by) the read API.")
+    api_token: SecretStr | None = Field(
+        None,
+        description="Bearer token the client sends to the read API. On the server, without `api_token_hashes`: "
+        "the one token accepted, for a tenant with no prefix (single-tenant).",
+    )
     consistency_timeout_s: float = Field(
         DEFAULT_CONSISTENCY_TIMEOUT_S,
         gt=0,
@@ -79,7 +94,11 @@ class Settings(BaseSettings):
     # Projector.
     projector_group_id: str = Field("graphledger-projector", description="Kafka consumer group of the projector.")
     batch_max_events: int = Field(DEFAULT_BATCH_MAX_EVENTS, ge=1, description="Most events in one apply batch.")
-    batch_max_bytes: int = Field(DEFAULT_BATCH_MAX_BYTES, ge=1024, description="Most record bytes in one batch.")
+    batch_max_bytes: int = Field(
+        DEFAULT_BATCH_MAX_BYTES,
+        ge=1024,
+        description="Most record bytes in one batch, and most bytes of stored chunks one batch reassembles.",
+    )
     batch_max_wait_ms: int = Field(
         DEFAULT_BATCH_MAX_WAIT_MS, ge=0, description="Longest a batch waits to fill before it is applied."
     )
@@ -94,6 +113,28 @@ class Settings(BaseSettings):
     # Read API server.
     api_host: str = Field("127.0.0.1", description="Address the read API listens on.")
     api_port: int = Field(DEFAULT_API_PORT, ge=0, le=65535, description="Port the read API listens on.")
+    api_token_hashes: SecretStr | None = Field(
+        None,
+        description="The read API's tokens, hashed: comma-separated `tenant:sha256hex` entries "
+        "(`graphledger token hash`). Set: each token reads only its tenant's data; `api_token` is then "
+        "only what a client sends.",
+    )
+    api_max_body_bytes: int = Field(
+        DEFAULT_API_MAX_BODY_BYTES, ge=1024, description="Largest read request body; larger is a 413."
+    )
+    api_max_response_bytes: int = Field(
+        DEFAULT_API_MAX_RESPONSE_BYTES, ge=1024, description="Largest read answer; larger is a 413 (page the read)."
+    )
+    api_max_result_items: int = Field(
+        DEFAULT_API_MAX_RESULT_ITEMS,
+        ge=1,
+        description="Most checkpoints a list, or items/namespaces a store op, answers; more matching is a 413.",
+    )
+    api_max_consistency_waits: int = Field(
+        DEFAULT_API_MAX_CONSISTENCY_WAITS,
+        ge=1,
+        description="Most reads one API process holds waiting for a consistency token; beyond: 503 + Retry-After.",
+    )
     api_pool_size: int = Field(10, ge=1, description="Postgres connections of one read API process.")
     api_pool_timeout_s: float = Field(
         DEFAULT_API_POOL_TIMEOUT_S,

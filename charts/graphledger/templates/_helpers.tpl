@@ -197,11 +197,19 @@ dict "root" $ "kafka" true "postgres" true "apiToken" false
       key: {{ $v.kafka.sasl.passwordKey | quote }}
 {{- end }}
 {{- if and .apiToken $v.auth.existingSecret }}
+{{- if $v.auth.tokenHashesKey }}
+- name: GRAPHLEDGER_API_TOKEN_HASHES
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.auth.existingSecret | quote }}
+      key: {{ $v.auth.tokenHashesKey | quote }}
+{{- else }}
 - name: GRAPHLEDGER_API_TOKEN
   valueFrom:
     secretKeyRef:
       name: {{ $v.auth.existingSecret | quote }}
       key: {{ $v.auth.tokenKey | quote }}
+{{- end }}
 {{- end }}
 {{- end }}
 

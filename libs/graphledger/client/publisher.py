@@ -2,12 +2,17 @@
 
 A write returns once the broker acknowledged it (`acks=all`), with the partitions and offsets it
 landed at, which become consistency tokens (`tokens.py`). Events larger than `max_message_bytes` go
-out as chunk records with the event's key, so they share a partition.
+out as chunk records with the event's key, so they share a partition. At most `max_inflight_bytes` of
+events are sent and not yet acknowledged at once: a write beyond waits for room (acknowledgements
+free it) up to `produce_timeout_s`, then fails retryably, so a slow or absent broker never grows the
+client's memory without bound.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -24,12 +29,36 @@ from graphledger.telemetry.propagation import traceparent
 _REQUEST_HEADROOM_BYTES = 64 * 1024
 
 
+class InflightBytes:
+    """Bytes of events sent and not acknowledged yet, at most `limit` (one larger event goes alone)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._room = asyncio.Condition()
+
+    @asynccontextmanager
+    async def hold(self, size: int, timeout_s: float) -> AsyncIterator[None]:
+        """Hold `size` bytes while the body runs; TimeoutError if there is no room within `timeout_s`."""
+        size = min(size, self.limit)
+        async with asyncio.timeout(timeout_s), self._room:
+            await self._room.wait_for(lambda: self.used + size <= self.limit)
+            self.used += size
+        try:
+            yield
+        finally:
+            async with self._room:
+                self.used -= size
+                self._room.notify_all()
+
+
 class EventPublisher:
     """One aiokafka producer; runs on the client's background loop."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._producer: AIOKafkaProducer | None = None
+        self.inflight: InflightBytes | None = None
 
     async def start(self) -> None:
         producer = AIOKafkaProducer(
@@ -50,6 +79,7 @@ class EventPublisher:
                 f"cannot reach Kafka at {self._settings.kafka_bootstrap_servers}: {exc or type(exc).__name__}"
             ) from exc
         self._producer = producer
+        self.inflight = InflightBytes(self._settings.max_inflight_bytes)  # on the loop that publishes
 
     async def stop(self) -> None:
         if self._producer is not None:
@@ -74,8 +104,29 @@ class EventPublisher:
         The event gets a producer span under `context` (the caller's, captured in the caller's thread);
         the span's context rides in the records' `traceparent` header, so the projector links to it.
         """
-        assert self._producer is not None, "publisher not started"
+        assert self._producer is not None and self.inflight is not None, "publisher not started"
         value = envelope.encode(event)
+        timeout_s = self._settings.produce_timeout_s
+        try:
+            async with self.inflight.hold(len(value), timeout_s):
+                return await self._send(topic, key, event, value, context, partition)
+        except TimeoutError as exc:  # no room: _send turns its own timeouts into PublishError
+            raise PublishError(
+                f"no room for a {len(value)}-byte {event.type} event within {timeout_s}s: "
+                f"{self.inflight.used} bytes await the broker's acknowledgement (GRAPHLEDGER_MAX_INFLIGHT_BYTES "
+                f"{self.inflight.limit}); the broker is slow or unreachable, retry"
+            ) from exc
+
+    async def _send(
+        self,
+        topic: str,
+        key: str | None,
+        event: Envelope,
+        value: bytes,
+        context: Context | None,
+        partition: int | None,
+    ) -> list[tuple[str, int, int]]:
+        assert self._producer is not None
         # Thread ids key the checkpoint topic and are no secret; store keys may name a user: not recorded.
         key_attribute = key if topic == self._settings.checkpoint_topic else None
         span = telemetry.start_send_span(topic, event.type, event.event_id, len(value), key_attribute, context)

@@ -41,26 +41,41 @@ class ReadApiClient:
         if self._session is not None:
             await self._session.close()
 
+    async def whoami(self) -> str:
+        """The tenant the read API knows this client's token by ("" : none)."""
+        status, content_type, content = await self._request("GET", "/v1/whoami")
+        if status != 200:
+            _raise("/v1/whoami", status, content_type, content)
+        answer = ormsgpack.unpackb(content)
+        tenant = answer.get("tenant") if isinstance(answer, dict) else None
+        if not isinstance(tenant, str):
+            raise ReadApiError(status, "bad_answer", f"/v1/whoami answered tenant {tenant!r}")
+        return tenant
+
     async def call(
         self, path: str, body: dict[str, Any], token: dict[tuple[str, int], int], context: Context | None = None
     ) -> Any:
         """POST `body` to `path` with the consistency token, in an HTTP client span under `context`."""
+        headers = {CONSISTENCY_HEADER: format_token(token)} if token else {}
+        with http_client_span(self._traced_url, "POST", path, headers, context) as span:
+            status, content_type, content = await self._request("POST", path, ormsgpack.packb(body), headers)
+            span.status(status)
+            if status == 200:
+                return ormsgpack.unpackb(content)
+            return _raise(path, status, content_type, content)
+
+    async def _request(
+        self, method: str, path: str, data: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, str, bytes]:
+        """Status, content type and body of one request; an unreachable API is a retryable error."""
         if self._session is None:
             # trust_env: honour HTTP(S)_PROXY and NO_PROXY as the usual HTTP clients do.
             self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout, trust_env=True)
-        headers = {CONSISTENCY_HEADER: format_token(token)} if token else {}
-        with http_client_span(self._traced_url, "POST", path, headers, context) as span:
-            try:
-                async with self._session.post(
-                    self._base_url + path, data=ormsgpack.packb(body), headers=headers
-                ) as response:
-                    content = await response.read()
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                raise ReadApiError(0, "unreachable", f"{path}: {exc or type(exc).__name__}", retryable=True) from exc
-            span.status(response.status)
-            if response.status == 200:
-                return ormsgpack.unpackb(content)
-            return _raise(path, response.status, response.headers.get("content-type", ""), content)
+        try:
+            async with self._session.request(method, self._base_url + path, data=data, headers=headers) as response:
+                return response.status, response.headers.get("content-type", ""), await response.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise ReadApiError(0, "unreachable", f"{path}: {exc or type(exc).__name__}", retryable=True) from exc
 
 
 def _raise(path: str, status: int, content_type: str, content: bytes) -> Any:

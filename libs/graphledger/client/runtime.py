@@ -18,6 +18,7 @@ from opentelemetry.context import Context
 from graphledger.client.loop import BackgroundLoop
 from graphledger.client.publisher import EventPublisher
 from graphledger.client.reader import ReadApiClient
+from graphledger.client.tenant import scope_event
 from graphledger.client.tokens import ConsistencyTokens
 from graphledger.events import Event, to_envelope
 from graphledger.events.checkpoint import ThreadCopy
@@ -36,6 +37,8 @@ class ClientRuntime:
         self.publisher = EventPublisher(settings)
         self.tokens = ConsistencyTokens()
         self._reader: ReadApiClient | None = None
+        self.tenant = ""
+        """The read API's tenant for this client's token, which its writes are prefixed with."""
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -56,7 +59,13 @@ class ClientRuntime:
 
     async def _start(self) -> None:
         self._reader = ReadApiClient(self._settings)
-        await self.publisher.start()
+        try:
+            if self._settings.api_token is not None:
+                self.tenant = await self._reader.whoami()
+            await self.publisher.start()
+        except BaseException:
+            await self._reader.close()
+            raise
 
     def ensure_started(self) -> None:
         self._started_loop()
@@ -83,8 +92,9 @@ class ClientRuntime:
     # -- calls ---------------------------------------------------------------------------------
 
     async def _publish(self, topic: str, event: Event, context: Context) -> None:
-        acked = await self.publisher.publish(topic, event.key, to_envelope(event), context=context)
-        self.tokens.record(acked, _scopes(event))
+        scoped = scope_event(event, self.tenant)
+        acked = await self.publisher.publish(topic, scoped.key, to_envelope(scoped), context=context)
+        self.tokens.record(acked, _scopes(event))  # reads name the thread as the caller does
 
     async def _publish_many(self, topic: str, events: Sequence[Event], context: Context) -> None:
         # Concurrently, so the producer batches them; callers pass events with distinct keys, whose
@@ -94,7 +104,8 @@ class ClientRuntime:
     async def _broadcast(self, topic: str, event: Event, context: Context) -> None:
         # One copy per partition, so the event takes its place among every thread's writes.
         for partition in await self.publisher.partitions(topic):
-            acked = await self.publisher.publish(topic, None, to_envelope(event), context=context, partition=partition)
+            scoped = to_envelope(scope_event(event, self.tenant))
+            acked = await self.publisher.publish(topic, None, scoped, context=context, partition=partition)
             self.tokens.record(acked, None)
 
     async def _read(self, path: str, body: dict[str, Any], scope: str | None, context: Context) -> Any:

@@ -2,7 +2,9 @@
 
 In order, inside the transaction:
 1. lock each partition's offset row and drop records below its `next_offset` (already applied);
-2. resolve chunks (store them, or reassemble a completed event at its last chunk's position);
+2. resolve chunks (store them, or reassemble a completed event at its last chunk's position); when
+   the stored chunks of the events completing in the batch exceed `reassembly_max_bytes`, the batch
+   is cut before the first event over the budget (the first always fits) and the rest is `deferred`;
 3. stop a partition at an event from a newer graphledger (nothing of it or after it is applied);
 4. apply the events, set-based, per topic projection;
 5. record dead letters, advance the offsets, `NOTIFY graphledger_applied`;
@@ -77,6 +79,8 @@ class BatchResult:
     """`applied` by event type (the projector's metrics count events by type)."""
     dead_letters_by_type: Counter[str | None] = field(default_factory=Counter)
     """`dead_letters` by event type, None where the record did not say."""
+    deferred: dict[TopicPartition, int] = field(default_factory=dict)
+    """Partitions cut short to bound reassembly memory: the offset to fetch again from."""
 
 
 @dataclass(slots=True)
@@ -84,6 +88,7 @@ class _Resolved:
     events: list[Decoded] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     stopped: dict[TopicPartition, TooNew] = field(default_factory=dict)
+    deferred: dict[TopicPartition, int] = field(default_factory=dict)
 
 
 # SQLSTATE classes of Postgres refusing the data itself rather than failing: cardinality violation
@@ -114,6 +119,14 @@ def _fresh(classified: Sequence[Classified], stored: Mapping[TopicPartition, int
     return fresh
 
 
+def _first_offsets(items: Sequence[Classified]) -> dict[TopicPartition, int]:
+    first: dict[TopicPartition, int] = {}
+    for c in items:
+        tp = (c.record.topic, c.record.partition)
+        first[tp] = min(first.get(tp, c.record.offset), c.record.offset)
+    return first
+
+
 class BatchApplier:
     """Applies batches of records for a set of topic projections into one schema."""
 
@@ -123,8 +136,12 @@ class BatchApplier:
         consumer_group: str,
         projections: Mapping[str, TopicProjection],
         dead_letter_sink: DeadLetterSink,
+        *,
+        reassembly_max_bytes: int | None = None,
     ) -> None:
         self.schema = schema
+        self.reassembly_max_bytes = reassembly_max_bytes
+        """Most bytes of stored chunks one batch loads to reassemble events; None: no bound."""
         self.group = consumer_group
         self.projections = dict(projections)
         self.sink = dead_letter_sink
@@ -175,6 +192,8 @@ class BatchApplier:
             await record_dead_letters(conn, self.schema, dead)
             for record in records:
                 tp = (record.topic, record.partition)
+                if record.offset >= resolved.deferred.get(tp, record.offset + 1):
+                    continue
                 if tp not in resolved.stopped and record.offset >= stored[tp]:
                     result.next_offsets[tp] = max(result.next_offsets.get(tp, 0), record.offset + 1)
             for tp, too_new in resolved.stopped.items():
@@ -185,6 +204,7 @@ class BatchApplier:
             if dead:
                 await self.sink(dead)
             result.stopped = resolved.stopped
+            result.deferred = resolved.deferred
             result.applied = len(resolved.events) - (len(dead) - len(resolved.dead))
             result.dead_letters = len(dead)
             result.applied_by_type = Counter(getattr(d.event, "TYPE", None) for d in resolved.events)
@@ -200,8 +220,13 @@ class BatchApplier:
         stored_parts: dict[chunk_store.ChunkKey, dict[int, bytes]] = {}
         if indexed_chunks:
             keys = {chunk_store.key_of(c) for _, c in indexed_chunks}
-            stored = await chunk_store.stored_indexes(conn, self._chunks, keys)
+            stored, sizes = await chunk_store.stored_indexes(conn, self._chunks, keys)
             completing = chunk_store.completions(indexed_chunks, stored)
+            if (cut := self._reassembly_cut(completing, sizes)) is not None:
+                out.deferred = _first_offsets(items[cut:])
+                items = items[:cut]
+                indexed_chunks = [(i, c) for i, c in indexed_chunks if i < cut]
+                completing = {i: k for i, k in completing.items() if i < cut}
             with_stored = {k for k in completing.values() if k in stored}
             if with_stored:
                 stored_parts = await chunk_store.stored_data(conn, self._chunks, with_stored)
@@ -250,6 +275,20 @@ class BatchApplier:
             await chunk_store.store(conn, self._chunks, [c for parts in in_batch.values() for c in parts.values()])
             await chunk_store.delete(conn, self._chunks, finished)
         return out
+
+    def _reassembly_cut(
+        self, completing: Mapping[int, chunk_store.ChunkKey], sizes: Mapping[chunk_store.ChunkKey, int]
+    ) -> int | None:
+        """The position of the first completing event whose stored chunks overrun the budget, if any."""
+        if self.reassembly_max_bytes is None:
+            return None
+        loaded = 0
+        for position in sorted(completing):
+            loaded += sizes.get(completing[position], 0)
+            if loaded > self.reassembly_max_bytes and position > min(completing):
+                log.info("deferring the batch from position %d: reassembly would load %d bytes", position, loaded)
+                return position
+        return None
 
     @staticmethod
     def _stop(out: _Resolved, tp: TopicPartition, too_new: TooNew) -> None:

@@ -20,7 +20,7 @@ ChunkKey = tuple[str, int, str]
 
 # $1..$3 -> unnest(topic, partition, event_id) of the chunked events in a batch.
 STORED_INDEXES_SQL = """
-SELECT c.topic, c.partition, c.event_id, c.idx
+SELECT c.topic, c.partition, c.event_id, c.idx, octet_length(c.data) AS size
 FROM {schema}.graphledger_chunks c
 JOIN unnest($1::text[], $2::int[], $3::text[]) AS u(topic, partition, event_id)
   ON c.topic = u.topic AND c.partition = u.partition AND c.event_id = u.event_id
@@ -96,11 +96,15 @@ def assemble(parts: Mapping[int, bytes], count: int) -> bytes | None:
 
 async def stored_indexes(
     conn: asyncpg.Connection, sql: ChunkStatements, keys: Iterable[ChunkKey]
-) -> dict[ChunkKey, set[int]]:
+) -> tuple[dict[ChunkKey, set[int]], dict[ChunkKey, int]]:
+    """The indexes stored of each event, and their bytes (without loading the data)."""
     found: dict[ChunkKey, set[int]] = {}
+    sizes: dict[ChunkKey, int] = {}
     for r in await conn.fetch(sql.stored_indexes, *_key_columns(keys)):
-        found.setdefault((r["topic"], r["partition"], r["event_id"]), set()).add(r["idx"])
-    return found
+        key = (r["topic"], r["partition"], r["event_id"])
+        found.setdefault(key, set()).add(r["idx"])
+        sizes[key] = sizes.get(key, 0) + r["size"]
+    return found, sizes
 
 
 async def stored_data(

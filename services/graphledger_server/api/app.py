@@ -11,14 +11,18 @@ from fastapi import Depends, FastAPI
 from graphledger.settings import Settings
 from graphledger.telemetry import api as telemetry
 from graphledger_server.api import checkpoints, handlers, health, store
-from graphledger_server.api.auth import bearer_auth
+from graphledger_server.api.auth import tenant_auth, token_entries, whoami_router
 from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.db import conninfo, open_pool
 from graphledger_server.api.state import ApiState
 
 
 def create_app(settings: Settings) -> FastAPI:
-    """The read API for `settings`; the pool and the watcher live as long as the app's lifespan."""
+    """The read API for `settings`; the pool and the watcher live as long as the app's lifespan.
+
+    A bad `api_token_hashes` fails here, before the server listens.
+    """
+    auth = [Depends(tenant_auth(token_entries(settings)))]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -44,7 +48,7 @@ def create_app(settings: Settings) -> FastAPI:
     handlers.install(app)
     telemetry.instrument_app(app)  # server spans continuing the caller's trace, HTTP server metrics
     app.include_router(health.router)
-    auth = [Depends(bearer_auth(settings.api_token))] if settings.api_token is not None else []
+    app.include_router(whoami_router, dependencies=auth)
     app.include_router(checkpoints.router, dependencies=auth)
     app.include_router(store.router, dependencies=auth)
     return app

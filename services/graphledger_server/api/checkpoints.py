@@ -3,7 +3,8 @@
 The rows are read and assembled by `AsyncPostgresSaver` itself with a pass-through serde, for parity
 with the official saver bit for bit (`passthrough.py` says why). Each request gets its own saver over
 the shared pool: constructing one is cheap, and a shared instance would serialize every request on
-the saver's per-instance lock.
+the saver's per-instance lock. Thread ids are the request tenant's (`tenant.py`): prefixed on the way
+in, unprefixed on the way out, and a list without a thread only ever sees the tenant's threads.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from pydantic import BaseModel
 
 from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK
+from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
 from graphledger_server.api.consistency import hold
+from graphledger_server.api.errors import ApiError
 from graphledger_server.api.models import (
     DeltaHistoryRequest,
     DeltaHistoryResponse,
@@ -29,6 +32,7 @@ from graphledger_server.api.models import (
 )
 from graphledger_server.api.passthrough import PassThroughSerde, to_wire
 from graphledger_server.api.state import api_state
+from graphledger_server.api.tenant import Tenant
 
 router = APIRouter(prefix="/v1/checkpoints", tags=["checkpoints"])
 
@@ -52,60 +56,98 @@ def _doc(request_model: type[BaseModel], response_model: type[BaseModel]) -> dic
         },
         "responses": {
             200: {"model": response_model, "content": {MSGPACK: {}}},
-            **{status: errors for status in (400, 401, 413, 415, 422, 501, 503)},
+            **{status: errors for status in (400, 401, 413, 415, 422, 501, 503)},  # 503 with Retry-After
         },
     }
 
 
-async def _saver(request: Request) -> AsyncPostgresSaver:
+class TenantSaver(AsyncPostgresSaver):
+    """The official saver, with every list narrowed to the threads of one tenant."""
+
+    def __init__(self, *args: Any, thread_prefix: str | None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.thread_prefix = thread_prefix
+
+    def _search_where(self, config: Any, filter: Any, before: Any = None) -> tuple[str, list[Any]]:
+        where, params = super()._search_where(config, filter, before)
+        if self.thread_prefix is None:
+            return where, params
+        # starts_with, not LIKE: a tenant name may hold `_`, a LIKE wildcard.
+        narrowed = "starts_with(thread_id, %s)"
+        return (f"{where} AND {narrowed}" if where else f"WHERE {narrowed}"), [*params, self.thread_prefix]
+
+
+async def _saver(request: Request, tenant: Tenant) -> AsyncPostgresSaver:
     """The reader for this request, once the projection has reached the request's consistency token."""
     state = api_state(request)
-    await hold(request.headers.get(CONSISTENCY_HEADER), state.offsets, state.settings.consistency_timeout_s)
-    return AsyncPostgresSaver(conn=state.pool, serde=PassThroughSerde())
+    await hold(request.headers.get(CONSISTENCY_HEADER), state.offsets, state.settings)
+    return TenantSaver(conn=state.pool, serde=PassThroughSerde(), thread_prefix=tenant.thread_prefix)
 
 
-def _config(config: Any) -> dict[str, Any]:
-    return dict(config["configurable"])
+def _config(config: Any, tenant: Tenant) -> dict[str, Any]:
+    configurable = dict(config["configurable"])
+    configurable["thread_id"] = tenant.unthread(configurable["thread_id"])
+    return configurable
 
 
-def _tuple(found: CheckpointTuple) -> dict[str, Any]:
+def _tuple(found: CheckpointTuple, tenant: Tenant) -> dict[str, Any]:
     checkpoint: dict[str, Any] = dict(found.checkpoint)
     checkpoint["channel_values"] = {k: to_wire(v) for k, v in found.checkpoint["channel_values"].items()}
     return {
-        "config": _config(found.config),
+        "config": _config(found.config, tenant),
         "checkpoint": checkpoint,
         "metadata": found.metadata,
-        "parent_config": _config(found.parent_config) if found.parent_config else None,
+        "parent_config": _config(found.parent_config, tenant) if found.parent_config else None,
         "pending_writes": [[task_id, channel, to_wire(v)] for task_id, channel, v in found.pending_writes or ()],
     }
+
+
+def _answer(request: Request, body: dict[str, Any]) -> Response:
+    return respond(request, body, max_bytes=api_state(request).settings.api_max_response_bytes)
 
 
 @router.post("/get", **_doc(GetRequest, GetResponse))
 async def get_tuple(request: Request) -> Response:
     """`AsyncPostgresSaver.aget_tuple`."""
-    body = await decode(request, GetRequest)
-    found = await (await _saver(request)).aget_tuple(body.config())
-    return respond(request, {"tuple": _tuple(found) if found else None})
+    tenant = tenant_of(request)
+    body = await decode(request, GetRequest, api_state(request).settings.api_max_body_bytes)
+    found = await (await _saver(request, tenant)).aget_tuple(body.config(tenant.thread))
+    return _answer(request, {"tuple": _tuple(found, tenant) if found else None})
 
 
 @router.post("/list", **_doc(ListRequest, ListResponse))
 async def list_tuples(request: Request) -> Response:
-    """`AsyncPostgresSaver.alist`, newest first."""
-    body = await decode(request, ListRequest)
-    saver = await _saver(request)
-    found = saver.alist(body.config(), filter=body.filter, before=body.before(), limit=body.limit)
-    return respond(request, {"tuples": [_tuple(t) async for t in found]})
+    """`AsyncPostgresSaver.alist`, newest first; at most `api_max_result_items` (more: 413, page with
+    `limit` and `before_checkpoint_id`)."""
+    tenant = tenant_of(request)
+    settings = api_state(request).settings
+    body = await decode(request, ListRequest, settings.api_max_body_bytes)
+    cap = settings.api_max_result_items
+    limit = cap + 1 if body.limit is None or body.limit > cap else body.limit
+    saver = await _saver(request, tenant)
+    found = [
+        t async for t in saver.alist(body.config(tenant.thread), filter=body.filter, before=body.before(), limit=limit)
+    ]
+    if len(found) > cap:
+        raise ApiError(
+            413,
+            "result_too_large",
+            f"more than {cap} checkpoints match (GRAPHLEDGER_API_MAX_RESULT_ITEMS); "
+            "page with limit and before_checkpoint_id",
+        )
+    return _answer(request, {"tuples": [_tuple(t, tenant) for t in found]})
 
 
 @router.post("/delta-history", **_doc(DeltaHistoryRequest, DeltaHistoryResponse))
 async def delta_history(request: Request) -> Response:
     """`AsyncPostgresSaver.aget_delta_channel_history`."""
-    body = await decode(request, DeltaHistoryRequest)
-    saver = await _saver(request)
-    history = await saver.aget_delta_channel_history(config=body.config(), channels=body.channels)
+    tenant = tenant_of(request)
+    body = await decode(request, DeltaHistoryRequest, api_state(request).settings.api_max_body_bytes)
+    saver = await _saver(request, tenant)
+    history = await saver.aget_delta_channel_history(config=body.config(tenant.thread), channels=body.channels)
     answer: dict[str, Any] = {}
     for channel, entry in history.items():
         answer[channel] = {"writes": [[task_id, ch, to_wire(v)] for task_id, ch, v in entry["writes"]]}
         if "seed" in entry:
             answer[channel]["seed"] = to_wire(entry["seed"])
-    return respond(request, {"history": answer})
+    return _answer(request, {"history": answer})

@@ -19,8 +19,6 @@ from graphledger.wire import JSON, MSGPACK
 from graphledger_server.api.errors import ApiError
 
 _MSGPACK_TYPES = (MSGPACK, "application/x-msgpack")
-# Read requests are a few ids and a metadata filter; anything near this is a mistake or an attack.
-MAX_BODY_BYTES = 1024 * 1024
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
@@ -35,16 +33,34 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def respond(request: Request, body: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
-    """`body` as msgpack if the request accepts it, else as JSON; `Vary: Accept` for caches."""
+def respond(
+    request: Request,
+    body: Any,
+    status_code: int = 200,
+    headers: dict[str, str] | None = None,
+    *,
+    max_bytes: int | None = None,
+) -> Response:
+    """`body` as msgpack if the request accepts it, else as JSON; `Vary: Accept` for caches. An
+    answer over `max_bytes` is a 413 instead (`GRAPHLEDGER_API_MAX_RESPONSE_BYTES`)."""
     headers = {"Vary": "Accept", **(headers or {})}
     if wants_msgpack(request):
-        return Response(ormsgpack.packb(body), status_code, headers, media_type=MSGPACK)
-    return Response(orjson.dumps(body, default=_json_default), status_code, headers, media_type=JSON)
+        content, media = ormsgpack.packb(body), MSGPACK
+    else:
+        content, media = orjson.dumps(body, default=_json_default), JSON
+    if max_bytes is not None and len(content) > max_bytes:
+        raise ApiError(
+            413,
+            "response_too_large",
+            f"the answer is {len(content)} bytes, over the read API's {max_bytes} "
+            "(GRAPHLEDGER_API_MAX_RESPONSE_BYTES); ask for less (a smaller limit, fewer ops)",
+        )
+    return Response(content, status_code, headers, media_type=media)
 
 
-async def decode(request: Request, model: type[ModelT]) -> ModelT:
-    """Parse and validate a request body; 400 for an undecodable body, 422 naming each bad field."""
+async def decode(request: Request, model: type[ModelT], max_bytes: int) -> ModelT:
+    """Parse and validate a request body of at most `max_bytes`; 413 beyond, 400 for an undecodable
+    body, 422 naming each bad field."""
     media = request.headers.get("content-type", JSON).split(";")[0].strip().lower()
     if media in _MSGPACK_TYPES:
         loads = ormsgpack.unpackb
@@ -52,11 +68,17 @@ async def decode(request: Request, model: type[ModelT]) -> ModelT:
         loads = orjson.loads
     else:
         raise ApiError(415, "unsupported_media_type", f"Content-Type {media!r}: send {JSON} or {MSGPACK}")
+    too_large = ApiError(
+        413, "body_too_large", f"a read request body is at most {max_bytes} bytes (GRAPHLEDGER_API_MAX_BODY_BYTES)"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise too_large  # refused before reading any of it
     raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
-        if len(raw) > MAX_BODY_BYTES:
-            raise ApiError(413, "body_too_large", f"a read request body is at most {MAX_BODY_BYTES} bytes")
+        if len(raw) > max_bytes:
+            raise too_large
     if not raw:
         raise ApiError(422, "invalid_request", "the request body is empty; send a JSON or msgpack object")
     try:

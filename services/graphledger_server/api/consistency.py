@@ -6,7 +6,9 @@ and re-reads the (small) table on each notification, so a waiting read wakes one
 commit that satisfies it. Waiting reads block on an `asyncio.Condition`; however many there are, the
 database sees one reader, not one polling loop per request. In case a notification is missed
 (reconnect, a projector that does not notify), the table is also re-read every
-`FALLBACK_REFRESH_S` while anyone waits.
+`FALLBACK_REFRESH_S` while anyone waits. At most `api_max_consistency_waits` reads wait at once; one
+more that would have to wait is a 503 with `Retry-After` at once, so a burst of reads ahead of the
+projector cannot pile up without bound.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import psycopg
 import psycopg.errors
 
 from graphledger.projection.offsets import APPLIED_CHANNEL
+from graphledger.settings import Settings
 from graphledger.telemetry import api as telemetry
 from graphledger.wire import CONSISTENCY_HEADER, parse_token
 from graphledger_server.api.errors import ApiError, unavailable
@@ -127,7 +130,7 @@ class AppliedOffsets:
                 self._changed.notify_all()
 
 
-async def hold(header: str | None, offsets: AppliedOffsets, timeout_s: float) -> None:
+async def hold(header: str | None, offsets: AppliedOffsets, settings: Settings) -> None:
     """Return once a read may run: it has no token, or the projection reached it; else 400 or 503."""
     if header is None:
         return
@@ -135,12 +138,21 @@ async def hold(header: str | None, offsets: AppliedOffsets, timeout_s: float) ->
         token = parse_token(header)
     except ValueError as exc:
         raise ApiError(400, "invalid_consistency_token", f"{CONSISTENCY_HEADER}: {exc}") from None
-    with telemetry.consistency_wait(bool(offsets.missing(token))) as outcome:
+    behind = bool(offsets.missing(token))
+    limit = settings.api_max_consistency_waits
+    # No await between this check and `wait` counting the read: the bound is exact.
+    if behind and offsets.waiting >= limit:
+        raise unavailable(
+            "too_many_waits",
+            f"{limit} reads already wait for the projection (GRAPHLEDGER_API_MAX_CONSISTENCY_WAITS); retry shortly",
+        )
+    timeout_s = settings.consistency_timeout_s
+    with telemetry.consistency_wait(behind) as outcome:
         missing = await offsets.wait(token, timeout_s)
         outcome["timed_out"] = bool(missing)
     if missing:
-        behind = ", ".join(f"{topic}:{partition}:{offset}" for (topic, partition), offset in sorted(missing.items()))
+        behind_at = ", ".join(f"{topic}:{partition}:{offset}" for (topic, partition), offset in sorted(missing.items()))
         raise unavailable(
             "consistency_timeout",
-            f"the projection has not applied {behind} after {timeout_s:g}s; retry, or check the projector",
+            f"the projection has not applied {behind_at} after {timeout_s:g}s; retry, or check the projector",
         )

@@ -7,6 +7,7 @@ here rather than surfacing as a database error.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -48,8 +49,9 @@ class GetRequest(_Request):
     checkpoint_ns: Text = ""
     checkpoint_id: Text | None = None
 
-    def config(self) -> dict[str, Any]:
-        configurable: dict[str, Any] = {"thread_id": self.thread_id, "checkpoint_ns": self.checkpoint_ns}
+    def config(self, thread: Callable[[str], str]) -> dict[str, Any]:
+        """The saver's config, its thread id as stored (`thread`: the tenant's mapping)."""
+        configurable: dict[str, Any] = {"thread_id": thread(self.thread_id), "checkpoint_ns": self.checkpoint_ns}
         if self.checkpoint_id is not None:
             configurable["checkpoint_id"] = self.checkpoint_id
         return {"configurable": configurable}
@@ -71,10 +73,10 @@ class ListRequest(_Request):
             raise ValueError("checkpoint_ns and checkpoint_id narrow a thread: give thread_id too")
         return self
 
-    def config(self) -> dict[str, Any] | None:
+    def config(self, thread: Callable[[str], str]) -> dict[str, Any] | None:
         if self.thread_id is None:
             return None
-        configurable: dict[str, Any] = {"thread_id": self.thread_id}
+        configurable: dict[str, Any] = {"thread_id": thread(self.thread_id)}
         if self.checkpoint_ns is not None:
             configurable["checkpoint_ns"] = self.checkpoint_ns
         if self.checkpoint_id is not None:

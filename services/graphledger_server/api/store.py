@@ -4,8 +4,12 @@ The client embeds a search's query before asking (as it embeds values before pub
 search arrives with `query_vector`; this route never calls an embedder. The consistency header is
 honoured exactly as on the checkpoint routes; a store write's token lists store-topic partitions.
 
+Namespaces are the request tenant's (`tenant.py`): the tenant label is prepended to every namespace
+and pattern on the way in and removed from every answer.
+
 Errors beyond the shared ones: 400 `query_vector_dims` (the vector's length is not the projection's
-dims) and 400 `no_vector_index` (a query vector for a projection without a vector table).
+dims), 400 `no_vector_index` (a query vector for a projection without a vector table), and 413
+`result_too_large` (a search or listing matching more than `api_max_result_items`).
 """
 
 from __future__ import annotations
@@ -15,12 +19,15 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK
+from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
 from graphledger_server.api.consistency import hold
+from graphledger_server.api.errors import ApiError
 from graphledger_server.api.models import ErrorBody
 from graphledger_server.api.state import api_state
-from graphledger_server.api.store_models import StoreBatchRequest, StoreBatchResponse
+from graphledger_server.api.store_models import GetOp, StoreBatchRequest, StoreBatchResponse
 from graphledger_server.api.store_reader import StoreReader
+from graphledger_server.api.tenant import StoreOp
 
 router = APIRouter(prefix="/v1/store", tags=["store"])
 
@@ -59,8 +66,27 @@ def _reader(request: Request) -> StoreReader:
 )
 async def store_batch(request: Request) -> Response:
     """`BaseStore.batch` reads: get -> item or null, search -> ranked items, list_namespaces -> namespaces."""
-    body = await decode(request, StoreBatchRequest)
+    tenant = tenant_of(request)
     state = api_state(request)
-    await hold(request.headers.get(CONSISTENCY_HEADER), state.offsets, state.settings.consistency_timeout_s)
-    results: list[Any] = await _reader(request).run(body.ops)
-    return respond(request, {"results": results})
+    body = await decode(request, StoreBatchRequest, state.settings.api_max_body_bytes)
+    await hold(request.headers.get(CONSISTENCY_HEADER), state.offsets, state.settings)
+    cap = state.settings.api_max_result_items
+    ops = [_capped(op, cap) for op in tenant.store_ops(body.ops)]
+    results: list[Any] = await _reader(request).run(ops)
+    for i, (op, result) in enumerate(zip(ops, results, strict=True)):
+        if not isinstance(op, GetOp) and len(result) > cap:
+            raise ApiError(
+                413,
+                "result_too_large",
+                f"ops.{i} matches more than {cap} results (GRAPHLEDGER_API_MAX_RESULT_ITEMS); "
+                "page with limit and offset",
+            )
+    answer = {"results": tenant.store_results(ops, results)}
+    return respond(request, answer, max_bytes=state.settings.api_max_response_bytes)
+
+
+def _capped(op: StoreOp, cap: int) -> StoreOp:
+    """A search or listing asks Postgres for at most one row more than the API answers."""
+    if isinstance(op, GetOp) or op.limit <= cap:
+        return op
+    return op.model_copy(update={"limit": cap + 1})

@@ -101,7 +101,12 @@ class ProjectorWorker:
         self.projections = projections or projections_for(settings)
         self.topics = list(self.projections)
         self.applier = BatchApplier(
-            settings.postgres_schema, settings.projector_group_id, self.projections, self._produce_dead_letters
+            settings.postgres_schema,
+            settings.projector_group_id,
+            self.projections,
+            self._produce_dead_letters,
+            # What a batch holds: at most batch_max_bytes of records plus as much of stored chunks.
+            reassembly_max_bytes=settings.batch_max_bytes,
         )
         self.batch_lock = asyncio.Lock()
         self.pool: asyncpg.Pool | None = None
@@ -267,6 +272,9 @@ class ProjectorWorker:
         if result.stopped:
             assert self.consumer is not None
             self.consumer.pause(*(TopicPartition(t, p) for t, p in result.stopped))
+        for (topic, partition), offset in result.deferred.items():
+            assert self.consumer is not None
+            self.consumer.seek(TopicPartition(topic, partition), offset)  # the next batch starts there
         log.debug("applied %d events (%d dead letters, %d skipped) in %.1f ms", result.applied,
                   result.dead_letters, result.skipped, (time.perf_counter() - started) * 1000)  # fmt: skip
         return result

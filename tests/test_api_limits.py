@@ -1,0 +1,196 @@
+"""The read API's bounds, each driven for real (the ASGI app with its lifespan, on real Postgres): request
+body size, result count, response size and concurrent consistency waits answer 413 or 503 with a
+message naming the setting (and `Retry-After` where retrying helps) instead of growing without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+import httpx
+import ormsgpack
+import pytest
+
+from graphledger.events.store import StorePut
+from graphledger.projection.batch import BatchApplier
+from graphledger.projection.checkpoints import CheckpointProjection
+from graphledger.projection.migrate import migrate
+from graphledger.projection.store import StoreProjection
+from graphledger.settings import Settings
+from graphledger.wire import CONSISTENCY_HEADER, MSGPACK
+from graphledger_server.api.app import create_app
+from projection_helpers import TOPIC, put, record
+from store_helpers import STORE_TOPIC
+from store_helpers import record as store_record
+
+SCHEMA = "limits"
+THREAD = "many"
+CHECKPOINTS = 5
+ITEMS = 5
+BIG_BLOB = 20_000
+
+
+async def _no_dead_letters(letters: Any) -> None:
+    raise AssertionError(f"unexpected dead letters: {letters}")
+
+
+@pytest.fixture(scope="module")
+async def projection(pg: Any) -> str:
+    """A projection with a thread of 5 checkpoints, one with a 20 kB blob, and 5 store items in 5 namespaces."""
+    dsn = pg.create_database(f"t_{uuid.uuid4().hex[:12]}")
+    await migrate(dsn, SCHEMA)
+    conn = await asyncpg.connect(dsn)
+    try:
+        store = StoreProjection(SCHEMA)
+        await store.prepare(conn)
+        applier = BatchApplier(
+            SCHEMA, "limits", {TOPIC: CheckpointProjection(SCHEMA), STORE_TOPIC: store}, _no_dead_letters
+        )
+        events = [put(THREAD, n, n - 1 if n > 1 else None) for n in range(1, CHECKPOINTS + 1)]
+        events.append(put("big", 1, blobs={"payload": b"x" * BIG_BLOB}))
+        records = [record(e, 0, i) for i, e in enumerate(events)]
+        items = [StorePut(("docs", f"n{i}"), f"k{i}", json.dumps({"i": i}).encode(), None, None) for i in range(ITEMS)]
+        records += [store_record(e, 1_700_000_000_000, 0, i) for i, e in enumerate(items)]
+        await applier.apply(conn, records)
+    finally:
+        await conn.close()
+    return dsn
+
+
+@asynccontextmanager
+async def running(dsn: str, **overrides: Any) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
+    settings = Settings(
+        postgres_dsn=dsn, postgres_schema=SCHEMA, projector_group_id=f"g{uuid.uuid4().hex[:8]}", **overrides
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://read-api", timeout=60) as client:
+            yield app, client
+
+
+async def post(
+    client: httpx.AsyncClient, path: str, body: Any, headers: dict[str, str] | None = None
+) -> httpx.Response:
+    sent = {"Content-Type": MSGPACK, "Accept": MSGPACK, **(headers or {})}
+    return await client.post(path, content=ormsgpack.packb(body), headers=sent)
+
+
+def error(response: httpx.Response) -> dict[str, Any]:
+    return ormsgpack.unpackb(response.content)
+
+
+async def test_a_request_body_over_the_limit_is_a_413(projection: str) -> None:
+    async with running(projection, api_max_body_bytes=2048) as (_, client):
+        big = {"thread_id": "t", "checkpoint_ns": "x" * 4096}
+        declared = await post(client, "/v1/checkpoints/get", big)
+
+        async def stream() -> AsyncIterator[bytes]:  # no Content-Length: counted while reading
+            body = ormsgpack.packb(big)
+            for i in range(0, len(body), 512):
+                yield body[i : i + 512]
+
+        streamed = await client.post(
+            "/v1/checkpoints/get", content=stream(), headers={"Content-Type": MSGPACK, "Accept": MSGPACK}
+        )
+        for response in (declared, streamed):
+            assert response.status_code == 413
+            assert error(response)["error"] == "body_too_large"
+            assert (
+                "2048 bytes" in error(response)["message"]
+                and "GRAPHLEDGER_API_MAX_BODY_BYTES" in error(response)["message"]
+            )
+        assert (await post(client, "/v1/checkpoints/get", {"thread_id": "t"})).status_code == 200
+
+
+async def test_a_list_matching_more_than_the_cap_is_a_413_and_pages_work(projection: str) -> None:
+    async with running(projection, api_max_result_items=3) as (_, client):
+        for body in ({"thread_id": THREAD}, {"thread_id": THREAD, "limit": 4}, {}):
+            response = await post(client, "/v1/checkpoints/list", body)
+            assert response.status_code == 413, body
+            assert error(response)["error"] == "result_too_large"
+            assert "more than 3" in error(response)["message"] and "before_checkpoint_id" in error(response)["message"]
+        page = error(await post(client, "/v1/checkpoints/list", {"thread_id": THREAD, "limit": 3}))["tuples"]
+        assert len(page) == 3
+        last = page[-1]["config"]["checkpoint_id"]
+        rest = await post(
+            client, "/v1/checkpoints/list", {"thread_id": THREAD, "limit": 3, "before_checkpoint_id": last}
+        )
+        assert len(error(rest)["tuples"]) == CHECKPOINTS - 3
+        # A limit above the cap is fine while fewer match.
+        assert len(error(await post(client, "/v1/checkpoints/list", {"thread_id": "big", "limit": 100}))["tuples"]) == 1
+
+
+async def test_a_store_search_or_listing_over_the_cap_is_a_413(projection: str) -> None:
+    async with running(projection, api_max_result_items=3) as (_, client):
+        for op in (
+            {"op": "search", "namespace_prefix": ["docs"], "limit": 10},
+            {"op": "list_namespaces", "limit": 10},
+        ):
+            response = await post(
+                client, "/v1/store/batch", {"ops": [{"op": "get", "namespace": ["docs"], "key": "k"}, op]}
+            )
+            assert response.status_code == 413, op
+            assert (
+                error(response)["error"] == "result_too_large"
+                and "ops.1 matches more than 3" in error(response)["message"]
+            )
+        fits = await post(
+            client, "/v1/store/batch", {"ops": [{"op": "search", "namespace_prefix": ["docs"], "limit": 3}]}
+        )
+        assert len(error(fits)["results"][0]) == 3
+        listed = await post(client, "/v1/store/batch", {"ops": [{"op": "list_namespaces", "limit": 3, "offset": 3}]})
+        assert error(listed)["results"][0] == [["docs", "n3"], ["docs", "n4"]]
+
+
+async def test_an_answer_over_the_response_limit_is_a_413(projection: str) -> None:
+    async with running(projection, api_max_response_bytes=BIG_BLOB // 2) as (_, client):
+        response = await post(client, "/v1/checkpoints/get", {"thread_id": "big"})
+        assert response.status_code == 413
+        assert error(response)["error"] == "response_too_large"
+        assert "GRAPHLEDGER_API_MAX_RESPONSE_BYTES" in error(response)["message"]
+        assert (await post(client, "/v1/checkpoints/get", {"thread_id": THREAD})).status_code == 200
+
+
+async def test_consistency_waits_beyond_the_limit_are_503_with_retry_after(projection: str) -> None:
+    topic = f"t{uuid.uuid4().hex[:8]}.checkpoints"
+    ahead = {CONSISTENCY_HEADER: f"{topic}:0:41"}  # the projector has not applied this yet
+    async with running(projection, api_max_consistency_waits=2, consistency_timeout_s=60) as (app, client):
+        offsets = app.state.api.offsets
+        waiting = [
+            asyncio.create_task(post(client, "/v1/checkpoints/get", {"thread_id": THREAD}, ahead)) for _ in range(2)
+        ]
+        deadline = time.monotonic() + 30
+        while offsets.waiting < 2:
+            assert time.monotonic() < deadline, "the two reads never started waiting"
+            await asyncio.sleep(0.01)
+        refused = await post(client, "/v1/checkpoints/get", {"thread_id": THREAD}, ahead)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        body = error(refused)
+        assert body["error"] == "too_many_waits" and body["retryable"] is True
+        assert "GRAPHLEDGER_API_MAX_CONSISTENCY_WAITS" in body["message"]
+        store = await post(client, "/v1/store/batch", {"ops": []}, ahead)
+        assert store.status_code == 503 and error(store)["error"] == "too_many_waits"
+        # A read that needs no wait still runs while the waits are full.
+        assert (await post(client, "/v1/checkpoints/get", {"thread_id": THREAD})).status_code == 200
+        # The projector reaching the token releases the waiting reads.
+        conn = await asyncpg.connect(projection)
+        try:
+            await conn.execute(
+                f"INSERT INTO {SCHEMA}.graphledger_offsets (consumer_group, topic, partition, next_offset) "
+                "VALUES ($1, $2, 0, 42)",
+                app.state.api.settings.projector_group_id,
+                topic,
+            )
+            await conn.execute("SELECT pg_notify('graphledger_applied', $1)", SCHEMA)
+        finally:
+            await conn.close()
+        assert [r.status_code for r in await asyncio.gather(*waiting)] == [200, 200]
+        assert offsets.waiting == 0

@@ -1,0 +1,107 @@
+"""The client's memory bound (`max_inflight_bytes`) with the real broker: concurrent large writes share
+the bound and all land; a write that finds no room within `produce_timeout_s` fails with a clear,
+retryable error instead of queueing without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+from langgraph.checkpoint.base import empty_checkpoint
+
+from graphledger import KafkaSaver
+from graphledger.client.publisher import EventPublisher, InflightBytes
+from graphledger.errors import PublishError
+from graphledger.events import to_envelope
+from graphledger.events.store import StorePut
+from graphledger.events.topics import ensure_topics
+
+EVENT_BYTES = 30_000
+LIMIT = 64 * 1024
+
+
+def _event(i: int) -> Any:
+    return to_envelope(StorePut(("bp",), f"k{i}", b'{"pad": "' + b"x" * EVENT_BYTES + b'"}', None, None))
+
+
+async def test_concurrent_large_publishes_stay_within_the_bound(make_settings: Any) -> None:
+    settings = make_settings(max_inflight_bytes=LIMIT)
+    await ensure_topics(settings)
+    publisher = EventPublisher(settings)
+    await publisher.start()
+    try:
+        assert publisher.inflight is not None
+        inflight = publisher.inflight
+        peak = 0
+        done = asyncio.Event()
+
+        async def sample() -> None:  # `used` only changes on this loop: every state that lasts an await is seen
+            nonlocal peak
+            while not done.is_set():
+                peak = max(peak, inflight.used)
+                await asyncio.sleep(0)
+
+        sampler = asyncio.create_task(sample())
+        acked = await asyncio.gather(*(publisher.publish(settings.store_topic, f"k{i}", _event(i)) for i in range(12)))
+        done.set()
+        await sampler
+        assert len({position for positions in acked for position in positions}) == 12
+        assert EVENT_BYTES < peak <= LIMIT  # two events fit at once, never a third
+        assert inflight.used == 0
+    finally:
+        await publisher.stop()
+
+
+async def test_a_publish_without_room_fails_retryably_after_the_deadline(make_settings: Any) -> None:
+    settings = make_settings(max_inflight_bytes=LIMIT, produce_timeout_s=1.0)
+    await ensure_topics(settings)
+    publisher = EventPublisher(settings)
+    await publisher.start()
+    try:
+        assert publisher.inflight is not None
+        # Unacknowledged events holding the whole bound (a broker that stopped answering).
+        async with publisher.inflight.hold(LIMIT, 1.0):
+            with pytest.raises(PublishError) as full:
+                await publisher.publish(settings.store_topic, "k", _event(0))
+        assert full.value.retryable is True
+        message = str(full.value)
+        assert "GRAPHLEDGER_MAX_INFLIGHT_BYTES" in message and f"{LIMIT} bytes await" in message
+        # Room again: the same write goes through.
+        assert await publisher.publish(settings.store_topic, "k", _event(0))
+        assert publisher.inflight.used == 0
+    finally:
+        await publisher.stop()
+
+
+async def test_one_event_larger_than_the_bound_goes_alone() -> None:
+    bound = InflightBytes(1024)
+    async with bound.hold(10_000, 1.0):
+        assert bound.used == 1024
+        with pytest.raises(TimeoutError):
+            async with bound.hold(1, 0.2):
+                pass
+    assert bound.used == 0
+
+
+def test_a_saver_with_a_tiny_bound_lands_every_concurrent_checkpoint(stack: Any) -> None:
+    settings = stack.settings.model_copy(update={"max_inflight_bytes": LIMIT})
+    threads = [f"bp-{uuid.uuid4().hex[:8]}-{i}" for i in range(8)]
+
+    async def write_all(saver: KafkaSaver) -> None:
+        async def one(thread: str) -> None:
+            checkpoint = empty_checkpoint()
+            checkpoint["channel_values"] = {"blob": b"y" * EVENT_BYTES}
+            checkpoint["channel_versions"] = {"blob": saver.get_next_version(None, None)}
+            config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+            await saver.aput(config, checkpoint, {}, checkpoint["channel_versions"])
+
+        await asyncio.gather(*(one(t) for t in threads))
+
+    with KafkaSaver(settings) as saver:
+        asyncio.run(write_all(saver))
+        for thread in threads:
+            found = saver.get_tuple({"configurable": {"thread_id": thread}})
+            assert found is not None and found.checkpoint["channel_values"]["blob"] == b"y" * EVENT_BYTES
