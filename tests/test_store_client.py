@@ -213,7 +213,7 @@ _GOOD = _put().to_payload()
         ({"value": b"\xff\xfe"}, "value is not UTF-8 JSON"),
         ({"value": b"[1, 2]"}, "value is a JSON list, not an object"),
         ({"value": b'{"a": "x\\u0000y"}'}, r"value\.a contains a NUL"),
-        ({"value": b'{"a\\u0000": 1}'}, "value key contains a NUL"),
+        ({"value": b'{"a\\u0000": 1}'}, "value key .* contains a NUL"),
         ({"value": b'{"a": "\\ud800"}'}, "lone surrogate"),
         ({"value": b'{"a": NaN}'}, "NaN"),
         ({"value": b'{"a": [1, Infinity]}'}, "Infinity"),

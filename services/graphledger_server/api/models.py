@@ -11,6 +11,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from graphledger.pg_text import json_problem
+
 
 def _no_nul(value: str) -> str:
     if "\x00" in value:
@@ -18,23 +20,16 @@ def _no_nul(value: str) -> str:
     return value
 
 
-def _no_nul_inside(value: Any) -> Any:
-    """Postgres jsonb rejects \\u0000 anywhere, keys included; say so instead of failing in the query."""
-    if isinstance(value, str):
-        _no_nul(value)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _no_nul_inside(key)
-            _no_nul_inside(item)
-    elif isinstance(value, list):
-        for item in value:
-            _no_nul_inside(item)
+def _jsonb(value: Any) -> Any:
+    """A filter jsonb can hold: no NUL or lone surrogate (keys included), no NaN, bounded nesting."""
+    if problem := json_problem(value, "filter"):
+        raise ValueError(problem)
     return value
 
 
 Text = Annotated[str, AfterValidator(_no_nul)]
 ThreadId = Annotated[str, StringConstraints(min_length=1), AfterValidator(_no_nul)]
-MetadataFilter = Annotated[dict[str, Any], AfterValidator(_no_nul_inside)]
+MetadataFilter = Annotated[dict[str, Any], AfterValidator(_jsonb)]
 
 
 class _Request(BaseModel):
