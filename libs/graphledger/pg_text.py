@@ -39,7 +39,10 @@ def json_problem(value: Any, path: str, depth: int = 0) -> str | None:
     if isinstance(value, int):
         return None if MIN_INT <= value <= MAX_INT else f"{path} is {value}, outside the 64-bit integer range"
     if isinstance(value, float):
-        return None if math.isfinite(value) else f"{path} is {value!r}, which JSON cannot hold"
+        if not math.isfinite(value):
+            return f"{path} is {value!r}, which JSON cannot hold"
+        # jsonb keeps a number as a decimal, and reads 1e16 and above back as integers.
+        return f"{path} is {value!r}, an integer past 64 bits once in jsonb" if abs(value) >= 2**63 else None
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str | int | float | bool | None):  # json.dumps makes strings of these
@@ -74,11 +77,11 @@ def json_text_problem(raw: bytes, what: str) -> str | None:
     return json_problem(value, what)
 
 
-_LONG_DIGITS = re.compile(rb"\d{20}")
+_LONG_DIGITS = re.compile(rb"\d{19}")  # -(2**63) - 1 has 19 digits
 
 
 def json_text_suspect(raw: bytes) -> bool:
-    """Whether JSON text shows a sign `json_text_problem` may find (a surrogate escape, a 20-digit
+    """Whether JSON text shows a sign `json_text_problem` may find (a surrogate escape, a 19-digit
     run, more brackets than `MAX_JSON_DEPTH`): a cheap test that spares parsing the usual text."""
     return (
         b"\\ud" in raw
@@ -86,3 +89,16 @@ def json_text_suspect(raw: bytes) -> bool:
         or bool(_LONG_DIGITS.search(raw))
         or (raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH)
     )
+
+
+MAX_INDEX_KEY_BYTES = 2400
+"""Longest UTF-8 text one primary-key row may hold: Postgres caps a btree index row at 2704 bytes, and
+an event whose key does not fit would be dead-lettered after the client was told it was written."""
+
+
+def index_key_problem(what: str, *parts: str) -> str | None:
+    """Why texts that share one primary-key row are too long for its btree index, or None."""
+    size = sum(len(p.encode("utf-8", "surrogatepass")) for p in parts)
+    if size > MAX_INDEX_KEY_BYTES:
+        return f"{what} take {size} bytes together; Postgres indexes at most {MAX_INDEX_KEY_BYTES}"
+    return None

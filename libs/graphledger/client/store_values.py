@@ -33,9 +33,11 @@ from langgraph.store.base import _validate_namespace_labels as validate_namespac
 
 from graphledger.errors import InvalidInputError, ReadApiError
 from graphledger.events.store import StoreDelete, StorePut, Vector
-from graphledger.pg_text import json_problem, unstorable
+from graphledger.pg_text import index_key_problem, json_problem, unstorable
 
 FILTER_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
+
+MAX_COUNT = 2**63 - 1  # limits and offsets are Postgres bigints
 
 TokenizedField = tuple[str, Literal["$"] | list[str]]
 
@@ -137,6 +139,8 @@ def _prepare_put(op: PutOp, index_fields: list[TokenizedField] | None) -> Prepar
         return PreparedWrite(namespace, key, None) if namespace else Constant(None)
     namespace = _namespace_labels(op.namespace)
     validate_namespace(namespace)
+    if problem := index_key_problem("namespace and key", ".".join(namespace), key):
+        raise InvalidInputError(problem)
     if not isinstance(op.value, Mapping):
         raise InvalidInputError(f"store value must be a dict, got {type(op.value).__name__}")
     value = dict(op.value)
@@ -246,8 +250,8 @@ def _check_condition(condition: Any, path: str) -> None:
 
 
 def _count(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInputError(f"{what} must be a non-negative int, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise InvalidInputError(f"{what} must be an int from 0 to {MAX_COUNT} (a Postgres bigint), got {value!r}")
     return value
 
 

@@ -12,7 +12,15 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from graphledger.errors import InvalidInputError
-from graphledger.pg_text import MAX_INT, MAX_JSON_DEPTH, MIN_INT, json_problem, json_text_suspect, unstorable
+from graphledger.pg_text import (
+    MAX_INT,
+    MAX_JSON_DEPTH,
+    MIN_INT,
+    index_key_problem,
+    json_problem,
+    json_text_suspect,
+    unstorable,
+)
 
 
 def require_id(value: Any, what: str, *, allow_empty: bool = False) -> str:
@@ -32,16 +40,22 @@ def require_id(value: Any, what: str, *, allow_empty: bool = False) -> str:
     return text
 
 
+def require_key_fits(what: str, *parts: str) -> None:
+    """Texts sharing one primary-key row of the projection fit its btree index (else: dead letter)."""
+    if problem := index_key_problem(what, *parts):
+        raise InvalidInputError(problem)
+
+
 def _inlinable(value: Any) -> bool:
     # What PostgresSaver keeps inline in the checkpoint jsonb, less what jsonb (or a read of it) cannot
-    # hold: strings with NUL or lone surrogates, non-finite floats and integers past 64 bits go to blobs
-    # instead, where they are opaque bytes.
+    # hold as written: strings with NUL or lone surrogates, integers past 64 bits, and floats that are
+    # not finite or that jsonb would read back as integers go to blobs instead, as opaque bytes.
     if value is None or isinstance(value, bool):
         return True
     if isinstance(value, int):
         return MIN_INT <= value <= MAX_INT
-    if isinstance(value, float):
-        return math.isfinite(value)
+    if isinstance(value, float):  # jsonb reads 1e16 and above back as an integer
+        return math.isfinite(value) and "e+" not in repr(value)
     return isinstance(value, str) and unstorable(value) is None
 
 
@@ -64,7 +78,7 @@ def dump_json(value: Any, what: str) -> bytes:
     """JSON text as PostgresSaver's `Jsonb` writes it; refuses what jsonb (or a read of it) cannot hold.
 
     The text is checked, not the value, so what is checked is exactly what is stored; the walk runs only
-    when the text shows a sign of trouble (a NUL or surrogate escape, a 20-digit run, deep brackets).
+    when the text shows a sign of trouble (a NUL or surrogate escape, a 19-digit run, deep brackets).
     """
     try:
         text = json.dumps(value, allow_nan=False)

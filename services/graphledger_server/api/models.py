@@ -13,6 +13,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from graphledger.pg_text import json_problem
 
+MAX_DELTA_CHANNELS = 256
+
 
 def _no_nul(value: str) -> str:
     if "\x00" in value:
@@ -85,7 +87,8 @@ class ListRequest(_Request):
 class DeltaHistoryRequest(GetRequest):
     """`aget_delta_channel_history`: the writes (and seed) that rebuild each DeltaChannel's value."""
 
-    channels: list[Text]
+    # The official query reads a few columns per channel; Postgres allows 1664 in one select list.
+    channels: list[Text] = Field(max_length=MAX_DELTA_CHANNELS)
 
 
 # Responses. Routes build them as plain dicts (the hot path); these models document them in the
