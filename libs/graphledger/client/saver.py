@@ -26,6 +26,7 @@ from langgraph.checkpoint.base import (
     get_serializable_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
 from graphledger.client.runtime import ClientLifecycle, ClientRuntime
 from graphledger.client.values import (
@@ -212,7 +213,9 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
         thread_id = require_id(configurable.get("thread_id"), "thread_id")
         checkpoint_ns = _namespace(configurable.get("checkpoint_ns"))
         parent_id = configurable.get("checkpoint_id")
-        inline, blob_values = split_channel_values(checkpoint["channel_values"])
+        # An encrypting serde must see every value; PostgresSaver would store primitives in plain text.
+        encrypted = isinstance(self.serde, EncryptedSerializer)
+        inline, blob_values = split_channel_values(checkpoint["channel_values"], inline_primitives=not encrypted)
         blobs = tuple(
             Blob(channel, str(version), *self._dump(blob_values[channel], f"channel {channel!r}"))
             for channel, version in new_versions.items()

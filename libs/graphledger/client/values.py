@@ -59,15 +59,21 @@ def _inlinable(value: Any) -> bool:
     return isinstance(value, str) and unstorable(value) is None
 
 
-def split_channel_values(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(inline values for the checkpoint jsonb, values stored as blobs), as PostgresSaver splits them."""
+def split_channel_values(
+    values: dict[str, Any], *, inline_primitives: bool = True
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(inline values for the checkpoint jsonb, values stored as blobs), as PostgresSaver splits them.
+
+    Without `inline_primitives` every value is a blob made by the serde: an encrypting serde then
+    covers strings and numbers too, which PostgresSaver would leave in plain text in the checkpoint.
+    """
     inline: dict[str, Any] = {}
     blobs: dict[str, Any] = {}
     for channel, value in values.items():
         if isinstance(value, _DeltaSnapshot):
             blobs[channel] = value
             inline[channel] = True  # the marker PostgresSaver leaves for a snapshot blob
-        elif _inlinable(value):
+        elif inline_primitives and _inlinable(value):
             inline[channel] = value
         else:
             blobs[channel] = value
