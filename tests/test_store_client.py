@@ -213,7 +213,7 @@ _GOOD = _put().to_payload()
         ({"value": b"\xff\xfe"}, "value is not UTF-8 JSON"),
         ({"value": b"[1, 2]"}, "value is a JSON list, not an object"),
         ({"value": b'{"a": "x\\u0000y"}'}, r"value\.a contains a NUL"),
-        ({"value": b'{"a\\u0000": 1}'}, "value key contains a NUL"),
+        ({"value": b'{"a\\u0000": 1}'}, "value key .* contains a NUL"),
         ({"value": b'{"a": "\\ud800"}'}, "lone surrogate"),
         ({"value": b'{"a": NaN}'}, "NaN"),
         ({"value": b'{"a": [1, Infinity]}'}, "Infinity"),
@@ -339,8 +339,8 @@ async def test_a_query_without_an_index_is_refused_and_publishes_nothing(
         (PutOp(("ns",), 3.5, {"a": 1}), InvalidInputError, "store key must be a str, got float"),  # type: ignore[arg-type]
         (PutOp(("ns",), "k", {"a": 1}, index="text"), InvalidInputError, "index must be False, None or a list"),  # type: ignore[arg-type]
         (PutOp(("ns",), "k", {"a": 1}, ttl=float("inf")), InvalidInputError, "ttl must be a finite number"),
-        (SearchOp(("ns",), limit=-1), InvalidInputError, "limit must be a non-negative int"),
-        (ListNamespacesOp(max_depth=-2), InvalidInputError, "max_depth must be a non-negative int"),
+        (SearchOp(("ns",), limit=-1), InvalidInputError, "limit must be an int from 0"),
+        (ListNamespacesOp(max_depth=-2), InvalidInputError, "max_depth must be an int from 0"),
         (
             ListNamespacesOp(match_conditions=(MatchCondition("infix", ("a",)),)),  # type: ignore[arg-type]
             InvalidInputError,

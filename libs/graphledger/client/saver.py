@@ -26,6 +26,7 @@ from langgraph.checkpoint.base import (
     get_serializable_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
 from graphledger.client.runtime import ClientLifecycle, ClientRuntime
 from graphledger.client.values import (
@@ -33,6 +34,7 @@ from graphledger.client.values import (
     decode_tuple,
     dump_json,
     require_id,
+    require_key_fits,
     split_channel_values,
 )
 from graphledger.errors import InvalidInputError
@@ -211,36 +213,61 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
         thread_id = require_id(configurable.get("thread_id"), "thread_id")
         checkpoint_ns = _namespace(configurable.get("checkpoint_ns"))
         parent_id = configurable.get("checkpoint_id")
-        inline, blob_values = split_channel_values(checkpoint["channel_values"])
+        # An encrypting serde must see every value; PostgresSaver would store primitives in plain text.
+        encrypted = isinstance(self.serde, EncryptedSerializer)
+        inline, blob_values = split_channel_values(checkpoint["channel_values"], inline_primitives=not encrypted)
         blobs = tuple(
-            Blob(channel, str(version), *self.serde.dumps_typed(blob_values[channel]))
+            Blob(channel, str(version), *self._dump(blob_values[channel], f"channel {channel!r}"))
             for channel, version in new_versions.items()
             if channel in blob_values
         )
+        checkpoint_id = require_id(checkpoint["id"], "checkpoint id")
+        require_key_fits("thread_id, checkpoint_ns and checkpoint id", thread_id, checkpoint_ns, checkpoint_id)
+        for blob in blobs:
+            require_key_fits(
+                f"thread_id, checkpoint_ns and channel {blob.channel!r}",
+                thread_id,
+                checkpoint_ns,
+                blob.channel,
+                blob.version,
+            )
         return CheckpointPut(
             thread_id=thread_id,
             checkpoint_ns=checkpoint_ns,
-            checkpoint_id=require_id(checkpoint["id"], "checkpoint id"),
+            checkpoint_id=checkpoint_id,
             parent_checkpoint_id=require_id(parent_id, "parent checkpoint_id") if parent_id else None,
             checkpoint_json=dump_json({**checkpoint, "channel_values": inline}, "checkpoint"),
             metadata_json=dump_json(get_serializable_checkpoint_metadata(config, metadata), "checkpoint metadata"),
             blobs=blobs,
         )
 
+    def _dump(self, value: Any, what: str) -> tuple[str, bytes]:
+        try:
+            return self.serde.dumps_typed(value)
+        except (TypeError, ValueError, OverflowError) as exc:  # e.g. an int past 64 bits for msgpack
+            raise InvalidInputError(f"the saver's serde cannot serialize the {what}: {exc}") from exc
+
     def _checkpoint_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
     ) -> CheckpointWrites:
         configurable = config["configurable"]
+        key = (
+            require_id(configurable.get("thread_id"), "thread_id"),
+            _namespace(configurable.get("checkpoint_ns")),
+            require_id(configurable.get("checkpoint_id"), "checkpoint_id"),
+            require_id(task_id, "task_id", allow_empty=True),
+        )
+        require_key_fits("thread_id, checkpoint_ns, checkpoint_id and task_id", *key)
         return CheckpointWrites(
-            thread_id=require_id(configurable.get("thread_id"), "thread_id"),
-            checkpoint_ns=_namespace(configurable.get("checkpoint_ns")),
-            checkpoint_id=require_id(configurable.get("checkpoint_id"), "checkpoint_id"),
-            task_id=require_id(task_id, "task_id", allow_empty=True),
+            thread_id=key[0],
+            checkpoint_ns=key[1],
+            checkpoint_id=key[2],
+            task_id=key[3],
             task_path=require_id(task_path, "task_path", allow_empty=True),
             # Like PostgresSaver: special writes (errors, interrupts) replace, regular ones never do.
             upsert=all(channel in WRITES_IDX_MAP for channel, _ in writes),
             writes=tuple(
-                Write(WRITES_IDX_MAP.get(channel, idx), channel, *self.serde.dumps_typed(value))
+                Write(WRITES_IDX_MAP.get(channel, idx), channel, *self._dump(value, f"write to {channel!r}"))
                 for idx, (channel, value) in enumerate(writes)
             ),
         )

@@ -31,12 +31,13 @@ from langgraph.store.base import (
 from langgraph.store.base import _validate_namespace as validate_namespace
 from langgraph.store.base import _validate_namespace_labels as validate_namespace_labels
 
-from graphledger.client.values import check_int_range
 from graphledger.errors import InvalidInputError, ReadApiError
 from graphledger.events.store import MAX_TTL_MINUTES, StoreDelete, StorePut, Vector
-from graphledger.pg_text import unstorable
+from graphledger.pg_text import index_key_problem, json_problem, unstorable
 
 FILTER_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
+
+MAX_COUNT = 2**63 - 1  # limits and offsets are Postgres bigints
 
 TokenizedField = tuple[str, Literal["$"] | list[str]]
 
@@ -119,6 +120,9 @@ def _namespace_labels(namespace: Any) -> tuple[str, ...]:
         raise InvalidNamespaceError(f"Namespace must be a tuple of strings, got {type(namespace).__name__}.")
     namespace = tuple(namespace)
     validate_namespace_labels(namespace)
+    for label in namespace:
+        if reason := unstorable(label):  # LangGraph checks NUL, not lone surrogates
+            raise InvalidNamespaceError(f"Namespace label {label!r} {reason}, which Postgres cannot store.")
     return namespace
 
 
@@ -128,8 +132,8 @@ def _key(key: Any) -> str:
         key = str(key)
     if not isinstance(key, str):
         raise InvalidInputError(f"store key must be a str, got {type(key).__name__}")
-    if "\x00" in key:
-        raise InvalidInputError(f"store key {key!r} contains a NUL character (\\u0000), which Postgres cannot store")
+    if reason := unstorable(key):
+        raise InvalidInputError(f"store key {key!r} {reason}, which Postgres cannot store")
     return key
 
 
@@ -141,6 +145,8 @@ def _prepare_put(op: PutOp, index_fields: list[TokenizedField] | None) -> Prepar
         return PreparedWrite(namespace, key, None) if namespace else Constant(None)
     namespace = _namespace_labels(op.namespace)
     validate_namespace(namespace)
+    if problem := index_key_problem("namespace and key", ".".join(namespace), key):
+        raise InvalidInputError(problem)
     if not isinstance(op.value, Mapping):
         raise InvalidInputError(f"store value must be a dict, got {type(op.value).__name__}")
     value = dict(op.value)
@@ -163,7 +169,7 @@ def _prepare_put(op: PutOp, index_fields: list[TokenizedField] | None) -> Prepar
 
 
 def _is_path_list(index: Any) -> bool:
-    return isinstance(index, list | tuple) and all(isinstance(p, str) and "\x00" not in p for p in index)
+    return isinstance(index, list | tuple) and all(isinstance(p, str) and unstorable(p) is None for p in index)
 
 
 def _texts(value: dict[str, Any], paths: Sequence[TokenizedField]) -> list[tuple[str, str]]:
@@ -179,7 +185,7 @@ def _texts(value: dict[str, Any], paths: Sequence[TokenizedField]) -> list[tuple
 
 
 def dump_value(value: dict[str, Any]) -> bytes:
-    """The value as the UTF-8 JSON text jsonb stores; refuses what jsonb would reject."""
+    """The value as the UTF-8 JSON text jsonb stores; refuses what jsonb (or a read of it) cannot hold."""
     _check_json(value, "store value")
     try:
         return json.dumps(value, allow_nan=False, ensure_ascii=False).encode()
@@ -188,23 +194,8 @@ def dump_value(value: dict[str, Any]) -> bytes:
 
 
 def _check_json(value: Any, path: str) -> None:
-    if isinstance(value, str):
-        _check_text(value, path)
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise InvalidInputError(f"{path} is {value!r}, which JSON cannot hold")
-    elif isinstance(value, int) and not isinstance(value, bool):
-        check_int_range(value, path)
-    elif isinstance(value, Mapping):
-        for k, v in value.items():
-            if isinstance(k, str):
-                _check_text(k, f"{path} key {k!r}")
-            _check_json(v, f"{path}.{k}")
-    elif isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            _check_json(v, f"{path}[{i}]")
-    elif value is not None and not isinstance(value, bool | int):
-        raise InvalidInputError(f"{path} is a {type(value).__name__}, which is not JSON-serializable")
+    if problem := json_problem(value, path):
+        raise InvalidInputError(f"{problem}: Postgres jsonb or the read API cannot hold it")
 
 
 def _check_text(text: str, path: str) -> None:
@@ -227,6 +218,7 @@ def _prepare_search(op: SearchOp, *, has_index: bool) -> PreparedRead:
             if not isinstance(field, str):
                 raise InvalidInputError(f"filter keys must be str field names, got {field!r}")
             _check_text(field, f"filter key {field!r}")
+            _check_json(condition, f"filter.{field}")  # bounds the depth `_check_condition` recurses to
             _check_condition(condition, f"filter.{field}")
         if op.filter:
             body["filter"] = op.filter
@@ -268,8 +260,8 @@ def _check_condition(condition: Any, path: str) -> None:
 
 
 def _count(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInputError(f"{what} must be a non-negative int, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise InvalidInputError(f"{what} must be an int from 0 to {MAX_COUNT} (a Postgres bigint), got {value!r}")
     return value
 
 

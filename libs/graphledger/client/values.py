@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import uuid
 from typing import Any
 
@@ -13,6 +12,15 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from graphledger.errors import InvalidInputError
+from graphledger.pg_text import (
+    MAX_INT,
+    MAX_JSON_DEPTH,
+    MIN_INT,
+    index_key_problem,
+    json_problem,
+    json_text_suspect,
+    unstorable,
+)
 
 
 def require_id(value: Any, what: str, *, allow_empty: bool = False) -> str:
@@ -27,82 +35,67 @@ def require_id(value: Any, what: str, *, allow_empty: bool = False) -> str:
     text = str(value)
     if not text and not allow_empty:
         raise InvalidInputError(f"{what} must not be empty")
-    if "\x00" in text:
-        raise InvalidInputError(f"{what} {text!r} contains a NUL character (\\u0000), which Postgres cannot store")
+    if reason := unstorable(text):
+        raise InvalidInputError(f"{what} {text!r} {reason}, which Postgres cannot store")
     return text
 
 
+def require_key_fits(what: str, *parts: str) -> None:
+    """Texts sharing one primary-key row of the projection fit its btree index (else: dead letter)."""
+    if problem := index_key_problem(what, *parts):
+        raise InvalidInputError(problem)
+
+
 def _inlinable(value: Any) -> bool:
-    # What PostgresSaver keeps inline in the checkpoint jsonb, less what jsonb cannot hold: strings
-    # with NUL and non-finite floats go to blobs instead, where they are opaque bytes.
-    if value is None or isinstance(value, bool | int):
+    # What PostgresSaver keeps inline in the checkpoint jsonb, less what jsonb (or a read of it) cannot
+    # hold as written: strings with NUL or lone surrogates, integers past 64 bits, and floats that are
+    # not finite or that jsonb would read back as integers go to blobs instead, as opaque bytes.
+    if value is None or isinstance(value, bool):
         return True
-    if isinstance(value, float):
-        return math.isfinite(value)
-    return isinstance(value, str) and "\x00" not in value
+    if isinstance(value, int):
+        return MIN_INT <= value <= MAX_INT
+    if isinstance(value, float):  # jsonb reads 1e16 and above back as an integer
+        return math.isfinite(value) and "e+" not in repr(value)
+    return isinstance(value, str) and unstorable(value) is None
 
 
-def split_channel_values(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(inline values for the checkpoint jsonb, values stored as blobs), as PostgresSaver splits them."""
+def split_channel_values(
+    values: dict[str, Any], *, inline_primitives: bool = True
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(inline values for the checkpoint jsonb, values stored as blobs), as PostgresSaver splits them.
+
+    Without `inline_primitives` every value is a blob made by the serde: an encrypting serde then
+    covers strings and numbers too, which PostgresSaver would leave in plain text in the checkpoint.
+    """
     inline: dict[str, Any] = {}
     blobs: dict[str, Any] = {}
     for channel, value in values.items():
         if isinstance(value, _DeltaSnapshot):
             blobs[channel] = value
             inline[channel] = True  # the marker PostgresSaver leaves for a snapshot blob
-        elif _inlinable(value):
+        elif inline_primitives and _inlinable(value):
             inline[channel] = value
         else:
             blobs[channel] = value
     return inline, blobs
 
 
-# msgpack, the read API's wire format, holds integers in [-2**63, 2**64); jsonb would store larger
-# ones, but no read could then return them.
-_MIN_INT, _MAX_INT = -(2**63), 2**64 - 1
-_LONG_DIGITS = re.compile(r"\d{20}")
-
-
-def check_int_range(value: int, path: str) -> None:
-    if not _MIN_INT <= value <= _MAX_INT:
-        raise InvalidInputError(f"{path} is {value}, outside the 64-bit range the read API can return")
-
-
-def _refuse_huge_ints(value: Any, path: str) -> None:
-    if isinstance(value, int) and not isinstance(value, bool):
-        check_int_range(value, path)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _refuse_huge_ints(item, f"{path}.{key}")
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _refuse_huge_ints(item, f"{path}[{i}]")
-
-
 def dump_json(value: Any, what: str) -> bytes:
-    """JSON text as PostgresSaver's `Jsonb` writes it; refuses what Postgres jsonb would reject."""
+    """JSON text as PostgresSaver's `Jsonb` writes it; refuses what jsonb (or a read of it) cannot hold.
+
+    The text is checked, not the value, so what is checked is exactly what is stored; the walk runs only
+    when the text shows a sign of trouble (a NUL or surrogate escape, a 19-digit run, deep brackets).
+    """
     try:
         text = json.dumps(value, allow_nan=False)
+    except RecursionError:
+        raise InvalidInputError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from None
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} is not JSON-serializable: {exc}") from None
-    if "\\u0000" in text:  # rare: walk the value to name where the NUL is (or find an escaped "\\u0000")
-        _refuse_nul(value, what)
-    if _LONG_DIGITS.search(text):  # rare: a 20-digit run may be an integer past 64 bits
-        _refuse_huge_ints(value, what)
-    return text.encode()
-
-
-def _refuse_nul(value: Any, path: str) -> None:
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise InvalidInputError(f"{path} contains a NUL character (\\u0000), which Postgres jsonb rejects")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _refuse_nul(key, f"{path} key")
-            _refuse_nul(item, f"{path}.{key}")
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _refuse_nul(item, f"{path}[{i}]")
+    raw = text.encode()
+    if ("\\u0000" in text or json_text_suspect(raw)) and (problem := json_problem(json.loads(text), what)):
+        raise InvalidInputError(f"{problem}: Postgres jsonb or the read API cannot hold it")
+    return raw
 
 
 def _value(wire: dict[str, Any], serde: SerializerProtocol) -> Any:

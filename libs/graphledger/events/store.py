@@ -7,20 +7,20 @@ partition; the item's timestamps come from the envelope's producer time, so a re
 same rows.
 
 `from_payload` validates what Postgres would otherwise reject in the middle of a batch (bad JSON,
-NUL characters, non-finite floats, duplicate vector rows), so such an event is dead-lettered
-instead of failing every event applied with it.
+NUL characters, non-finite floats, duplicate vector rows), or what the read API could not return
+(integers past 64 bits, deep nesting), so such an event is dead-lettered instead of failing every
+event applied with it or every read of it.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from graphledger.errors import InvalidEventError
 from graphledger.events.envelope import MAX_EPOCH_MS
-from graphledger.pg_text import unstorable
+from graphledger.pg_text import json_text_problem
 
 MAX_TTL_MINUTES = 2**31 - 1
 """`store.ttl_minutes` is an INT (int4), as in the official layout."""
@@ -224,29 +224,6 @@ def _vectors(rows: Any) -> tuple[Vector, ...] | None:
     return tuple(vectors)
 
 
-def _reject_constant(name: str) -> Any:
-    raise InvalidEventError(f"value holds {name}, which jsonb cannot store")
-
-
 def _check_value_json(value: bytes) -> None:
-    try:
-        decoded = json.loads(value.decode("utf-8"), parse_constant=_reject_constant)
-    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise InvalidEventError(f"value is not UTF-8 JSON text: {exc}") from None
-    if not isinstance(decoded, dict):
-        raise InvalidEventError(f"value is a JSON {type(decoded).__name__}, not an object")
-    _check_strings(decoded, "value")
-
-
-def _check_strings(value: Any, path: str) -> None:
-    """jsonb rejects NUL (`\\u0000`) and lone surrogates, which JSON text can spell as escapes."""
-    if isinstance(value, str):
-        if reason := unstorable(value):
-            raise InvalidEventError(f"{path} {reason}")
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _check_strings(k, f"{path} key")
-            _check_strings(v, f"{path}.{k}")
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _check_strings(v, f"{path}[{i}]")
+    if problem := json_text_problem(value, "value"):
+        raise InvalidEventError(problem)

@@ -33,6 +33,7 @@ from graphledger.events.checkpoint import (
     ThreadPrune,
 )
 from graphledger.events.envelope import MAX_EPOCH_MS, Envelope
+from graphledger.pg_text import json_text_problem, json_text_suspect
 from graphledger.projection import prune
 from graphledger.projection.sql import render
 
@@ -228,7 +229,8 @@ _INT4 = range(-(2**31), 2**31)
 
 
 def to_checkpoint_event(env: Envelope) -> CheckpointEvent:
-    """The typed event, refusing what would make its batch's statements fail (`InvalidEventError`).
+    """The typed event, refusing what would make its batch's statements fail or what no read of it
+    could return (`InvalidEventError`).
 
     Without this one bad event would fail the set-based statement of a whole batch; the projector
     then falls back to applying events one by one to find it, which is correct but slow.
@@ -242,6 +244,8 @@ def to_checkpoint_event(env: Envelope) -> CheckpointEvent:
                 raise InvalidEventError(f"{name} JSON is not UTF-8: {exc}") from None
             if b"\x00" in text or (b"\\u0000" in text and _JSON_NUL.search(text)):
                 raise InvalidEventError(f"{name} JSON contains \\u0000, which Postgres jsonb cannot store")
+            if json_text_suspect(text) and (problem := json_text_problem(text, f"{name} JSON")):
+                raise InvalidEventError(problem)
     elif isinstance(event, CheckpointWrites):
         for w in event.writes:
             if w.idx not in _INT4:

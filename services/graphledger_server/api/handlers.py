@@ -49,6 +49,13 @@ async def _postgres_unreachable(request: Request, exc: Exception) -> Response:
     return _send(request, unavailable("postgres_unavailable", "the projection database is unreachable; retry"))
 
 
+async def _over_a_limit(request: Request, exc: Exception) -> Response:
+    # An OperationalError by class, but the request's fault (a read too large for one statement), not
+    # an outage: retrying it would fail forever.
+    log.warning("request to %s exceeds a Postgres limit: %s", request.url.path, exc)
+    return _send(request, ApiError(400, "over_a_limit", "the request exceeds a database limit; ask for less"))
+
+
 async def _not_migrated(request: Request, exc: Exception) -> Response:
     log.warning("projection not migrated for %s: %s", request.url.path, exc)
     return _send(request, unavailable("not_ready", "the projection schema is not migrated yet; retry"))
@@ -69,6 +76,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(psycopg.OperationalError, _postgres_unreachable)
+    app.add_exception_handler(psycopg.errors.ProgramLimitExceeded, _over_a_limit)
     app.add_exception_handler(psycopg.errors.UndefinedTable, _not_migrated)
     app.add_exception_handler(ReencodeRefusedError, _reencode_refused)
     app.add_exception_handler(Exception, _unexpected)
