@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from graphledger.errors import GraphledgerError
 from graphledger.settings import Settings
+from graphledger_server import dlq
 
 if TYPE_CHECKING:
     from graphledger_server.devstack.stack import DevStack
@@ -154,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("sweeper", "TTL and retention sweeper (not implemented yet: idles)"),
     ):
         commands.add_parser(name, help=help_text).set_defaults(run=_service)
+    dlq.add_parser(commands)
     return parser
 
 
