@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from graphledger.errors import GraphledgerError
 from graphledger.settings import Settings
-from graphledger_server import token_cmd
+from graphledger_server import dlq, importer, token_cmd
 
 if TYPE_CHECKING:
     from graphledger_server.devstack.stack import DevStack
@@ -156,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         commands.add_parser(name, help=help_text).set_defaults(run=_service)
     token_cmd.register(commands)
+    dlq.add_parser(commands)
+    importer.add_parser(commands)
     return parser
 
 

@@ -7,7 +7,7 @@ event without decoding it.
 Version policy: `SCHEMA_VERSION` is the version this code writes. A record with a lower version is
 upcast (`UPCASTERS`) before validation; a record with a higher version was written by a newer
 graphledger and raises `UnknownEventVersionError`, which a worker must not dead-letter (a newer worker
-understands it) but stop on.
+understands it) but stop on. docs/events.md describes each event and how to add a version.
 """
 
 from __future__ import annotations
@@ -106,6 +106,9 @@ def decode(value: bytes | None) -> Envelope:
     if not isinstance(payload, dict):
         raise InvalidEventError(f"envelope payload of {event_type} is not a map")
     while version < SCHEMA_VERSION:
-        payload = UPCASTERS[version](event_type, payload)
+        upcast = UPCASTERS.get(version)
+        if upcast is None:  # a packaging bug: stop (nothing lost) rather than dead-letter every old event
+            raise UnknownEventVersionError(f"no upcaster from event version {version} to {version + 1}")
+        payload = upcast(event_type, payload)
         version += 1
     return Envelope(event_type, event_id, produced_ms, payload, version)

@@ -52,19 +52,25 @@ class StorePut:
     """The item's value (a dict) as UTF-8 JSON text."""
     ttl_minutes: float | None
     vectors: tuple[Vector, ...] | None
+    created_ms: int | None = None
+    """The item's `created_at` (ms) when the put creates it; None: the envelope's producer time. Set
+    by `graphledger import`, which carries an existing item's original creation time."""
 
     @property
     def key(self) -> str:
         return store_key(self.namespace, self.item_key)
 
     def to_payload(self) -> dict[str, Any]:
-        return {
+        payload = {
             "namespace": list(self.namespace),
             "key": self.item_key,
             "value": self.value_json,
             "ttl_minutes": self.ttl_minutes,
             "vectors": None if self.vectors is None else [[path, list(vec)] for path, vec in self.vectors],
         }
+        if self.created_ms is not None:  # absent rather than null: a client's puts encode as before
+            payload["created_ms"] = self.created_ms
+        return payload
 
     @classmethod
     def from_payload(cls, p: dict[str, Any]) -> StorePut:
@@ -78,6 +84,7 @@ class StorePut:
             value,
             _ttl_minutes(p.get("ttl_minutes")),
             _vectors(p.get("vectors")),
+            _created_ms(p.get("created_ms")),
         )
 
 
@@ -191,6 +198,14 @@ def _ttl_minutes(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise InvalidEventError(f"ttl_minutes {value!r} is not a finite number or null")
     return float(value)
+
+
+def _created_ms(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidEventError(f"created_ms {value!r} is not a non-negative integer or null")
+    return value
 
 
 def _vectors(rows: Any) -> tuple[Vector, ...] | None:

@@ -1,7 +1,8 @@
 """Dead letters: the record for the dead-letter topic, and the `graphledger_dead_letters` row.
 
-The dead-letter record carries the original key, value and headers plus why and where it came from,
-so it can be inspected and republished. Both are written before the batch commits, and the row's key
+The dead-letter record carries the original key, value and headers plus why and where it came from;
+the row keeps the same (a chunked event reassembled), so `graphledger dlq` can inspect and republish
+it from Postgres alone. Both are written before the batch commits, and the row's key
 (topic, partition, offset) makes a retried batch add no second row.
 """
 
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import asyncpg
+import ormsgpack
 
 from graphledger.events import envelope
 from graphledger.events.chunks import ChunkRef, split
@@ -24,11 +26,17 @@ HEADER_OFFSET = "gl-dlq-offset"
 
 MAX_REASON_CHARS = 2000
 
-# $1..$5 -> unnest(topic, partition, offset, event_type, reason).
+# $1..$8 -> unnest(topic, partition, offset, event_type, reason, record_key, record_value, record_headers).
 INSERT_DEAD_LETTERS_SQL = """
-INSERT INTO {schema}.graphledger_dead_letters (topic, partition, "offset", event_type, reason)
-SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[], $5::text[])
+INSERT INTO {schema}.graphledger_dead_letters
+    (topic, partition, "offset", event_type, reason, record_key, record_value, record_headers)
+SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[], $5::text[], $6::bytea[], $7::bytea[],
+                     $8::bytea[])
 ON CONFLICT (topic, partition, "offset") DO NOTHING
+"""
+
+OUTSTANDING_SQL = """
+SELECT topic, count(*) AS n FROM {schema}.graphledger_dead_letters WHERE replayed_at IS NULL GROUP BY topic
 """
 
 
@@ -83,4 +91,24 @@ async def record_dead_letters(conn: asyncpg.Connection, schema: str, letters: Se
             [d.record.offset for d in letters],
             [d.event_type for d in letters],
             [reason_text(d.reason) for d in letters],
+            [d.record.key for d in letters],
+            [d.value for d in letters],
+            [encode_headers(d.record.headers) for d in letters],
         )
+
+
+def encode_headers(headers: Sequence[tuple[str, bytes]]) -> bytes:
+    """A record's headers as the row keeps them; `gl-chunk` is dropped (the row holds the whole event)."""
+    return ormsgpack.packb([[k, v] for k, v in headers if k != envelope.HEADER_CHUNK])
+
+
+def decode_headers(raw: bytes | None) -> list[tuple[str, bytes]]:
+    return [(k, v) for k, v in ormsgpack.unpackb(raw)] if raw else []
+
+
+async def outstanding(conn: asyncpg.Connection, schema: str, topics: Sequence[str]) -> dict[str, int]:
+    """Dead letters not replayed yet, per source topic (0 for each of `topics` without any)."""
+    counts = dict.fromkeys(topics, 0)
+    for row in await conn.fetch(render(OUTSTANDING_SQL, schema)):
+        counts[row["topic"]] = row["n"]
+    return counts

@@ -6,8 +6,9 @@ one statement per table however many events it holds.
 
 Merging one item's events in log order:
 - the last event decides whether the item exists (a delete) or what it holds (a put);
-- `created_at` is the first put after the item's last delete in the run; without a delete in the run,
-  an existing row keeps its own (`reset` says which);
+- `created_at` is the first put after the item's last delete in the run (its `created_ms` if it
+  carries one, as an imported item does, else its time); without a delete in the run, an existing
+  row keeps its own (`reset` says which);
 - vectors: the last put that carried a list replaces every vector row of the item; puts with
   `vectors` null keep what is there (as both official stores do on `index=False`), unless a delete in
   the run removed it.
@@ -246,7 +247,8 @@ def plan_run(items: Sequence[tuple[str, int, int, TimedStoreEvent]]) -> StoreRun
             merged[item] = _Merged(None, ts)
         elif current is None or current.put is None:
             # The first put of a chain: a new item, or one deleted earlier in this run (reset).
-            merged[item] = _Merged(event, ts, ts, current is not None, event.vectors, ts)
+            created = ts if event.created_ms is None else event.created_ms
+            merged[item] = _Merged(event, ts, created, current is not None, event.vectors, ts)
         else:
             current.put, current.ts_ms = event, ts
             if event.vectors is not None:
@@ -312,6 +314,8 @@ class StoreProjection:
         event = store_event(env)
         if not 0 <= env.produced_ms <= MAX_EPOCH_MS:
             raise InvalidEventError(f"envelope ts {env.produced_ms} ms is not a time between 1970 and 9999")
+        if isinstance(event, StorePut) and event.created_ms is not None and event.created_ms > MAX_EPOCH_MS:
+            raise InvalidEventError(f"created_ms {event.created_ms} is not a time between 1970 and 9999")
         prefix_bytes = len(prefix_of(event.namespace).encode()) + len(event.item_key.encode())
         if isinstance(event, StorePut):
             if event.ttl_minutes is not None and abs(event.ttl_minutes) > MAX_TTL_MINUTES:

@@ -162,6 +162,24 @@ PROJECTOR_BATCH_FAILURES = MetricSpec(
     names.PROJECTOR_SCOPE,
     (names.ERROR_TYPE,),
 )
+PROJECTOR_PARTITIONS_STOPPED = MetricSpec(
+    "graphledger.projector.partitions.stopped",
+    "observable_gauge",
+    "{partition}",
+    "Partitions this worker stopped at an event from a newer graphledger (envelope version above its own): "
+    "they apply nothing until an upgraded projector takes them over (docs/events.md).",
+    names.PROJECTOR_SCOPE,
+    (_GROUP,),
+)
+DEAD_LETTERS_OUTSTANDING = MetricSpec(
+    "graphledger.dead_letters.outstanding",
+    "observable_gauge",
+    "{event}",
+    "Dead letters of a source topic not replayed yet (`graphledger dlq list`), as the projector last counted "
+    "them in graphledger_dead_letters.",
+    names.PROJECTOR_SCOPE,
+    (_TOPIC,),
+)
 
 # -- read API ------------------------------------------------------------------------------------------
 HTTP_SERVER_REQUEST_DURATION = MetricSpec(
@@ -272,6 +290,8 @@ REGISTRY: tuple[MetricSpec, ...] = (
     PROJECTOR_EVENTS_DEAD_LETTERED,
     PROJECTOR_EVENTS_SKIPPED,
     PROJECTOR_BATCH_FAILURES,
+    PROJECTOR_PARTITIONS_STOPPED,
+    DEAD_LETTERS_OUTSTANDING,
     HTTP_SERVER_REQUEST_DURATION,
     HTTP_SERVER_ACTIVE_REQUESTS,
     HTTP_SERVER_REQUEST_BODY_SIZE,

@@ -74,6 +74,20 @@ def _observe_lag() -> Iterator[tuple[float, dict[str, Any]]]:
             )
 
 
+def _observe_stopped() -> Iterator[tuple[float, dict[str, Any]]]:
+    for worker in list(_workers):
+        yield len(worker.stopped), {names.MESSAGING_CONSUMER_GROUP_NAME: worker.group}
+
+
+def _observe_dead_letters() -> Iterator[tuple[float, dict[str, Any]]]:
+    counts: dict[str, int] = {}
+    for worker in list(_workers):  # workers of one process count the same table: one value per topic
+        for topic, count in worker.outstanding_dead_letters.items():
+            counts[topic] = max(count, counts.get(topic, 0))
+    for topic, count in counts.items():
+        yield count, {names.MESSAGING_DESTINATION_NAME: topic}
+
+
 def _link_limit() -> int | None:
     raw = os.environ.get("OTEL_SPAN_LINK_COUNT_LIMIT", "").strip().lower()
     if raw == "unset":
@@ -92,16 +106,23 @@ class ProjectorTelemetry:
         self.namespace = db_namespace(settings.postgres_dsn, settings.postgres_schema)
         self.lag: Mapping[TopicPartition, int] = {}
         """Records behind per assigned partition, as of the last fetch or commit (a snapshot)."""
+        self.stopped: frozenset[TopicPartition] = frozenset()
+        """Assigned partitions stopped at an event from a newer graphledger."""
+        self.outstanding_dead_letters: Mapping[str, int] = {}
+        """Dead letters not replayed yet per source topic, as last counted (a snapshot)."""
         self._committed: dict[TopicPartition, int] = {}
         self._consumer: Any = None
         _workers.add(self)
         metrics.observe(metrics.PROJECTOR_LAG, _observe_lag)
+        metrics.observe(metrics.PROJECTOR_PARTITIONS_STOPPED, _observe_stopped)
+        metrics.observe(metrics.DEAD_LETTERS_OUTSTANDING, _observe_dead_letters)
 
     # -- positions, for the lag gauge -------------------------------------------------------------------
 
     def assigned(self, next_offsets: Mapping[TopicPartition, int]) -> None:
         """The stored next offsets of newly assigned partitions (0 for a partition never applied)."""
         self._committed.update(next_offsets)
+        self.stopped = self.stopped - set(next_offsets)  # a reassigned partition starts over (and may stop again)
         self._refresh()
 
     def fetched(self, consumer: Any) -> None:
@@ -191,6 +212,8 @@ class ProjectorTelemetry:
             _dead_lettered.add(count, {names.EVENT_TYPE: event_type_label(event_type)})
         if result.skipped:
             _skipped.add(result.skipped)
+        if result.stopped:
+            self.stopped = self.stopped | set(result.stopped)
         if result.next_offsets:
             self._committed.update(result.next_offsets)
             self._refresh()

@@ -20,7 +20,7 @@ from aiokafka.structs import ConsumerRecord
 
 from graphledger.projection.batch import BatchApplier, BatchResult, TopicProjection
 from graphledger.projection.checkpoints import CheckpointProjection
-from graphledger.projection.dead_letters import outgoing_records
+from graphledger.projection.dead_letters import outgoing_records, outstanding
 from graphledger.projection.offsets import OffsetStatements, stored_offsets
 from graphledger.projection.records import DeadLetter, SourceRecord
 from graphledger.projection.store import StoreProjection
@@ -33,6 +33,8 @@ BACKOFF_INITIAL_S = 0.1
 BACKOFF_MAX_S = 5.0
 IDLE_POLL_MS = 200
 """How long one empty fetch waits: also the longest a stop request waits for an idle worker."""
+DEAD_LETTER_COUNT_INTERVAL_S = 30.0
+"""How often the outstanding dead-letter gauge is recounted (`graphledger dlq replay` changes it)."""
 REVOKE_WAIT_S = 10.0
 """How long a rebalance waits for the in-flight batch before giving the partitions up anyway."""
 _REQUEST_HEADROOM_BYTES = 64 * 1024
@@ -117,6 +119,7 @@ class ProjectorWorker:
         self.batches = 0
         self.events = 0
         self.telemetry = ProjectorTelemetry(settings)
+        self._dead_letters_counted = -DEAD_LETTER_COUNT_INTERVAL_S
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -171,9 +174,27 @@ class ProjectorWorker:
         """
         self._stop = stop
         while not stop.is_set():
+            if time.monotonic() - self._dead_letters_counted >= DEAD_LETTER_COUNT_INTERVAL_S:
+                await self.count_dead_letters()
             records = await self.next_batch(stop)
             if records and not stop.is_set():  # on stop, a batch not started is left to the next worker
-                await self.apply_with_retry(records, stop)
+                result = await self.apply_with_retry(records, stop)
+                if result is not None and result.dead_letters:
+                    await self.count_dead_letters()
+
+    async def count_dead_letters(self) -> None:
+        """Recount the outstanding dead letters for their gauge; a failure only delays the gauge."""
+        assert self.pool is not None
+        self._dead_letters_counted = time.monotonic()
+        try:
+            async with self.pool.acquire() as conn:
+                counts = await outstanding(conn, self.settings.postgres_schema, self.topics)
+        except Exception as exc:
+            if not is_retryable(exc):
+                raise
+            log.warning("cannot count dead letters (%s); the gauge keeps its last value", exc)
+            return
+        self.telemetry.outstanding_dead_letters = counts
 
     # -- assignment ----------------------------------------------------------------------------------
 

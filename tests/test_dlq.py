@@ -1,0 +1,220 @@
+"""`graphledger dlq`: a dead-lettered event is listed, shown, fixed and re-published via the CLI, and
+ends up applied exactly once, against the real broker, Postgres and an in-process projector."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from graphledger.events import envelope, to_envelope
+from graphledger.events.topics import ensure_topics
+from graphledger.projection.dead_letters import outstanding
+from graphledger.projection.migrate import migrate
+from graphledger.projection.vector_index import VectorIndex
+from graphledger.settings import Settings
+from graphledger.telemetry import names
+from graphledger.telemetry.projector import _observe_dead_letters
+from graphledger_server.dlq import HEADER_REPLAY_OF, to_editable
+from graphledger_server.projector.main import run_projector
+from projection_helpers import put as checkpoint_put
+from store_helpers import put as store_put
+
+DIMS = 4
+WAIT_S = 60.0
+COMMAND_TIMEOUT_S = 120
+
+
+async def wait_for(condition: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {WAIT_S:.0f}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def settings(make_settings: Callable[..., Settings]) -> Settings:
+    s = make_settings(batch_max_wait_ms=20, store_vector_dims=DIMS)
+    await ensure_topics(s)
+    await migrate(s.postgres_dsn, s.postgres_schema, vectors=VectorIndex.from_settings(s))
+    return s
+
+
+@pytest.fixture
+async def db(settings: Settings) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+async def projector(settings: Settings) -> AsyncIterator[None]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_projector(settings, stop, migrate_first=False))
+    yield
+    stop.set()
+    await asyncio.wait_for(task, 30)
+
+
+async def graphledger(settings: Settings, *args: str) -> tuple[int, str, str]:
+    """The CLI as an operator runs it: a subprocess configured by GRAPHLEDGER_* variables only."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHLEDGER_")}
+    for name in ("kafka_bootstrap_servers", "topic_prefix", "postgres_dsn", "postgres_schema", "store_vector_dims"):
+        env[f"GRAPHLEDGER_{name.upper()}"] = str(getattr(settings, name))
+    env["GRAPHLEDGER_KAFKA_IDEMPOTENCE"] = "false"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "graphledger_server", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), COMMAND_TIMEOUT_S)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def _replayed_records(settings: Settings, topic: str) -> list[Any]:
+    """Every record of `topic` carrying the replay header (reads each partition to its high watermark)."""
+    consumer = AIOKafkaConsumer(**settings.kafka_client_options(), enable_auto_commit=False)  # type: ignore[arg-type]
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topic, p) for p in range(settings.topic_partitions)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        found = []
+        while True:
+            fetched = await consumer.getmany(timeout_ms=500)
+            found += [m for ms in fetched.values() for m in ms if HEADER_REPLAY_OF in dict(m.headers)]
+            positions = [(await consumer.position(tp), consumer.highwater(tp)) for tp in partitions]
+            if not fetched and all(high is not None and pos >= high for pos, high in positions):
+                return found
+    finally:
+        await consumer.stop()
+
+
+async def test_dead_letters_are_listed_shown_fixed_and_replayed_once(
+    settings: Settings, db: asyncpg.Connection, projector: None, tmp_path: Path
+) -> None:
+    schema = settings.postgres_schema
+    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+    await producer.start()
+    try:
+        wrong_dims = store_put(("docs",), "d1", {"text": "hello"}, {"text": [0.1, 0.2, 0.3]})
+        env = to_envelope(wrong_dims)
+        await producer.send_and_wait(
+            settings.store_topic, envelope.encode(env), key=wrong_dims.key.encode(), headers=envelope.headers_for(env)
+        )
+        await producer.send_and_wait(
+            settings.checkpoint_topic, b"\xc1not msgpack", key=b"t-bad", headers=[("gl-type", b"checkpoint.put")]
+        )
+    finally:
+        await producer.stop()
+
+    async def two_dead_letters() -> bool:
+        return await db.fetchval(f"SELECT count(*) FROM {schema}.graphledger_dead_letters") == 2
+
+    await wait_for(two_dead_letters, "both records to be dead-lettered")
+
+    def gauge() -> dict[str, float]:
+        return {a[names.MESSAGING_DESTINATION_NAME]: v for v, a in _observe_dead_letters()}
+
+    async def gauge_counts_both() -> bool:
+        return gauge().get(settings.store_topic) == 1 and gauge().get(settings.checkpoint_topic) == 1
+
+    await wait_for(gauge_counts_both, "the outstanding dead-letter gauge")
+
+    # list: reason, source position, type, time
+    code, out, err = await graphledger(settings, "dlq", "list", "--json")
+    assert code == 0, err
+    listed = {d["topic"]: d for d in json.loads(out)}
+    store_letter, bad_letter = listed[settings.store_topic], listed[settings.checkpoint_topic]
+    assert store_letter["event_type"] == "store.put" and "3-dim vectors" in store_letter["reason"]
+    assert store_letter["source"].startswith(f"{settings.store_topic}:") and store_letter["recorded_at"]
+    assert bad_letter["event_type"] == "checkpoint.put" and "not msgpack" in bad_letter["reason"]
+    code, table, err = await graphledger(settings, "dlq", "list")
+    assert code == 0 and str(store_letter["id"]) in table and "3-dim vectors" in table, err
+
+    # show: the full record, decoded where possible, hex otherwise
+    code, out, err = await graphledger(settings, "dlq", "show", str(bad_letter["id"]))
+    assert code == 0, err
+    shown_bad = json.loads(out)
+    assert shown_bad["value_hex"] == b"\xc1not msgpack".hex() and shown_bad["key"] == {"$text": "t-bad"}
+    code, out, err = await graphledger(settings, "dlq", "show", str(store_letter["id"]), "--payload")
+    assert code == 0, err
+    payload = json.loads(out)
+    assert payload["vectors"] == [["text", [0.1, 0.2, 0.3]]] and payload["value"] == {"$text": '{"text": "hello"}'}
+
+    # replay as it was: refused, it would fail again; nothing published
+    code, _, err = await graphledger(settings, "dlq", "replay", str(store_letter["id"]))
+    assert code == 1 and "would fail again" in err and "3-dim" in err
+
+    # fix and replay
+    payload["vectors"] = [["text", [0.1, 0.2, 0.3, 0.4]]]
+    fixed = tmp_path / "fixed.json"
+    fixed.write_text(json.dumps(payload))
+    code, out, err = await graphledger(settings, "dlq", "replay", str(store_letter["id"]), "--payload-file", str(fixed))
+    assert code == 0 and f"replayed {store_letter['id']} to {settings.store_topic}:" in out, err
+
+    async def item_applied() -> bool:
+        return bool(await db.fetchval(f"SELECT count(*) FROM {schema}.store_vectors WHERE key = 'd1'"))
+
+    await wait_for(item_applied, "the fixed put to be applied")
+    row = await db.fetchrow(f"SELECT value->>'text' AS text, created_at FROM {schema}.store WHERE key = 'd1'")
+    assert row["text"] == "hello"
+    # The fixed event keeps the original's time: the item's timestamps are when it was written.
+    assert int(row["created_at"].timestamp() * 1000) == env.produced_ms
+
+    # replaying again publishes nothing
+    code, _, err = await graphledger(settings, "dlq", "replay", str(store_letter["id"]), "--payload-file", str(fixed))
+    assert code == 1 and "not publishing it twice" in err
+    code, _, err = await graphledger(settings, "dlq", "replay", str(store_letter["id"]))
+    assert code == 1 and "not publishing it twice" in err
+    replays = await _replayed_records(settings, settings.store_topic)
+    assert len(replays) == 1
+    assert dict(replays[0].headers)[HEADER_REPLAY_OF] == store_letter["source"].replace("@", ":").encode()
+    assert replays[0].key == wrong_dims.key.encode() and replays[0].partition == store_letter["partition"]
+
+    # the malformed checkpoint record, replaced by a valid event of the type its header names
+    replacement = tmp_path / "checkpoint.json"
+    replacement.write_text(json.dumps(to_editable(checkpoint_put("t-bad", 1).to_payload())))
+    code, out, err = await graphledger(
+        settings, "dlq", "replay", str(bad_letter["id"]), "--payload-file", str(replacement)
+    )
+    assert code == 0, err
+
+    async def checkpoint_applied() -> bool:
+        return bool(await db.fetchval(f"SELECT count(*) FROM {schema}.checkpoints WHERE thread_id = 't-bad'"))
+
+    await wait_for(checkpoint_applied, "the replacement checkpoint to be applied")
+
+    # nothing outstanding; `list --all` still shows both, marked replayed
+    topics = [settings.store_topic, settings.checkpoint_topic]
+    assert await outstanding(db, schema, topics) == dict.fromkeys(topics, 0)
+    code, out, err = await graphledger(settings, "dlq", "list")
+    assert code == 0 and "no dead letters" in out, err
+    code, out, err = await graphledger(settings, "dlq", "list", "--all", "--json")
+    assert code == 0 and all(d["replayed_to"] for d in json.loads(out)) and len(json.loads(out)) == 2
+    assert await db.fetchval(f"SELECT count(*) FROM {schema}.graphledger_dead_letters") == 2
+
+
+async def test_unknown_ids_and_bad_payload_files_fail_clearly(
+    settings: Settings, projector: None, tmp_path: Path
+) -> None:
+    code, _, err = await graphledger(settings, "dlq", "show", "999")
+    assert code == 1 and "no dead letter 999" in err
+    code, _, err = await graphledger(settings, "dlq", "replay", "999")
+    assert code == 1 and "no dead letter 999" in err
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2")
+    code, _, err = await graphledger(settings, "dlq", "replay", "1", "--payload-file", str(bad))
+    assert code == 1 and "cannot read --payload-file" in err
+    code, _, err = await graphledger(settings, "dlq", "replay", "1", "2", "--payload-file", str(bad))
+    assert code == 2 and "give one ID" in err
