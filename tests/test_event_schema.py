@@ -24,7 +24,7 @@ from graphledger.events.envelope import Envelope
 from graphledger.events.store import STORE_EVENT_TYPES
 from graphledger.events.topics import ensure_topics
 from graphledger.projection.batch import BatchApplier
-from graphledger.projection.checkpoints import CheckpointProjection
+from graphledger.projection.checkpoints import CheckpointProjection, TimedCheckpointEvent
 from graphledger.projection.migrate import migrate
 from graphledger.projection.records import DeadLetter, Decoded, SourceRecord, TooNew, classify
 from graphledger.projection.store import StoreProjection
@@ -144,7 +144,8 @@ def test_an_upcaster_lifts_an_old_version_before_validation(monkeypatch: pytest.
     monkeypatch.setattr(envelope, "SCHEMA_VERSION", 2)
     monkeypatch.setitem(envelope.UPCASTERS, 1, _rename_keep_last)
     decoded = classify(_keep_last_record(1), to_event)
-    assert isinstance(decoded, Decoded) and decoded.event == ThreadPrune("t", "keep_latest")
+    assert isinstance(decoded, Decoded)
+    assert decoded.event == TimedCheckpointEvent(ThreadPrune("t", "keep_latest"), PRODUCED_MS)
     assert envelope.decode(_keep_last_record(1).value).version == 2
     # The v1 fixtures go through the same upcaster and still mean what they meant.
     assert checkpoint_event(envelope.decode(fixture("thread.prune"))) == EVENTS["thread.prune"]

@@ -15,10 +15,11 @@ from graphledger.events.checkpoint import (
     RunsDelete,
     ThreadCopy,
     ThreadDelete,
+    ThreadExpire,
     ThreadPrune,
     Write,
 )
-from graphledger.events.store import StoreDelete, StorePut
+from graphledger.events.store import StoreDelete, StoreExpire, StorePut, StoreRefresh
 
 EVENT_ID = "00000000-0000-4000-8000-0000000000v1"
 PRODUCED_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -60,6 +61,8 @@ EVENTS = {
     "thread.delete": ThreadDelete("thread-v1-deleted"),
     "thread.copy": ThreadCopy("thread-v1", "thread-v1-copy"),
     "thread.prune": ThreadPrune("thread-v1-copy", "keep_latest"),
+    "thread.prune-keep-n": ThreadPrune("thread-v1", "keep_latest", 2),
+    "thread.expire": ThreadExpire("thread-v1-idle", PRODUCED_MS - 3_600_000),
     "runs.delete": RunsDelete(("run-v1-other",)),
     "store.put": StorePut(
         ("users", "v1"),
@@ -72,4 +75,6 @@ EVENTS = {
         ("users", "v1"), "imported", json.dumps({"text": "old"}).encode(), 60.0, None, PRODUCED_MS - 86_400_000
     ),
     "store.delete": StoreDelete(("users", "v1"), "gone"),
+    "store.refresh": StoreRefresh(("users", "v1"), "imported"),
+    "store.expire": StoreExpire(("users", "v1"), "expired", PRODUCED_MS - 1_000),
 }
