@@ -1,7 +1,9 @@
 """Publishing events to Kafka.
 
 A write returns once the broker acknowledged it (`acks=all`), with the partitions and offsets it
-landed at, which become consistency tokens (`tokens.py`). Events larger than `max_message_bytes` go
+landed at, which become consistency tokens (`tokens.py`), or fails with a retryable `PublishError`
+after `produce_timeout_s` when the broker is down or hung; the producer reconnects by itself, so the
+next write after the broker is back succeeds. Events larger than `max_message_bytes` go
 out as chunk records with the event's key, so they share a partition.
 """
 
@@ -58,7 +60,13 @@ class EventPublisher:
 
     async def partitions(self, topic: str) -> list[int]:
         assert self._producer is not None
-        return sorted(await self._producer.partitions_for(topic))
+        try:  # waits for metadata up to the producer's request timeout, produce_timeout_s
+            return sorted(await self._producer.partitions_for(topic))
+        except KafkaError as exc:
+            raise PublishError(
+                f"Kafka did not tell the partitions of {topic} within {self._settings.produce_timeout_s}s: "
+                f"{exc or type(exc).__name__}"
+            ) from exc
 
     async def publish(
         self,
@@ -97,11 +105,14 @@ class EventPublisher:
                     )
                     for i, part in enumerate(parts)
                 ]
-            futures = [
-                await self._producer.send(topic, part, key=key_bytes, headers=hdrs, partition=partition)
-                for part, hdrs in records
-            ]
-            acked = await asyncio.wait_for(asyncio.gather(*futures), self._settings.produce_timeout_s)
+            # One deadline for the whole write: `send` itself waits when the broker is away (for
+            # metadata, or for room in the partition's one pending batch), not just the acknowledgement.
+            async with asyncio.timeout(self._settings.produce_timeout_s):
+                futures = [
+                    await self._producer.send(topic, part, key=key_bytes, headers=hdrs, partition=partition)
+                    for part, hdrs in records
+                ]
+                acked = await asyncio.gather(*futures)
         except (TimeoutError, KafkaError) as exc:
             telemetry.fail_span(span, exc)
             raise PublishError(

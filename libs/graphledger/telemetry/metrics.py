@@ -103,6 +103,15 @@ PROJECTOR_LAG = MetricSpec(
     names.PROJECTOR_SCOPE,
     (_TOPIC, _PARTITION, _GROUP),
 )
+PROJECTOR_PARTITIONS_STOPPED = MetricSpec(
+    "graphledger.projector.partitions.stopped",
+    "observable_gauge",
+    "{partition}",
+    "1 for each partition a worker has stopped because the log no longer holds records the projection "
+    "applied (a broker that lost its log, a recreated topic); `graphledger offsets reset` resumes it.",
+    names.PROJECTOR_SCOPE,
+    (_TOPIC, _PARTITION, _GROUP),
+)
 PROJECTOR_BATCH_SIZE = MetricSpec(
     "graphledger.projector.batch.size",
     "histogram",
@@ -245,6 +254,7 @@ REPLAY_PROGRESS = MetricSpec(
 
 REGISTRY: tuple[MetricSpec, ...] = (
     PROJECTOR_LAG,
+    PROJECTOR_PARTITIONS_STOPPED,
     PROJECTOR_BATCH_SIZE,
     PROJECTOR_APPLY_DURATION,
     PROJECTOR_FRESHNESS,

@@ -74,6 +74,19 @@ def _observe_lag() -> Iterator[tuple[float, dict[str, Any]]]:
             )
 
 
+def _observe_stopped() -> Iterator[tuple[float, dict[str, Any]]]:
+    for worker in list(_workers):
+        for topic, partition in worker.stopped:
+            yield (
+                1,
+                {
+                    names.MESSAGING_DESTINATION_NAME: topic,
+                    names.MESSAGING_DESTINATION_PARTITION_ID: str(partition),
+                    names.MESSAGING_CONSUMER_GROUP_NAME: worker.group,
+                },
+            )
+
+
 def _link_limit() -> int | None:
     raw = os.environ.get("OTEL_SPAN_LINK_COUNT_LIMIT", "").strip().lower()
     if raw == "unset":
@@ -92,10 +105,13 @@ class ProjectorTelemetry:
         self.namespace = db_namespace(settings.postgres_dsn, settings.postgres_schema)
         self.lag: Mapping[TopicPartition, int] = {}
         """Records behind per assigned partition, as of the last fetch or commit (a snapshot)."""
+        self.stopped: frozenset[TopicPartition] = frozenset()
+        """Partitions stopped on a lost log (a snapshot, replaced by the worker)."""
         self._committed: dict[TopicPartition, int] = {}
         self._consumer: Any = None
         _workers.add(self)
         metrics.observe(metrics.PROJECTOR_LAG, _observe_lag)
+        metrics.observe(metrics.PROJECTOR_PARTITIONS_STOPPED, _observe_stopped)
 
     # -- positions, for the lag gauge -------------------------------------------------------------------
 
