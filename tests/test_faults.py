@@ -100,6 +100,17 @@ def sql(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:
     return asyncio.run(run())
 
 
+def execute(dsn: str, script: str) -> None:
+    async def run() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(script)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
 def stored_offsets(settings: Settings) -> dict[int, int]:
     rows = sql(
         settings.postgres_dsn,
@@ -562,8 +573,7 @@ def test_scaling_projectors_1_3_1_under_load_applies_every_event_exactly_once(
     asyncio.run(ensure_topics(settings))
     asyncio.run(migrate(settings.postgres_dsn, settings.postgres_schema))
     schema = settings.postgres_schema
-    for statement in AUDIT_SQL.replace("{schema}", schema).split(";\n\n"):
-        sql(settings.postgres_dsn, statement)
+    execute(settings.postgres_dsn, AUDIT_SQL.replace("{schema}", schema))
     projectors = Projectors(settings, tmp_path)
     load = Load(settings)
     holder: list[asyncpg.Connection] = []

@@ -175,8 +175,6 @@ class ProjectorWorker:
         """
         self._stop = stop
         while not stop.is_set():
-            if self.guard.stopped and time.monotonic() - self._reset_checked >= RESET_POLL_S:
-                await self.resume_reset_partitions()
             records = await self.next_batch(stop)
             if records and not stop.is_set():  # on stop, a batch not started is left to the next worker
                 await self.apply_with_retry(records, stop)
@@ -237,6 +235,8 @@ class ProjectorWorker:
         while not full and not stop.is_set():
             if deadline is None:
                 timeout_ms = IDLE_POLL_MS
+                if self.guard.stopped and time.monotonic() - self._reset_checked >= RESET_POLL_S:
+                    await self.resume_reset_partitions()
             else:
                 timeout_ms = max(0, int((deadline - time.monotonic()) * 1000))
             try:
