@@ -215,8 +215,12 @@ async def test_a_newer_event_is_counted_stopped_on_and_applied_after_an_upgrade(
         )
 
     def stopped_gauge() -> float:
-        group = {names.MESSAGING_CONSUMER_GROUP_NAME: settings.projector_group_id}
-        return sum(value for value, attributes in _observe_stopped() if attributes == group)
+        return sum(
+            value
+            for value, attributes in _observe_stopped()
+            if attributes[names.MESSAGING_CONSUMER_GROUP_NAME] == settings.projector_group_id
+            and attributes[names.GRAPHLEDGER_STOP_REASON] == "newer_version"
+        )
 
     async def run_until(condition: Callable[[], Any], what: str) -> None:
         stop = asyncio.Event()

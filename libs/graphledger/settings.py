@@ -21,6 +21,7 @@ DEFAULT_BATCH_MAX_EVENTS = 5_000
 DEFAULT_BATCH_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_BATCH_MAX_WAIT_MS = 2
 DEFAULT_FETCH_MAX_WAIT_MS = 10
+DEFAULT_PROJECTOR_RETRY_MAX_S = 5.0
 DEFAULT_API_PORT = 8080
 DEFAULT_API_POOL_TIMEOUT_S = 5.0
 DEFAULT_SWEEPER_INTERVAL_S = 60.0
@@ -101,6 +102,12 @@ class Settings(BaseSettings):
     )
     batch_max_wait_ms: int = Field(
         DEFAULT_BATCH_MAX_WAIT_MS, ge=0, description="Longest a batch waits to fill before it is applied."
+    )
+    projector_retry_max_s: float = Field(
+        DEFAULT_PROJECTOR_RETRY_MAX_S,
+        gt=0,
+        description="Cap of the projector's exponential backoff (from 0.1 s, doubling) while a batch cannot "
+        "be applied (Postgres or Kafka down); the batch is retried, never skipped.",
     )
 
     fetch_max_wait_ms: int = Field(

@@ -71,7 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"graphledger: {line}", file=sys.stderr)
         return 2
     command: Command = args.run
-    label = " ".join(filter(None, [args.command, getattr(args, "topics_command", None)]))
+    label = " ".join(
+        filter(None, [args.command, getattr(args, "topics_command", None), getattr(args, "offsets_command", None)])
+    )
     try:
         return command(args, settings) or 0
     except ImportError as exc:
@@ -148,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="accept source-of-truth topics with finite retention (replay will then miss expired events)",
     )
     ensure.set_defaults(run=_topics_ensure)
+
+    from graphledger_server import offsets_reset
+
+    offsets_reset.register(commands)
 
     for name, help_text in (
         ("projector", "consume the topics and apply events to the Postgres projection"),

@@ -1,11 +1,12 @@
 """Publishing events to Kafka.
 
 A write returns once the broker acknowledged it (`acks=all`), with the partitions and offsets it
-landed at, which become consistency tokens (`tokens.py`). Events larger than `max_message_bytes` go
-out as chunk records with the event's key, so they share a partition. At most `max_inflight_bytes` of
-events are sent and not yet acknowledged at once: a write beyond waits for room (acknowledgements
-free it) up to `produce_timeout_s`, then fails retryably, so a slow or absent broker never grows the
-client's memory without bound.
+landed at, which become consistency tokens (`tokens.py`), or fails with a retryable `PublishError`
+after `produce_timeout_s` when the broker is down or hung; the producer reconnects by itself, so the
+next write after the broker is back succeeds. Events larger than `max_message_bytes` go out as chunk
+records with the event's key, so they share a partition. At most `max_inflight_bytes` of events are
+sent and not yet acknowledged at once: a write beyond waits for room (acknowledgements free it)
+within the same deadline, so a slow or absent broker never grows the client's memory without bound.
 """
 
 from __future__ import annotations
@@ -88,7 +89,13 @@ class EventPublisher:
 
     async def partitions(self, topic: str) -> list[int]:
         assert self._producer is not None
-        return sorted(await self._producer.partitions_for(topic))
+        try:  # waits for metadata up to the producer's request timeout, produce_timeout_s
+            return sorted(await self._producer.partitions_for(topic))
+        except KafkaError as exc:
+            raise PublishError(
+                f"Kafka did not tell the partitions of {topic} within {self._settings.produce_timeout_s}s: "
+                f"{exc or type(exc).__name__}"
+            ) from exc
 
     async def publish(
         self,
@@ -107,9 +114,10 @@ class EventPublisher:
         assert self._producer is not None and self.inflight is not None, "publisher not started"
         value = envelope.encode(event)
         timeout_s = self._settings.produce_timeout_s
+        deadline = asyncio.get_running_loop().time() + timeout_s  # one deadline: room, send and ack
         try:
             async with self.inflight.hold(len(value), timeout_s):
-                return await self._send(topic, key, event, value, context, partition)
+                return await self._send(topic, key, event, value, context, partition, deadline)
         except TimeoutError as exc:  # no room: _send turns its own timeouts into PublishError
             raise PublishError(
                 f"no room for a {len(value)}-byte {event.type} event within {timeout_s}s: "
@@ -125,6 +133,7 @@ class EventPublisher:
         value: bytes,
         context: Context | None,
         partition: int | None,
+        deadline: float,
     ) -> list[tuple[str, int, int]]:
         assert self._producer is not None
         # Thread ids key the checkpoint topic and are no secret; store keys may name a user: not recorded.
@@ -148,11 +157,14 @@ class EventPublisher:
                     )
                     for i, part in enumerate(parts)
                 ]
-            futures = [
-                await self._producer.send(topic, part, key=key_bytes, headers=hdrs, partition=partition)
-                for part, hdrs in records
-            ]
-            acked = await asyncio.wait_for(asyncio.gather(*futures), self._settings.produce_timeout_s)
+            # One deadline for the whole write: `send` itself waits when the broker is away (for
+            # metadata, or for room in the partition's one pending batch), not just the acknowledgement.
+            async with asyncio.timeout_at(deadline):
+                futures = [
+                    await self._producer.send(topic, part, key=key_bytes, headers=hdrs, partition=partition)
+                    for part, hdrs in records
+                ]
+                acked = await asyncio.gather(*futures)
         except (TimeoutError, KafkaError) as exc:
             telemetry.fail_span(span, exc)
             raise PublishError(

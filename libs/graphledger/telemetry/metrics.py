@@ -103,6 +103,16 @@ PROJECTOR_LAG = MetricSpec(
     names.PROJECTOR_SCOPE,
     (_TOPIC, _PARTITION, _GROUP),
 )
+PROJECTOR_PARTITIONS_STOPPED = MetricSpec(
+    "graphledger.projector.partitions.stopped",
+    "observable_gauge",
+    "{partition}",
+    "1 for each partition a worker has stopped, by reason: `newer_version` (an event from a newer "
+    "graphledger; an upgraded projector takes it over, docs/events.md) or `lost_log` (the log no longer "
+    "holds records the projection applied; `graphledger offsets reset` resumes it).",
+    names.PROJECTOR_SCOPE,
+    (_TOPIC, _PARTITION, _GROUP, names.GRAPHLEDGER_STOP_REASON),
+)
 PROJECTOR_BATCH_SIZE = MetricSpec(
     "graphledger.projector.batch.size",
     "histogram",
@@ -161,15 +171,6 @@ PROJECTOR_BATCH_FAILURES = MetricSpec(
     "Batch attempts that failed and rolled back, by exception class; a retryable one is retried as is.",
     names.PROJECTOR_SCOPE,
     (names.ERROR_TYPE,),
-)
-PROJECTOR_PARTITIONS_STOPPED = MetricSpec(
-    "graphledger.projector.partitions.stopped",
-    "observable_gauge",
-    "{partition}",
-    "Partitions this worker stopped at an event from a newer graphledger (envelope version above its own): "
-    "they apply nothing until an upgraded projector takes them over (docs/events.md).",
-    names.PROJECTOR_SCOPE,
-    (_GROUP,),
 )
 DEAD_LETTERS_OUTSTANDING = MetricSpec(
     "graphledger.dead_letters.outstanding",
@@ -283,6 +284,7 @@ REPLAY_PROGRESS = MetricSpec(
 
 REGISTRY: tuple[MetricSpec, ...] = (
     PROJECTOR_LAG,
+    PROJECTOR_PARTITIONS_STOPPED,
     PROJECTOR_BATCH_SIZE,
     PROJECTOR_APPLY_DURATION,
     PROJECTOR_FRESHNESS,

@@ -53,6 +53,8 @@ ERROR_TYPE: Final = "error.type"
 # -- graphledger's own ----------------------------------------------------------------------------------
 EVENT_TYPE: Final = "graphledger.event.type"
 """A known event type (`checkpoint.put`, `store.delete`, ...); anything else is reported as `other`."""
+GRAPHLEDGER_STOP_REASON: Final = "graphledger.stop.reason"
+"""Why a projector stopped a partition: `newer_version` or `lost_log`."""
 BATCH_APPLIED: Final = "graphledger.batch.applied"
 BATCH_DEAD_LETTERS: Final = "graphledger.batch.dead_letters"
 BATCH_SKIPPED: Final = "graphledger.batch.skipped"

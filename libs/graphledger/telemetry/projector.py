@@ -76,7 +76,17 @@ def _observe_lag() -> Iterator[tuple[float, dict[str, Any]]]:
 
 def _observe_stopped() -> Iterator[tuple[float, dict[str, Any]]]:
     for worker in list(_workers):
-        yield len(worker.stopped), {names.MESSAGING_CONSUMER_GROUP_NAME: worker.group}
+        reasons = {tp: "newer_version" for tp in worker.stopped} | {tp: "lost_log" for tp in worker.lost_log}
+        for (topic, partition), reason in reasons.items():
+            yield (
+                1,
+                {
+                    names.MESSAGING_DESTINATION_NAME: topic,
+                    names.MESSAGING_DESTINATION_PARTITION_ID: str(partition),
+                    names.MESSAGING_CONSUMER_GROUP_NAME: worker.group,
+                    names.GRAPHLEDGER_STOP_REASON: reason,
+                },
+            )
 
 
 def _observe_dead_letters() -> Iterator[tuple[float, dict[str, Any]]]:
@@ -108,6 +118,8 @@ class ProjectorTelemetry:
         """Records behind per assigned partition, as of the last fetch or commit (a snapshot)."""
         self.stopped: frozenset[TopicPartition] = frozenset()
         """Assigned partitions stopped at an event from a newer graphledger."""
+        self.lost_log: frozenset[TopicPartition] = frozenset()
+        """Partitions stopped on a lost log (a snapshot, replaced by the worker)."""
         self.outstanding_dead_letters: Mapping[str, int] = {}
         """Dead letters not replayed yet per source topic, as last counted (a snapshot)."""
         self._committed: dict[TopicPartition, int] = {}

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 FALLBACK_REFRESH_S = 0.1
 RECONNECT_MIN_S = 0.1
 RECONNECT_MAX_S = 2.0
+PROBE_S = 1.0
+"""How long a read with a token waits for the watcher to reconnect before answering 503 (Postgres down)."""
 SELECT_OFFSETS_SQL = "SELECT topic, partition, next_offset FROM graphledger_offsets WHERE consumer_group = %s"
 
 Token = dict[tuple[str, int], int]
@@ -53,6 +55,9 @@ class AppliedOffsets:
         self._warned_no_table = False
         self.listening = asyncio.Event()
         """Set while the watcher holds its LISTEN connection and has read the table once."""
+        self.unreachable: str | None = None
+        """Why the watcher's last connection failed, until it connects again: no wait can end then."""
+        self._retry_now = asyncio.Event()
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._watch(), name="graphledger-applied-offsets")
@@ -68,6 +73,15 @@ class AppliedOffsets:
     def waiting(self) -> int:
         """Reads waiting for the projection right now."""
         return self._waiters
+
+    async def reachable(self, timeout_s: float) -> bool:
+        """Whether the watcher is connected, asking it to reconnect now (not after its backoff) if not."""
+        if self.unreachable is None:
+            return True
+        self._retry_now.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.listening.wait(), timeout_s)
+        return self.unreachable is None
 
     def missing(self, token: Token) -> Token:
         """The parts of `token` not applied yet: those whose `next_offset` is not past the token's offset."""
@@ -96,12 +110,16 @@ class AppliedOffsets:
                     # Anything applied while we were not listening is in the table, not in a notification.
                     await self._refresh(conn)
                     self.listening.set()
+                    self.unreachable = None
                     backoff = RECONNECT_MIN_S
                     await self._listen(conn)
             except psycopg.Error as exc:
                 self.listening.clear()
+                self.unreachable = type(exc).__name__
                 log.warning("applied-offsets watcher failed (%s); reconnecting in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
+                self._retry_now.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._retry_now.wait(), backoff)
                 backoff = min(backoff * 2, RECONNECT_MAX_S)
 
     async def _listen(self, conn: psycopg.AsyncConnection) -> None:
@@ -138,6 +156,12 @@ async def hold(header: str | None, offsets: AppliedOffsets, settings: Settings) 
         token = parse_token(header)
     except ValueError as exc:
         raise ApiError(400, "invalid_consistency_token", f"{CONSISTENCY_HEADER}: {exc}") from None
+    timeout_s = settings.consistency_timeout_s
+    if offsets.missing(token) and not await offsets.reachable(min(PROBE_S, timeout_s)):
+        # Postgres is down: the projection cannot advance, so waiting would only delay the same 503.
+        raise unavailable(
+            "postgres_unavailable", f"the projection database is unreachable ({offsets.unreachable}); retry"
+        )
     behind = bool(offsets.missing(token))
     limit = settings.api_max_consistency_waits
     # No await between this check and `wait` counting the read: the bound is exact.
@@ -146,7 +170,6 @@ async def hold(header: str | None, offsets: AppliedOffsets, settings: Settings) 
             "too_many_waits",
             f"{limit} reads already wait for the projection (GRAPHLEDGER_API_MAX_CONSISTENCY_WAITS); retry shortly",
         )
-    timeout_s = settings.consistency_timeout_s
     with telemetry.consistency_wait(behind) as outcome:
         missing = await offsets.wait(token, timeout_s)
         outcome["timed_out"] = bool(missing)

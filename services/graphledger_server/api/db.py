@@ -46,6 +46,7 @@ async def not_ready_reason(pool: AsyncConnectionPool) -> str | None:
             cur = await conn.execute(CHECKPOINTS_TABLE_SQL)
             row = await cur.fetchone()
     except psycopg.OperationalError as exc:
+        await pool.check()  # replace the connections an outage broke, so readiness returns with Postgres
         return f"Postgres is unreachable: {type(exc).__name__}"
     if not row or not row["ready"]:
         return "the projection schema is not migrated: no checkpoints table"

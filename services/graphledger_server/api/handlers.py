@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 from graphledger_server.api.codec import describe, respond
 from graphledger_server.api.errors import ApiError, unavailable
 from graphledger_server.api.passthrough import ReencodeRefusedError
+from graphledger_server.api.state import api_state
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,9 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
 
 async def _postgres_unreachable(request: Request, exc: Exception) -> Response:
     log.warning("postgres unavailable for %s: %s", request.url.path, exc)
+    # Idle connections broken by an outage fail only when used: have the pool test and replace them
+    # all now, so one read after Postgres returns is answered 503, not one per stale connection.
+    await api_state(request).pool.check()
     return _send(request, unavailable("postgres_unavailable", "the projection database is unreachable; retry"))
 
 

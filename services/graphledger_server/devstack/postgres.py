@@ -41,7 +41,12 @@ class EmbeddedPostgres:
         return self.server.get_uri(database=name)
 
     def pause(self) -> None:
-        """Stop the server without deleting data (outage tests); `resume` starts it again."""
+        """Stop the server without deleting data (outage tests); `resume` starts it again.
+
+        A real outage, not a freeze: `pg_ctl stop -m fast` closes every connection and the socket, so
+        clients see connection errors, as when a database fails over or restarts. `resume` starts the
+        server on the same data dir and socket, so the DSN stays valid.
+        """
         pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.data_dir, user=self.server.system_user)
 
     def resume(self) -> None:

@@ -173,8 +173,8 @@ class DevStack:
         if self.data_dir is not None and (stale := _run(self._stored_offsets())):
             log.warning(
                 "Postgres in %s holds offsets of %d partitions from an earlier run, but the in-memory broker "
-                "starts empty: the projector will skip new events below those offsets and reads will not "
-                "see them (issue 7 will detect this). Delete the data dir to start clean.",
+                "starts empty: the projector will stop those partitions until `graphledger offsets reset` "
+                "(docs/operations-faults.md). Delete the data dir to start clean.",
                 self.data_dir,
                 stale,
             )
@@ -248,6 +248,45 @@ class DevStack:
                 child.process.send_signal(signal.SIGTERM)
             self._reap(child, time.monotonic() + self.stop_timeout_s)
         self.start_projector(wait=wait)
+
+    # -- faults, for the outage tests -----------------------------------------------------------
+
+    def stop_postgres(self) -> None:
+        """Stop Postgres (clients see their connections closed and new ones refused); data is kept."""
+        self._running_postgres().pause()
+
+    def start_postgres(self) -> None:
+        """Start Postgres again after `stop_postgres`, on the same data dir and socket."""
+        self._running_postgres().resume()
+
+    def freeze_broker(self) -> None:
+        """SIGSTOP the broker: connections stay open but nothing answers (a hung broker)."""
+        self._running_broker().process.send_signal(signal.SIGSTOP)
+
+    def thaw_broker(self) -> None:
+        self._running_broker().process.send_signal(signal.SIGCONT)
+
+    def stop_broker(self) -> None:
+        """Stop the broker; tansu keeps its log in memory, so the log is gone."""
+        self._running_broker().stop()
+
+    def start_broker(self) -> None:
+        """Start an empty broker on the same port after `stop_broker`, and create the topics again."""
+        from graphledger.events.topics import ensure_topics
+
+        broker = self._running_broker()
+        self._broker = EmbeddedBroker.start(self.log_dir, port=broker.port)
+        _run(ensure_topics(self.settings))
+
+    def _running_postgres(self) -> EmbeddedPostgres:
+        if self._pg is None:
+            raise RuntimeError("the dev stack is not started")
+        return self._pg
+
+    def _running_broker(self) -> EmbeddedBroker:
+        if self._broker is None:
+            raise RuntimeError("the dev stack is not started")
+        return self._broker
 
     # -- what is running where -----------------------------------------------------------------
 

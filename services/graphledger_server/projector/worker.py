@@ -4,6 +4,7 @@ Progress lives only in Postgres (`graphledger_offsets`, written with the rows): 
 never committed, and on every assignment the consumer seeks to the stored offsets. A batch that
 fails on a retryable error (connection lost, serialization failure, deadlock, Kafka unreachable for a
 dead letter) is rolled back and retried as is, after a capped backoff; it is never skipped.
+A partition whose log lost records the projection applied is stopped, not reset (`log_guard`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError
 from aiokafka.structs import ConsumerRecord
 
 from graphledger.projection.batch import BatchApplier, BatchResult, TopicProjection
@@ -26,17 +27,19 @@ from graphledger.projection.records import DeadLetter, SourceRecord
 from graphledger.projection.store import StoreProjection
 from graphledger.settings import Settings
 from graphledger.telemetry.projector import ProjectorTelemetry
+from graphledger_server.projector.log_guard import LogGuard
 
 log = logging.getLogger(__name__)
 
 BACKOFF_INITIAL_S = 0.1
-BACKOFF_MAX_S = 5.0
 IDLE_POLL_MS = 200
 """How long one empty fetch waits: also the longest a stop request waits for an idle worker."""
 DEAD_LETTER_COUNT_INTERVAL_S = 30.0
 """How often the outstanding dead-letter gauge is recounted (`graphledger dlq replay` changes it)."""
 REVOKE_WAIT_S = 10.0
 """How long a rebalance waits for the in-flight batch before giving the partitions up anyway."""
+RESET_POLL_S = 1.0
+"""How often a worker with stopped partitions looks for an operator's `graphledger offsets reset`."""
 _REQUEST_HEADROOM_BYTES = 64 * 1024
 
 # SQLSTATEs worth retrying: the transaction lost a race or the server is going away or busy.
@@ -45,7 +48,9 @@ _RETRYABLE_SQLSTATE_CLASSES = ("08", "40", "53", "57")
 
 def is_retryable(exc: BaseException) -> bool:
     """A failure the same batch can succeed after: connection trouble, serialization, Kafka hiccups."""
-    if isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError | KafkaError):
+    # InternalClientError: asyncpg's protocol state broke when the server went away mid-operation
+    # (seen as "cannot switch to state 15" when Postgres stops under a batch).
+    if isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError | asyncpg.InternalClientError | KafkaError):
         return True
     if isinstance(exc, asyncpg.PostgresError):
         state = getattr(exc, "sqlstate", None) or ""
@@ -82,6 +87,7 @@ class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]
         self.worker = worker
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.worker.forget(revoked)
         # Finishing the in-flight batch first spares the next owner re-reading it; correctness does
         # not depend on it (the offset row lock fences a late commit).
         try:
@@ -116,6 +122,8 @@ class ProjectorWorker:
         self.producer: AIOKafkaProducer | None = None
         self._offsets = OffsetStatements(settings.postgres_schema)
         self._stop = asyncio.Event()
+        self.guard = LogGuard()
+        self._reset_checked = 0.0
         self.batches = 0
         self.events = 0
         self.telemetry = ProjectorTelemetry(settings)
@@ -143,7 +151,8 @@ class ProjectorWorker:
             **s.kafka_client_options(),  # type: ignore[arg-type]
             group_id=s.projector_group_id,
             enable_auto_commit=False,
-            auto_offset_reset="earliest",
+            # Never reset silently: an offset the log no longer has stops the partition (log_guard).
+            auto_offset_reset="none",
             fetch_max_wait_ms=s.fetch_max_wait_ms,
             max_partition_fetch_bytes=max(1024 * 1024, s.max_message_bytes + _REQUEST_HEADROOM_BYTES),
         )
@@ -198,11 +207,16 @@ class ProjectorWorker:
 
     # -- assignment ----------------------------------------------------------------------------------
 
+    def forget(self, partitions: set[TopicPartition]) -> None:
+        self.guard.forget(partitions)
+        self.telemetry.lost_log = frozenset((tp.topic, tp.partition) for tp in self.guard.stopped)
+
     async def seek_to_stored(self, assigned: set[TopicPartition]) -> None:
         """Seek each assigned partition to its stored next offset, or to the beginning without one."""
         assert self.consumer is not None and self.pool is not None
         if not assigned:
             return
+        self.forget(assigned)
         delay = BACKOFF_INITIAL_S
         while True:
             try:
@@ -217,7 +231,7 @@ class ProjectorWorker:
                     raise
                 log.warning("cannot read stored offsets (%s); retrying in %.1fs", exc, delay)
                 await _sleep_or_stop(self._stop, delay)
-                delay = min(delay * 2, BACKOFF_MAX_S)
+                delay = min(delay * 2, self.settings.projector_retry_max_s)
         beginning = []
         for tp in sorted(assigned):
             offset = stored[tp.topic].get(tp.partition)
@@ -225,6 +239,7 @@ class ProjectorWorker:
                 beginning.append(tp)
             else:
                 self.consumer.seek(tp, offset)
+                self.guard.positions[tp] = offset
         if beginning:
             await self.consumer.seek_to_beginning(*beginning)
         self.telemetry.assigned({(tp.topic, tp.partition): stored[tp.topic].get(tp.partition, 0) for tp in assigned})
@@ -246,10 +261,25 @@ class ProjectorWorker:
         while not full and not stop.is_set():
             if deadline is None:
                 timeout_ms = IDLE_POLL_MS
+                if self.guard.stopped and time.monotonic() - self._reset_checked >= RESET_POLL_S:
+                    await self.resume_reset_partitions()
             else:
                 timeout_ms = max(0, int((deadline - time.monotonic()) * 1000))
-            fetched = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=s.batch_max_events - len(records))
+            try:
+                fetched = await self.consumer.getmany(
+                    timeout_ms=timeout_ms, max_records=s.batch_max_events - len(records)
+                )
+            except OffsetOutOfRangeError as exc:  # Kafka: the log ends (or starts) elsewhere now
+                for tp, offset in exc.args[0].items():
+                    self.stop_partition(tp, offset, f"the broker answered OFFSET_OUT_OF_RANGE for offset {offset}")
+                continue
+            except NoOffsetForPartitionError as exc:
+                # A fetch raced the assignment's seek to the stored offsets; seek (again) and go on.
+                await self.seek_to_stored({tp for tp in exc.args if isinstance(tp, TopicPartition)})
+                continue
             self.telemetry.fetched(self.consumer)  # high watermarks, for the lag gauge
+            for tp, (position, high) in self.guard.beyond_end(self.consumer).items():
+                self.stop_partition(tp, position, f"the log of the partition now ends at offset {high}")
             if deadline is None and fetched:
                 deadline = time.monotonic() + s.batch_max_wait_ms / 1000
             for tp, messages in fetched.items():
@@ -257,10 +287,12 @@ class ProjectorWorker:
                     record = _to_source(message)
                     if full or (records and size + record.size > s.batch_max_bytes):
                         self.consumer.seek(tp, message.offset)
+                        self.guard.positions[tp] = message.offset
                         full = True
                         break
                     records.append(record)
                     size += record.size
+                    self.guard.positions[tp] = message.offset + 1
             if len(records) >= s.batch_max_events:
                 full = True
             if deadline is not None and time.monotonic() >= deadline:
@@ -286,8 +318,9 @@ class ProjectorWorker:
                     return None
                 log.warning("batch of %d records failed (%s: %s); retrying in %.1fs", len(records),
                             type(exc).__name__, exc, delay)  # fmt: skip
+                await self.pool.expire_connections()  # the retry gets a fresh connection, not a broken one
                 await _sleep_or_stop(stop, delay)
-                delay = min(delay * 2, BACKOFF_MAX_S)
+                delay = min(delay * 2, self.settings.projector_retry_max_s)
         self.batches += 1
         self.events += result.applied
         if result.stopped:
@@ -299,6 +332,41 @@ class ProjectorWorker:
         log.debug("applied %d events (%d dead letters, %d skipped) in %.1f ms", result.applied,
                   result.dead_letters, result.skipped, (time.perf_counter() - started) * 1000)  # fmt: skip
         return result
+
+    # -- lost logs -----------------------------------------------------------------------------------
+
+    def stop_partition(self, tp: TopicPartition, position: int, evidence: str) -> None:
+        """Stop fetching `tp` (its log lost applied records) until an operator resets its offset."""
+        assert self.consumer is not None
+        if tp not in self.consumer.assignment():
+            return
+        self.consumer.pause(tp)
+        self.guard.stop(tp, position, evidence, self.settings.projector_group_id)
+        self.telemetry.lost_log = frozenset((t.topic, t.partition) for t in self.guard.stopped)
+
+    async def resume_reset_partitions(self) -> None:
+        """Resume stopped partitions whose stored offset changed (`graphledger offsets reset`)."""
+        assert self.consumer is not None and self.pool is not None
+        self._reset_checked = time.monotonic()
+        try:
+            async with self.pool.acquire() as conn:
+                stored = {
+                    TopicPartition(topic, partition): offset
+                    for topic in {tp.topic for tp in self.guard.stopped}
+                    for partition, offset in (
+                        await stored_offsets(conn, self._offsets, self.settings.projector_group_id, topic)
+                    ).items()
+                }
+        except Exception as exc:
+            if not is_retryable(exc):
+                raise
+            log.warning("cannot read stored offsets to look for a reset (%s)", exc)
+            return
+        for tp, offset in self.guard.reset(stored).items():
+            self.consumer.seek(tp, offset)
+            self.consumer.resume(tp)
+            log.warning("partition %s:%d was reset to offset %d; resuming it", tp.topic, tp.partition, offset)
+        self.telemetry.lost_log = frozenset((t.topic, t.partition) for t in self.guard.stopped)
 
     async def _produce_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
         """Produce to the dead-letter topic and wait for every acknowledgement (inside the batch
