@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from graphledger.errors import GraphledgerError
 from graphledger.settings import Settings
+from graphledger_server.replay.commands import register as register_replay
 
 if TYPE_CHECKING:
     from graphledger_server.devstack.stack import DevStack
@@ -70,7 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"graphledger: {line}", file=sys.stderr)
         return 2
     command: Command = args.run
-    label = " ".join(filter(None, [args.command, getattr(args, "topics_command", None)]))
+    label = " ".join(
+        filter(None, [args.command, getattr(args, "topics_command", None), getattr(args, "replay_command", None)])
+    )
     try:
         return command(args, settings) or 0
     except ImportError as exc:
@@ -147,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="accept source-of-truth topics with finite retention (replay will then miss expired events)",
     )
     ensure.set_defaults(run=_topics_ensure)
+    register_replay(commands)
 
     for name, help_text in (
         ("projector", "consume the topics and apply events to the Postgres projection"),
