@@ -32,6 +32,7 @@ from graphledger_server.cli import main as cli_main
 from graphledger_server.devstack.ports import free_port
 from graphledger_server.projector.main import run_projector
 from graphledger_server.replay import schemas
+from graphledger_server.replay.indexes import secondary_indexes
 from graphledger_server.replay.preflight import LossRefusedError, SourceTopic, refuse_losses
 from graphledger_server.replay.run import ReplayVerificationError, run_replay
 from projection_helpers import TOPIC, cid, put, record
@@ -202,6 +203,9 @@ async def test_replay_under_load_switches_to_an_identical_schema(settings: Setti
             # The old schema stopped at the switch; the new one went on.
             old_count = await conn.fetchval(f"SELECT count(*) FROM {report.retired}.checkpoints")
             assert old_count == sums["checkpoints"].rows < sum(written.values())
+            # The rebuild loaded without secondary indexes and got the live schema's before the switch.
+            assert set(await secondary_indexes(conn, live)) == set(await secondary_indexes(conn, report.retired))
+            assert "checkpoints_thread_id_idx" in await secondary_indexes(conn, live)
         finally:
             await conn.close()
         assert reads > 0 and failures == []

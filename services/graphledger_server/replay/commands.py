@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import sys
 from typing import Any
 
@@ -45,6 +46,10 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     from graphledger_server.replay.run import run_replay
 
     telemetry.setup("graphledger-replay", settings)
+    # Long-lived objects frozen: the collector stops rescanning them for every batch's garbage (as the
+    # projector's main does).
+    gc.collect()
+    gc.freeze()
     report = asyncio.run(
         run_replay(settings, accept_loss=args.accept_loss, restart=args.restart, switch=args.switch, out=sys.stderr)
     )

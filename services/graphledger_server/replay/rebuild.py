@@ -9,11 +9,15 @@ The rebuild never passes the live projector: each partition is capped at the liv
 the live schema first, and the dead letters it meets were already produced to the dead-letter topic
 by the live projector: here they are only recorded in the rebuild's `graphledger_dead_letters`.
 The offset rows carry the live projector's consumer group, so after the switch it continues from them.
+
+Batches are pipelined: while one applies (Postgres works on the other core), the next is fetched and
+decoded here. They still commit one after the other, in log order, on one connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -25,7 +29,7 @@ from aiokafka.structs import ConsumerRecord
 from graphledger.events.topics import source_topics
 from graphledger.projection.batch import BatchApplier, BatchResult
 from graphledger.projection.offsets import OffsetStatements, stored_offsets
-from graphledger.projection.records import DeadLetter, SourceRecord
+from graphledger.projection.records import Classified, DeadLetter, SourceRecord
 from graphledger.settings import Settings
 from graphledger.telemetry import names
 from graphledger.telemetry import replay as telemetry
@@ -68,10 +72,15 @@ class Rebuilder:
         self._paused: set[TP] = set()
         self._pool: asyncpg.Pool | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._inflight: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         s = self.settings
-        self._pool = await asyncpg.create_pool(s.postgres_dsn, min_size=1, max_size=1)
+        # Without waiting for the WAL flush at commit: a crash loses the last batches with their offsets
+        # (one transaction), and the rebuild resumes before them.
+        self._pool = await asyncpg.create_pool(
+            s.postgres_dsn, min_size=1, max_size=1, server_settings={"synchronous_commit": "off"}
+        )
         statements = OffsetStatements(self.schema)
         async with self._pool.acquire() as conn:
             for projection in self.projections.values():
@@ -105,6 +114,10 @@ class Rebuilder:
                  ", ".join(f"{t}:{p}@{o}" for (t, p), o in sorted(self.positions.items())))  # fmt: skip
 
     async def close(self) -> None:
+        if self._inflight is not None:
+            self._inflight.cancel()
+            with contextlib.suppress(BaseException):
+                await self._inflight
         try:
             if self._consumer is not None:
                 await self._consumer.stop()
@@ -135,31 +148,47 @@ class Rebuilder:
         self._paused.add(tp)
 
     def lag(self) -> int:
-        """Records the rebuild still has to apply to reach the caps."""
+        """Records the rebuild still has to apply to reach the caps (a batch in flight counts as not applied)."""
         return sum(max(0, self.caps.get(tp, 0) - pos) for tp, pos in self.positions.items() if tp not in self.stopped)
 
     # -- batches ------------------------------------------------------------------------------------
 
     async def step(self) -> int:
-        """Fetch and apply one batch below the caps; returns how many records it held (0: none came)."""
+        """Fetch and decode one batch below the caps, wait for the batch in flight, and start applying
+        this one; returns how many records it holds (0: none came, and nothing is in flight)."""
         records = await self._fetch()
+        classified = self.applier.classify(records) if records else []
+        await self.flush()
         if records:
-            with telemetry.span("replay.apply", **{names.MESSAGING_BATCH_MESSAGE_COUNT: len(records)}):
-                result = await self._apply(records)
-            self.records += len(records)
-            self.positions.update(result.next_offsets)
-            for tp, too_new in result.stopped.items():
-                log.error("rebuild stopped at %s:%d@%d: %s", *tp, too_new.record.offset, too_new.reason)
-                self.stopped.add(tp)
-                self._pause(tp, too_new.record.offset)
+            self._inflight = asyncio.create_task(self._apply_batch(records, classified))
         return len(records)
 
+    async def flush(self) -> None:
+        """Wait for the batch in flight (its failure is raised here)."""
+        task, self._inflight = self._inflight, None
+        if task is not None:
+            await task
+
+    async def _apply_batch(self, records: list[SourceRecord], classified: list[Classified]) -> None:
+        with telemetry.span("replay.apply", **{names.MESSAGING_BATCH_MESSAGE_COUNT: len(records)}):
+            result = await self._apply(records, classified)
+        self.records += len(records)
+        self.positions.update(result.next_offsets)
+        for tp, too_new in result.stopped.items():
+            log.error("rebuild stopped at %s:%d@%d: %s", *tp, too_new.record.offset, too_new.reason)
+            self.stopped.add(tp)
+            self._pause(tp, too_new.record.offset)
+
     async def _fetch(self) -> list[SourceRecord]:
+        """Records below the caps, up to `batch_max_events` / `batch_max_bytes`; a partition cut short
+        by the byte bound is sought back to its first record left out."""
         assert self._consumer is not None
-        most = self.settings.batch_max_events
+        most, most_bytes = self.settings.batch_max_events, self.settings.batch_max_bytes
         records: list[SourceRecord] = []
+        size = 0
+        full = False
         deadline: float | None = None
-        while len(records) < most and len(self._paused) < len(self.positions):
+        while not full and len(records) < most and len(self._paused) < len(self.positions):
             if deadline is None:
                 timeout_ms = IDLE_POLL_MS
             else:
@@ -172,7 +201,14 @@ class Rebuilder:
                     if m.offset >= cap:
                         self._pause(tp, cap)
                         break
-                    records.append(_to_source(m))
+                    record = _to_source(m)
+                    if full or (records and size + record.size > most_bytes):
+                        full = True
+                        self._consumer.seek(partition, m.offset)  # the rest waits for the next batch
+                        self._fetched[tp] = m.offset
+                        break
+                    records.append(record)
+                    size += record.size
                     self._fetched[tp] = m.offset + 1
                 if self._fetched[tp] >= cap and tp not in self._paused:
                     self._pause(tp, cap)
@@ -184,9 +220,8 @@ class Rebuilder:
                 break
         return records
 
-    async def _apply(self, records: list[SourceRecord]) -> BatchResult:
+    async def _apply(self, records: list[SourceRecord], classified: list[Classified]) -> BatchResult:
         assert self._pool is not None
-        classified = self.applier.classify(records)
         delay = BACKOFF_INITIAL_S
         while True:
             try:

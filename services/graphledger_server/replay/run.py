@@ -1,7 +1,9 @@
 """One replay, start to switch: check the log, rebuild beside the live schema, catch up, verify, switch.
 
 The switch protocol (docs/replay.md argues it):
-1. catch up without locks until the rebuild is within one batch of the live projector;
+1. catch up without locks until the rebuild is within one batch of the live projector (loading with
+   primary keys only; the live schema's secondary indexes are then built on the rebuild, and it
+   catches up again);
 2. `LOCK TABLE <live>.graphledger_offsets IN EXCLUSIVE MODE`: every projector batch starts by locking
    its offset rows (`FOR UPDATE`, which this blocks), so from here the live schema stands still, while
    reads (plain SELECTs) go on;
@@ -31,7 +33,7 @@ from graphledger.projection.sql import render
 from graphledger.projection.vector_index import load_vector_index
 from graphledger.settings import Settings
 from graphledger.telemetry import replay as telemetry
-from graphledger_server.replay import schemas
+from graphledger_server.replay import indexes, schemas
 from graphledger_server.replay.checksums import TableCheck, compare
 from graphledger_server.replay.preflight import inspect_sources, refuse_losses
 from graphledger_server.replay.progress import Progress
@@ -101,10 +103,16 @@ async def run_replay(
             # The live schema's vector table shape, not the settings': the projector obeys the schema's.
             await migrate(settings.postgres_dsn, rebuilt, vectors=await load_vector_index(conn, live))
             await schemas.mark_rebuild(conn, live)
+            await indexes.drop_secondary(conn, rebuilt)
             rebuilder = Rebuilder(settings, rebuilt)
             progress = Progress(out)
             await rebuilder.start()
             try:
+                with telemetry.span("replay.catch_up"):
+                    await _catch_up(conn, rebuilder, progress, live, group, stop)
+                    await rebuilder.flush()
+                with telemetry.span("replay.index"):
+                    await indexes.create_like_live(conn, live, rebuilt)
                 with telemetry.span("replay.catch_up"):
                     await _catch_up(conn, rebuilder, progress, live, group, stop)
                 report = await _verify_and_switch(conn, rebuilder, progress, live, group, switch=switch)
@@ -152,6 +160,7 @@ async def _verify_and_switch(
                         "the live projector; run the replay again (it resumes)"
                     )
                 await rebuilder.step()
+            await rebuilder.flush()
             progress.update("verifying", rebuilder.records, 0, rebuilder.positions, rebuilder.caps, final=True)
             reached = await read_offsets(conn, rebuilt, group)
             if _nonzero(reached) != _nonzero(targets):
