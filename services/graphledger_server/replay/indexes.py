@@ -3,7 +3,7 @@
 Every apply statement finds its rows by primary key, so a rebuild needs only the primary keys while it
 loads; each secondary index (`*_thread_id_idx`, the store's prefix and expiry indexes, the HNSW index on
 `store_vectors`) would be maintained row by row. Measured on the rebuild bench: about 30% less time in
-the checkpoint inserts without the three thread_id indexes. Before the switch, every secondary index
+the checkpoint inserts without the thread_id and store prefix indexes. Before the switch, every secondary index
 of the live schema is created on the rebuild (built once over the loaded table, cheaper than
 incrementally), from `pg_get_indexdef` of the live one, so the rebuild ends with exactly the live
 schema's indexes, including any an operator added.
