@@ -54,6 +54,7 @@ async def settings(make_settings: Callable[..., Settings]) -> Settings:
     s = make_settings(
         batch_max_wait_ms=20,
         batch_max_events=500,
+        replay_batch_max_events=500,
         store_vector_dims=DIMS,
         store_index="flat",
         api_port=free_port(),

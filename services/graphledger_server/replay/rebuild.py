@@ -198,10 +198,10 @@ class Rebuilder:
             self._pause(tp, too_new.record.offset)
 
     async def _fetch(self) -> list[SourceRecord]:
-        """Records below the caps, up to `batch_max_events` / `batch_max_bytes`; a partition cut short
+        """Records below the caps, up to `replay_batch_max_events` / `batch_max_bytes`; a partition cut short
         by the byte bound is sought back to its first record left out."""
         assert self._consumer is not None
-        most, most_bytes = self.settings.batch_max_events, self.settings.batch_max_bytes
+        most, most_bytes = self.settings.replay_batch_max_events, self.settings.batch_max_bytes
         records: list[SourceRecord] = []
         size = 0
         full = False

@@ -134,7 +134,7 @@ async def _catch_up(
         rebuilder.set_caps(await read_offsets(conn, live, group))
         lag = rebuilder.lag()
         progress.update("catching up", rebuilder.records, lag, rebuilder.positions, rebuilder.caps)
-        if lag <= rebuilder.settings.batch_max_events:
+        if lag <= rebuilder.settings.replay_batch_max_events:
             return
         if stop is not None and stop.is_set():
             raise GraphledgerError("replay interrupted; run it again to resume the rebuild")
