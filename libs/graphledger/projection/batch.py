@@ -149,14 +149,15 @@ class BatchApplier:
             return BatchResult()
         if classified is None:
             classified = self.classify(records)
-        for attempt in range(SCHEMA_SWITCH_RETRIES):
+        attempts = 1
+        while True:
             try:
                 return await self._apply_or_isolate(conn, records, classified)
             except SchemaSwitchedError as exc:
-                if attempt + 1 == SCHEMA_SWITCH_RETRIES:
+                if attempts == SCHEMA_SWITCH_RETRIES:
                     raise
+                attempts += 1
                 log.info("%s; re-running the batch of %d records in the new schema", exc, len(records))
-        raise AssertionError("unreachable")
 
     async def _apply_or_isolate(
         self, conn: asyncpg.Connection, records: Sequence[SourceRecord], classified: Sequence[Classified]
