@@ -2,7 +2,8 @@
 
 Both write to the same embedded Postgres (the official saver in its own schema). Printed: throughput
 of raw `aput` and of whole graph invocations at concurrency 1, 16 and 64, with ratios; projector apply
-rate; write-to-visible latency at a steady 500 checkpoints/s. Numbers, not assertions: tests never time.
+rate; write-to-visible latency at a steady 500 checkpoints/s; the store rows (bench/store.py) and the replay
+rebuild rate (bench/rebuild.py). Numbers, not assertions: tests never time.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import asyncpg
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
+from bench import rebuild as rebuild_bench
 from bench import store as store_bench
 from graphledger import KafkaSaver
 from graphledger_server.demo import build_graph
@@ -170,6 +172,7 @@ async def main(args: argparse.Namespace) -> None:
             p99 = latencies[int(len(latencies) * 0.99) - 1]
             print(f"  write-to-visible   p50 {p50:6.1f} ms  p99 {p99:6.1f} ms at 500 checkpoints/s", flush=True)
         store_rows = await store_bench.run(stack, args.total, args.recall_items) if args.store else []
+        rebuild_rows = await rebuild_bench.run(settings, args.rebuild_events) if args.rebuild_events else []
 
         print("\n| operation | concurrency | KafkaSaver ops/s | AsyncPostgresSaver ops/s | ratio |")
         print("|---|---:|---:|---:|---:|")
@@ -177,7 +180,7 @@ async def main(args: argparse.Namespace) -> None:
             print(f"| {name} | {concurrency} | {mine:,.0f} | {theirs:,.0f} | {mine / theirs:.2f}x |")
         print(f"| projector apply (backlog {args.backlog:,}) | – | {rate:,.0f} checkpoints/s | – | – |")
         print(f"| write-to-visible at 500/s | – | p50 {p50:.1f} ms, p99 {p99:.1f} ms | – | – |")
-        print("\n".join(store_rows))
+        print("\n".join(store_rows + rebuild_rows))
 
 
 if __name__ == "__main__":
@@ -187,4 +190,10 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of the write-to-visible run")
     parser.add_argument("--recall-items", type=int, default=20000, help="items for the HNSW recall@10 row")
     parser.add_argument("--no-store", dest="store", action="store_false", help="skip the store rows")
+    parser.add_argument(
+        "--rebuild-events",
+        type=int,
+        default=rebuild_bench.DEFAULT_EVENTS,
+        help="events for the replay rebuild row (env GRAPHLEDGER_BENCH_REBUILD_EVENTS; 0 skips it)",
+    )
     asyncio.run(main(parser.parse_args()))

@@ -45,7 +45,7 @@ def graphledger(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[
 def test_help_lists_every_command() -> None:
     result = graphledger("--help", env=clean_env())
     assert result.returncode == 0
-    for command in ("dev", "migrate", "topics", "projector", "api", "sweeper"):
+    for command in ("dev", "migrate", "topics", "projector", "api", "sweeper", "replay"):
         assert command in result.stdout
 
 

@@ -20,6 +20,7 @@ DEFAULT_CONSISTENCY_TIMEOUT_S = 10.0
 DEFAULT_BATCH_MAX_EVENTS = 5_000
 DEFAULT_BATCH_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_BATCH_MAX_WAIT_MS = 2
+DEFAULT_REPLAY_BATCH_MAX_EVENTS = 10_000
 DEFAULT_FETCH_MAX_WAIT_MS = 10
 DEFAULT_PROJECTOR_RETRY_MAX_S = 5.0
 DEFAULT_API_PORT = 8080
@@ -115,6 +116,14 @@ class Settings(BaseSettings):
         ge=1,
         description="Longest the broker holds an empty fetch; bounds write-to-visible latency on brokers "
         "that do not answer a fetch as soon as data arrives.",
+    )
+
+    # Replay (`graphledger replay`).
+    replay_batch_max_events: int = Field(
+        DEFAULT_REPLAY_BATCH_MAX_EVENTS,
+        ge=1,
+        description="Most events in one rebuild batch (split between its two connections); larger than the "
+        "projector's: a rebuild wants throughput, not latency.",
     )
 
     # Read API server.

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from graphledger.errors import GraphledgerError
 from graphledger.settings import Settings
 from graphledger_server import dlq, importer, token_cmd
+from graphledger_server.replay.commands import register as register_replay
 
 if TYPE_CHECKING:
     from graphledger_server.devstack.stack import DevStack
@@ -72,7 +73,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     command: Command = args.run
     label = " ".join(
-        filter(None, [args.command, getattr(args, "topics_command", None), getattr(args, "offsets_command", None)])
+        filter(
+            None,
+            [
+                args.command,
+                getattr(args, "topics_command", None),
+                getattr(args, "offsets_command", None),
+                getattr(args, "replay_command", None),
+            ],
+        )
     )
     try:
         return command(args, settings) or 0
@@ -150,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="accept source-of-truth topics with finite retention (replay will then miss expired events)",
     )
     ensure.set_defaults(run=_topics_ensure)
+    register_replay(commands)
 
     from graphledger_server import offsets_reset
 

@@ -11,6 +11,9 @@ In order, inside the transaction:
 6. produce the dead letters to their topic (the sink waits for the broker's acknowledgement);
 then commit. A failure anywhere rolls all of it back, so the caller retries the same records.
 
+If a replay switched the schema while the batch waited for its offset rows (`SchemaSwitchedError`),
+the transaction is rolled back and the batch re-run, so it lands in the schema now carrying the name.
+
 If Postgres rejects the batch's data (`rejects_input`: a value it cannot store, or asyncpg refusing
 an argument), an event is bad in a way validation did not catch. The batch is then re-run with each
 event in its own savepoint, and the events Postgres rejects become dead letters: bad input never stops
@@ -32,6 +35,7 @@ from graphledger.projection import chunks as chunk_store
 from graphledger.projection.dead_letters import record_dead_letters
 from graphledger.projection.offsets import (
     OffsetStatements,
+    SchemaSwitchedError,
     TopicPartition,
     advance_offsets,
     lock_offsets,
@@ -95,6 +99,8 @@ class _Resolved:
 # (21), data exception (22, invalid JSON text among them), integrity constraint violation (23), and
 # program limit exceeded (54, e.g. an id too long for a btree index row).
 REJECTED_INPUT_CLASSES = ("21", "22", "23", "54")
+SCHEMA_SWITCH_RETRIES = 3
+"""A replay switches a schema once; more switches in a row than this is something else going wrong."""
 
 
 def rejects_input(exc: BaseException) -> bool:
@@ -160,6 +166,19 @@ class BatchApplier:
             return BatchResult()
         if classified is None:
             classified = self.classify(records)
+        attempts = 1
+        while True:
+            try:
+                return await self._apply_or_isolate(conn, records, classified)
+            except SchemaSwitchedError as exc:
+                if attempts == SCHEMA_SWITCH_RETRIES:
+                    raise
+                attempts += 1
+                log.info("%s; re-running the batch of %d records in the new schema", exc, len(records))
+
+    async def _apply_or_isolate(
+        self, conn: asyncpg.Connection, records: Sequence[SourceRecord], classified: Sequence[Classified]
+    ) -> BatchResult:
         try:
             return await self._apply(conn, records, classified, isolate=False)
         except asyncpg.PostgresError as exc:

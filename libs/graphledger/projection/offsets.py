@@ -5,6 +5,11 @@ records below its `next_offset` are skipped. That fences a zombie worker: if a p
 another worker while this one held a batch, whichever commits second waits for the first, sees the
 advanced offset and skips what the first applied. Rows are locked in (topic, partition) order so
 two workers with overlapping batches cannot deadlock on them.
+
+A replay switches schemas by renaming them while it holds the offsets table locked (docs/replay.md).
+A batch that waited for that lock must land in the schema now carrying the name, not in the one it
+started to lock: `lock_offsets` compares the table it locked with the one the name means after the
+wait and raises `SchemaSwitchedError` when they differ, and the batch is re-run from the start.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections.abc import Iterable, Mapping
 
 import asyncpg
 
+from graphledger.errors import GraphledgerError
 from graphledger.projection.sql import render
 
 TopicPartition = tuple[str, int]
@@ -21,7 +27,7 @@ APPLIED_CHANNEL = "graphledger_applied"
 
 # $1 group, $2/$3 -> unnest(topic, partition).
 LOCK_OFFSETS_SQL = """
-SELECT o.topic, o.partition, o.next_offset
+SELECT o.topic, o.partition, o.next_offset, o.tableoid AS relid
 FROM {schema}.graphledger_offsets o
 JOIN unnest($2::text[], $3::int[]) AS u(topic, partition) ON o.topic = u.topic AND o.partition = u.partition
 WHERE o.consumer_group = $1::text
@@ -53,6 +59,14 @@ SELECT partition, next_offset FROM {schema}.graphledger_offsets
 WHERE consumer_group = $1::text AND topic = $2::text
 """
 
+# The offsets table the schema name means now. Read from the catalog tables with this statement's
+# snapshot, which sees a rename committed while the batch waited; name lookups (`to_regclass`) go
+# through a cache this transaction may not have refreshed since its first lock. $1 schema.
+CURRENT_OFFSETS_TABLE_SQL = """
+SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1::text AND c.relname = 'graphledger_offsets'
+"""
+
 # Delivered at commit: the read API wakes the reads waiting for a consistency token. $1 schema.
 NOTIFY_APPLIED_SQL = f"SELECT pg_notify('{APPLIED_CHANNEL}', $1::text)"
 
@@ -64,18 +78,31 @@ class OffsetStatements:
         self.insert = render(INSERT_OFFSETS_SQL, schema)
         self.advance = render(ADVANCE_OFFSETS_SQL, schema)
         self.stored = render(STORED_OFFSETS_SQL, schema)
+        self.current_table = render(CURRENT_OFFSETS_TABLE_SQL, schema)
+
+
+class SchemaSwitchedError(GraphledgerError):
+    """A replay renamed the projection schema while this batch waited for its offset rows; re-run it."""
+
+    retryable = True
 
 
 async def lock_offsets(
     conn: asyncpg.Connection, sql: OffsetStatements, group: str, partitions: Iterable[TopicPartition]
 ) -> dict[TopicPartition, int]:
-    """Lock the partitions' rows (creating missing ones) and return their next offsets."""
+    """Lock the partitions' rows (creating missing ones) and return their next offsets.
+
+    Raises `SchemaSwitchedError` when the rows locked are no longer in the schema named `sql.schema`.
+    """
     wanted = sorted(set(partitions))
     topics, parts = [t for t, _ in wanted], [p for _, p in wanted]
     rows = await conn.fetch(sql.lock, group, topics, parts)
     if len(rows) < len(wanted):
         await conn.execute(sql.insert, group, topics, parts)
         rows = await conn.fetch(sql.lock, group, topics, parts)
+    current = await conn.fetchval(sql.current_table, sql.schema)
+    if any(r["relid"] != current for r in rows):
+        raise SchemaSwitchedError(f"schema {sql.schema} was switched by a replay while this batch waited")
     return {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
 
 

@@ -1,0 +1,96 @@
+"""`graphledger replay run | list | drop-old`: argument parsing and printing; the work is in `run`/`schemas`.
+
+Import-light (argparse only at module level), so `graphledger --help` works without the server extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import sys
+from typing import Any
+
+from graphledger.settings import Settings
+
+
+def register(commands: Any) -> None:
+    """Add the `replay` command and its subcommands to the CLI's subparsers."""
+    replay = commands.add_parser(
+        "replay",
+        help="rebuild every projection from the log into a fresh schema, verify it, switch to it",
+        description="Rebuild the projection schema (GRAPHLEDGER_POSTGRES_SCHEMA) from the topics' earliest "
+        "offsets into <schema>_rebuild while the projector keeps running, verify it equals the live schema "
+        "at the same offsets, and switch to it atomically. See docs/replay.md.",
+    )
+    sub = replay.add_subparsers(dest="replay_command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="rebuild, verify and switch (resumes an unfinished rebuild)")
+    run.add_argument(
+        "--accept-loss",
+        action="store_true",
+        help="rebuild even though a source topic has finite retention or has lost its first offsets",
+    )
+    run.add_argument("--restart", action="store_true", help="drop an unfinished rebuild and start from offset 0")
+    run.add_argument(
+        "--no-switch", dest="switch", action="store_false", help="rebuild and verify, but keep the live schema"
+    )
+    run.set_defaults(run=_run)
+    sub.add_parser("list", help="the live schema, a rebuild in progress and old schemas").set_defaults(run=_list)
+    drop = sub.add_parser("drop-old", help="drop old schemas a replay switched away from")
+    drop.add_argument("schemas", nargs="*", help="which ones (default: every old schema of the live schema)")
+    drop.set_defaults(run=_drop_old)
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    from graphledger import telemetry
+    from graphledger_server.replay.run import run_replay
+
+    telemetry.setup("graphledger-replay", settings)
+    # Long-lived objects frozen: the collector stops rescanning them for every batch's garbage (as the
+    # projector's main does).
+    gc.collect()
+    gc.freeze()
+    report = asyncio.run(
+        run_replay(settings, accept_loss=args.accept_loss, restart=args.restart, switch=args.switch, out=sys.stderr)
+    )
+    rate = report.events / report.seconds if report.seconds else 0.0
+    print(f"replay: rebuilt {report.live!r} in {report.rebuilt!r}: {report.events:,} events in "
+          f"{report.seconds:,.1f}s ({rate:,.0f} events/s)")  # fmt: skip
+    for check in report.checks:
+        print(f"  {check.describe()}")
+    if report.retired:
+        print(f"replay: switched; the previous projection is {report.retired!r} "
+              f"(`graphledger replay drop-old {report.retired}` drops it)")  # fmt: skip
+    else:
+        print(f"replay: verified, not switched; the rebuild stays in {report.rebuilt!r}")
+    return 0
+
+
+async def _with_conn(settings: Settings, work: Any) -> Any:
+    import asyncpg
+
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        return await work(conn)
+    finally:
+        await conn.close()
+
+
+def _list(args: argparse.Namespace, settings: Settings) -> int:
+    from graphledger_server.replay.schemas import list_schemas
+
+    found = asyncio.run(_with_conn(settings, lambda conn: list_schemas(conn, settings.postgres_schema)))
+    for s in found:
+        print(f"{s.name}\t{s.role}\t{s.bytes / 1e6:,.1f} MB\t{s.comment or ''}")
+    if not found:
+        print(f"replay: no schema {settings.postgres_schema!r} yet")
+    return 0
+
+
+def _drop_old(args: argparse.Namespace, settings: Settings) -> int:
+    from graphledger_server.replay.schemas import drop_old
+
+    names = args.schemas or None
+    dropped = asyncio.run(_with_conn(settings, lambda conn: drop_old(conn, settings.postgres_schema, names)))
+    print(f"replay: dropped {', '.join(dropped)}" if dropped else "replay: no old schema to drop")
+    return 0

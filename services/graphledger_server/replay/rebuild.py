@@ -1,0 +1,253 @@
+"""The rebuild's consumer and applier: the live projector's projections, into another schema.
+
+It reads every partition of the source topics (no consumer group: plain assignment, from the offsets
+stored in the rebuild schema, or the beginning), and applies batches with the same `BatchApplier`
+and projections as the live projector, so the rebuild is the projector's own code on the same log.
+
+The rebuild never passes the live projector: each partition is capped at the live schema's
+`next_offset` (`set_caps`), and paused when it reaches it. So every event it applies was applied to
+the live schema first, and the dead letters it meets were already produced to the dead-letter topic
+by the live projector: here they are only recorded in the rebuild's `graphledger_dead_letters`.
+The offset rows carry the live projector's consumer group, so after the switch it continues from them.
+
+Batches are pipelined over `LANES` connections: the partitions are split between the lanes, each
+fetched batch is split by lane, and each lane's part applies while the next batch is fetched and
+decoded here (and planned for the other lane). Within a lane, batches commit one after the other,
+so each partition's events apply in log order; lanes share no partition, as two projector replicas
+share none. Order across partitions is not defined by the log, and the live projector's replicas do
+not keep one either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from graphledger.events.topics import source_topics
+from graphledger.projection.batch import BatchApplier, BatchResult
+from graphledger.projection.offsets import OffsetStatements, stored_offsets
+from graphledger.projection.records import Classified, DeadLetter, SourceRecord
+from graphledger.settings import Settings
+from graphledger.telemetry import names
+from graphledger.telemetry import replay as telemetry
+from graphledger_server.projector.worker import BACKOFF_INITIAL_S, BACKOFF_MAX_S, is_retryable, projections_for
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+IDLE_POLL_MS = 200
+FILL_WAIT_MS = 50
+"""How long a batch waits to fill after its first records (a backlog fills it at once)."""
+FETCH_BYTES = 8 * 1024 * 1024
+LANES = 2
+"""Connections applying at once; measured on 2 cores, two keep Postgres busy while Python decodes."""
+
+
+def _to_source(m: ConsumerRecord[bytes, bytes]) -> SourceRecord:
+    return SourceRecord(m.topic, m.partition, m.offset, m.key, m.value, tuple(m.headers or ()), m.timestamp)
+
+
+async def _already_dead_lettered(letters: Sequence[DeadLetter]) -> None:
+    """The live projector produced these when it met them (the rebuild never passes it)."""
+    log.info("rebuild met %d dead letters the live projector already produced", len(letters))
+
+
+class Rebuilder:
+    """Applies the source topics into `schema` as far as the caps allow."""
+
+    def __init__(self, settings: Settings, schema: str) -> None:
+        self.settings = settings
+        self.schema = schema
+        self.group = settings.projector_group_id
+        self.projections = projections_for(settings.model_copy(update={"postgres_schema": schema}))
+        self.applier = BatchApplier(schema, self.group, self.projections, _already_dead_lettered)
+        self.positions: dict[TP, int] = {}
+        """The rebuild schema's next offset per partition (what is applied)."""
+        self.caps: dict[TP, int] = {}
+        self.records = 0
+        """Records this process applied (or skipped as applied before), for the rate."""
+        self.stopped: set[TP] = set()
+        self._fetched: dict[TP, int] = {}
+        self._paused: set[TP] = set()
+        self._pool: asyncpg.Pool | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._lanes: dict[TP, int] = {}
+        self._inflight: dict[int, asyncio.Task[None]] = {}
+
+    async def start(self) -> None:
+        s = self.settings
+        # Without waiting for the WAL flush at commit: a crash loses the last batches with their offsets
+        # (one transaction), and the rebuild resumes before them.
+        self._pool = await asyncpg.create_pool(
+            s.postgres_dsn, min_size=1, max_size=LANES, server_settings={"synchronous_commit": "off"}
+        )
+        statements = OffsetStatements(self.schema)
+        async with self._pool.acquire() as conn:
+            for projection in self.projections.values():
+                prepare = getattr(projection, "prepare", None)
+                if prepare is not None:
+                    await prepare(conn)
+            stored = {t: await stored_offsets(conn, statements, self.group, t) for t in source_topics(s)}
+        self._consumer = AIOKafkaConsumer(
+            **s.kafka_client_options(),  # type: ignore[arg-type]
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=s.fetch_max_wait_ms,
+            max_partition_fetch_bytes=max(FETCH_BYTES, s.max_message_bytes + 64 * 1024),
+        )
+        await self._consumer.start()
+        await self._consumer.topics()  # metadata of every topic, for partitions_for_topic
+        assigned = [
+            TopicPartition(t, p) for t in source_topics(s) for p in sorted(self._consumer.partitions_for_topic(t) or ())
+        ]
+        self._consumer.assign(assigned)
+        for tp in assigned:
+            offset = stored[tp.topic].get(tp.partition)
+            if offset is None:
+                await self._consumer.seek_to_beginning(tp)
+            else:
+                self._consumer.seek(tp, offset)
+            self.positions[(tp.topic, tp.partition)] = offset or 0
+            self._lanes[(tp.topic, tp.partition)] = len(self._lanes) % LANES
+            self._fetched[(tp.topic, tp.partition)] = offset or 0
+        log.info("rebuilding into schema %s from %s", self.schema,
+                 ", ".join(f"{t}:{p}@{o}" for (t, p), o in sorted(self.positions.items())))  # fmt: skip
+
+    async def close(self) -> None:
+        for task in self._inflight.values():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        try:
+            if self._consumer is not None:
+                await self._consumer.stop()
+        finally:
+            if self._pool is not None:
+                await self._pool.close()
+
+    # -- caps ---------------------------------------------------------------------------------------
+
+    def set_caps(self, targets: dict[TP, int]) -> None:
+        """Allow each partition up to `targets` (the live schema's next offsets; absent: 0)."""
+        assert self._consumer is not None
+        self.caps = {tp: targets.get(tp, 0) for tp in self.positions}
+        for tp in list(self._paused):
+            if tp not in self.stopped and self._fetched[tp] < self.caps[tp]:
+                self._consumer.resume(TopicPartition(*tp))
+                self._paused.discard(tp)
+        for tp, cap in self.caps.items():
+            if self._fetched[tp] >= cap and tp not in self._paused:
+                self._pause(tp, cap)
+
+    def _pause(self, tp: TP, at: int) -> None:
+        assert self._consumer is not None
+        partition = TopicPartition(*tp)
+        self._consumer.seek(partition, at)  # drops what was prefetched beyond
+        self._fetched[tp] = at
+        self._consumer.pause(partition)
+        self._paused.add(tp)
+
+    def lag(self) -> int:
+        """Records the rebuild still has to apply to reach the caps (a batch in flight counts as not applied)."""
+        return sum(max(0, self.caps.get(tp, 0) - pos) for tp, pos in self.positions.items() if tp not in self.stopped)
+
+    # -- batches ------------------------------------------------------------------------------------
+
+    async def step(self) -> int:
+        """Fetch and decode one batch below the caps, and start applying each lane's part of it once
+        that lane's previous part committed; returns how many records it holds (0: none came, and
+        nothing is in flight)."""
+        records = await self._fetch()
+        if not records:
+            await self.flush()
+            return 0
+        classified = self.applier.classify(records)
+        parts: dict[int, tuple[list[SourceRecord], list[Classified]]] = {}
+        for record, c in zip(records, classified, strict=True):
+            part = parts.setdefault(self._lanes[(record.topic, record.partition)], ([], []))
+            part[0].append(record)
+            part[1].append(c)
+        for lane, (lane_records, lane_classified) in sorted(parts.items()):
+            previous = self._inflight.pop(lane, None)
+            if previous is not None:
+                await previous
+            self._inflight[lane] = asyncio.create_task(self._apply_batch(lane_records, lane_classified))
+        return len(records)
+
+    async def flush(self) -> None:
+        """Wait for every batch in flight (a failure is raised here)."""
+        while self._inflight:
+            await self._inflight.pop(min(self._inflight))
+
+    async def _apply_batch(self, records: list[SourceRecord], classified: list[Classified]) -> None:
+        with telemetry.span("replay.apply", **{names.MESSAGING_BATCH_MESSAGE_COUNT: len(records)}):
+            result = await self._apply(records, classified)
+        self.records += len(records)
+        self.positions.update(result.next_offsets)
+        for tp, too_new in result.stopped.items():
+            log.error("rebuild stopped at %s:%d@%d: %s", *tp, too_new.record.offset, too_new.reason)
+            self.stopped.add(tp)
+            self._pause(tp, too_new.record.offset)
+
+    async def _fetch(self) -> list[SourceRecord]:
+        """Records below the caps, up to `replay_batch_max_events` / `batch_max_bytes`; a partition cut short
+        by the byte bound is sought back to its first record left out."""
+        assert self._consumer is not None
+        most, most_bytes = self.settings.replay_batch_max_events, self.settings.batch_max_bytes
+        records: list[SourceRecord] = []
+        size = 0
+        full = False
+        deadline: float | None = None
+        while not full and len(records) < most and len(self._paused) < len(self.positions):
+            if deadline is None:
+                timeout_ms = IDLE_POLL_MS
+            else:
+                timeout_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            fetched = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=most - len(records))
+            for partition, messages in fetched.items():
+                tp = (partition.topic, partition.partition)
+                cap = self.caps.get(tp, 0)
+                for m in messages:
+                    if m.offset >= cap:
+                        self._pause(tp, cap)
+                        break
+                    record = _to_source(m)
+                    if full or (records and size + record.size > most_bytes):
+                        full = True
+                        self._consumer.seek(partition, m.offset)  # the rest waits for the next batch
+                        self._fetched[tp] = m.offset
+                        break
+                    records.append(record)
+                    size += record.size
+                    self._fetched[tp] = m.offset + 1
+                if self._fetched[tp] >= cap and tp not in self._paused:
+                    self._pause(tp, cap)
+            if not records and not fetched:
+                break  # idle: let the caller read new caps
+            if deadline is None and records:
+                deadline = time.monotonic() + FILL_WAIT_MS / 1000
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        return records
+
+    async def _apply(self, records: list[SourceRecord], classified: list[Classified]) -> BatchResult:
+        assert self._pool is not None
+        delay = BACKOFF_INITIAL_S
+        while True:
+            try:
+                async with self._pool.acquire() as conn:
+                    return await self.applier.apply(conn, records, classified)
+            except Exception as exc:
+                if not is_retryable(exc):
+                    raise
+                log.warning("rebuild batch of %d records failed (%s); retrying in %.1fs", len(records), exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, BACKOFF_MAX_S)

@@ -1,0 +1,184 @@
+"""One replay, start to switch: check the log, rebuild beside the live schema, catch up, verify, switch.
+
+The switch protocol (docs/replay.md argues it):
+1. catch up without locks until the rebuild is within one batch of the live projector (loading with
+   primary keys only; the live schema's secondary indexes are then built on the rebuild, and it
+   catches up again);
+2. `LOCK TABLE <live>.graphledger_offsets IN EXCLUSIVE MODE`: every projector batch starts by locking
+   its offset rows (`FOR UPDATE`, which this blocks), so from here the live schema stands still, while
+   reads (plain SELECTs) go on;
+3. apply the rest up to exactly the live offsets; compare offsets, row counts and checksums;
+4. in the same transaction rename live -> `<live>_old_<time>` and rebuild -> live, NOTIFY, commit.
+The projector batch that waited on the lock then finds the offsets table its name means is another
+one, rolls back and re-runs into the new schema (`SchemaSwitchedError`), continuing from offsets equal
+to those it had. A mismatch rolls back instead: nothing switched, the rebuild stays for inspection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TextIO
+
+import asyncpg
+
+from graphledger.errors import GraphledgerError
+from graphledger.projection.migrate import migrate
+from graphledger.projection.offsets import APPLIED_CHANNEL
+from graphledger.projection.sql import render
+from graphledger.projection.vector_index import load_vector_index
+from graphledger.settings import Settings
+from graphledger.telemetry import replay as telemetry
+from graphledger_server.replay import indexes, schemas
+from graphledger_server.replay.checksums import TableCheck, compare
+from graphledger_server.replay.preflight import inspect_sources, refuse_losses
+from graphledger_server.replay.progress import Progress
+from graphledger_server.replay.rebuild import TP, Rebuilder
+
+log = logging.getLogger(__name__)
+
+FINAL_CATCH_UP_S = 120.0
+"""Longest the last catch-up may hold the live projector; past it the replay gives up (retry later)."""
+
+LIVE_MIGRATED_SQL = "SELECT to_regclass('{schema}.graphledger_offsets') IS NOT NULL"
+OFFSETS_SQL = "SELECT topic, partition, next_offset FROM {schema}.graphledger_offsets WHERE consumer_group = $1::text"
+LOCK_LIVE_SQL = "LOCK TABLE {schema}.graphledger_offsets IN EXCLUSIVE MODE"
+
+
+class ReplayVerificationError(GraphledgerError):
+    """The rebuilt schema differs from the live one at the same offsets; nothing was switched."""
+
+
+@dataclass
+class ReplayReport:
+    live: str
+    rebuilt: str
+    retired: str | None
+    """The old schema's name after the switch; None when not switched."""
+    events: int
+    seconds: float
+    offsets: dict[TP, int]
+    checks: list[TableCheck] = field(default_factory=list)
+    losses: list[str] = field(default_factory=list)
+
+
+async def read_offsets(conn: asyncpg.Connection, schema: str, group: str) -> dict[TP, int]:
+    rows = await conn.fetch(render(OFFSETS_SQL, schema), group)
+    return {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
+
+
+def _nonzero(offsets: dict[TP, int]) -> dict[TP, int]:
+    return {tp: o for tp, o in offsets.items() if o}
+
+
+async def run_replay(
+    settings: Settings,
+    *,
+    accept_loss: bool = False,
+    restart: bool = False,
+    switch: bool = True,
+    out: TextIO | None = sys.stderr,
+    stop: asyncio.Event | None = None,
+) -> ReplayReport:
+    """Rebuild `settings.postgres_schema` from the log and (with `switch`) put the rebuild in its place.
+
+    Resumes an unfinished rebuild unless `restart`. Raises `LossRefusedError` before touching anything
+    when the log lacks events (unless `accept_loss`), `ReplayVerificationError` when the rebuild differs.
+    """
+    live, group = settings.postgres_schema, settings.projector_group_id
+    rebuilt = schemas.rebuild_name(live)
+    started = time.monotonic()
+    with telemetry.span("replay.run", **{"db.namespace": live}):
+        losses = refuse_losses(await inspect_sources(settings), accept_loss=accept_loss)
+        conn = await asyncpg.connect(settings.postgres_dsn)
+        try:
+            if not await conn.fetchval(render(LIVE_MIGRATED_SQL, live)):
+                raise GraphledgerError(f"schema {live!r} has no projection to replace; run `graphledger migrate`")
+            if restart and await schemas.drop_rebuild(conn, live):
+                log.info("dropped the unfinished rebuild %s", rebuilt)
+            # The live schema's vector table shape, not the settings': the projector obeys the schema's.
+            await migrate(settings.postgres_dsn, rebuilt, vectors=await load_vector_index(conn, live))
+            await schemas.mark_rebuild(conn, live)
+            await indexes.drop_secondary(conn, rebuilt)
+            rebuilder = Rebuilder(settings, rebuilt)
+            progress = Progress(out)
+            await rebuilder.start()
+            try:
+                with telemetry.span("replay.catch_up"):
+                    await _catch_up(conn, rebuilder, progress, live, group, stop)
+                    await rebuilder.flush()
+                with telemetry.span("replay.index"):
+                    await indexes.create_like_live(conn, live, rebuilt)
+                with telemetry.span("replay.catch_up"):
+                    await _catch_up(conn, rebuilder, progress, live, group, stop)
+                report = await _verify_and_switch(conn, rebuilder, progress, live, group, switch=switch)
+            finally:
+                await rebuilder.close()
+        finally:
+            await conn.close()
+    report.seconds = time.monotonic() - started
+    report.losses = losses
+    return report
+
+
+async def _catch_up(
+    conn: asyncpg.Connection, rebuilder: Rebuilder, progress: Progress, live: str, group: str,
+    stop: asyncio.Event | None,
+) -> None:  # fmt: skip
+    """Apply, without holding anything of the live schema, until within one batch of the live projector."""
+    while True:
+        rebuilder.set_caps(await read_offsets(conn, live, group))
+        lag = rebuilder.lag()
+        progress.update("catching up", rebuilder.records, lag, rebuilder.positions, rebuilder.caps)
+        if lag <= rebuilder.settings.replay_batch_max_events:
+            return
+        if stop is not None and stop.is_set():
+            raise GraphledgerError("replay interrupted; run it again to resume the rebuild")
+        await rebuilder.step()
+
+
+async def _verify_and_switch(
+    conn: asyncpg.Connection, rebuilder: Rebuilder, progress: Progress, live: str, group: str, *, switch: bool
+) -> ReplayReport:
+    rebuilt = rebuilder.schema
+    async with conn.transaction():
+        with telemetry.span("replay.verify"):
+            await conn.execute(render(LOCK_LIVE_SQL, live))  # the live projector waits from here
+            targets = await read_offsets(conn, live, group)
+            rebuilder.set_caps(targets)
+            deadline = time.monotonic() + FINAL_CATCH_UP_S
+            while rebuilder.lag() > 0:
+                if rebuilder.stopped:
+                    raise ReplayVerificationError(f"the rebuild stopped at partitions {sorted(rebuilder.stopped)}")
+                if time.monotonic() > deadline:
+                    raise GraphledgerError(
+                        f"the rebuild did not reach the live offsets within {FINAL_CATCH_UP_S:.0f}s while holding "
+                        "the live projector; run the replay again (it resumes)"
+                    )
+                await rebuilder.step()
+            await rebuilder.flush()
+            progress.update("verifying", rebuilder.records, 0, rebuilder.positions, rebuilder.caps, final=True)
+            reached = await read_offsets(conn, rebuilt, group)
+            if _nonzero(reached) != _nonzero(targets):
+                raise ReplayVerificationError(
+                    f"offsets differ: live {sorted(targets.items())}, rebuilt {sorted(reached.items())}"
+                )
+            checks = await compare(conn, live, rebuilt)
+            for check in checks:
+                log.info("verify %s", check.describe())
+            if not all(c.equal for c in checks):
+                raise ReplayVerificationError(
+                    f"the rebuild of {live!r} differs from it at the same offsets, nothing switched (the rebuild "
+                    f"stays in {rebuilt!r}; `replay run --restart` starts over): "
+                    + "; ".join(c.describe() for c in checks if not c.equal)
+                )
+        retired = None
+        if switch:
+            with telemetry.span("replay.switch"):
+                retired = await schemas.switch(conn, live, datetime.now(UTC))
+                await conn.execute("SELECT pg_notify($1::text, $2::text)", APPLIED_CHANNEL, live)
+    return ReplayReport(live, rebuilt, retired, rebuilder.records, 0.0, targets, checks)
