@@ -74,6 +74,8 @@ class Rebuilder:
         self.records = 0
         """Records this process applied (or skipped as applied before), for the rate."""
         self.stopped: set[TP] = set()
+        self._deferred: dict[TP, int] = {}
+        """Partitions a batch cut short (chunk reassembly over its budget) and where to fetch them again."""
         self._fetched: dict[TP, int] = {}
         self._paused: set[TP] = set()
         self._pool: asyncpg.Pool | None = None
@@ -165,6 +167,7 @@ class Rebuilder:
         """Fetch and decode one batch below the caps, and start applying each lane's part of it once
         that lane's previous part committed; returns how many records it holds (0: none came, and
         nothing is in flight)."""
+        self._rewind_deferred()
         records = await self._fetch()
         if not records:
             await self.flush()
@@ -179,19 +182,40 @@ class Rebuilder:
             previous = self._inflight.pop(lane, None)
             if previous is not None:
                 await previous
-            self._inflight[lane] = asyncio.create_task(self._apply_batch(lane_records, lane_classified))
+            if self._deferred:
+                # The batch before cut some partitions short: what was fetched of them since is past
+                # the cut; drop it, the rewind fetches it again.
+                kept = [(r, c) for r, c in zip(lane_records, lane_classified, strict=True)
+                        if (r.topic, r.partition) not in self._deferred]  # fmt: skip
+                lane_records, lane_classified = [r for r, _ in kept], [c for _, c in kept]
+                self._rewind_deferred()
+            if lane_records:
+                self._inflight[lane] = asyncio.create_task(self._apply_batch(lane_records, lane_classified))
         return len(records)
 
     async def flush(self) -> None:
         """Wait for every batch in flight (a failure is raised here)."""
         while self._inflight:
             await self._inflight.pop(min(self._inflight))
+        self._rewind_deferred()
+
+    def _rewind_deferred(self) -> None:
+        """Fetch again from where a batch deferred a partition (chunks beyond its reassembly budget)."""
+        assert self._consumer is not None
+        for tp, offset in self._deferred.items():
+            self._consumer.seek(TopicPartition(*tp), offset)
+            self._fetched[tp] = offset
+            if tp in self._paused and tp not in self.stopped and offset < self.caps.get(tp, 0):
+                self._consumer.resume(TopicPartition(*tp))
+                self._paused.discard(tp)
+        self._deferred.clear()
 
     async def _apply_batch(self, records: list[SourceRecord], classified: list[Classified]) -> None:
         with telemetry.span("replay.apply", **{names.MESSAGING_BATCH_MESSAGE_COUNT: len(records)}):
             result = await self._apply(records, classified)
         self.records += len(records)
         self.positions.update(result.next_offsets)
+        self._deferred.update(result.deferred)
         for tp, too_new in result.stopped.items():
             log.error("rebuild stopped at %s:%d@%d: %s", *tp, too_new.record.offset, too_new.reason)
             self.stopped.add(tp)
