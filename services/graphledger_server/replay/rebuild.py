@@ -37,7 +37,7 @@ from graphledger.projection.records import Classified, DeadLetter, SourceRecord
 from graphledger.settings import Settings
 from graphledger.telemetry import names
 from graphledger.telemetry import replay as telemetry
-from graphledger_server.projector.worker import BACKOFF_INITIAL_S, BACKOFF_MAX_S, is_retryable, projections_for
+from graphledger_server.projector.worker import BACKOFF_INITIAL_S, is_retryable, projections_for
 
 log = logging.getLogger(__name__)
 
@@ -274,4 +274,4 @@ class Rebuilder:
                     raise
                 log.warning("rebuild batch of %d records failed (%s); retrying in %.1fs", len(records), exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, BACKOFF_MAX_S)
+                delay = min(delay * 2, self.settings.projector_retry_max_s)
