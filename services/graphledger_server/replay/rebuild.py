@@ -67,7 +67,10 @@ class Rebuilder:
         self.schema = schema
         self.group = settings.projector_group_id
         self.projections = projections_for(settings.model_copy(update={"postgres_schema": schema}))
-        self.applier = BatchApplier(schema, self.group, self.projections, _already_dead_lettered)
+        # The live projector's reassembly budget: a batch loads at most batch_max_bytes of stored chunks.
+        self.applier = BatchApplier(
+            schema, self.group, self.projections, _already_dead_lettered, reassembly_max_bytes=settings.batch_max_bytes
+        )
         self.positions: dict[TP, int] = {}
         """The rebuild schema's next offset per partition (what is applied)."""
         self.caps: dict[TP, int] = {}
@@ -178,17 +181,19 @@ class Rebuilder:
             part = parts.setdefault(self._lanes[(record.topic, record.partition)], ([], []))
             part[0].append(record)
             part[1].append(c)
+        past_cut: set[TP] = set()
         for lane, (lane_records, lane_classified) in sorted(parts.items()):
             previous = self._inflight.pop(lane, None)
             if previous is not None:
                 await previous
-            if self._deferred:
-                # The batch before cut some partitions short: what was fetched of them since is past
-                # the cut; drop it, the rewind fetches it again.
+            # A batch of either lane that finished since the fetch may have cut partitions short: what
+            # this batch holds of them is past the cut; drop it, the rewind fetches it again. Collected
+            # over the lanes, as a rewind for one lane's partition may come while awaiting the other's.
+            past_cut |= self._rewind_deferred()
+            if past_cut:
                 kept = [(r, c) for r, c in zip(lane_records, lane_classified, strict=True)
-                        if (r.topic, r.partition) not in self._deferred]  # fmt: skip
+                        if (r.topic, r.partition) not in past_cut]  # fmt: skip
                 lane_records, lane_classified = [r for r, _ in kept], [c for _, c in kept]
-                self._rewind_deferred()
             if lane_records:
                 self._inflight[lane] = asyncio.create_task(self._apply_batch(lane_records, lane_classified))
         return len(records)
@@ -199,9 +204,11 @@ class Rebuilder:
             await self._inflight.pop(min(self._inflight))
         self._rewind_deferred()
 
-    def _rewind_deferred(self) -> None:
-        """Fetch again from where a batch deferred a partition (chunks beyond its reassembly budget)."""
+    def _rewind_deferred(self) -> set[TP]:
+        """Fetch again from where a batch deferred a partition (chunks beyond its reassembly budget);
+        returns the partitions sought back."""
         assert self._consumer is not None
+        rewound = set(self._deferred)
         for tp, offset in self._deferred.items():
             self._consumer.seek(TopicPartition(*tp), offset)
             self._fetched[tp] = offset
@@ -209,6 +216,7 @@ class Rebuilder:
                 self._consumer.resume(TopicPartition(*tp))
                 self._paused.discard(tp)
         self._deferred.clear()
+        return rewound
 
     async def _apply_batch(self, records: list[SourceRecord], classified: list[Classified]) -> None:
         with telemetry.span("replay.apply", **{names.MESSAGING_BATCH_MESSAGE_COUNT: len(records)}):
