@@ -92,11 +92,15 @@ def _item(namespace: list[str], key: str, value: dict[str, Any], **extra: Any) -
     return {"namespace": namespace, "key": key, "value": value, "created_at": T0, "updated_at": T1, **extra}
 
 
+EXPIRES = "2999-01-01T00:00:00+00:00"
+
+
 def _default_answer(op: dict[str, Any]) -> Any:
-    if op["op"] == "get":
-        return _item(op["namespace"], op["key"], {"k": op["key"]})
+    if op["op"] == "get":  # an item with a TTL, unless its key says otherwise
+        expires = None if op["key"].startswith("no-ttl") else EXPIRES
+        return _item(op["namespace"], op["key"], {"k": op["key"]}, expires_at=expires)
     if op["op"] == "search":
-        return [_item([*op["namespace_prefix"], "x"], "a", {"n": 1}, score=0.5)]
+        return [_item([*op["namespace_prefix"], "x"], "a", {"n": 1}, score=0.5, expires_at=EXPIRES)]
     return [["a", "b"], ["a", "c"]]
 
 
@@ -372,6 +376,7 @@ async def test_ttl_puts_carry_their_minutes_and_refreshing_reads_publish_coalesc
         for _ in range(3):  # refresh_on_read defaults to True with a TTL config: one refresh per window
             await store.aget(("ns",), "hot")
         await store.aget(("ns",), "quiet", refresh_ttl=False)
+        await store.aget(("ns",), "no-ttl")  # nothing to refresh: the answer has no expires_at
         await store.asearch(("ns",))  # the fake API returns item ("ns", "x") / "a"
     events = [e for _, _, e in await _events_since(settings, before)]
     puts = {e.item_key: e.ttl_minutes for e in events if isinstance(e, StorePut)}

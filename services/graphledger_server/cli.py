@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 from graphledger.errors import GraphledgerError
 from graphledger.settings import Settings
-from graphledger_server import dlq, importer, token_cmd
-from graphledger_server.replay.commands import register as register_replay
+from graphledger_server import dlq, importer, offsets_reset, token_cmd
+from graphledger_server.replay import commands as replay_commands
 
 if TYPE_CHECKING:
     from graphledger_server.devstack.stack import DevStack
@@ -159,11 +159,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="accept source-of-truth topics with finite retention (replay will then miss expired events)",
     )
     ensure.set_defaults(run=_topics_ensure)
-    register_replay(commands)
-
-    from graphledger_server import offsets_reset
-
-    offsets_reset.register(commands)
 
     for name, help_text in (
         ("projector", "consume the topics and apply events to the Postgres projection"),
@@ -171,9 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("sweeper", "TTL and retention sweeper: publishes expiry events; one active replica"),
     ):
         commands.add_parser(name, help=help_text).set_defaults(run=_service)
-    token_cmd.register(commands)
-    dlq.add_parser(commands)
-    importer.add_parser(commands)
+    # Operators' commands, each in its own module (light to import: the client install runs --help).
+    for module in (replay_commands, importer, dlq, offsets_reset, token_cmd):
+        module.register(commands)
     return parser
 
 

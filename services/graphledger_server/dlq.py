@@ -48,7 +48,7 @@ class DeadLetterError(GraphledgerError):
     """A dead letter that does not exist, was replayed already, or whose replacement is invalid."""
 
 
-def add_parser(commands: Any) -> None:
+def register(commands: Any) -> None:
     """Register `dlq` and its subcommands on the `graphledger` parser."""
     dlq = commands.add_parser(
         "dlq",

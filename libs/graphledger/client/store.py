@@ -126,7 +126,7 @@ class KafkaStore(ClientLifecycle, BaseStore):
         vectors, queries = self._embed(plan.texts, plan.queries)
         answer = self._runtime.read(STORE_BATCH_PATH, plan.read_body(queries)) if plan.reads else None
         results = plan.results(answer)  # a malformed answer fails before anything is published
-        events = [*plan.events(vectors), *self._refresh_events(plan, results)]
+        events = [*plan.events(vectors), *self._refresh_events(plan, answer)]
         self._runtime.publish_many(self.settings.store_topic, events)
         return results
 
@@ -138,15 +138,17 @@ class KafkaStore(ClientLifecycle, BaseStore):
         vectors, queries = await self._aembed(plan.texts, plan.queries)
         answer = await self._runtime.aread(STORE_BATCH_PATH, plan.read_body(queries)) if plan.reads else None
         results = plan.results(answer)
-        events = [*plan.events(vectors), *self._refresh_events(plan, results)]
+        events = [*plan.events(vectors), *self._refresh_events(plan, answer)]
         await self._runtime.apublish_many(self.settings.store_topic, events)
         return results
 
-    def _refresh_events(self, plan: _Plan, results: Sequence[Result]) -> list[StoreRefresh]:
-        """`store.refresh` for the items the batch's `refresh_ttl` reads returned, coalesced; an item
-        the batch also writes needs none (a put restarts its TTL, a delete leaves nothing)."""
+    def _refresh_events(self, plan: _Plan, answer: Any) -> list[StoreRefresh]:
+        """`store.refresh` for the items with a TTL the batch's `refresh_ttl` reads returned, coalesced;
+        an item the batch also writes needs none (a put restarts its TTL, a delete leaves nothing)."""
+        if not plan.reads:
+            return []
         written = {(w.namespace, w.key) for w in plan.writes}
-        found = (t for t in plan.refreshed(results) if t not in written)
+        found = (t for t in plan.refreshed(answer) if t not in written)
         return [StoreRefresh(namespace, key) for namespace, key in self._refreshes.due(found)]
 
     def _prepare_all(self, ops: Iterable[Op]) -> list[Prepared]:
@@ -291,15 +293,16 @@ class _Plan:
     def events(self, vectors: dict[str, tuple[float, ...]]) -> list[StorePut | StoreDelete]:
         return [w.event(vectors) for w in self.writes]
 
-    def refreshed(self, results: Sequence[Result]) -> list[Target]:
-        """The items returned by reads with `refresh_ttl`, in order."""
+    def refreshed(self, answer: Any) -> list[Target]:
+        """The items with a TTL (an `expires_at`) returned by reads with `refresh_ttl`, in order; the
+        answer was checked by `results` already. Items without a TTL have nothing to refresh."""
         out: list[Target] = []
-        for p, result in zip(self.prepared, results, strict=True):
-            if not (isinstance(p, PreparedRead) and p.refresh and result):
+        for read, raw in zip(self.reads, answer["results"], strict=True):
+            if not read.refresh or not raw or read.kind == "list_namespaces":
                 continue
-            for item in result if isinstance(result, list) else [result]:
-                if isinstance(item, Item):
-                    out.append((tuple(item.namespace), item.key))
+            for item in raw if isinstance(raw, list) else [raw]:
+                if isinstance(item, dict) and item.get("expires_at") is not None:
+                    out.append((tuple(item["namespace"]), item["key"]))
         return out
 
     def results(self, answer: Any) -> list[Result]:

@@ -163,6 +163,9 @@ class ItemBody(BaseModel):
     value: dict[str, Any]
     created_at: str = Field(description="ISO 8601 with offset.")
     updated_at: str = Field(description="ISO 8601 with offset.")
+    expires_at: str | None = Field(
+        None, description="ISO 8601 with offset; null for an item without a TTL (the client refreshes only TTL items)."
+    )
 
 
 class SearchItemBody(ItemBody):

@@ -202,6 +202,7 @@ def _item(row: dict[str, Any]) -> dict[str, Any]:
         "value": row["value"],
         "created_at": row["created_at"].isoformat(),
         "updated_at": row["updated_at"].isoformat(),
+        "expires_at": None if row["expires_at"] is None else row["expires_at"].isoformat(),
     }
 
 

@@ -31,7 +31,7 @@ LIVE = "(s.expires_at IS NULL OR s.expires_at > now())"
 """Rows past their TTL are hidden from every read until the sweeper deletes them."""
 
 GET_SQL = """
-SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at
+SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at
 FROM {schema}.store s
 JOIN unnest(%(prefixes)s::text[], %(keys)s::text[]) AS u(prefix, key) ON s.prefix = u.prefix AND s.key = u.key
 WHERE (s.expires_at IS NULL OR s.expires_at > now())
@@ -40,7 +40,7 @@ WHERE (s.expires_at IS NULL OR s.expires_at > now())
 # As AsyncPostgresStore orders a search without a query (most recently updated first), plus a
 # tie-break so paging is stable when two items share an update time.
 SEARCH_ALL_SQL = """
-SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, NULL::float8 AS score
+SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at, NULL::float8 AS score
 FROM {schema}.store s
 WHERE (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
 ORDER BY s.updated_at DESC, s.prefix, s.key
@@ -51,12 +51,12 @@ LIMIT %(limit)s OFFSET %(offset)s
 # newest first from `graphledger_store_recent_idx` and stopped after a page of matches (the common
 # case: one user's memories), and the namespaces below it (a range of the same index, then sorted).
 SEARCH_SQL = """
-SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, NULL::float8 AS score FROM (
-    (SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at FROM {schema}.store s
+SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at, NULL::float8 AS score FROM (
+    (SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at FROM {schema}.store s
      WHERE s.prefix = %(namespace)s AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
      ORDER BY s.updated_at DESC, s.key LIMIT %(window)s)
     UNION ALL
-    (SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at FROM {schema}.store s
+    (SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at FROM {schema}.store s
      WHERE s.prefix LIKE %(below)s ESCAPE '\\' AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
      ORDER BY s.updated_at DESC, s.prefix, s.key LIMIT %(window)s)
 ) s
@@ -87,7 +87,7 @@ EXACT_VECTOR_SEARCH_SQL = """
 WITH q AS MATERIALIZED (
     SELECT %(query)s::float8[]::{ext}.{vector_type} AS v
 ), items AS MATERIALIZED (
-    SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at
+    SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at
     FROM {schema}.store s
     WHERE {namespace} AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
 ), best AS (
@@ -96,7 +96,7 @@ WITH q AS MATERIALIZED (
     JOIN {schema}.store_vectors sv ON sv.prefix = i.prefix AND sv.key = i.key
     GROUP BY sv.prefix, sv.key
 )
-SELECT i.prefix, i.key, i.value, i.created_at, i.updated_at, {score} AS score
+SELECT i.prefix, i.key, i.value, i.created_at, i.updated_at, i.expires_at, {score} AS score
 FROM items i
 LEFT JOIN best b ON b.prefix = i.prefix AND b.key = i.key
 ORDER BY b.dist IS NULL, b.dist, i.updated_at DESC, i.prefix, i.key
@@ -111,7 +111,7 @@ INDEX_VECTOR_SEARCH_SQL = """
 WITH q AS MATERIALIZED (
     SELECT %(query)s::float8[]::{ext}.{vector_type} AS v
 ), candidates AS MATERIALIZED (
-    SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at,
+    SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at,
            sv.embedding OPERATOR({ext}.{op}) (SELECT v FROM q) AS dist
     FROM {schema}.store_vectors sv
     JOIN {schema}.store s ON s.prefix = sv.prefix AND s.key = sv.key
@@ -121,7 +121,7 @@ WITH q AS MATERIALIZED (
 ), b AS (
     SELECT DISTINCT ON (prefix, key) * FROM candidates ORDER BY prefix, key, dist
 )
-SELECT b.prefix, b.key, b.value, b.created_at, b.updated_at, {score} AS score
+SELECT b.prefix, b.key, b.value, b.created_at, b.updated_at, b.expires_at, {score} AS score
 FROM b
 ORDER BY b.dist, b.updated_at DESC, b.prefix, b.key
 LIMIT %(limit)s OFFSET %(offset)s

@@ -12,7 +12,7 @@ from typing import Any
 from graphledger.settings import Settings
 
 
-def add_parser(commands: Any) -> None:
+def register(commands: Any) -> None:
     """Register `import` on the `graphledger` parser."""
     parser = commands.add_parser(
         "import",
