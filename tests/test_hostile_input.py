@@ -239,7 +239,7 @@ def _hostile_records(valid: CheckpointPut) -> dict[str, tuple[bytes, str]]:
         "201-deep metadata": (with_payload(metadata=json.dumps({"a": nest(MAX_JSON_DEPTH)}).encode()), "deeper"),
         "huge int": (with_payload(metadata=b'{"n": 123456789012345678901234567890}'), "64-bit"),
         "lone surrogate": (with_payload(checkpoint=b'{"a": "\\ud800"}'), "checkpoint JSON"),
-        "NaN": (with_payload(metadata=b'{"n": NaN}'), "Postgres rejected"),
+        "NaN": (with_payload(metadata=b'{"n": NaN}'), "NaN is not JSON"),
         "NUL": (with_payload(metadata=b'{"n": "\\u0000"}'), "u0000"),
         "empty thread": (with_payload(thread_id=""), "thread_id"),
         "thread id past the index": (with_payload(thread_id="".join(map(str, range(3000)))), "Postgres rejected"),

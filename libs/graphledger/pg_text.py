@@ -77,16 +77,19 @@ def json_text_problem(raw: bytes, what: str) -> str | None:
     return json_problem(value, what)
 
 
-_LONG_DIGITS = re.compile(rb"\d{19}")  # -(2**63) - 1 has 19 digits
+# A number token (after `:`, `,` or `[`) that may not fit: 19 digits or more (-(2**63) - 1 has 19),
+# an exponent (Python prints floats of 1e16 and above with one), NaN or Infinity. Digit runs inside
+# strings do not count: LangGraph's channel versions are 32-digit strings in every checkpoint.
+_RISKY_NUMBER = re.compile(rb"[:\[,]\s*-?(?:\d{19}|\d[\d.]*[eE]|NaN|Infinity)")
 
 
 def json_text_suspect(raw: bytes) -> bool:
-    """Whether JSON text shows a sign `json_text_problem` may find (a surrogate escape, a 19-digit
-    run, more brackets than `MAX_JSON_DEPTH`): a cheap test that spares parsing the usual text."""
+    """Whether JSON text shows a sign `json_text_problem` may find (a surrogate escape, a risky number,
+    more brackets than `MAX_JSON_DEPTH`): a cheap test that spares parsing the usual text."""
     return (
         b"\\ud" in raw
         or b"\\uD" in raw
-        or bool(_LONG_DIGITS.search(raw))
+        or bool(_RISKY_NUMBER.search(raw))
         or (raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH)
     )
 
