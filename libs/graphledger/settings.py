@@ -181,7 +181,11 @@ class Settings(BaseSettings):
         64, ge=4, le=1000, description="HNSW `ef_construction` of the vector index (at least 2 * m)."
     )
     store_hnsw_ef_search: int = Field(
-        40, ge=1, le=1000, description="HNSW `ef_search` of the read API's index searches (recall vs latency)."
+        100,
+        ge=1,
+        le=1000,
+        description="HNSW `ef_search` of the read API's index searches (recall vs latency; pgvector's 40 "
+        "measured recall@10 0.75 on 20,000 items of `make bench`, 100 measured 1.0).",
     )
 
     # TTL and retention: the sweeper's settings, and the store client's refresh coalescing (docs/retention.md).

@@ -230,8 +230,8 @@ def _equals(at: str, operand: Any, params: Params) -> str:
 
 
 def _operator(at: str, operator: str, operand: Any, params: Params) -> str:
-    # Range conditions are plain ANDs, cheaper than CASE: filters are only ever ANDed in a WHERE
-    # clause (never negated), where NULL and false drop a row alike, and neither side can raise.
+    # CASE, not AND: Postgres estimates `jsonb_typeof(x) = 'number' AND x < n` to match almost no
+    # rows and then prefers a full scan to the vector index; an opaque CASE keeps its default guess.
     if operator == "$eq":
         return _equals(at, operand, params)
     if operator == "$ne":
@@ -240,10 +240,13 @@ def _operator(at: str, operator: str, operand: Any, params: Params) -> str:
         return f"({at} IS NULL OR {at} <> {params.add(json.dumps(operand))}::jsonb)"
     sql = _SQL_OPERATORS[operator]
     if isinstance(operand, str):
-        return f"(jsonb_typeof({at}) = 'string' AND ({at} #>> '{{}}') COLLATE \"C\" {sql} {params.add(operand)}::text)"
+        return (
+            f"CASE WHEN jsonb_typeof({at}) = 'string' "
+            f"THEN ({at} #>> '{{}}') COLLATE \"C\" {sql} {params.add(operand)}::text ELSE false END"
+        )
     # jsonb compares two numbers numerically.
     number = params.add(json.dumps(operand))
-    return f"(jsonb_typeof({at}) = 'number' AND {at} {sql} {number}::jsonb)"
+    return f"CASE WHEN jsonb_typeof({at}) = 'number' THEN {at} {sql} {number}::jsonb ELSE false END"
 
 
 # --- statements -------------------------------------------------------------------------------------
