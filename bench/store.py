@@ -17,11 +17,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import numpy as np
 from langgraph.store.postgres.aio import AsyncPostgresStore
 
 from graphledger import KafkaStore
 from graphledger.embeddings import HashEmbedder
+from graphledger.errors import ConsistencyTimeoutError
+from graphledger.settings import Settings
 from graphledger_server.devstack.stack import DevStack
 
 CONCURRENCY = (1, 16, 64)
@@ -77,6 +80,32 @@ async def _search(store: Any, root: str, kind: str, concurrency: int, total: int
     return statistics.median(latencies), per_worker * concurrency / (time.perf_counter() - start)
 
 
+async def _caught_up(ours: KafkaStore, deadline_s: float = 600.0) -> None:
+    """Return once the projection applied every write of `ours` (its vectors are indexed after the
+    acknowledgement, at the projector's pace): a read carries the consistency token."""
+    give_up = time.monotonic() + deadline_s
+    while True:
+        try:
+            await ours.alist_namespaces(limit=1)
+            return
+        except ConsistencyTimeoutError:  # the read API's own wait ran out; the projector is still busy
+            if time.monotonic() > give_up:
+                raise
+
+
+async def _settle(ours: KafkaStore, settings: Settings) -> None:
+    """Searches measure the steady state of both stores: our projection caught up with the puts
+    (vectors are indexed by the projector after the acknowledgement), and both tables' planner
+    statistics current, as autovacuum keeps them within a minute of a bulk load."""
+    await _caught_up(ours)
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        await conn.execute(f"ANALYZE {settings.postgres_schema}.store, {settings.postgres_schema}.store_vectors")
+        await conn.execute("ANALYZE public.store, public.store_vectors")  # AsyncPostgresStore's tables
+    finally:
+        await conn.close()
+
+
 async def _recall_at_10(store: KafkaStore, dims: int, items: int, queries: int) -> float:
     """Share of the exact top 10 (cosine, numpy) that the read API's HNSW search returns.
 
@@ -90,6 +119,7 @@ async def _recall_at_10(store: KafkaStore, dims: int, items: int, queries: int) 
         await asyncio.gather(
             *(store.aput((root,), str(i), {"text": texts[i]}) for i in range(start, min(items, start + 500)))
         )
+    await _caught_up(store)
     embedder = HashEmbedder(dims)
     matrix = np.array(embedder.embed_documents(texts), dtype=np.float32)
     matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
@@ -125,6 +155,7 @@ async def run(stack: DevStack, total: int, recall_items: int) -> list[str]:
                 flush=True,
             )
             rows.append(f"| store.aput | {concurrency} | {mine:,.0f}/s | {theirs:,.0f}/s | {mine / theirs:.2f}x |")
+        await _settle(ours, settings)
         for kind in SEARCHES:
             for concurrency in CONCURRENCY:
                 n = max(200, total // 4)
