@@ -7,7 +7,7 @@ from typing import Any
 
 import ormsgpack
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, reject, settings
 from schemathesis.checks import not_a_server_error
 
 from graphledger.wire import CONSISTENCY_HEADER
@@ -15,7 +15,10 @@ from graphledger.wire import CONSISTENCY_HEADER
 
 @schemathesis.serializer("application/msgpack")
 def _msgpack(ctx: Any, value: Any) -> bytes:
-    return ormsgpack.packb(value)
+    try:
+        return ormsgpack.packb(value)
+    except TypeError:  # an integer past 64 bits: msgpack cannot carry it (the JSON bodies do)
+        reject()
 
 
 def test_schema_fuzz_finds_no_server_error(stack: Any) -> None:
