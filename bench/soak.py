@@ -34,6 +34,7 @@ import psutil
 from langgraph.checkpoint.base import WRITES_IDX_MAP
 
 from graphledger import KafkaSaver, KafkaStore
+from graphledger.errors import GraphledgerError
 from graphledger.settings import Settings
 from graphledger_server.demo import build_graph
 from graphledger_server.devstack.stack import DevStack
@@ -43,6 +44,7 @@ SAMPLE_INTERVAL_S = 1.0
 POLL_INTERVAL_S = 0.02
 CATCH_UP_TIMEOUT_S = 180.0
 STORE_KEYS_PER_AGENT = 50
+RETRIES = 10
 
 Token = dict[tuple[str, int], int]
 
@@ -78,6 +80,8 @@ class Traffic:
     invocations: int = 0
     puts: int = 0
     missed_ticks: int = 0
+    retried: int = 0
+    """Invocations whose first read got a retryable error (the projector restarting) and were run again."""
     errors: list[str] = field(default_factory=list)
     last_values: dict[tuple[tuple[str, ...], str], int] = field(default_factory=dict)
 
@@ -177,7 +181,17 @@ async def soak(stack: DevStack, args: argparse.Namespace) -> int:
 
         async def invoke(n: int) -> None:
             thread = f"soak-{run_id}-{n % args.threads}"
-            await graph.ainvoke({"foo": "", "bar": []}, {"configurable": {"thread_id": thread}})
+            for attempt in range(RETRIES + 1):
+                try:
+                    await graph.ainvoke({"foo": "", "bar": []}, {"configurable": {"thread_id": thread}})
+                    break
+                except GraphledgerError as exc:
+                    # A run starts by reading its thread; while the projector restarts after a kill
+                    # that read waits for the thread's last writes and ends in a retryable 503. An
+                    # agent retries the step, as here; nothing of the run was written yet.
+                    if not exc.retryable or attempt == RETRIES:
+                        raise
+                    traffic.retried += 1
             traffic.invocations += 1
 
         async def put(n: int) -> None:
