@@ -27,8 +27,8 @@ from typing import Any
 from graphledger.projection.sql import render
 from graphledger.projection.vector_index import VectorIndex
 
-LIVE = "(s.expires_at IS NULL OR s.expires_at > now())"
-"""Rows past their TTL are hidden from every read until the sweeper deletes them."""
+# Every read below has `(s.expires_at IS NULL OR s.expires_at > now())`: rows past their TTL are
+# hidden from every read until the sweeper's expiry events delete them.
 
 GET_SQL = """
 SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at
