@@ -221,8 +221,10 @@ async def soak(stack: DevStack, args: argparse.Namespace) -> int:
             next_kill = started + args.kill_every
             while next_kill < until:
                 await asyncio.sleep(next_kill - time.monotonic())
-                await asyncio.to_thread(stack.kill_projector)
-                await asyncio.to_thread(stack.start_projector, wait=False)
+                # On the main thread (a moment's block): DevStack arms a child's parent-death signal
+                # only there, so an interrupted soak leaves no projector behind.
+                stack.kill_projector()
+                stack.start_projector(wait=False)
                 kills += 1
                 next_kill += args.kill_every
 
