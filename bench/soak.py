@@ -284,7 +284,7 @@ async def soak(stack: DevStack, args: argparse.Namespace) -> int:
     print("|---|---|")
     print(
         f"| graph invocations / store puts | {traffic.invocations:,} / {traffic.puts:,} "
-        f"({traffic.missed_ticks} ticks missed) |"
+        f"({traffic.missed_ticks} ticks missed, {traffic.retried} runs retried after a retryable 503) |"
     )
     print(f"| checkpoints / pending writes acknowledged | {len(saver.checkpoints):,} / {len(saver.writes):,} |")
     print(f"| backlog, events (sampled every {SAMPLE_INTERVAL_S:.0f} s) | {_percentiles(backlog)} |")
