@@ -100,14 +100,9 @@ ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SE
     blob = EXCLUDED.blob
 """
 
-# $1..$4 -> unnest(thread_id, topic, partition, ts_ms): ts_ms is the newest producer time of the
-# thread's events in the run (null: no activity, e.g. a prune), kept as the greatest ever seen, so a
-# replay in any batching writes the same value. The WHERE skips rewriting unchanged rows, which would
-# otherwise leave a dead tuple per thread per batch.
-UPSERT_THREAD_PARTITIONS_SQL = """
-INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, partition, last_active_at)
-SELECT u.thread_id, u.topic, u.partition, 'epoch'::timestamptz + u.ts_ms * interval '1 millisecond'
-FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[]) AS u(thread_id, topic, partition, ts_ms)
+# How an insert into graphledger_thread_partitions (aliased `tp`) meets an existing row: the thread's
+# partition is the newest, its activity the greatest ever seen (null: none yet).
+MERGE_THREAD_ACTIVITY_SQL = """
 ON CONFLICT (thread_id) DO UPDATE SET
     topic = EXCLUDED.topic,
     partition = EXCLUDED.partition,
@@ -116,6 +111,19 @@ WHERE (tp.topic, tp.partition) IS DISTINCT FROM (EXCLUDED.topic, EXCLUDED.partit
    OR EXCLUDED.last_active_at > tp.last_active_at
    OR (tp.last_active_at IS NULL AND EXCLUDED.last_active_at IS NOT NULL)
 """
+
+# $1..$4 -> unnest(thread_id, topic, partition, ts_ms): ts_ms is the newest producer time of the
+# thread's events in the run (null: no activity, e.g. a prune), kept as the greatest ever seen, so a
+# replay in any batching writes the same value. The WHERE skips rewriting unchanged rows, which would
+# otherwise leave a dead tuple per thread per batch.
+UPSERT_THREAD_PARTITIONS_SQL = (
+    """
+INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, partition, last_active_at)
+SELECT u.thread_id, u.topic, u.partition, 'epoch'::timestamptz + u.ts_ms * interval '1 millisecond'
+FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[]) AS u(thread_id, topic, partition, ts_ms)
+"""
+    + MERGE_THREAD_ACTIVITY_SQL
+)
 
 # thread.expire: whether the thread is still idle at the sweeper's cutoff (no activity after it).
 # $1 -> thread id, $2 cutoff ms.
@@ -142,7 +150,8 @@ DELETE FROM {schema}.graphledger_thread_partitions WHERE thread_id = ANY($1::tex
 # (a copy onto itself changes nothing; DISTINCT keeps its partition upsert from touching a row twice).
 # The target's last activity is the copy's time ($5, null without one); the source's stays.
 # $1 source, $2 target, $3 topic, $4 partition (the source's, which carried this event).
-COPY_THREAD_SQL = """
+COPY_THREAD_SQL = (
+    """
 WITH c AS (
     INSERT INTO {schema}.checkpoints
         (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
@@ -165,14 +174,9 @@ INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, part
 SELECT DISTINCT t, $3::text, $4::int,
        CASE WHEN t = $2::text THEN 'epoch'::timestamptz + $5::bigint * interval '1 millisecond' END
 FROM unnest(ARRAY[$1::text, $2::text]) AS t
-ON CONFLICT (thread_id) DO UPDATE SET
-    topic = EXCLUDED.topic,
-    partition = EXCLUDED.partition,
-    last_active_at = greatest(tp.last_active_at, EXCLUDED.last_active_at)
-WHERE (tp.topic, tp.partition) IS DISTINCT FROM (EXCLUDED.topic, EXCLUDED.partition)
-   OR EXCLUDED.last_active_at > tp.last_active_at
-   OR (tp.last_active_at IS NULL AND EXCLUDED.last_active_at IS NOT NULL)
 """
+    + MERGE_THREAD_ACTIVITY_SQL
+)
 
 # delete_for_runs, one partition's copy: checkpoints of this partition's threads whose metadata
 # run_id is listed, with their writes. Returns the channel versions they referenced, so that
