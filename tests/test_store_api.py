@@ -338,21 +338,21 @@ async def test_the_index_path_equals_brute_force_on_small_data(projection: str) 
             # The index statement alone, where it yields a full page, with the planner kept on the
             # HNSW index (on a table this small it would rather sort every row, which is exact anyway).
             async with pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-                await cur.execute(*store_sql.vector_session_statement(1000))
+                await cur.execute(*store_sql.hnsw_settings_statement(1000, iterate=True))
                 await cur.execute("SET LOCAL enable_seqscan = off")
                 await cur.execute("SET LOCAL enable_sort = off")
                 vectors = await reader._load_vectors(conn)
                 assert vectors is not None
                 candidates = (offset + limit) * 4
                 sql, params = store_sql.vector_search_statement(
-                    SCHEMA, vectors.ext, vectors.index, prefix, flt, query, limit, offset, candidates=candidates
+                    SCHEMA, vectors.ext, vectors.index, prefix, flt, query, limit, offset, index_scope=(0, candidates)
                 )
                 await cur.execute("EXPLAIN " + sql, params)
                 plan = "\n".join(str(next(iter(row.values()))) for row in await cur.fetchall())
                 assert "Index Scan using store_vectors_embedding_idx" in plan
-                rows = await reader._vector_rows(cur, op, vectors, candidates=candidates)
-                if len(rows) == limit:
-                    assert_ranking(rows, brute_force(query, prefix, flt), offset)
+                page = await reader._index_page(cur, op, vectors)
+                if page is not None:
+                    assert_ranking(page, brute_force(query, prefix, flt), offset)
                     full_pages += 1
         assert full_pages >= 4
     finally:

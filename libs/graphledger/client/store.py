@@ -173,6 +173,8 @@ class KafkaStore(ClientLifecycle, BaseStore):
             return {}, {}
         assert self.embeddings is not None
         embeddings = self.embeddings
+        if not texts and len(queries) == 1:  # a lone search: nothing to gather, two loop turns saved
+            return {}, self._checked(queries, [await embeddings.aembed_query(queries[0])], "query")
 
         async def documents() -> list[list[float]]:
             return await embeddings.aembed_documents(texts) if texts else []
@@ -187,12 +189,14 @@ class KafkaStore(ClientLifecycle, BaseStore):
             raise InvalidInputError(f"the embedder returned {len(vectors)} {what} vectors for {len(texts)} texts")
         out: dict[str, tuple[float, ...]] = {}
         for text, vector in zip(texts, vectors, strict=True):
-            values = tuple(float(x) for x in vector)
+            values = tuple(map(float, vector))
             if len(values) != self._dims:
                 raise InvalidInputError(
                     f"the embedder returned a {what} vector of {len(values)} dims; the index has dims={self._dims}"
                 )
-            if not all(math.isfinite(x) for x in values):
+            # A finite sum means every value is finite (NaN and infinities propagate); only a sum that
+            # overflowed needs the values looked at one by one.
+            if not math.isfinite(sum(values)) and not all(map(math.isfinite, values)):
                 raise InvalidInputError(f"the embedder returned a {what} vector holding NaN or infinity")
             out[text] = values
         return out

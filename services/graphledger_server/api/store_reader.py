@@ -2,15 +2,18 @@
 
 Gets are answered together by one statement. A search with a query vector is exact (every vector of
 every matching item scored) when at most `exact_max_items` items match its namespace prefix and
-filter (a capped count decides), so small namespaces (one user's memories) get exact answers,
-identical to a brute-force search. Larger scopes use the HNSW index: the nearest vector rows of
-matching items, max-pooled per item; when that does not fill the requested page (a selective filter,
-a page deep into the ranking, items without vectors needed for the tail), the exact search answers
-instead, so the index never drops an item that should be on the page.
+filter (a capped count decides, in the same statement as the index search), so small namespaces (one
+user's memories) get exact answers, identical to a brute-force search. Larger scopes use the HNSW
+index: the nearest vector rows of matching items, max-pooled per item. When those do not fill the
+requested page (a selective filter, a page deep into the ranking), the index scan is retried with
+pgvector's strict-order iterative scan, which continues past the rows the filter rejected; when even
+that falls short (items without vectors needed for the tail), the exact search answers, so the
+index never drops an item that should be on the page.
 
-pgvector's settings (`ef_search`, strict-order iterative scans) are set once per pooled connection,
-at session level: they only affect HNSW scans, which only these reads run, and it spares every
-search a transaction.
+pgvector's settings (`ef_search`, iterative scans) are session settings of the pooled connection,
+sent in one pipeline with the first index search that needs them changed: no extra round trip and no
+transaction per search. The count that picks exact or index search is remembered for a few seconds
+per scope (`scope_verdicts`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from graphledger.projection.vector_index import (
 from graphledger.telemetry import api as telemetry
 from graphledger_server.api import store_sql
 from graphledger_server.api.errors import ApiError
+from graphledger_server.api.scope_verdicts import ScopeVerdicts, scope_key
 from graphledger_server.api.store_models import GetOp, ListNamespacesOp, SearchOp
 
 EXACT_SEARCH_MAX_ITEMS = 1_000
@@ -76,17 +80,17 @@ class StoreReader:
         self.exact_max_items = exact_max_items
         self._vectors: _Vectors | None = None
         self._load_index_sql = render(LOAD_SQL, schema)
-        self._configured: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
-        """Pooled connections whose session has this process's pgvector settings."""
+        self._scopes = ScopeVerdicts()
+        self._hnsw_settings: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], tuple[int, bool]] = (
+            weakref.WeakKeyDictionary()
+        )
+        """The pgvector settings each pooled connection's session has (set by `_index_rows`)."""
 
     async def run(self, ops: Sequence[GetOp | SearchOp | ListNamespacesOp]) -> list[Any]:
         """The results of `ops`, in order (no transaction: each statement is one consistent read)."""
         results: list[Any] = [None] * len(ops)
         async with self.pool.connection() as conn:
             vectors = await self._check_queries(conn, ops)
-            if vectors is not None and conn not in self._configured:
-                await conn.execute(*store_sql.vector_session_statement(self.ef_search))
-                self._configured.add(conn)
             async with conn.cursor() as cur:
                 set_json_loads(_loads, cur)
                 gets = [(i, op) for i, op in enumerate(ops) if isinstance(op, GetOp)]
@@ -155,23 +159,62 @@ class StoreReader:
             await cur.execute(sql, params)
             return [_search_item(row) for row in await cur.fetchall()]
         if vectors.index.index == "hnsw":
-            # Exact when few items match (one cheap, capped count); the HNSW index otherwise.
-            sql, params = store_sql.scope_statement(
-                self.schema, op.namespace_prefix, op.filter, self.exact_max_items + 1
-            )
-            await cur.execute(sql, params)
-            scope = await cur.fetchone()
-            if scope is not None and scope["items"] > self.exact_max_items:
-                candidates = max(self.ef_search, (op.offset + op.limit) * INDEX_CANDIDATES_PER_ITEM)
-                rows = await self._vector_rows(cur, op, vectors, candidates=candidates)
-                if len(rows) == op.limit:
-                    return [_search_item(r) for r in rows]
-        return [_search_item(r) for r in await self._vector_rows(cur, op, vectors)]
+            page = await self._index_page(cur, op, vectors)
+            if page is not None:
+                return [_search_item(r) for r in page]
+        await self._execute_vector_search(cur, op, vectors)
+        return [_search_item(r) for r in await cur.fetchall()]
 
-    async def _vector_rows(
-        self, cur: psycopg.AsyncCursor[Any], op: SearchOp, vectors: _Vectors, *, candidates: int | None = None
+    async def _index_page(self, cur: psycopg.AsyncCursor[Any], op: SearchOp, vectors: _Vectors) -> list[Any] | None:
+        """The page from the HNSW index; None when few items match or the index cannot fill it.
+
+        A search with a filter scans iteratively from the start (the filter is likely to reject some
+        of the nearest rows); one without first takes the nearest `ef_search` rows, which fill the
+        page unless the namespace is a small part of the index, and scans iteratively only then.
+        """
+        scope = scope_key(op.namespace_prefix, op.filter)
+        large = self._scopes.get(scope)
+        if large is False:
+            return None
+        # A known-large scope is not counted again: LIMIT 0 ends the count before it reads a row.
+        exact_max = -1 if large else self.exact_max_items
+        for iterate in (False, True) if op.filter is None else (True,):
+            rows = await self._index_rows(cur, op, vectors, iterate, exact_max)
+            self._scopes.put(scope, rows[0]["large"])
+            if not rows[0]["large"]:
+                return None
+            page = [row for row in rows if row["key"] is not None]
+            if len(page) == op.limit:
+                return page
+        return None
+
+    async def _index_rows(
+        self, cur: psycopg.AsyncCursor[Any], op: SearchOp, vectors: _Vectors, iterate: bool, exact_max: int
     ) -> list[Any]:
-        """The index search over `candidates` vector rows, else the exact one."""
+        """The index search's rows; this search's pgvector settings go first in the same round trip
+        when the connection's session does not have them yet."""
+        candidates = (op.offset + op.limit) * INDEX_CANDIDATES_PER_ITEM
+        conn = cur.connection
+        wanted = (self.ef_search, iterate)
+        if self._hnsw_settings.get(conn) == wanted:
+            await self._execute_vector_search(cur, op, vectors, index_scope=(exact_max, candidates))
+            return await cur.fetchall()
+        self._hnsw_settings.pop(conn, None)  # unknown until both statements have run
+        async with conn.pipeline():
+            await conn.execute(*store_sql.hnsw_settings_statement(*wanted))
+            await self._execute_vector_search(cur, op, vectors, index_scope=(exact_max, candidates))
+        self._hnsw_settings[conn] = wanted
+        return await cur.fetchall()
+
+    async def _execute_vector_search(
+        self,
+        cur: psycopg.AsyncCursor[Any],
+        op: SearchOp,
+        vectors: _Vectors,
+        *,
+        index_scope: tuple[int, int] | None = None,
+    ) -> None:
+        """The index search (`index_scope`: see `store_sql.vector_search_statement`), else the exact one."""
         assert op.query_vector is not None
         sql, params = store_sql.vector_search_statement(
             self.schema,
@@ -182,10 +225,9 @@ class StoreReader:
             op.query_vector,
             op.limit,
             op.offset,
-            candidates=candidates,
+            index_scope=index_scope,
         )
         await cur.execute(sql, params)
-        return await cur.fetchall()
 
     async def _list_namespaces(self, cur: psycopg.AsyncCursor[Any], op: ListNamespacesOp) -> list[list[str]]:
         sql, params = store_sql.list_namespaces_statement(

@@ -64,28 +64,22 @@ ORDER BY s.updated_at DESC, s.prefix, s.key
 LIMIT %(limit)s OFFSET %(offset)s
 """
 
-# pgvector's settings of this process's index searches, set once per pooled connection (they only
-# affect HNSW scans, which only the store reads run).
-VECTOR_SESSION_SQL = """
-SELECT set_config('hnsw.ef_search', %(ef_search)s, false), set_config('hnsw.iterative_scan', 'strict_order', false)
-"""
-
-# How many items (up to `cap`) a search matches: few enough, and the exact search answers it.
-SCOPE_SQL = """
-SELECT count(*) AS items FROM (
-    SELECT 1 FROM {schema}.store s
-    WHERE {namespace} AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
-    LIMIT %(cap)s
-) AS x
+# pgvector's settings of one index search: `ef_search` (recall against latency) and whether the scan
+# continues past the nearest `ef_search` rows when the filter or namespace rejects some of them. An
+# iterative scan costs more even when it never iterates (0.3-0.5 ms at ef_search 100, measured: it
+# keeps every discarded candidate), so searches without a filter try without one first.
+HNSW_SETTINGS_SQL = """
+SELECT set_config('hnsw.ef_search', %(ef_search)s, false), set_config('hnsw.iterative_scan', %(iterative)s, false)
 """
 
 # Exact search: every vector of every matching item scored, max-pooled per item; items without
 # vectors follow, most recently updated first (as InMemoryStore fills the tail), then one
 # LIMIT/OFFSET over the whole ranking. `{op}` is the distance operator, `{score}` turns the best
-# (smallest) distance into the score AsyncPostgresStore reports.
+# (smallest) distance into the score AsyncPostgresStore reports. The query vector arrives as
+# pgvector's text form, which Postgres parses faster than psycopg adapts a float8[].
 EXACT_VECTOR_SEARCH_SQL = """
 WITH q AS MATERIALIZED (
-    SELECT %(query)s::float8[]::{ext}.{vector_type} AS v
+    SELECT %(query)s::{ext}.{vector_type} AS v
 ), items AS MATERIALIZED (
     SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at
     FROM {schema}.store s
@@ -103,28 +97,39 @@ ORDER BY b.dist IS NULL, b.dist, i.updated_at DESC, i.prefix, i.key
 LIMIT %(limit)s OFFSET %(offset)s
 """
 
-# Index search: the nearest vector rows of matching items from the HNSW index (ORDER BY distance
-# LIMIT, with pgvector's iterative scan continuing past filtered-out rows), max-pooled per item.
-# Used only when it yields a full page; the caller falls back to the exact search otherwise, which
-# also serves the tail of items without vectors.
+# Index search, one round trip: `scope` counts the matching items up to `exact_max` + 1; when more
+# match (`large`), the nearest vector rows of matching items come from the HNSW index (ORDER BY
+# distance LIMIT), max-pooled per item. When few match, the index scan never starts (a one-time
+# filter) and the caller runs the exact search: in a small namespace it is cheap, and an index scan
+# would have to pass over most of the graph to find its items. Every answer has at least the row
+# carrying `large`; its item columns are NULL when the page is empty.
 INDEX_VECTOR_SEARCH_SQL = """
 WITH q AS MATERIALIZED (
-    SELECT %(query)s::float8[]::{ext}.{vector_type} AS v
+    SELECT %(query)s::{ext}.{vector_type} AS v
+), scope AS MATERIALIZED (
+    SELECT count(*) > %(exact_max)s AS large FROM (
+        SELECT 1 FROM {schema}.store s
+        WHERE {namespace} AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
+        LIMIT %(exact_max)s + 1
+    ) AS x
 ), candidates AS MATERIALIZED (
     SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at,
            sv.embedding OPERATOR({ext}.{op}) (SELECT v FROM q) AS dist
     FROM {schema}.store_vectors sv
     JOIN {schema}.store s ON s.prefix = sv.prefix AND s.key = sv.key
-    WHERE {namespace} AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
+    WHERE (SELECT large FROM scope) AND {vector_namespace}
+      AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
     ORDER BY sv.embedding OPERATOR({ext}.{op}) (SELECT v FROM q)
     LIMIT %(candidates)s
-), b AS (
-    SELECT DISTINCT ON (prefix, key) * FROM candidates ORDER BY prefix, key, dist
+), page AS (
+    SELECT b.prefix, b.key, b.value, b.created_at, b.updated_at, b.expires_at, {score} AS score, b.dist
+    FROM (SELECT DISTINCT ON (prefix, key) * FROM candidates ORDER BY prefix, key, dist) AS b
+    ORDER BY b.dist, b.updated_at DESC, b.prefix, b.key
+    LIMIT %(limit)s OFFSET %(offset)s
 )
-SELECT b.prefix, b.key, b.value, b.created_at, b.updated_at, b.expires_at, {score} AS score
-FROM b
-ORDER BY b.dist, b.updated_at DESC, b.prefix, b.key
-LIMIT %(limit)s OFFSET %(offset)s
+SELECT scope.large, page.prefix, page.key, page.value, page.created_at, page.updated_at, page.expires_at, page.score
+FROM scope LEFT JOIN page ON true
+ORDER BY page.dist, page.updated_at DESC, page.prefix, page.key
 """
 
 # AsyncPostgresStore's score per distance: higher is closer.
@@ -276,20 +281,13 @@ def search_statement(
     return render(template, schema).replace("{filter}", condition), params.values
 
 
-def vector_session_statement(ef_search: int) -> tuple[str, dict[str, Any]]:
-    return VECTOR_SESSION_SQL, {"ef_search": str(int(ef_search))}
+def hnsw_settings_statement(ef_search: int, iterate: bool) -> tuple[str, dict[str, Any]]:
+    return HNSW_SETTINGS_SQL, {"ef_search": str(int(ef_search)), "iterative": "strict_order" if iterate else "off"}
 
 
-def scope_statement(
-    schema: str, namespace_prefix: Sequence[str], filter: dict[str, Any] | None, cap: int
-) -> tuple[str, dict[str, Any]]:
-    params = Params(cap=cap)
-    sql = (
-        render(SCOPE_SQL, schema)
-        .replace("{namespace}", namespace_condition(namespace_prefix, params))
-        .replace("{filter}", compile_filter(filter, params))
-    )
-    return sql, params.values
+def vector_text(vector: Sequence[float]) -> str:
+    """pgvector's text form of a (finite) vector; `repr` keeps every float's digits."""
+    return "[" + ",".join(map(repr, vector)) + "]"
 
 
 def vector_search_statement(
@@ -302,21 +300,23 @@ def vector_search_statement(
     limit: int,
     offset: int,
     *,
-    candidates: int | None = None,
+    index_scope: tuple[int, int] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """The index search over the `candidates` nearest vector rows, or (without) the exact search."""
-    params = Params(query=list(query), limit=limit, offset=offset)
-    template = EXACT_VECTOR_SEARCH_SQL if candidates is None else INDEX_VECTOR_SEARCH_SQL
-    if candidates is not None:
-        params.values["candidates"] = candidates
-    column = "s.prefix" if candidates is None else "sv.prefix"
+    """The exact search, or with `index_scope` = (exact_max, candidates) the index search over the
+    `candidates` nearest vector rows where more than `exact_max` items match."""
+    params = Params(query=vector_text(query), limit=limit, offset=offset)
+    template = EXACT_VECTOR_SEARCH_SQL
+    if index_scope is not None:
+        template = INDEX_VECTOR_SEARCH_SQL
+        params.values["exact_max"], params.values["candidates"] = index_scope
     sql = (
         render(template, schema)
         .replace("{ext}", ext)
         .replace("{vector_type}", index.vector_type)
         .replace("{op}", index.operator)
         .replace("{score}", SCORES[index.distance])
-        .replace("{namespace}", namespace_condition(namespace_prefix, params, column))
+        .replace("{namespace}", namespace_condition(namespace_prefix, params))
+        .replace("{vector_namespace}", namespace_condition(namespace_prefix, params, "sv.prefix"))
         .replace("{filter}", compile_filter(filter, params))
     )
     return sql, params.values
