@@ -53,29 +53,37 @@ async def _puts(store: Any, root: str, concurrency: int, total: int) -> float:
 
 # Each worker asks its own question: identical concurrent searches would be de-duplicated by both
 # stores' micro-batching and measure nothing.
+SEARCH_LIMIT = 10
 SEARCHES: dict[str, Callable[[Any, str, int], Awaitable[Any]]] = {
-    "query": lambda store, root, w: store.asearch((root,), query=f"likes {TOPICS[w % 10]} #{w}", limit=10),
-    "filter": lambda store, root, w: store.asearch((root,), filter={"rank": {"$gte": 90 - w % 90}}, limit=10),
+    "query": lambda store, root, w: store.asearch((root,), query=f"likes {TOPICS[w % 10]} #{w}", limit=SEARCH_LIMIT),
+    "filter": lambda store, root, w: store.asearch((root,), filter={"rank": {"$gte": 90 - w % 90}}, limit=SEARCH_LIMIT),
     "both": lambda store, root, w: store.asearch(
-        (root,), query=f"likes {TOPICS[w % 10]} #{w}", filter={"rank": {"$lt": 10 + w % 90}}, limit=10
+        (root,), query=f"likes {TOPICS[w % 10]} #{w}", filter={"rank": {"$lt": 10 + w % 90}}, limit=SEARCH_LIMIT
     ),
 }
 
 
-async def _search(store: Any, root: str, kind: str, concurrency: int, total: int) -> tuple[float, float]:
-    """(p50 latency in ms, searches per second)."""
+async def _search(store: Any, root: str, kind: str, concurrency: int, total: int) -> tuple[float, float, float]:
+    """(p50 latency in ms, searches per second, share of pages with fewer than `limit` items).
+
+    Every search of the bench has at least 10 matching items, so a short page is one the store's
+    index search cut short (a filter rejected neighbours it did not scan past)."""
     latencies: list[float] = []
+    short = 0
     per_worker = max(1, total // concurrency)
 
     async def worker(w: int) -> None:
+        nonlocal short
         for i in range(per_worker):
             start = time.perf_counter()
-            await SEARCHES[kind](store, root, w * per_worker + i)
+            found = await SEARCHES[kind](store, root, w * per_worker + i)
             latencies.append((time.perf_counter() - start) * 1000)
+            short += len(found) < SEARCH_LIMIT
 
     start = time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    return statistics.median(latencies), per_worker * concurrency / (time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    return statistics.median(latencies), per_worker * concurrency / elapsed, short / len(latencies)
 
 
 async def _caught_up(ours: KafkaStore, deadline_s: float = 600.0) -> None:
@@ -179,16 +187,18 @@ async def run(stack: DevStack, total: int, recall_items: int) -> list[str]:
         for kind in SEARCHES:
             for concurrency in CONCURRENCY:
                 n = max(200, total // 4)
-                t_p50, t_rate = await _search(official, root, kind, concurrency, n)
-                m_p50, m_rate = await _search(ours, root, kind, concurrency, n)
+                t_p50, t_rate, t_short = await _search(official, root, kind, concurrency, n)
+                m_p50, m_rate, m_short = await _search(ours, root, kind, concurrency, n)
                 print(
                     f"  search {kind:<7}     c={concurrency:<3} p50 {m_p50:6.2f} ms vs {t_p50:6.2f} ms "
-                    f"({m_p50 / t_p50:4.2f}x)  {m_rate:7.0f}/s vs {t_rate:7.0f}/s",
+                    f"({m_p50 / t_p50:4.2f}x)  {m_rate:7.0f}/s vs {t_rate:7.0f}/s  "
+                    f"short pages {m_short:.0%} vs {t_short:.0%}",
                     flush=True,
                 )
                 rows.append(
-                    f"| store.asearch {kind} | {concurrency} | p50 {m_p50:.2f} ms, {m_rate:,.0f}/s | "
-                    f"p50 {t_p50:.2f} ms, {t_rate:,.0f}/s | p50 {m_p50 / t_p50:.2f}x |"
+                    f"| store.asearch {kind} | {concurrency} | p50 {m_p50:.2f} ms, {m_rate:,.0f}/s, "
+                    f"{m_short:.0%} short pages | p50 {t_p50:.2f} ms, {t_rate:,.0f}/s, {t_short:.0%} short pages | "
+                    f"p50 {m_p50 / t_p50:.2f}x |"
                 )
         for name, corpus in (("docstring sentences", docstring_sentences), ("templated memories", templated_memories)):
             texts, queries = corpus(recall_items, RECALL_QUERIES)

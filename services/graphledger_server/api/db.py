@@ -28,8 +28,9 @@ def open_pool(settings: Settings) -> AsyncConnectionPool:
         conninfo(settings),
         min_size=settings.api_pool_size,
         max_size=settings.api_pool_size,
-        # What AsyncPostgresSaver.from_conn_string sets: reads need no transaction, prepared
-        # statements would break behind PgBouncer, and the saver indexes rows by column name.
+        # What AsyncPostgresSaver.from_conn_string sets: reads need no transaction, every statement
+        # is prepared on its first run (prepare_threshold 0; behind PgBouncer that needs its
+        # max_prepared_statements, 1.21+), and the saver indexes rows by column name.
         kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
         # A read that gets no connection in time is a retryable 503, not a wait of the pool's default
         # 30 s, longer than a client's patience.

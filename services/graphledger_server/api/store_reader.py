@@ -81,6 +81,9 @@ class StoreReader:
         self._vectors: _Vectors | None = None
         self._load_index_sql = render(LOAD_SQL, schema)
         self._scopes = ScopeVerdicts()
+        """Scope -> whether more than exact_max_items items match."""
+        self._iterating = ScopeVerdicts()
+        """Scopes whose nearest ef_search rows lately came up short of a page."""
         self._hnsw_settings: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], tuple[int, bool]] = (
             weakref.WeakKeyDictionary()
         )
@@ -168,9 +171,10 @@ class StoreReader:
     async def _index_page(self, cur: psycopg.AsyncCursor[Any], op: SearchOp, vectors: _Vectors) -> list[Any] | None:
         """The page from the HNSW index; None when few items match or the index cannot fill it.
 
-        A search with a filter scans iteratively from the start (the filter is likely to reject some
-        of the nearest rows); one without first takes the nearest `ef_search` rows, which fill the
-        page unless the namespace is a small part of the index, and scans iteratively only then.
+        The nearest `ef_search` rows come first: they fill the page unless the filter or the
+        namespace rejects most of them. When they do not, the scan is repeated iteratively, and the
+        scope (namespace prefix and filter) starts iterating for the next searches while that is
+        remembered: a selective filter pays one wasted attempt per 10 s, not one per search.
         """
         scope = scope_key(op.namespace_prefix, op.filter)
         large = self._scopes.get(scope)
@@ -178,14 +182,18 @@ class StoreReader:
             return None
         # A known-large scope is not counted again: LIMIT 0 ends the count before it reads a row.
         exact_max = -1 if large else self.exact_max_items
-        for iterate in (False, True) if op.filter is None else (True,):
+        for iterate in (True,) if self._iterating.get(scope) else (False, True):
             rows = await self._index_rows(cur, op, vectors, iterate, exact_max)
-            self._scopes.put(scope, rows[0]["large"])
-            if not rows[0]["large"]:
-                return None
+            if exact_max >= 0:
+                self._scopes.put(scope, rows[0]["large"])
+                if not rows[0]["large"]:
+                    return None
+                exact_max = -1
             page = [row for row in rows if row["key"] is not None]
             if len(page) == op.limit:
                 return page
+            if not iterate:
+                self._iterating.put(scope, True)
         return None
 
     async def _index_rows(

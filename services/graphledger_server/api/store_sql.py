@@ -67,7 +67,7 @@ LIMIT %(limit)s OFFSET %(offset)s
 # pgvector's settings of one index search: `ef_search` (recall against latency) and whether the scan
 # continues past the nearest `ef_search` rows when the filter or namespace rejects some of them. An
 # iterative scan costs more even when it never iterates (0.3-0.5 ms at ef_search 100, measured: it
-# keeps every discarded candidate), so searches without a filter try without one first.
+# keeps every discarded candidate), so searches try without one first (`StoreReader._index_page`).
 HNSW_SETTINGS_SQL = """
 SELECT set_config('hnsw.ef_search', %(ef_search)s, false), set_config('hnsw.iterative_scan', %(iterative)s, false)
 """
