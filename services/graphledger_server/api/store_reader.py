@@ -19,6 +19,8 @@ per scope (`scope_verdicts`).
 from __future__ import annotations
 
 import json
+import math
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,7 +48,8 @@ from graphledger_server.api.store_models import GetOp, ListNamespacesOp, SearchO
 EXACT_SEARCH_MAX_ITEMS = 1_000
 """Searches whose namespace prefix holds at most this many items are answered exactly."""
 INDEX_CANDIDATES_PER_ITEM = 4
-"""Vector rows fetched from the index per item of the page (items have several vectors with `fields`)."""
+"""Vector rows fetched from the index per item of the page while the table statistics are unknown."""
+STATISTICS_REFRESH_S = 60.0
 
 
 def _loads(data: bytes | str) -> Any:
@@ -84,6 +87,9 @@ class StoreReader:
         """Scope -> whether more than exact_max_items items match."""
         self._iterating = ScopeVerdicts()
         """Scopes whose nearest ef_search rows lately came up short of a page."""
+        self._statistics_sql = render(store_sql.STATISTICS_SQL, schema)
+        self._per_item = INDEX_CANDIDATES_PER_ITEM
+        self._per_item_until = 0.0
         self._hnsw_settings: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], tuple[int, bool]] = (
             weakref.WeakKeyDictionary()
         )
@@ -201,7 +207,7 @@ class StoreReader:
     ) -> list[Any]:
         """The index search's rows; this search's pgvector settings go first in the same round trip
         when the connection's session does not have them yet."""
-        candidates = (op.offset + op.limit) * INDEX_CANDIDATES_PER_ITEM
+        candidates = (op.offset + op.limit) * await self._candidates_per_item(cur)
         conn = cur.connection
         wanted = (self.ef_search, iterate)
         if self._hnsw_settings.get(conn) == wanted:
@@ -213,6 +219,18 @@ class StoreReader:
             await self._execute_vector_search(cur, op, vectors, index_scope=(exact_max, candidates))
         self._hnsw_settings[conn] = wanted
         return await cur.fetchall()
+
+    async def _candidates_per_item(self, cur: psycopg.AsyncCursor[Any]) -> int:
+        """Vector rows to fetch from the index per item of a page: twice the average item's (an item
+        has a row per embedded field, and a page needs distinct items), from the planner's
+        statistics, read once a minute. Too few only costs the iterative or exact search."""
+        now = time.monotonic()
+        if now >= self._per_item_until:
+            await cur.execute(self._statistics_sql)
+            row = await cur.fetchone()
+            self._per_item = _per_item(row)
+            self._per_item_until = now + STATISTICS_REFRESH_S
+        return self._per_item
 
     async def _execute_vector_search(
         self,
@@ -243,6 +261,12 @@ class StoreReader:
         )
         await cur.execute(sql, params)
         return [row["labels"] for row in await cur.fetchall()]
+
+
+def _per_item(statistics: dict[str, Any] | None) -> int:
+    if statistics is None or statistics["items"] <= 0 or statistics["vectors"] < 0:
+        return INDEX_CANDIDATES_PER_ITEM
+    return 2 * max(1, math.ceil(statistics["vectors"] / statistics["items"]))
 
 
 def _item(row: dict[str, Any]) -> dict[str, Any]:

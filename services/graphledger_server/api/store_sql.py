@@ -132,6 +132,13 @@ FROM scope LEFT JOIN page ON true
 ORDER BY page.dist, page.updated_at DESC, page.prefix, page.key
 """
 
+# Vector rows and items, as the planner's statistics count them (-1 until the first ANALYZE or VACUUM).
+STATISTICS_SQL = """
+SELECT v.reltuples AS vectors, s.reltuples AS items
+FROM pg_class v, pg_class s
+WHERE v.oid = '{schema}.store_vectors'::regclass AND s.oid = '{schema}.store'::regclass
+"""
+
 # AsyncPostgresStore's score per distance: higher is closer.
 SCORES = {"cosine": "1 - b.dist", "l2": "-b.dist", "inner_product": "-b.dist"}
 
