@@ -134,7 +134,7 @@ async def _index_scans(settings: Settings, at_least: int = 0, deadline_s: float 
 async def _recall_at_10(
     store: KafkaStore, settings: Settings, dims: int, texts: list[str], queries: list[str]
 ) -> tuple[float, int]:
-    """(share of the exact top 10 that the read API's search returns, searches that scanned the HNSW index).
+    """(share of the exact top 10 that the read API's search returns, HNSW index scans the searches made).
 
     The items are loaded into a namespace of their own and the tables ANALYZEd, so the planner
     knows the namespace is large and uses the index (with stale statistics it may scan the rows,

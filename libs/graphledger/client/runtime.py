@@ -4,6 +4,11 @@ Started lazily on first use (thread-safe), so constructing a saver costs nothing
 build it at import time. The caller's trace context is captured in the caller's thread, before the
 hop to the loop thread, so the producer and HTTP client spans (graphledger.telemetry.client) continue
 the caller's trace.
+
+Reads from the event loop that opened the client (`async with KafkaStore(...)`) skip the hop: that
+loop gets a read API client of its own, closed when the `async with` ends, so its reads never wait
+for the other thread (a hop and its GIL hand-offs measured 0.16-0.3 ms, a tenth of a store search).
+Other loops and plain threads hop as before; writes always go through the loop's one producer.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ class ClientRuntime:
         self.publisher = EventPublisher(settings)
         self.tokens = ConsistencyTokens()
         self._reader: ReadApiClient | None = None
+        self._home: tuple[asyncio.AbstractEventLoop, ReadApiClient] | None = None
+        """The loop that opened the client with `async with`, and its own read API client."""
         self.tenant = ""
         """The read API's tenant for this client's token, which its writes are prefixed with."""
 
@@ -74,7 +81,17 @@ class ClientRuntime:
         # Starting blocks on a connection to Kafka; do it off the caller's event loop.
         await asyncio.to_thread(self._started_loop)
 
+    async def aopen(self) -> None:
+        """Start, and read from the calling loop directly from now on (`async with`)."""
+        await self.aensure_started()
+        if self._home is None:
+            self._home = (asyncio.get_running_loop(), ReadApiClient(self._settings))
+
     def close(self) -> None:
+        home, self._home = self._home, None
+        if home is not None and not home[0].is_closed():
+            # Closed outside its loop: the home reader's session can only be closed on that loop.
+            home[0].call_soon_threadsafe(lambda: home[0].create_task(home[1].close()))
         with self._lock:
             loop, self._loop = self._loop, None
         if loop is not None:
@@ -82,7 +99,11 @@ class ClientRuntime:
             loop.stop()
 
     async def aclose(self) -> None:
-        await asyncio.to_thread(self.close)
+        home = self._home
+        if home is not None and home[0] is asyncio.get_running_loop():
+            self._home = None
+            await home[1].close()
+        await asyncio.to_thread(self.close)  # which hands another loop's reader to that loop
 
     async def _stop(self) -> None:
         await self.publisher.stop()
@@ -138,6 +159,9 @@ class ClientRuntime:
         return self._started_loop().run(self._read(path, body, scope, caller_context()))
 
     async def aread(self, path: str, body: dict[str, Any], scope: str | None = None) -> Any:
+        home = self._home
+        if home is not None and home[0] is asyncio.get_running_loop() and self._loop is not None:
+            return await home[1].call(path, body, self.tokens.for_scope(scope), caller_context())
         return await self._arun(self._read(path, body, scope, caller_context()))
 
     async def _arun(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -174,7 +198,7 @@ class ClientLifecycle:
         self.close()
 
     async def __aenter__(self) -> Self:
-        await self._runtime.aensure_started()
+        await self._runtime.aopen()
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -10,6 +10,7 @@ falls back to the client-wide token, which is always a superset: never weaker, o
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -33,9 +34,15 @@ class ConsistencyTokens:
         self._scoped: OrderedDict[str, Token] = OrderedDict()
         self._max_scopes = max_scopes
         self._evicted = False
+        self._lock = threading.Lock()
+        """Acks are recorded on the client's loop thread; reads may take tokens on the caller's."""
 
     def record(self, acked: list[tuple[str, int, int]], scopes: Iterable[str] | None) -> None:
         """Offsets of one acknowledged event; `scopes=None` means it may touch any thread."""
+        with self._lock:
+            self._record(acked, scopes)
+
+    def _record(self, acked: list[tuple[str, int, int]], scopes: Iterable[str] | None) -> None:
         _merge(self.client_wide, acked)
         if scopes is None:
             _merge(self._global, acked)
@@ -50,6 +57,10 @@ class ConsistencyTokens:
 
     def for_scope(self, scope: str | None) -> Token:
         """What a read must wait for: everything for a cross-thread read, else the thread's own writes."""
+        with self._lock:
+            return self._for_scope(scope)
+
+    def _for_scope(self, scope: str | None) -> Token:
         if scope is None:
             return dict(self.client_wide)
         own = self._scoped.get(scope)
