@@ -41,6 +41,7 @@ from projection_helpers import put
 WAIT_S = 60.0
 DELTA = "/v1/checkpoints/delta-history"
 API_THREAD = "hostile-api-thread"
+LAST = 2**63 - 1  # the largest count the read API takes (Postgres bigint)
 
 
 def _wait(condition: Callable[[], bool], what: str) -> None:
@@ -354,6 +355,8 @@ def http(stack: Any, saver: KafkaSaver) -> Iterator[httpx.Client]:
 @example(call=("/v1/checkpoints/list", {"thread_id": API_THREAD, "filter": {"n": 1e300}}), fmt=JSON)
 @example(call=("/v1/checkpoints/get", {"thread_id": "x" * 900_000}), fmt=JSON)
 @example(call=("/v1/store/batch", {"ops": [{"op": "get", "namespace": ["a"], "key": "\ud800"}]}), fmt=JSON)
+@example(call=("/v1/store/batch", {"ops": [{"op": "list_namespaces", "max_depth": 2**31}]}), fmt=JSON)
+@example(call=("/v1/store/batch", {"ops": [{"op": "search", "namespace_prefix": ["a"], "offset": LAST}]}), fmt=JSON)
 def test_read_api_answers_hostile_bodies_or_refuses_them_clearly(
     http: httpx.Client, call: tuple[str, Any], fmt: str
 ) -> None:

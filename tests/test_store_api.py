@@ -359,6 +359,28 @@ async def test_the_index_path_equals_brute_force_on_small_data(projection: str) 
         await pool.close()
 
 
+async def test_pages_far_past_the_end_are_empty_on_every_path(projection: str) -> None:
+    """An offset near Postgres's bigint limit: the page's end is clamped, not an overflow (a 500)."""
+    pool = open_pool(settings_for(projection))
+    await pool.open()
+    try:
+        for exact_max_items in (0, 1_000):  # the HNSW index path, the exact path
+            reader = StoreReader(pool, SCHEMA, ef_search=40, exact_max_items=exact_max_items)
+            for query in (None, EMBED.embed_query("pizza")):
+                op = SearchOp.model_validate(
+                    {
+                        "op": "search",
+                        "namespace_prefix": ["docs"],
+                        "limit": 10,
+                        "offset": 2**63 - 1,
+                        "query_vector": query,
+                    }
+                )
+                assert await reader.run([op]) == [[]]
+    finally:
+        await pool.close()
+
+
 async def test_search_without_query_is_most_recently_updated_first(api: httpx.AsyncClient) -> None:
     expected = [r.key for r in sorted((r for r in CORPUS if r.value["kind"] == "y"), key=lambda r: -r.ts)]
     op = {"op": "search", "namespace_prefix": ["docs"], "filter": {"kind": "y"}, "limit": 25}

@@ -207,7 +207,7 @@ class StoreReader:
     ) -> list[Any]:
         """The index search's rows; this search's pgvector settings go first in the same round trip
         when the connection's session does not have them yet."""
-        candidates = (op.offset + op.limit) * await self._candidates_per_item(cur)
+        candidates = min((op.offset + op.limit) * await self._candidates_per_item(cur), store_sql.MAX_BIGINT)
         conn = cur.connection
         wanted = (self.ef_search, iterate)
         if self._hnsw_settings.get(conn) == wanted:

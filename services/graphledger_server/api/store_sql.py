@@ -174,6 +174,10 @@ ORDER BY array_to_string(labels, '.') COLLATE "C"
 LIMIT %(limit)s OFFSET %(offset)s
 """
 
+MAX_ARRAY_SUBSCRIPT = 2**31 - 1
+MAX_BIGINT = 2**63 - 1
+"""LIMIT and OFFSET are bigints: a page's end (offset + limit) past this is clamped to it."""
+
 _SQL_OPERATORS = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 
 
@@ -275,7 +279,7 @@ def search_statement(
     template = SEARCH_ALL_SQL
     if namespace_prefix:
         prefix = ".".join(namespace_prefix)
-        params.values.update(namespace=prefix, below=escape_like(prefix) + ".%", window=limit + offset)
+        params.values.update(namespace=prefix, below=escape_like(prefix) + ".%", window=min(limit + offset, MAX_BIGINT))
         template = SEARCH_SQL
     condition = compile_filter(filter, params)
     if filter:
@@ -340,7 +344,9 @@ def list_namespaces_statement(
     params = Params(
         prefix=list(prefix) if prefix else None,
         suffix=list(suffix) if suffix else None,
-        depth=max_depth,
+        # Array subscripts are 32-bit; no namespace has that many labels, so a deeper max_depth
+        # truncates nothing either way.
+        depth=None if max_depth is None else min(max_depth, MAX_ARRAY_SUBSCRIPT),
         limit=limit,
         offset=offset,
     )
