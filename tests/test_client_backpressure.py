@@ -63,9 +63,12 @@ async def test_a_publish_without_room_fails_retryably_after_the_deadline(make_se
     try:
         assert publisher.inflight is not None
         # Unacknowledged events holding the whole bound (a broker that stopped answering).
-        async with publisher.inflight.hold(LIMIT, 1.0):
+        held = await publisher.inflight.acquire(LIMIT)
+        try:
             with pytest.raises(PublishError) as full:
                 await publisher.publish(settings.store_topic, "k", _event(0))
+        finally:
+            publisher.inflight.release(held)
         assert full.value.retryable is True
         message = str(full.value)
         assert "GRAPHLEDGER_MAX_INFLIGHT_BYTES" in message and f"{LIMIT} bytes await" in message
@@ -78,11 +81,12 @@ async def test_a_publish_without_room_fails_retryably_after_the_deadline(make_se
 
 async def test_one_event_larger_than_the_bound_goes_alone() -> None:
     bound = InflightBytes(1024)
-    async with bound.hold(10_000, 1.0):
-        assert bound.used == 1024
-        with pytest.raises(TimeoutError):
-            async with bound.hold(1, 0.2):
-                pass
+    held = await bound.acquire(10_000)
+    assert bound.used == 1024
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.2):
+            await bound.acquire(1)
+    bound.release(held)
     assert bound.used == 0
 
 

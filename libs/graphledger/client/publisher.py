@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -77,16 +75,6 @@ class InflightBytes:
                 room.set_result(None)
             else:
                 return
-
-    @asynccontextmanager
-    async def hold(self, size: int, timeout_s: float) -> AsyncIterator[None]:
-        """Hold `size` bytes while the body runs; TimeoutError if there is no room within `timeout_s`."""
-        async with asyncio.timeout(timeout_s):
-            held = await self.acquire(size)
-        try:
-            yield
-        finally:
-            self.release(held)
 
 
 class EventPublisher:
@@ -164,10 +152,7 @@ class EventPublisher:
                     f"{self.inflight.used} bytes await the broker's acknowledgement (GRAPHLEDGER_MAX_INFLIGHT_BYTES "
                     f"{self.inflight.limit}); the broker is slow or unreachable, retry"
                 ) from exc
-            raise PublishError(
-                f"Kafka did not acknowledge a {event.type} event on {topic} within {timeout_s}s: "
-                f"{exc or type(exc).__name__}"
-            ) from exc
+            raise _unacknowledged(event, topic, timeout_s, exc) from exc
         finally:
             if held:
                 self.inflight.release(held)
@@ -210,13 +195,16 @@ class EventPublisher:
             acked = await asyncio.gather(*futures)
         except KafkaError as exc:
             telemetry.fail_span(span, exc)
-            raise PublishError(
-                f"Kafka did not acknowledge a {event.type} event on {topic} within "
-                f"{self._settings.produce_timeout_s}s: {exc or type(exc).__name__}"
-            ) from exc
+            raise _unacknowledged(event, topic, self._settings.produce_timeout_s, exc) from exc
         except BaseException as exc:  # the deadline (cancelled), or a producer error: the span still ends
             telemetry.fail_span(span, exc)
             raise
         positions = [(metadata.topic, metadata.partition, metadata.offset) for metadata in acked]
         telemetry.end_send_span(span, positions)
         return positions
+
+
+def _unacknowledged(event: Envelope, topic: str, timeout_s: float, exc: BaseException) -> PublishError:
+    return PublishError(
+        f"Kafka did not acknowledge a {event.type} event on {topic} within {timeout_s}s: {exc or type(exc).__name__}"
+    )

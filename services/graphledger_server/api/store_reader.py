@@ -207,17 +207,17 @@ class StoreReader:
     ) -> list[Any]:
         """The index search's rows; this search's pgvector settings go first in the same round trip
         when the connection's session does not have them yet."""
-        candidates = min((op.offset + op.limit) * await self._candidates_per_item(cur), store_sql.MAX_BIGINT)
+        index_scope = (exact_max, (op.offset + op.limit) * await self._candidates_per_item(cur))
         conn = cur.connection
         wanted = (self.ef_search, iterate)
         if self._hnsw_settings.get(conn) == wanted:
-            await self._execute_vector_search(cur, op, vectors, index_scope=(exact_max, candidates))
-            return await cur.fetchall()
-        self._hnsw_settings.pop(conn, None)  # unknown until both statements have run
-        async with conn.pipeline():
-            await conn.execute(*store_sql.hnsw_settings_statement(*wanted))
-            await self._execute_vector_search(cur, op, vectors, index_scope=(exact_max, candidates))
-        self._hnsw_settings[conn] = wanted
+            await self._execute_vector_search(cur, op, vectors, index_scope=index_scope)
+        else:
+            self._hnsw_settings.pop(conn, None)  # unknown until both statements have run
+            async with conn.pipeline():
+                await conn.execute(*store_sql.hnsw_settings_statement(*wanted))
+                await self._execute_vector_search(cur, op, vectors, index_scope=index_scope)
+            self._hnsw_settings[conn] = wanted
         return await cur.fetchall()
 
     async def _candidates_per_item(self, cur: psycopg.AsyncCursor[Any]) -> int:

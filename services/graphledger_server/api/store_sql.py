@@ -176,7 +176,7 @@ LIMIT %(limit)s OFFSET %(offset)s
 
 MAX_ARRAY_SUBSCRIPT = 2**31 - 1
 MAX_BIGINT = 2**63 - 1
-"""LIMIT and OFFSET are bigints: a page's end (offset + limit) past this is clamped to it."""
+"""LIMIT and OFFSET are bigints: a page's end or a candidate count past this is clamped to it."""
 
 _SQL_OPERATORS = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 
@@ -319,7 +319,9 @@ def vector_search_statement(
     template = EXACT_VECTOR_SEARCH_SQL
     if index_scope is not None:
         template = INDEX_VECTOR_SEARCH_SQL
-        params.values["exact_max"], params.values["candidates"] = index_scope
+        exact_max, candidates = index_scope
+        params.values.update(exact_max=exact_max, candidates=min(candidates, MAX_BIGINT))
+        template = template.replace("{vector_namespace}", namespace_condition(namespace_prefix, params, "sv.prefix"))
     sql = (
         render(template, schema)
         .replace("{ext}", ext)
@@ -327,7 +329,6 @@ def vector_search_statement(
         .replace("{op}", index.operator)
         .replace("{score}", SCORES[index.distance])
         .replace("{namespace}", namespace_condition(namespace_prefix, params))
-        .replace("{vector_namespace}", namespace_condition(namespace_prefix, params, "sv.prefix"))
         .replace("{filter}", compile_filter(filter, params))
     )
     return sql, params.values
