@@ -186,7 +186,7 @@ class StoreReader:
         large = self._scopes.get(scope)
         if large is False:
             return None
-        # A known-large scope is not counted again: LIMIT 0 ends the count before it reads a row.
+        # A known-large scope is not counted again (exact_max -1: the statement without the count).
         exact_max = -1 if large else self.exact_max_items
         for iterate in (True,) if self._iterating.get(scope) else (False, True):
             rows = await self._index_rows(cur, op, vectors, iterate, exact_max)
