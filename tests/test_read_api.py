@@ -635,6 +635,11 @@ async def test_openapi_documents_the_three_reads(api: Api) -> None:
         assert "thread_id" in content[JSON]["schema"]["properties"]
     assert "channels" in schema["paths"][DELTA]["post"]["requestBody"]["content"][MSGPACK]["schema"]["required"]
     assert {"/healthz", "/readyz"} <= set(schema["paths"])
+    # The bearer token (checked by middleware, not a dependency) is declared on every /v1 operation.
+    assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    for path, operations in schema["paths"].items():
+        for operation in operations.values():
+            assert (operation.get("security") == [{"HTTPBearer": []}]) == path.startswith("/v1/"), path
 
 
 async def test_readyz_needs_the_migrated_schema(api: Api, fresh_database: str) -> None:

@@ -6,12 +6,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.metadata import version
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 
 from graphledger.settings import Settings
 from graphledger.telemetry import api as telemetry
 from graphledger_server.api import checkpoints, handlers, health, store
-from graphledger_server.api.auth import tenant_auth, token_entries, whoami_router
+from graphledger_server.api.auth import TenantAuth, document_bearer_auth, token_entries, whoami_router
 from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.db import conninfo, open_pool
 from graphledger_server.api.state import ApiState
@@ -22,7 +22,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     A bad `api_token_hashes` fails here, before the server listens.
     """
-    auth = [Depends(tenant_auth(token_entries(settings)))]
+    entries = token_entries(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -46,9 +46,13 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     handlers.install(app)
-    telemetry.instrument_app(app)  # server spans continuing the caller's trace, HTTP server metrics
+    app.add_middleware(TenantAuth, entries=entries)  # every /v1 route: 401 or request.state.tenant
+    # Server spans continuing the caller's trace, HTTP server metrics; outside the auth, so refused
+    # requests are traced too.
+    telemetry.instrument_app(app)
     app.include_router(health.router)
-    app.include_router(whoami_router, dependencies=auth)
-    app.include_router(checkpoints.router, dependencies=auth)
-    app.include_router(store.router, dependencies=auth)
+    app.include_router(whoami_router)
+    app.include_router(checkpoints.router)
+    app.include_router(store.router)
+    document_bearer_auth(app)
     return app

@@ -10,11 +10,12 @@ routes stay open either way.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.security.utils import get_authorization_scheme_param
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from graphledger.settings import Settings
 from graphledger.tenancy import check_tenant_name, hash_token
@@ -22,9 +23,7 @@ from graphledger_server.api.codec import respond
 from graphledger_server.api.errors import ApiError
 from graphledger_server.api.tenant import Tenant
 
-# auto_error=False: a missing or non-Bearer header reaches our check, which answers in the API's
-# error format; the scheme object also documents the requirement in the OpenAPI schema.
-_bearer = HTTPBearer(auto_error=False, description="A tenant's token (GRAPHLEDGER_API_TOKEN on the client)")
+BEARER_SCHEME = "HTTPBearer"
 _SHA256_HEX = 64
 
 
@@ -68,38 +67,79 @@ def token_entries(settings: Settings) -> list[TokenEntry] | None:
     return None
 
 
-def tenant_auth(entries: list[TokenEntry] | None) -> Callable[..., Awaitable[None]]:
-    """A dependency that puts the request's tenant on `request.state`, or refuses it with a 401."""
+class TenantAuth:
+    """ASGI middleware: every `/v1` request is authenticated before it is routed, and its tenant put
+    on `request.state`; a missing or wrong token is a 401 in the API's error format.
 
-    async def authenticate(
-        request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)
-    ) -> None:
-        if entries is None:
-            request.state.tenant = Tenant("")
+    Middleware rather than a FastAPI dependency: no route under `/v1` can be added without it, and
+    it skips the dependency solving FastAPI would do per request (0.1 ms measured, on every read).
+    """
+
+    def __init__(self, app: ASGIApp, entries: list[TokenEntry] | None) -> None:
+        self.app = app
+        self.entries = entries
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not (scope["path"] == "/v1" or scope["path"].startswith("/v1/")):
+            await self.app(scope, receive, send)
             return
-        found: Tenant | None = None
-        if credentials is not None:
-            given = bytes.fromhex(hash_token(credentials.credentials))
-            for entry in entries:  # every entry, so the time taken does not say which one matched
-                if hmac.compare_digest(given, entry.digest):
-                    found = entry.tenant
-        if found is None:
-            raise ApiError(
+        tenant = self._tenant(scope)
+        if tenant is None:
+            refused = ApiError(
                 401,
                 "unauthorized",
                 "missing or wrong bearer token (Authorization: Bearer <GRAPHLEDGER_API_TOKEN>)",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        request.state.tenant = found
+            response = respond(Request(scope), refused.body(), refused.status, refused.headers)
+            await response(scope, receive, send)
+            return
+        scope.setdefault("state", {})["tenant"] = tenant
+        await self.app(scope, receive, send)
 
-    return authenticate
+    def _tenant(self, scope: Scope) -> Tenant | None:
+        if self.entries is None:
+            return Tenant("")
+        authorization = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        scheme, token = get_authorization_scheme_param(authorization.decode("latin-1"))
+        if scheme.lower() != "bearer" or not token:
+            return None
+        given = bytes.fromhex(hash_token(token))
+        found: Tenant | None = None
+        for entry in self.entries:  # every entry, so the time taken does not say which one matched
+            if hmac.compare_digest(given, entry.digest):
+                found = entry.tenant
+        return found
+
+
+def document_bearer_auth(app: FastAPI) -> None:
+    """Declare the bearer token on every `/v1` operation of the OpenAPI schema (the middleware,
+    unlike a dependency, is invisible to FastAPI's schema)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+            schemes[BEARER_SCHEME] = {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "A tenant's token (GRAPHLEDGER_API_TOKEN on the client)",
+            }
+            for path, operations in schema.get("paths", {}).items():
+                if path.startswith("/v1/"):
+                    for operation in operations.values():
+                        operation["security"] = [{BEARER_SCHEME: []}]
+        return app.openapi_schema or generate()
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def tenant_of(request: Request) -> Tenant:
-    """The tenant `tenant_auth` resolved; a route outside it is a bug, not an unscoped read."""
+    """The tenant `TenantAuth` resolved; a route outside `/v1` asking for one is a bug, not an unscoped read."""
     tenant = getattr(request.state, "tenant", None)
     if not isinstance(tenant, Tenant):
-        raise RuntimeError(f"{request.url.path} ran without tenant_auth")
+        raise RuntimeError(f"{request.url.path} ran without TenantAuth")
     return tenant
 
 
