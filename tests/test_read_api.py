@@ -42,7 +42,7 @@ from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK
 from graphledger_server.api.app import create_app
 from graphledger_server.api.consistency import AppliedOffsets
-from graphledger_server.api.db import conninfo
+from graphledger_server.api.db import conninfo, open_pool
 from graphledger_server.api.models import DeltaHistoryResponse, GetResponse, ListResponse
 from graphledger_server.devstack.ports import free_port, wait_until
 
@@ -651,6 +651,31 @@ async def test_readyz_needs_the_migrated_schema(api: Api, fresh_database: str) -
         assert response.json()["error"] == "not_ready" and response.json()["retryable"] is True
         read = await call(unmigrated.client, GET, {"thread_id": "t"})
         assert read.status_code == 503 and answer(read)["error"] == "not_ready"
+
+
+async def test_the_pool_hands_out_the_connection_returned_last(projection: str) -> None:
+    """At low load reads stay on the backend that ran the last one (warm caches), not on each of the
+    pool's connections in turn; `check()` keeps every connection."""
+    pool = open_pool(settings_for(projection, api_pool_size=3))
+    await pool.open(wait=True)
+    try:
+
+        async def backend(conn: psycopg.AsyncConnection[Any]) -> int:
+            return (await (await conn.execute("SELECT pg_backend_pid() AS pid")).fetchone())["pid"]
+
+        taken = [await pool.getconn() for _ in range(3)]
+        pids = [await backend(conn) for conn in taken]
+        for conn in taken:
+            await pool.putconn(conn)
+        for _ in range(3):
+            async with pool.connection() as conn:
+                assert await backend(conn) == pids[-1]
+        await pool.check()
+        assert pool.get_stats()["pool_available"] == 3
+        async with pool.connection() as a, pool.connection() as b:
+            assert {await backend(a), await backend(b)} <= set(pids)
+    finally:
+        await pool.close()
 
 
 async def test_unreachable_postgres_is_a_retryable_503_not_a_500() -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+from collections import deque
+from typing import Any
+
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
@@ -9,7 +13,36 @@ from psycopg_pool import AsyncConnectionPool
 
 from graphledger.settings import Settings
 
+log = logging.getLogger(__name__)
+
 CHECKPOINTS_TABLE_SQL = "SELECT to_regclass('checkpoints') IS NOT NULL AS ready"
+
+
+class _MostRecentFirst(deque[Any]):
+    """psycopg_pool's idle connections, taken from the end they are returned to."""
+
+    def popleft(self) -> Any:  # the pool takes from the left and returns to the right
+        return self.pop()
+
+
+class LifoConnectionPool(AsyncConnectionPool[Any]):
+    """A pool that hands out the connection returned last (SQLAlchemy's `pool_use_lifo`).
+
+    psycopg_pool cycles through its idle connections in turn, so at low load every read runs on a
+    backend that has sat idle the longest, with cold caches: a search took 0.3-0.45 ms longer than
+    on the connection just used (measured at concurrency 1 with 10 connections). Under load every
+    connection is busy and the order does not matter. psycopg_pool has no option for it, so the
+    idle deque is replaced; the pool is fixed-size, so its shrinking (which takes from the same
+    end) never runs. If a psycopg_pool release renames the deque, the pool stays FIFO and says so.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        idle = getattr(self, "_pool", None)
+        if type(idle) is deque and not idle:
+            self._pool = _MostRecentFirst()
+        else:
+            log.warning("psycopg_pool's idle connections are not where expected: the pool hands them out in turn")
 
 
 def conninfo(settings: Settings) -> str:
@@ -24,7 +57,7 @@ def conninfo(settings: Settings) -> str:
 
 def open_pool(settings: Settings) -> AsyncConnectionPool:
     """A fixed-size pool with the session settings `AsyncPostgresSaver` expects; opened by the caller."""
-    return AsyncConnectionPool(
+    return LifoConnectionPool(
         conninfo(settings),
         min_size=settings.api_pool_size,
         max_size=settings.api_pool_size,
