@@ -181,11 +181,12 @@ class Settings(BaseSettings):
         64, ge=4, le=1000, description="HNSW `ef_construction` of the vector index (at least 2 * m)."
     )
     store_hnsw_ef_search: int = Field(
-        100,
+        80,
         ge=1,
         le=1000,
         description="HNSW `ef_search` of the read API's index searches (recall vs latency; recall@10 on "
-        "`make bench`'s 20,000 docstring sentences measured 0.89 with pgvector's 40, 0.95 with 64, 0.97 with 100).",
+        "`make bench`'s 20,000 docstring sentences measured 0.90 with pgvector's 40, 0.95 with 64, 0.96 with 80, "
+        "0.97 with 100; each step up scans more of the index).",
     )
 
     # TTL and retention: the sweeper's settings, and the store client's refresh coalescing (docs/retention.md).
