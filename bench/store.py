@@ -63,27 +63,58 @@ SEARCHES: dict[str, Callable[[Any, str, int], Awaitable[Any]]] = {
 }
 
 
-async def _search(store: Any, root: str, kind: str, concurrency: int, total: int) -> tuple[float, float, float]:
-    """(p50 latency in ms, searches per second, share of pages with fewer than `limit` items).
+class _Searches:
+    """Latencies and short pages of one store's searches, over one or several runs."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.short = 0
+        self.seconds = 0.0
+
+    def p50(self) -> float:
+        return statistics.median(self.latencies)
+
+    def rate(self) -> float:
+        return len(self.latencies) / self.seconds
+
+    def short_share(self) -> float:
+        return self.short / len(self.latencies)
+
+
+async def _search(
+    store: Any, root: str, kind: str, concurrency: int, total: int, into: _Searches, first: int = 0
+) -> None:
+    """Runs `total` searches (numbered from `first`) on `concurrency` workers, adding them to `into`.
 
     Every search of the bench has at least 10 matching items, so a short page is one the store's
     index search cut short (a filter rejected neighbours it did not scan past)."""
-    latencies: list[float] = []
-    short = 0
     per_worker = max(1, total // concurrency)
 
     async def worker(w: int) -> None:
-        nonlocal short
         for i in range(per_worker):
             start = time.perf_counter()
-            found = await SEARCHES[kind](store, root, w * per_worker + i)
-            latencies.append((time.perf_counter() - start) * 1000)
-            short += len(found) < SEARCH_LIMIT
+            found = await SEARCHES[kind](store, root, first + w * per_worker + i)
+            into.latencies.append((time.perf_counter() - start) * 1000)
+            into.short += len(found) < SEARCH_LIMIT
 
     start = time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    elapsed = time.perf_counter() - start
-    return statistics.median(latencies), per_worker * concurrency / elapsed, short / len(latencies)
+    into.seconds += time.perf_counter() - start
+
+
+async def _compare_searches(
+    ours: KafkaStore, official: AsyncPostgresStore, root: str, kind: str, concurrency: int, total: int
+) -> tuple[_Searches, _Searches]:
+    """(ours, official). At concurrency 1 the two alternate in rounds of 25 searches, so the machine's
+    drift over the run (its speed moves by a fifth between minutes here) falls on both alike;
+    concurrent rows run each store once, as their throughput needs the whole run."""
+    mine, theirs = _Searches(), _Searches()
+    rounds = max(1, total // 25) if concurrency == 1 else 1
+    for r in range(rounds):
+        first, n = r * (total // rounds), total // rounds
+        await _search(official, root, kind, concurrency, n, theirs, first)
+        await _search(ours, root, kind, concurrency, n, mine, first)
+    return mine, theirs
 
 
 async def _caught_up(ours: KafkaStore, deadline_s: float = 600.0) -> None:
@@ -186,9 +217,9 @@ async def run(stack: DevStack, total: int, recall_items: int) -> list[str]:
         await _settle(ours, settings)
         for kind in SEARCHES:
             for concurrency in CONCURRENCY:
-                n = max(200, total // 4)
-                t_p50, t_rate, t_short = await _search(official, root, kind, concurrency, n)
-                m_p50, m_rate, m_short = await _search(ours, root, kind, concurrency, n)
+                mine, theirs = await _compare_searches(ours, official, root, kind, concurrency, max(200, total // 4))
+                m_p50, m_rate, m_short = mine.p50(), mine.rate(), mine.short_share()
+                t_p50, t_rate, t_short = theirs.p50(), theirs.rate(), theirs.short_share()
                 print(
                     f"  search {kind:<7}     c={concurrency:<3} p50 {m_p50:6.2f} ms vs {t_p50:6.2f} ms "
                     f"({m_p50 / t_p50:4.2f}x)  {m_rate:7.0f}/s vs {t_rate:7.0f}/s  "
