@@ -105,11 +105,13 @@ async def _search(
 async def _compare_searches(
     ours: KafkaStore, official: AsyncPostgresStore, root: str, kind: str, concurrency: int, total: int
 ) -> tuple[_Searches, _Searches]:
-    """(ours, official). At concurrency 1 the two alternate in rounds of 25 searches, so the machine's
-    drift over the run (its speed moves by a fifth between minutes here) falls on both alike;
-    concurrent rows run each store once, as their throughput needs the whole run."""
+    """(ours, official). At concurrency 1 the two alternate in rounds of 100 searches, so the
+    machine's drift over the run (its speed moves by a fifth between minutes here) falls on both
+    alike. Not shorter rounds: the first few searches after the other store's round are slower for
+    both (caches gone cold while idle), for ours more (two processes idled, not one), so short rounds
+    would measure that switch. Concurrent rows run each store once: their throughput needs the whole run."""
     mine, theirs = _Searches(), _Searches()
-    rounds = max(1, total // 25) if concurrency == 1 else 1
+    rounds = max(1, total // 100) if concurrency == 1 else 1
     for r in range(rounds):
         first, n = r * (total // rounds), total // rounds
         await _search(official, root, kind, concurrency, n, theirs, first)
