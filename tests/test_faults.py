@@ -156,6 +156,10 @@ def outage_stack() -> Iterator[DevStack]:
         yield stack
 
 
+STORE_BATCH = "/v1/store/batch"
+STORE_SEARCH = {"op": "search", "namespace_prefix": ["outage"]}
+
+
 @pytest.mark.slow
 def test_postgres_outage_agents_keep_writing_reads_fail_fast_and_all_is_projected_once(
     outage_stack: DevStack,
@@ -177,6 +181,8 @@ def test_postgres_outage_agents_keep_writing_reads_fail_fast_and_all_is_projecte
                 for t in threads
             ]
             wait_until(lambda: len(arrivals) == OUTAGE_AGENTS, WAIT_S, "every agent to reach the gate")
+            # A store read before the outage leaves a pooled store connection for the outage to break.
+            assert api.post(STORE_BATCH, json={"ops": [STORE_SEARCH]}).status_code == 200
 
             stack.stop_postgres()
             outage_ended = False
@@ -191,6 +197,12 @@ def test_postgres_outage_agents_keep_writing_reads_fail_fast_and_all_is_projecte
                 with pytest.raises(ReadApiError) as failed:
                     saver.get_tuple({"configurable": {"thread_id": threads[0]}})
                 assert failed.value.status == 503 and failed.value.retryable
+                # Store reads (their own pool, asyncpg) too: the broken connection, then a refused one.
+                for _ in range(2):
+                    answer = api.post(STORE_BATCH, json={"ops": [STORE_SEARCH]})
+                    assert answer.status_code == 503, answer.text
+                    assert answer.json()["error"] == "postgres_unavailable"
+                    assert answer.headers["Retry-After"] == "1"
 
                 # The agents finish their runs while Postgres is down: writes only need Kafka.
                 gate.set()
@@ -222,6 +234,7 @@ def test_postgres_outage_agents_keep_writing_reads_fail_fast_and_all_is_projecte
         wait_until(lambda: api.get("/readyz").status_code == 200, WAIT_S, "the read API to be ready", poll_s=0.5)
         for thread in threads:
             assert graph.get_state({"configurable": {"thread_id": thread}}).values == {"n": OUTAGE_STEPS}
+        assert api.post(STORE_BATCH, json={"ops": [STORE_SEARCH]}).status_code == 200  # the first store read after
     finally:
         gate.set()
         api.close()

@@ -682,7 +682,12 @@ async def test_unreachable_postgres_is_a_retryable_503_not_a_500() -> None:
     nowhere = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres?connect_timeout=1"
     async with running(settings_for(nowhere, api_pool_timeout_s=0.3)) as cut_off:
         assert (await cut_off.client.get("/healthz")).status_code == 200
-        for response in (await cut_off.client.get("/readyz"), await call(cut_off.client, GET, {"thread_id": "t"})):
+        store_reads = [{"op": "get", "namespace": ["a"], "key": "k"}, {"op": "search", "namespace_prefix": ["a"]}]
+        for response in (
+            await cut_off.client.get("/readyz"),
+            await call(cut_off.client, GET, {"thread_id": "t"}),
+            await call(cut_off.client, "/v1/store/batch", {"ops": store_reads}),  # asyncpg's pool, not psycopg's
+        ):
             assert response.status_code == 503
             assert response.headers["retry-after"] == "1"
             body = answer(response)

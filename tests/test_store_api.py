@@ -34,7 +34,7 @@ from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK
 from graphledger_server.api import store_sql
 from graphledger_server.api.app import create_app
-from graphledger_server.api.db import open_pool
+from graphledger_server.api.db import open_store_pool
 from graphledger_server.api.store_models import SearchOp
 from graphledger_server.api.store_reader import StoreReader
 from store_helpers import Applier, delete, put, record
@@ -315,11 +315,9 @@ async def test_query_search_is_exactly_brute_force(
 async def test_the_index_path_equals_brute_force_on_small_data(projection: str) -> None:
     """Forced onto the HNSW index (no exact shortcut), with ef_search covering the whole graph, the
     index search returns what brute force returns; pages it cannot fill fall back to the exact one."""
-    settings = settings_for(projection)
-    pool = open_pool(settings)
-    await pool.open()
+    pool = await open_store_pool(settings_for(projection, store_hnsw_ef_search=1000))
     try:
-        reader = StoreReader(pool, SCHEMA, ef_search=1000, exact_max_items=0)
+        reader = StoreReader(pool, SCHEMA, exact_max_items=0)
         full_pages = 0
         for prefix, flt, limit, offset in SEARCHES:
             query = EMBED.embed_query("pizza market")
@@ -337,20 +335,20 @@ async def test_the_index_path_equals_brute_force_on_small_data(projection: str) 
             assert_ranking(got, brute_force(query, prefix, flt), offset)
             # The index statement alone, where it yields a full page, with the planner kept on the
             # HNSW index (on a table this small it would rather sort every row, which is exact anyway).
-            async with pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-                await cur.execute(*store_sql.hnsw_settings_statement(1000, iterate=True))
-                await cur.execute("SET LOCAL enable_seqscan = off")
-                await cur.execute("SET LOCAL enable_sort = off")
+            async with pool.acquire() as conn, conn.transaction():
+                await conn.execute(store_sql.ITERATIVE_SCAN_SQL)
+                await conn.execute("SET LOCAL enable_seqscan = off")
+                await conn.execute("SET LOCAL enable_sort = off")
                 vectors = await reader._load_vectors(conn)
                 assert vectors is not None
                 candidates = (offset + limit) * 4
-                sql, params = store_sql.vector_search_statement(
+                statement = store_sql.vector_search_statement(
                     SCHEMA, vectors.ext, vectors.index, prefix, flt, query, limit, offset, index_scope=(0, candidates)
                 )
-                await cur.execute("EXPLAIN " + sql, params)
-                plan = "\n".join(str(next(iter(row.values()))) for row in await cur.fetchall())
+                sql, args = store_sql.positional(*statement)
+                plan = "\n".join(row[0] for row in await conn.fetch("EXPLAIN " + sql, *args))
                 assert "Index Scan using store_vectors_embedding_idx" in plan
-                page = await reader._index_page(cur, op, vectors)
+                page = await reader._index_page(conn, op, vectors)
                 if page is not None:
                     assert_ranking(page, brute_force(query, prefix, flt), offset)
                     full_pages += 1
@@ -361,11 +359,10 @@ async def test_the_index_path_equals_brute_force_on_small_data(projection: str) 
 
 async def test_pages_far_past_the_end_are_empty_on_every_path(projection: str) -> None:
     """An offset near Postgres's bigint limit: the page's end is clamped, not an overflow (a 500)."""
-    pool = open_pool(settings_for(projection))
-    await pool.open()
+    pool = await open_store_pool(settings_for(projection, store_hnsw_ef_search=40))
     try:
         for exact_max_items in (0, 1_000):  # the HNSW index path, the exact path
-            reader = StoreReader(pool, SCHEMA, ef_search=40, exact_max_items=exact_max_items)
+            reader = StoreReader(pool, SCHEMA, exact_max_items=exact_max_items)
             for query in (None, EMBED.embed_query("pizza")):
                 op = SearchOp.model_validate(
                     {

@@ -151,7 +151,12 @@ class Settings(BaseSettings):
         ge=1,
         description="Most reads one API process holds waiting for a consistency token; beyond: 503 + Retry-After.",
     )
-    api_pool_size: int = Field(10, ge=1, description="Postgres connections of one read API process.")
+    api_pool_size: int = Field(
+        10,
+        ge=1,
+        description="Postgres connections of each of a read API process's two pools: checkpoint reads "
+        "(this many, kept open) and store reads (opened as needed, up to this many).",
+    )
     api_pool_timeout_s: float = Field(
         DEFAULT_API_POOL_TIMEOUT_S,
         gt=0,

@@ -13,7 +13,7 @@ from graphledger.telemetry import api as telemetry
 from graphledger_server.api import checkpoints, handlers, health, store
 from graphledger_server.api.auth import TenantAuth, document_bearer_auth, token_entries, whoami_router
 from graphledger_server.api.consistency import AppliedOffsets
-from graphledger_server.api.db import conninfo, open_pool
+from graphledger_server.api.db import conninfo, open_pool, open_store_pool
 from graphledger_server.api.state import ApiState
 
 
@@ -30,13 +30,15 @@ def create_app(settings: Settings) -> FastAPI:
         # Not waiting for connections: the process starts (and /healthz answers) while Postgres is down;
         # /readyz and the reads report the outage until it is back.
         await pool.open(wait=False)
+        store_pool = await open_store_pool(settings)
         offsets = AppliedOffsets(conninfo(settings), settings.postgres_schema, settings.projector_group_id)
         await offsets.start()
-        app.state.api = ApiState(settings, pool, offsets)
+        app.state.api = ApiState(settings, pool, store_pool, offsets)
         try:
             yield
         finally:
             await offsets.stop()
+            await store_pool.close()
             await pool.close()
 
     app = FastAPI(

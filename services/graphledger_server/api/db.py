@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import deque
 from typing import Any
 
+import asyncpg
+import orjson
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
@@ -85,3 +88,46 @@ async def not_ready_reason(pool: AsyncConnectionPool) -> str | None:
     if not row or not row["ready"]:
         return "the projection schema is not migrated: no checkpoints table"
     return None
+
+
+async def open_store_pool(settings: Settings) -> asyncpg.Pool:
+    """The store reads' pool: asyncpg, at most `api_pool_size` connections, opened as reads need them
+    (none while Postgres is down) and handed out most recently used first.
+
+    Every session searches the projection schema and runs HNSW scans with `store_hnsw_ef_search`
+    (pgvector picks the setting up when it loads); jsonb arrives decoded.
+    """
+    pool = await asyncpg.create_pool(
+        settings.postgres_dsn,
+        min_size=0,
+        max_size=settings.api_pool_size,
+        timeout=settings.api_pool_timeout_s,  # connecting
+        server_settings={
+            "search_path": settings.postgres_schema,
+            "hnsw.ef_search": str(settings.store_hnsw_ef_search),
+            "application_name": "graphledger-read-api",
+        },
+        init=_init_store_connection,
+        reset=_keep_session,
+    )
+    assert pool is not None
+    return pool
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Nothing to undo when a store read releases its connection: it changes no session state (an
+    iterative scan's setting is a `SET LOCAL`; asyncpg rolls back an unfinished transaction itself).
+    asyncpg's default reset (`RESET ALL`, `UNLISTEN *`, ...) would be one more round trip per read."""
+
+
+async def _init_store_connection(conn: asyncpg.Connection) -> None:
+    # Parameters are JSON text already (store_sql); results are parsed as the psycopg reads parse them.
+    await conn.set_type_codec("jsonb", schema="pg_catalog", encoder=str, decoder=json_loads, format="text")
+
+
+def json_loads(data: bytes | str) -> Any:
+    """orjson for speed; json for what orjson refuses (integers beyond 64 bits, which jsonb allows)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+import asyncpg
 import psycopg
 import psycopg.errors
 from fastapi import FastAPI, Request, Response
@@ -82,5 +83,8 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(psycopg.OperationalError, _postgres_unreachable)
     app.add_exception_handler(psycopg.errors.ProgramLimitExceeded, _over_a_limit)
     app.add_exception_handler(psycopg.errors.UndefinedTable, _not_migrated)
+    # The same two from the store reads, which run on asyncpg (its outages are 503s in StoreReader).
+    app.add_exception_handler(asyncpg.exceptions.ProgramLimitExceededError, _over_a_limit)
+    app.add_exception_handler(asyncpg.exceptions.UndefinedTableError, _not_migrated)
     app.add_exception_handler(ReencodeRefusedError, _reencode_refused)
     app.add_exception_handler(Exception, _unexpected)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import asyncpg
 from fastapi import Request
 from psycopg_pool import AsyncConnectionPool
 
@@ -15,6 +16,9 @@ from graphledger_server.api.consistency import AppliedOffsets
 class ApiState:
     settings: Settings
     pool: AsyncConnectionPool
+    """psycopg: the checkpoint reads (the official saver's queries) and readiness."""
+    store_pool: asyncpg.Pool
+    """asyncpg: the store reads (`store_reader`)."""
     offsets: AppliedOffsets
 
 

@@ -40,7 +40,7 @@ def _reader(request: Request) -> StoreReader:
     reader: StoreReader | None = getattr(request.app.state, "store_reader", None)
     if reader is None:
         state = api_state(request)
-        reader = StoreReader(state.pool, state.settings.postgres_schema, ef_search=state.settings.store_hnsw_ef_search)
+        reader = StoreReader(state.store_pool, state.settings.postgres_schema)
         request.app.state.store_reader = reader
     return reader
 

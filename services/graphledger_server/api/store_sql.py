@@ -20,7 +20,9 @@ The one place JSON and Python disagree is kept on JSON's side: `true` is not `1`
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,19 +66,17 @@ ORDER BY s.updated_at DESC, s.prefix, s.key
 LIMIT %(limit)s OFFSET %(offset)s
 """
 
-# pgvector's settings of one index search: `ef_search` (recall against latency) and whether the scan
-# continues past the nearest `ef_search` rows when the filter or namespace rejects some of them. An
-# iterative scan costs more even when it never iterates (0.3-0.5 ms at ef_search 100, measured: it
-# keeps every discarded candidate), so searches try without one first (`StoreReader._index_page`).
-HNSW_SETTINGS_SQL = """
-SELECT set_config('hnsw.ef_search', %(ef_search)s, false), set_config('hnsw.iterative_scan', %(iterative)s, false)
-"""
+# An index search that continues past the nearest `ef_search` rows when the filter or namespace
+# rejects some of them, for one statement (inside its transaction). Not the default: an iterative scan
+# costs more even when it never iterates (0.3-0.5 ms at ef_search 100, measured: it keeps every
+# discarded candidate), so searches try without one first (`StoreReader._index_page`).
+ITERATIVE_SCAN_SQL = "SET LOCAL hnsw.iterative_scan = strict_order"
 
 # Exact search: every vector of every matching item scored, max-pooled per item; items without
 # vectors follow, most recently updated first (as InMemoryStore fills the tail), then one
 # LIMIT/OFFSET over the whole ranking. `{op}` is the distance operator, `{score}` turns the best
 # (smallest) distance into the score AsyncPostgresStore reports. The query vector arrives as
-# pgvector's text form, which Postgres parses faster than psycopg adapts a float8[].
+# pgvector's text form, which Postgres parses faster than a driver adapts a float8[].
 EXACT_VECTOR_SEARCH_SQL = """
 WITH q AS MATERIALIZED (
     SELECT %(query)s::{ext}.{vector_type} AS v
@@ -200,6 +200,7 @@ MAX_BIGINT = 2**63 - 1
 """LIMIT and OFFSET are bigints: a page's end or a candidate count past this is clamped to it."""
 
 _SQL_OPERATORS = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
 class Params:
@@ -313,8 +314,21 @@ def search_statement(
     return render(template, schema).replace("{filter}", condition), params.values
 
 
-def hnsw_settings_statement(ef_search: int, iterate: bool) -> tuple[str, dict[str, Any]]:
-    return HNSW_SETTINGS_SQL, {"ef_search": str(int(ef_search)), "iterative": "strict_order" if iterate else "off"}
+def positional(sql: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
+    """A statement's named placeholders (`%(name)s`) as asyncpg's numbered ones, and its arguments."""
+    text, names = _numbered(sql)
+    return text, [params[name] for name in names]
+
+
+@functools.lru_cache(maxsize=256)
+def _numbered(sql: str) -> tuple[str, tuple[str, ...]]:
+    # The templates and the filter's shapes make few distinct texts: each is converted once.
+    names: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        return f"${names.setdefault(match.group(1), len(names) + 1)}"
+
+    return _PLACEHOLDER.sub(number, sql), tuple(names)
 
 
 def vector_text(vector: Sequence[float]) -> str:
