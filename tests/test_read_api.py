@@ -678,6 +678,21 @@ async def test_the_pool_hands_out_the_connection_returned_last(projection: str) 
         await pool.close()
 
 
+async def test_a_store_read_that_gets_no_connection_in_time_is_a_retryable_503(projection: str) -> None:
+    """The store reads' pool (asyncpg) answers as the checkpoint reads' does when every connection is
+    busy: a 503 after `api_pool_timeout_s`, not a wait without end."""
+    async with running(settings_for(projection, api_pool_size=1, api_pool_timeout_s=0.3)) as busy:
+        store_pool = busy.app.state.api.store_pool
+        async with store_pool.acquire():  # the pool's only connection, held
+            read = call(busy.client, "/v1/store/batch", {"ops": [{"op": "get", "namespace": ["a"], "key": "k"}]})
+            response = await asyncio.wait_for(read, 10.0)
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        assert answer(response)["error"] == "postgres_unavailable" and answer(response)["retryable"] is True
+        # Released, the connection serves the next read.
+        again = await call(busy.client, "/v1/store/batch", {"ops": [{"op": "get", "namespace": ["a"], "key": "k"}]})
+        assert again.status_code == 200
+
+
 async def test_unreachable_postgres_is_a_retryable_503_not_a_500() -> None:
     nowhere = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres?connect_timeout=1"
     async with running(settings_for(nowhere, api_pool_timeout_s=0.3)) as cut_off:

@@ -40,7 +40,8 @@ def _reader(request: Request) -> StoreReader:
     reader: StoreReader | None = getattr(request.app.state, "store_reader", None)
     if reader is None:
         state = api_state(request)
-        reader = StoreReader(state.store_pool, state.settings.postgres_schema)
+        settings = state.settings
+        reader = StoreReader(state.store_pool, settings.postgres_schema, acquire_timeout_s=settings.api_pool_timeout_s)
         request.app.state.store_reader = reader
     return reader
 

@@ -66,9 +66,18 @@ class _Vectors:
 class StoreReader:
     """The store's read path for one API process; remembers the schema's vector table once seen."""
 
-    def __init__(self, pool: asyncpg.Pool, schema: str, *, exact_max_items: int = EXACT_SEARCH_MAX_ITEMS) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        schema: str,
+        *,
+        acquire_timeout_s: float | None = None,
+        exact_max_items: int = EXACT_SEARCH_MAX_ITEMS,
+    ) -> None:
         self.pool = pool
         self.schema = schema
+        self.acquire_timeout_s = acquire_timeout_s
+        """How long a read waits for a pooled connection (None: as long as it takes) before its 503."""
         self.exact_max_items = exact_max_items
         self._vectors: _Vectors | None = None
         self._scopes = ScopeVerdicts()
@@ -82,7 +91,7 @@ class StoreReader:
     async def run(self, ops: Sequence[GetOp | SearchOp | ListNamespacesOp]) -> list[Any]:
         """The results of `ops`, in order (no transaction: each statement is one consistent read)."""
         try:
-            async with self.pool.acquire() as conn:
+            async with self.pool.acquire(timeout=self.acquire_timeout_s) as conn:
                 return await self._run(conn, ops)
         except _OUTAGES as exc:
             log.warning("postgres unavailable for a store read: %s", exc)
