@@ -95,7 +95,8 @@ async def open_store_pool(settings: Settings) -> asyncpg.Pool:
     (none while Postgres is down) and handed out most recently used first.
 
     Every session searches the projection schema and runs HNSW scans with `store_hnsw_ef_search`
-    (pgvector picks the setting up when it loads); jsonb arrives decoded.
+    (pgvector picks the setting up when it loads); jsonb arrives decoded. asyncpg prepares every
+    statement, as the checkpoint pool does (behind PgBouncer: its max_prepared_statements, 1.21+).
     """
     pool = await asyncpg.create_pool(
         settings.postgres_dsn,
