@@ -118,8 +118,9 @@ def document_bearer_auth(app: FastAPI) -> None:
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = generate()
+        first = app.openapi_schema is None
+        schema = generate()  # built once; FastAPI keeps it as app.openapi_schema
+        if first:
             schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
             schemes[BEARER_SCHEME] = {
                 "type": "http",
@@ -130,7 +131,7 @@ def document_bearer_auth(app: FastAPI) -> None:
                 if path.startswith("/v1/"):
                     for operation in operations.values():
                         operation["security"] = [{BEARER_SCHEME: []}]
-        return app.openapi_schema or generate()
+        return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
 

@@ -123,10 +123,10 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 async def _init_store_connection(conn: asyncpg.Connection) -> None:
     # Parameters are JSON text already (store_sql); results are parsed as the psycopg reads parse them.
-    await conn.set_type_codec("jsonb", schema="pg_catalog", encoder=str, decoder=json_loads, format="text")
+    await conn.set_type_codec("jsonb", schema="pg_catalog", encoder=str, decoder=_json_loads, format="text")
 
 
-def json_loads(data: bytes | str) -> Any:
+def _json_loads(data: bytes | str) -> Any:
     """orjson for speed; json for what orjson refuses (integers beyond 64 bits, which jsonb allows)."""
     try:
         return orjson.loads(data)

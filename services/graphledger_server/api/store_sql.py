@@ -362,13 +362,14 @@ def vector_search_statement(
         else:
             template = INDEX_VECTOR_PAGE_SQL
         template = template.replace("{vector_namespace}", namespace_condition(namespace_prefix, params, "sv.prefix"))
+    if "{namespace}" in template:  # not in the page statement, which filters on the vector rows' prefix
+        template = template.replace("{namespace}", namespace_condition(namespace_prefix, params))
     sql = (
         render(template, schema)
         .replace("{ext}", ext)
         .replace("{vector_type}", index.vector_type)
         .replace("{op}", index.operator)
         .replace("{score}", SCORES[index.distance])
-        .replace("{namespace}", namespace_condition(namespace_prefix, params))
         .replace("{filter}", compile_filter(filter, params))
     )
     return sql, params.values
