@@ -24,7 +24,7 @@ test: $(STAMP)
 
 # Regenerate the README's settings table from graphledger.Settings (a test fails when it is stale).
 settings-doc: $(STAMP)
-	$(BIN)/python -m graphledger_server.settings_doc --write README.md
+	$(BIN)/python -m graphledger_server.commands.settings_doc --write README.md
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -25,7 +25,7 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from bench import rebuild as rebuild_bench
 from bench import store as store_bench
 from graphledger import KafkaSaver
-from graphledger_server.demo import build_graph
+from graphledger_server.commands.demo import build_graph
 from graphledger_server.devstack.stack import DevStack
 
 CONCURRENCY = (1, 16, 64)

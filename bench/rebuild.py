@@ -28,9 +28,9 @@ from aiokafka import AIOKafkaProducer
 from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import Blob, CheckpointPut, CheckpointWrites, Write
 from graphledger.events.store import StorePut
-from graphledger.events.topics import ensure_topics
-from graphledger.projection.migrate import migrate
 from graphledger.settings import Settings
+from graphledger_server.commands.topics import ensure_topics
+from graphledger_server.projection.migrate import migrate
 from graphledger_server.replay import indexes
 from graphledger_server.replay.progress import Progress
 from graphledger_server.replay.rebuild import TP, Rebuilder

@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 
 from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import Blob, CheckpointEvent, CheckpointPut, CheckpointWrites, Write
-from graphledger.projection.records import SourceRecord
+from graphledger_server.projection.records import SourceRecord
 
 TOPIC = "test.checkpoints"
 

@@ -12,9 +12,9 @@ import asyncpg
 from graphledger.events import envelope
 from graphledger.events.envelope import Envelope
 from graphledger.events.store import StoreDelete, StoreEvent, StorePut, Vector
-from graphledger.projection.batch import BatchApplier
-from graphledger.projection.records import DeadLetter, SourceRecord
-from graphledger.projection.store import StoreProjection
+from graphledger_server.projection.batch import BatchApplier
+from graphledger_server.projection.records import DeadLetter, SourceRecord
+from graphledger_server.projection.store import StoreProjection
 
 STORE_TOPIC = "test.store"
 

@@ -19,13 +19,13 @@ import ormsgpack
 import pytest
 
 from graphledger.events.store import StorePut
-from graphledger.projection.batch import BatchApplier
-from graphledger.projection.checkpoints import CheckpointProjection
-from graphledger.projection.migrate import migrate
-from graphledger.projection.store import StoreProjection
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER, MSGPACK
 from graphledger_server.api.app import create_app
+from graphledger_server.projection.batch import BatchApplier
+from graphledger_server.projection.checkpoints import CheckpointProjection
+from graphledger_server.projection.migrate import migrate
+from graphledger_server.projection.store import StoreProjection
 from projection_helpers import TOPIC, put, record
 from store_helpers import STORE_TOPIC
 from store_helpers import record as store_record

@@ -24,7 +24,7 @@ from graphledger.events.checkpoint import (
     ThreadExpire,
     ThreadPrune,
 )
-from graphledger.projection.checkpoints import (
+from graphledger_server.projection.checkpoints import (
     CheckpointProjection,
     CopyThread,
     DataRun,
@@ -35,7 +35,7 @@ from graphledger.projection.checkpoints import (
     plan_batch,
     to_checkpoint_event,
 )
-from graphledger.projection.migrate import migrate
+from graphledger_server.projection.migrate import migrate
 from projection_helpers import TOPIC, cid, count, dump, official_saver, put, writes
 
 Item = tuple[str, int, int, CheckpointEvent]

@@ -16,9 +16,9 @@ import asyncpg
 import pytest
 
 from graphledger_server.cli import SERVER_EXTRA_MESSAGE, OneLineFormatter
+from graphledger_server.commands.settings_doc import current_block, render_table
 from graphledger_server.devstack.broker import EmbeddedBroker
 from graphledger_server.devstack.ports import wait_until
-from graphledger_server.settings_doc import current_block, render_table
 from graphledger_server.sweeper.main import START_MESSAGE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,6 +183,4 @@ def test_log_records_are_one_line_each() -> None:
 
 def test_readme_settings_table_is_current() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert current_block(readme) == render_table(), (
-        "the README's settings table is stale: run `python -m graphledger_server.settings_doc --write README.md`"
-    )
+    assert current_block(readme) == render_table(), "the README's settings table is stale: run `make settings-doc`"

@@ -17,7 +17,7 @@ from graphledger.client.publisher import EventPublisher, InflightBytes
 from graphledger.errors import PublishError
 from graphledger.events import to_envelope
 from graphledger.events.store import StorePut
-from graphledger.events.topics import ensure_topics
+from graphledger_server.commands.topics import ensure_topics
 
 EVENT_BYTES = 30_000
 LIMIT = 64 * 1024

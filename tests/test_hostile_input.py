@@ -33,8 +33,8 @@ from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import CheckpointPut
 from graphledger.events.store import StorePut
 from graphledger.pg_text import MAX_JSON_DEPTH
-from graphledger.projection.checkpoints import to_checkpoint_event
 from graphledger.wire import JSON, MSGPACK
+from graphledger_server.projection.checkpoints import to_checkpoint_event
 from hostile import FEW, HOSTILE, SQL_LEAKS, json_objects, json_values, nest, texts
 from projection_helpers import put
 

@@ -10,7 +10,7 @@ import pytest
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.postgres.base import MIGRATIONS
 
-from graphledger.projection.migrate import OFFICIAL_MIGRATIONS_MIRRORED, load_migrations, migrate
+from graphledger_server.projection.migrate import OFFICIAL_MIGRATIONS_MIRRORED, load_migrations, migrate
 from projection_helpers import official_saver
 
 OFFICIAL_TABLES = ("checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes")

@@ -19,12 +19,12 @@ from aiokafka import AIOKafkaProducer
 
 from graphledger.events import envelope, to_envelope
 from graphledger.events.chunks import ChunkRef, split
-from graphledger.events.topics import ensure_topics
-from graphledger.projection.batch import BatchApplier
-from graphledger.projection.checkpoints import CheckpointProjection
-from graphledger.projection.migrate import migrate
-from graphledger.projection.records import DeadLetter, SourceRecord
 from graphledger.settings import Settings
+from graphledger_server.commands.topics import ensure_topics
+from graphledger_server.projection.batch import BatchApplier
+from graphledger_server.projection.checkpoints import CheckpointProjection
+from graphledger_server.projection.migrate import migrate
+from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projector.main import run_projector
 from projection_helpers import TOPIC, put, record
 
@@ -114,7 +114,7 @@ async def test_events_completing_beyond_the_budget_are_deferred(settings: Settin
 async def test_the_worker_fetches_deferred_records_again(
     settings: Settings, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="graphledger.projection.batch")
+    caplog.set_level(logging.INFO, logger="graphledger_server.projection.batch")
     events = _chunked(["a", "b", "c"])
     producer = AIOKafkaProducer(
         **settings.kafka_client_options(),  # type: ignore[arg-type]

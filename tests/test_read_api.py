@@ -37,7 +37,6 @@ from langgraph.types import Command, Send, interrupt
 from psycopg.rows import dict_row
 from typing_extensions import TypedDict
 
-from graphledger.projection.migrate import migrate
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK
 from graphledger_server.api.app import create_app
@@ -45,6 +44,7 @@ from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.db import conninfo, open_pool
 from graphledger_server.api.models import DeltaHistoryResponse, GetResponse, ListResponse
 from graphledger_server.devstack.ports import free_port, wait_until
+from graphledger_server.projection.migrate import migrate
 
 SCHEMA = "proj"  # not the default, so a query that ignored search_path would find nothing
 OPAQUE = "x-test-opaque"  # a type no JsonPlusSerializer knows: the API must pass it through untouched

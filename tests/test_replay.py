@@ -21,15 +21,15 @@ from langgraph.checkpoint.base import empty_checkpoint
 
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.embeddings import HashEmbedder
-from graphledger.events.topics import ensure_topics
-from graphledger.projection.batch import BatchApplier
-from graphledger.projection.checkpoints import CheckpointProjection
-from graphledger.projection.migrate import migrate
-from graphledger.projection.vector_index import VectorIndex
 from graphledger.settings import Settings
 from graphledger_server.api.main import server as api_server
 from graphledger_server.cli import main as cli_main
+from graphledger_server.commands.topics import ensure_topics
 from graphledger_server.devstack.ports import free_port
+from graphledger_server.projection.batch import BatchApplier
+from graphledger_server.projection.checkpoints import CheckpointProjection
+from graphledger_server.projection.migrate import migrate
+from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.main import run_projector
 from graphledger_server.replay import schemas
 from graphledger_server.replay.indexes import secondary_indexes
@@ -328,7 +328,7 @@ async def test_a_projector_batch_blocked_by_the_switch_lands_in_the_new_schema(
     resolves the name again after the wait; behind row locks the batch has locked the old table's rows,
     and the offsets-table check makes it re-run."""
     live, group, topic = "live", "g", TOPIC
-    caplog.set_level(logging.INFO, logger="graphledger.projection.batch")
+    caplog.set_level(logging.INFO, logger="graphledger_server.projection.batch")
     await migrate(fresh_database, live)
     await migrate(fresh_database, schemas.rebuild_name(live))
 

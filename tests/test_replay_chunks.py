@@ -20,11 +20,11 @@ from aiokafka import AIOKafkaProducer
 
 from graphledger.events import envelope, to_envelope
 from graphledger.events.chunks import ChunkRef, split
-from graphledger.events.topics import ensure_topics
-from graphledger.projection.batch import BatchResult
-from graphledger.projection.migrate import migrate
-from graphledger.projection.records import Classified, SourceRecord
 from graphledger.settings import Settings
+from graphledger_server.commands.topics import ensure_topics
+from graphledger_server.projection.batch import BatchResult
+from graphledger_server.projection.migrate import migrate
+from graphledger_server.projection.records import Classified, SourceRecord
 from graphledger_server.projector.main import run_projector
 from graphledger_server.replay.rebuild import Rebuilder
 from graphledger_server.replay.run import run_replay

@@ -30,11 +30,11 @@ from graphledger.client.refresh import RefreshCoalescer
 from graphledger.events import Event, to_envelope
 from graphledger.events.envelope import Envelope, decode
 from graphledger.events.store import StoreExpire, StorePut, StoreRefresh
-from graphledger.events.topics import ensure_topics
-from graphledger.projection.migrate import migrate
 from graphledger.settings import Settings
 from graphledger_server.api.main import server
+from graphledger_server.commands.topics import ensure_topics
 from graphledger_server.devstack.ports import free_port, port_open, wait_until
+from graphledger_server.projection.migrate import migrate
 from graphledger_server.projector.main import run_projector
 from graphledger_server.sweeper.main import SweeperRunner
 from store_helpers import Applier, dump, put, record

@@ -356,8 +356,8 @@ def _assert_same_options(recorded: dict[str, Any], settings: Settings) -> None:
 
 async def test_the_agent_the_projector_and_topics_ensure_connect_with_the_same_options(pki, clean_env) -> None:
     from graphledger.client import publisher
-    from graphledger.events import topics
-    from graphledger.projection.checkpoints import CheckpointProjection
+    from graphledger_server.commands import topics
+    from graphledger_server.projection.checkpoints import CheckpointProjection
     from graphledger_server.projector import worker
 
     settings = settings_from(clean_env, secure_env(pki))

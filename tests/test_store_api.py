@@ -28,8 +28,6 @@ import pytest
 from langgraph.store.memory import _compare_values
 
 from graphledger.embeddings import HashEmbedder
-from graphledger.projection.migrate import migrate
-from graphledger.projection.vector_index import VectorIndex
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK
 from graphledger_server.api import store_sql
@@ -37,6 +35,8 @@ from graphledger_server.api.app import create_app
 from graphledger_server.api.db import open_store_pool
 from graphledger_server.api.store_models import SearchOp
 from graphledger_server.api.store_reader import StoreReader
+from graphledger_server.projection.migrate import migrate
+from graphledger_server.projection.vector_index import VectorIndex
 from store_helpers import Applier, delete, put, record
 
 SCHEMA = "mem"

@@ -36,9 +36,9 @@ from graphledger.errors import InvalidEventError, InvalidInputError, ReadApiErro
 from graphledger.events import store_event, to_envelope
 from graphledger.events.envelope import decode, encode, new_envelope
 from graphledger.events.store import StoreDelete, StorePut, StoreRefresh, store_key
-from graphledger.events.topics import ensure_topics
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER, parse_token
+from graphledger_server.commands.topics import ensure_topics
 
 DIMS = 64
 T0 = "2025-01-02T03:04:05.123456+00:00"

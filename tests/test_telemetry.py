@@ -29,20 +29,20 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from graphledger.events.checkpoint import ThreadCopy
-from graphledger.projection import checkpoints, chunks, dead_letters, offsets, prune, store
-from graphledger.projection.batch import BatchApplier
-from graphledger.projection.checkpoints import CheckpointProjection
-from graphledger.projection.migrate import migrate
-from graphledger.projection.records import DeadLetter, SourceRecord
 from graphledger.settings import Settings
-from graphledger.telemetry import api as api_telemetry
-from graphledger.telemetry import metrics as registry
 from graphledger.telemetry.client import redact_url
-from graphledger.telemetry.db import db_namespace, summarize
-from graphledger.telemetry.logs import JsonFormatter
-from graphledger.telemetry.projector import ProjectorTelemetry, _link_producers, event_type_label
 from graphledger.telemetry.propagation import span_context_of, traceparent
-from graphledger.telemetry.sdk import exporter_names, prometheus_address
+from graphledger_server.projection import checkpoints, chunks, dead_letters, offsets, prune, store
+from graphledger_server.projection.batch import BatchApplier
+from graphledger_server.projection.checkpoints import CheckpointProjection
+from graphledger_server.projection.migrate import migrate
+from graphledger_server.projection.records import DeadLetter, SourceRecord
+from graphledger_server.telemetry import api as api_telemetry
+from graphledger_server.telemetry import metrics as registry
+from graphledger_server.telemetry.db import db_namespace, summarize
+from graphledger_server.telemetry.logs import JsonFormatter
+from graphledger_server.telemetry.projector import ProjectorTelemetry, _link_producers, event_type_label
+from graphledger_server.telemetry.sdk import exporter_names, prometheus_address
 from projection_helpers import TOPIC, put, record
 from telemetry_helpers import captured_spans
 
@@ -207,15 +207,20 @@ def test_every_projection_statement_has_a_summary_of_operations_and_tables() -> 
         assert re.fullmatch(r"[A-Z]+( [a-z_]+| [A-Z]+)*", summary), (name, summary)
         assert "graphledger." not in summary and "$" not in summary, name
     rendered = dict(statements)
-    assert summarize(rendered["graphledger.projection.checkpoints.UPSERT_CHECKPOINTS_SQL"]) == (
+    assert summarize(rendered["graphledger_server.projection.checkpoints.UPSERT_CHECKPOINTS_SQL"]) == (
         "INSERT checkpoints", "INSERT", "checkpoints"
     )  # fmt: skip
-    assert summarize(rendered["graphledger.projection.offsets.ADVANCE_OFFSETS_SQL"])[0] == "UPDATE graphledger_offsets"
+    assert (
+        summarize(rendered["graphledger_server.projection.offsets.ADVANCE_OFFSETS_SQL"])[0]
+        == "UPDATE graphledger_offsets"
+    )
     # Not "UPDATE of" from `FOR UPDATE OF o`:
-    assert summarize(rendered["graphledger.projection.offsets.LOCK_OFFSETS_SQL"])[0] == "SELECT graphledger_offsets"
+    assert (
+        summarize(rendered["graphledger_server.projection.offsets.LOCK_OFFSETS_SQL"])[0] == "SELECT graphledger_offsets"
+    )
     assert summarize(offsets.NOTIFY_APPLIED_SQL)[0] == "SELECT pg_notify"
     # CTE names (`freed`, `garbage`) are not tables:
-    gc_blobs = rendered["graphledger.projection.checkpoints.GC_BLOBS_SQL"]
+    gc_blobs = rendered["graphledger_server.projection.checkpoints.GC_BLOBS_SQL"]
     assert summarize(gc_blobs)[0] == "SELECT checkpoints DELETE checkpoint_blobs"
 
 

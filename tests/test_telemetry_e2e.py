@@ -39,10 +39,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.embeddings import HashEmbedder
 from graphledger.settings import Settings
-from graphledger.telemetry import metrics as registry
-from graphledger_server.demo import build_graph
+from graphledger_server.commands.demo import build_graph
 from graphledger_server.devstack.ports import wait_until
 from graphledger_server.devstack.stack import DevStack
+from graphledger_server.telemetry import metrics as registry
 from otlp_receiver import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, Link, OtlpReceiver, ReceivedSpan
 from telemetry_helpers import AGENT_SERVICE, gated, sdk_tracer_provider
 

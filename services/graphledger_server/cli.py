@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING
 
 from graphledger.errors import GraphledgerError
 from graphledger.settings import Settings
-from graphledger_server import dlq, importer, offsets_reset, token_cmd
-from graphledger_server.replay import commands as replay_commands
+from graphledger_server.commands import dlq, importer, offsets, replay, token
 
 if TYPE_CHECKING:
     from graphledger_server.devstack.stack import DevStack
@@ -167,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         commands.add_parser(name, help=help_text).set_defaults(run=_service)
     # Operators' commands, each in its own module (light to import: the client install runs --help).
-    for module in (replay_commands, importer, dlq, offsets_reset, token_cmd):
+    for module in (replay, importer, dlq, offsets, token):
         module.register(commands)
     return parser
 
@@ -178,8 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
-    from graphledger.projection.migrate import migrate
-    from graphledger.projection.vector_index import VectorIndex
+    from graphledger_server.projection.migrate import migrate
+    from graphledger_server.projection.vector_index import VectorIndex
 
     vectors = VectorIndex.from_settings(settings)
     applied = asyncio.run(migrate(settings.postgres_dsn, settings.postgres_schema, vectors=vectors))
@@ -193,7 +192,7 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
 def _topics_ensure(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
-    from graphledger.events.topics import ensure_topics
+    from graphledger_server.commands.topics import ensure_topics
 
     reports = asyncio.run(ensure_topics(settings, allow_finite_retention=args.allow_finite_retention))
     for report in reports:
@@ -233,7 +232,7 @@ def _dev(args: argparse.Namespace, settings: Settings) -> int:
                 write_env_file(args.env_file, stack.client_env())
                 print(f"client environment written to {args.env_file}", flush=True)
             if args.demo:
-                from graphledger_server.demo import run_demo
+                from graphledger_server.commands.demo import run_demo
 
                 status = run_demo(stack.client_env())
                 if args.exit_after_demo:

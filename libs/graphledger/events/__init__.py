@@ -1,4 +1,4 @@
-"""Events: the envelope, the checkpoint- and store-topic payloads, chunking, topic management."""
+"""Events: the envelope, the checkpoint- and store-topic payloads, chunking (pure: no I/O)."""
 
 from __future__ import annotations
 

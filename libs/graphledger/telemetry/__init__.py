@@ -1,29 +1,10 @@
-"""OpenTelemetry for graphledger: traces, metrics and JSON logs (DESIGN invariant 8).
+"""OpenTelemetry of the client library: the spans it emits and how trace context travels.
 
-- `setup(service_name, settings)`: what each service's `main` calls (SDK providers, exporters from the
-  `OTEL_*` variables, the Prometheus endpoint, JSON logs). The client library never calls it.
-- `names`: tracer, meter and attribute names; `metrics`: the registry of every metric and its
-  instrument; `propagation`: trace context across threads and Kafka headers.
-- `client`, `projector`, `db`, `api`, `sweeper`: the spans and measurements of each component.
+- `names`: tracer, meter and attribute names, shared with the services' telemetry;
+- `propagation`: trace context across the client's threads and in Kafka headers;
+- `client`: the producer and HTTP client spans of `KafkaSaver` and `KafkaStore`.
 
-Nothing here records checkpoint or store content: spans, attributes, metric labels and log lines carry
-positions, counts, names and types only.
+The client never configures an SDK: the application's providers (or none) receive its spans. The
+services' SDK setup, metrics and spans are in `graphledger_server.telemetry`. Nothing here records
+checkpoint or store content: spans and attributes carry positions, counts, names and types only.
 """
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from graphledger.settings import Settings
-    from graphledger.telemetry.sdk import Telemetry
-
-
-def setup(service_name: str, settings: Settings) -> Telemetry:
-    """Configure the process's OpenTelemetry SDK and JSON logs once; see `graphledger.telemetry.sdk`."""
-    from graphledger.telemetry.sdk import setup as _setup
-
-    return _setup(service_name, settings)
-
-
-__all__ = ["setup"]

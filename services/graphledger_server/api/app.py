@@ -9,12 +9,12 @@ from importlib.metadata import version
 from fastapi import FastAPI
 
 from graphledger.settings import Settings
-from graphledger.telemetry import api as telemetry
 from graphledger_server.api import checkpoints, handlers, health, store
 from graphledger_server.api.auth import TenantAuth, document_bearer_auth, token_entries, whoami_router
 from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.db import conninfo, open_pool, open_store_pool
 from graphledger_server.api.state import ApiState
+from graphledger_server.telemetry import api as telemetry
 
 
 def create_app(settings: Settings) -> FastAPI:

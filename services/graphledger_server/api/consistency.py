@@ -20,11 +20,11 @@ import logging
 import psycopg
 import psycopg.errors
 
-from graphledger.projection.offsets import APPLIED_CHANNEL
 from graphledger.settings import Settings
-from graphledger.telemetry import api as telemetry
 from graphledger.wire import CONSISTENCY_HEADER, parse_token
 from graphledger_server.api.errors import ApiError, unavailable
+from graphledger_server.projection.offsets import APPLIED_CHANNEL
+from graphledger_server.telemetry import api as telemetry
 
 log = logging.getLogger(__name__)
 

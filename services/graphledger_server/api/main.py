@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from graphledger import telemetry
 from graphledger.settings import Settings
+from graphledger_server import telemetry
 from graphledger_server.api.app import create_app
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -29,13 +29,13 @@ from typing import Any
 
 import asyncpg
 
-from graphledger.projection.sql import render
-from graphledger.projection.vector_index import VectorIndex, load_extension_schema, load_vector_index
-from graphledger.telemetry import api as telemetry
 from graphledger_server.api import store_sql
 from graphledger_server.api.errors import ApiError, unavailable
 from graphledger_server.api.scope_verdicts import ScopeVerdicts, scope_key
 from graphledger_server.api.store_models import GetOp, ListNamespacesOp, SearchOp
+from graphledger_server.projection.sql import render
+from graphledger_server.projection.vector_index import VectorIndex, load_extension_schema, load_vector_index
+from graphledger_server.telemetry import api as telemetry
 
 log = logging.getLogger(__name__)
 

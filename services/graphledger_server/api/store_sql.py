@@ -26,8 +26,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from graphledger.projection.sql import render
-from graphledger.projection.vector_index import VectorIndex
+from graphledger_server.projection.sql import render
+from graphledger_server.projection.vector_index import VectorIndex
 
 # Every read below has `(s.expires_at IS NULL OR s.expires_at > now())`: rows past their TTL are
 # hidden from every read until the sweeper's expiry events delete them.

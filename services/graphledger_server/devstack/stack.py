@@ -162,9 +162,9 @@ class DevStack:
         self._settings = self._build_settings(self._pg, self._broker)
         log.info("postgres and broker up in %.1fs", time.monotonic() - started)
 
-        from graphledger.events.topics import ensure_topics
-        from graphledger.projection.migrate import migrate
-        from graphledger.projection.vector_index import VectorIndex
+        from graphledger_server.commands.topics import ensure_topics
+        from graphledger_server.projection.migrate import migrate
+        from graphledger_server.projection.vector_index import VectorIndex
 
         vectors = VectorIndex.from_settings(self.settings)
         applied = _run(migrate(self.settings.postgres_dsn, self.settings.postgres_schema, vectors=vectors))
@@ -272,7 +272,7 @@ class DevStack:
 
     def start_broker(self) -> None:
         """Start an empty broker on the same port after `stop_broker`, and create the topics again."""
-        from graphledger.events.topics import ensure_topics
+        from graphledger_server.commands.topics import ensure_topics
 
         broker = self._running_broker()
         self._broker = EmbeddedBroker.start(self.log_dir, port=broker.port)
@@ -445,7 +445,7 @@ class DevStack:
         """Partitions with a stored projector offset: from an earlier run, since the broker is new."""
         import asyncpg
 
-        from graphledger.projection.sql import render
+        from graphledger_server.projection.sql import render
 
         conn = await asyncpg.connect(self.settings.postgres_dsn)
         try:

@@ -24,12 +24,12 @@ from graphledger.client.publisher import EventPublisher
 from graphledger.errors import GraphledgerError
 from graphledger.events import Event
 from graphledger.events.envelope import Envelope, new_envelope
-from graphledger.projection.migrate import migrate
-from graphledger.projection.vector_index import VectorIndex, load_vector_index
 from graphledger.settings import Settings
 from graphledger_server.importer.plan import store_put, thread_events
 from graphledger_server.importer.progress import Progress
 from graphledger_server.importer.source import Source
+from graphledger_server.projection.migrate import migrate
+from graphledger_server.projection.vector_index import VectorIndex, load_vector_index
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ import gc
 import logging
 import signal
 
-from graphledger import telemetry
-from graphledger.projection.migrate import migrate
-from graphledger.projection.vector_index import VectorIndex
 from graphledger.settings import Settings
+from graphledger_server import telemetry
+from graphledger_server.projection.migrate import migrate
+from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.worker import ProjectorWorker
 
 log = logging.getLogger(__name__)

@@ -19,15 +19,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError
 from aiokafka.structs import ConsumerRecord
 
-from graphledger.projection.batch import BatchApplier, BatchResult, TopicProjection
-from graphledger.projection.checkpoints import CheckpointProjection
-from graphledger.projection.dead_letters import outgoing_records, outstanding
-from graphledger.projection.offsets import OffsetStatements, stored_offsets
-from graphledger.projection.records import DeadLetter, SourceRecord
-from graphledger.projection.store import StoreProjection
 from graphledger.settings import Settings
-from graphledger.telemetry.projector import ProjectorTelemetry
+from graphledger_server.projection.batch import BatchApplier, BatchResult, TopicProjection
+from graphledger_server.projection.checkpoints import CheckpointProjection
+from graphledger_server.projection.dead_letters import outgoing_records, outstanding
+from graphledger_server.projection.offsets import OffsetStatements, stored_offsets
+from graphledger_server.projection.records import DeadLetter, SourceRecord
+from graphledger_server.projection.store import StoreProjection
 from graphledger_server.projector.log_guard import LogGuard
+from graphledger_server.telemetry.projector import ProjectorTelemetry
 
 log = logging.getLogger(__name__)
 

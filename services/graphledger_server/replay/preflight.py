@@ -16,8 +16,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from graphledger.errors import GraphledgerError
-from graphledger.events.topics import INFINITE, source_topics
 from graphledger.settings import Settings
+from graphledger_server.commands.topics import INFINITE, source_topics
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import time
 from collections import deque
 from typing import TextIO
 
-from graphledger.telemetry import replay as telemetry
+from graphledger_server.telemetry import replay as telemetry
 
 PRINT_INTERVAL_S = 2.0
 RATE_WINDOW_S = 10.0

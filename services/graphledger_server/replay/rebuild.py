@@ -30,14 +30,14 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from graphledger.events.topics import source_topics
-from graphledger.projection.batch import BatchApplier, BatchResult
-from graphledger.projection.offsets import OffsetStatements, stored_offsets
-from graphledger.projection.records import Classified, DeadLetter, SourceRecord
 from graphledger.settings import Settings
 from graphledger.telemetry import names
-from graphledger.telemetry import replay as telemetry
+from graphledger_server.commands.topics import source_topics
+from graphledger_server.projection.batch import BatchApplier, BatchResult
+from graphledger_server.projection.offsets import OffsetStatements, stored_offsets
+from graphledger_server.projection.records import Classified, DeadLetter, SourceRecord
 from graphledger_server.projector.worker import BACKOFF_INITIAL_S, is_retryable, projections_for
+from graphledger_server.telemetry import replay as telemetry
 
 log = logging.getLogger(__name__)
 

@@ -27,17 +27,17 @@ from typing import TextIO
 import asyncpg
 
 from graphledger.errors import GraphledgerError
-from graphledger.projection.migrate import migrate
-from graphledger.projection.offsets import APPLIED_CHANNEL
-from graphledger.projection.sql import render
-from graphledger.projection.vector_index import load_vector_index
 from graphledger.settings import Settings
-from graphledger.telemetry import replay as telemetry
+from graphledger_server.projection.migrate import migrate
+from graphledger_server.projection.offsets import APPLIED_CHANNEL
+from graphledger_server.projection.sql import render
+from graphledger_server.projection.vector_index import load_vector_index
 from graphledger_server.replay import indexes, schemas
 from graphledger_server.replay.checksums import TableCheck, compare
 from graphledger_server.replay.preflight import inspect_sources, refuse_losses
 from graphledger_server.replay.progress import Progress
 from graphledger_server.replay.rebuild import TP, Rebuilder
+from graphledger_server.telemetry import replay as telemetry
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,13 @@ import signal
 import asyncpg
 from aiokafka.errors import KafkaError
 
-from graphledger import telemetry
 from graphledger.client.publisher import EventPublisher
 from graphledger.errors import PublishError
 from graphledger.settings import Settings
-from graphledger.telemetry import sweeper as sweeper_telemetry
+from graphledger_server import telemetry
 from graphledger_server.sweeper.leader import AdvisoryLeader
 from graphledger_server.sweeper.sweep import Sweep
+from graphledger_server.telemetry import sweeper as sweeper_telemetry
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ from graphledger.client.publisher import EventPublisher
 from graphledger.events import Event, to_envelope
 from graphledger.events.checkpoint import ThreadExpire, ThreadPrune
 from graphledger.events.store import StoreExpire
-from graphledger.projection import prune
-from graphledger.projection.sql import render
 from graphledger.settings import Settings
-from graphledger.telemetry import sweeper as telemetry
+from graphledger_server.projection import prune
+from graphledger_server.projection.sql import render
+from graphledger_server.telemetry import sweeper as telemetry
 
 log = logging.getLogger(__name__)
 

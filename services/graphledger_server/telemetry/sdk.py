@@ -41,7 +41,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from graphledger.settings import Settings
-from graphledger.telemetry.logs import use_json_logs
+from graphledger_server.telemetry.logs import use_json_logs
 
 log = logging.getLogger(__name__)
 

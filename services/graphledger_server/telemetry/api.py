@@ -23,7 +23,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
-from graphledger.telemetry import metrics, names
+from graphledger.telemetry import names
+from graphledger_server.telemetry import metrics
 
 _tracer = trace.get_tracer(names.API_SCOPE)
 _consistency_wait = metrics.instrument(metrics.API_CONSISTENCY_WAIT)

@@ -26,14 +26,15 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from graphledger.events.checkpoint import CHECKPOINT_EVENT_TYPES
 from graphledger.events.envelope import HEADER_TRACEPARENT, header
 from graphledger.events.store import STORE_EVENT_TYPES
-from graphledger.telemetry import metrics, names
-from graphledger.telemetry.db import TracedConnection, db_namespace
+from graphledger.telemetry import names
 from graphledger.telemetry.propagation import span_context_of
+from graphledger_server.telemetry import metrics
+from graphledger_server.telemetry.db import TracedConnection, db_namespace
 
 if TYPE_CHECKING:
-    from graphledger.projection.batch import BatchApplier, BatchResult
-    from graphledger.projection.records import Classified, SourceRecord
     from graphledger.settings import Settings
+    from graphledger_server.projection.batch import BatchApplier, BatchResult
+    from graphledger_server.projection.records import Classified, SourceRecord
 
 _tracer = trace.get_tracer(names.PROJECTOR_SCOPE)
 

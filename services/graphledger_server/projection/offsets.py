@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 import asyncpg
 
 from graphledger.errors import GraphledgerError
-from graphledger.projection.sql import render
+from graphledger_server.projection.sql import render
 
 TopicPartition = tuple[str, int]
 

@@ -16,8 +16,8 @@ import ormsgpack
 
 from graphledger.events import envelope
 from graphledger.events.chunks import ChunkRef, split
-from graphledger.projection.records import DeadLetter
-from graphledger.projection.sql import render
+from graphledger_server.projection.records import DeadLetter
+from graphledger_server.projection.sql import render
 
 HEADER_REASON = "gl-dlq-reason"
 HEADER_TOPIC = "gl-dlq-topic"

@@ -14,7 +14,8 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span
 
-from graphledger.telemetry import metrics, names
+from graphledger.telemetry import names
+from graphledger_server.telemetry import metrics
 
 _tracer = trace.get_tracer(names.SWEEPER_SCOPE)
 expirations = metrics.instrument(metrics.SWEEPER_EXPIRATIONS)

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import asyncpg
 
-from graphledger.projection.records import Chunk
-from graphledger.projection.sql import render
+from graphledger_server.projection.records import Chunk
+from graphledger_server.projection.sql import render
 
 ChunkKey = tuple[str, int, str]
 """`(topic, partition, event_id)`: one chunked event on one partition."""

@@ -18,8 +18,8 @@ import asyncpg
 from langgraph.checkpoint.postgres.base import MIGRATIONS as OFFICIAL_MIGRATIONS
 from langgraph.store.postgres.base import MIGRATIONS as OFFICIAL_STORE_MIGRATIONS
 
-from graphledger.projection.sql import check_schema, render
-from graphledger.projection.vector_index import VectorIndex, ensure_vector_index
+from graphledger_server.projection.sql import check_schema, render
+from graphledger_server.projection.vector_index import VectorIndex, ensure_vector_index
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Migration:
 def load_migrations() -> list[Migration]:
     """The packaged migration files, ordered by version; duplicate versions are a packaging error."""
     found: dict[int, Migration] = {}
-    for entry in resources.files("graphledger.projection").joinpath("migrations").iterdir():
+    for entry in resources.files("graphledger_server.projection").joinpath("migrations").iterdir():
         match = _FILE_NAME.match(entry.name)
         if not match:
             continue

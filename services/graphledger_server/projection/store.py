@@ -38,8 +38,8 @@ from graphledger.errors import InvalidEventError
 from graphledger.events import store_event
 from graphledger.events.envelope import MAX_EPOCH_MS, Envelope
 from graphledger.events.store import MAX_TTL_MINUTES, StoreDelete, StoreEvent, StoreExpire, StorePut, Vector
-from graphledger.projection.sql import render
-from graphledger.projection.vector_index import (
+from graphledger_server.projection.sql import render
+from graphledger_server.projection.vector_index import (
     COMPONENT_MAX,
     VectorIndex,
     load_extension_schema,

@@ -80,9 +80,9 @@ async def reset_offset(
     it was and what it is (or would be)."""
     import asyncpg
 
-    from graphledger.events.topics import source_topics
-    from graphledger.projection.offsets import notify_applied
-    from graphledger.projection.sql import render
+    from graphledger_server.commands.topics import source_topics
+    from graphledger_server.projection.offsets import notify_applied
+    from graphledger_server.projection.sql import render
 
     group = group or settings.projector_group_id
     if topic not in source_topics(settings):

@@ -155,7 +155,7 @@ async def _with_conn(settings: Settings, work: Any) -> Any:
 
 
 def _sql(sql: str, settings: Settings) -> str:
-    from graphledger.projection.sql import render
+    from graphledger_server.projection.sql import render
 
     return render(sql, settings.postgres_schema)
 
@@ -192,7 +192,7 @@ def describe(row: Any) -> dict[str, Any]:
     """Everything about one dead letter; the envelope and payload decoded where the bytes allow."""
     import ormsgpack
 
-    from graphledger.projection.dead_letters import decode_headers
+    from graphledger_server.projection.dead_letters import decode_headers
 
     shown = summary(row)
     shown["key"] = to_editable(row["record_key"])
@@ -300,14 +300,14 @@ async def _replay_one(
     event_type: str | None,
 ) -> str:
     from graphledger.events import chunks, envelope
-    from graphledger.projection.dead_letters import (
+    from graphledger_server.projection.dead_letters import (
         HEADER_OFFSET,
         HEADER_PARTITION,
         HEADER_REASON,
         HEADER_TOPIC,
         decode_headers,
     )
-    from graphledger.projection.records import Decoded, SourceRecord, decode_value
+    from graphledger_server.projection.records import Decoded, SourceRecord, decode_value
 
     async with conn.transaction():
         row = await conn.fetchrow(_sql(LOCK_SQL, settings), dead_letter_id)  # a concurrent replay waits here

@@ -1,4 +1,6 @@
-"""`graphledger replay run | list | drop-old`: argument parsing and printing; the work is in `run`/`schemas`.
+"""`graphledger replay run | list | drop-old`: argument parsing and printing.
+
+The work is in `graphledger_server.replay`.
 
 Import-light (argparse only at module level), so `graphledger --help` works without the server extra.
 """
@@ -42,7 +44,7 @@ def register(commands: Any) -> None:
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from graphledger import telemetry
+    from graphledger_server import telemetry
     from graphledger_server.replay.run import run_replay
 
     telemetry.setup("graphledger-replay", settings)

@@ -8,7 +8,8 @@ from contextlib import contextmanager
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
-from graphledger.telemetry import metrics, names
+from graphledger.telemetry import names
+from graphledger_server.telemetry import metrics
 
 _tracer = trace.get_tracer(names.REPLAY_SCOPE)
 progress = metrics.instrument(metrics.REPLAY_PROGRESS)

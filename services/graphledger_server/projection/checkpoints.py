@@ -34,8 +34,8 @@ from graphledger.events.checkpoint import (
 )
 from graphledger.events.envelope import MAX_EPOCH_MS, Envelope
 from graphledger.pg_text import json_text_problem, json_text_suspect
-from graphledger.projection import prune
-from graphledger.projection.sql import render
+from graphledger_server.projection import prune
+from graphledger_server.projection.sql import render
 
 
 @dataclass(frozen=True, slots=True)

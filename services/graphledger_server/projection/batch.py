@@ -31,9 +31,9 @@ from typing import Any, Protocol
 import asyncpg
 
 from graphledger.events.envelope import Envelope
-from graphledger.projection import chunks as chunk_store
-from graphledger.projection.dead_letters import record_dead_letters
-from graphledger.projection.offsets import (
+from graphledger_server.projection import chunks as chunk_store
+from graphledger_server.projection.dead_letters import record_dead_letters
+from graphledger_server.projection.offsets import (
     OffsetStatements,
     SchemaSwitchedError,
     TopicPartition,
@@ -41,7 +41,7 @@ from graphledger.projection.offsets import (
     lock_offsets,
     notify_applied,
 )
-from graphledger.projection.records import (
+from graphledger_server.projection.records import (
     Chunk,
     Classified,
     DeadLetter,
