@@ -15,22 +15,24 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, Self, TypeVar
 
 from opentelemetry.context import Context
 
 from graphledger.client.loop import BackgroundLoop
+from graphledger.client.own_writes import OwnWrites
 from graphledger.client.publisher import EventPublisher
 from graphledger.client.reader import ReadApiClient
 from graphledger.client.tenant import scope_event
-from graphledger.client.tokens import ConsistencyTokens
+from graphledger.client.tokens import AckedOffsets
 from graphledger.events import Event, to_envelope
-from graphledger.events.checkpoint import ThreadCopy
+from graphledger.events.checkpoint import CheckpointPut, CheckpointWrites, ThreadCopy, ThreadCopyBarrier
 from graphledger.settings import Settings
 from graphledger.telemetry.propagation import caller_context
 
 T = TypeVar("T")
+Headers = Mapping[str, str] | None
 
 
 class ClientRuntime:
@@ -40,7 +42,11 @@ class ClientRuntime:
         self._lock = threading.Lock()
         self._loop: BackgroundLoop | None = None
         self.publisher = EventPublisher(settings)
-        self.tokens = ConsistencyTokens()
+        self.acked = AckedOffsets()
+        self.own_writes = OwnWrites()
+        """The client's checkpoint puts and writes a get may add to the projection's answer."""
+        self._puts_in_flight: dict[tuple[str, str, str], asyncio.Future[None]] = {}
+        """Checkpoint puts sent and not acknowledged yet (on the runtime's loop), by checkpoint."""
         self._reader: ReadApiClient | None = None
         self._home: tuple[asyncio.AbstractEventLoop, ReadApiClient] | None = None
         """The loop that opened the client with `async with`, and its own read API client."""
@@ -112,10 +118,31 @@ class ClientRuntime:
 
     # -- calls ---------------------------------------------------------------------------------
 
-    async def _publish(self, topic: str, event: Event, context: Context) -> None:
+    async def _publish(self, topic: str, event: Event, context: Context) -> list[tuple[str, int, int]]:
         scoped = scope_event(event, self.tenant)
-        acked = await self.publisher.publish(topic, scoped.key, to_envelope(scoped), context=context)
-        self.tokens.record(acked, _scopes(event))  # reads name the thread as the caller does
+        if isinstance(event, CheckpointWrites) and (put := self._puts_in_flight.get(_checkpoint_of(event))):
+            # A checkpoint's writes follow its put in the log, so a read adding own writes finds the put first.
+            await asyncio.wait([put])
+        if not isinstance(event, CheckpointPut):
+            acked = await self.publisher.publish(topic, scoped.key, to_envelope(scoped), context=context)
+        else:
+            checkpoint = _checkpoint_of(event)
+            in_flight = self._puts_in_flight[checkpoint] = asyncio.get_running_loop().create_future()
+            try:
+                acked = await self.publisher.publish(topic, scoped.key, to_envelope(scoped), context=context)
+            finally:
+                in_flight.set_result(None)
+                if self._puts_in_flight.get(checkpoint) is in_flight:
+                    del self._puts_in_flight[checkpoint]
+        self.acked.record(acked)
+        if isinstance(event, CheckpointPut | CheckpointWrites):
+            self.own_writes.record(event.thread_id, acked, event)  # reads name the thread as the caller does
+        return acked
+
+    async def _publish_copy(self, topic: str, copy: ThreadCopy, context: Context) -> None:
+        """The copy, then, once acknowledged, the barrier that orders the target's events after it."""
+        _, partition, offset = (await self._publish(topic, copy, context))[-1]
+        await self._publish(topic, ThreadCopyBarrier(copy.target_thread_id, partition, offset), context)
 
     async def _publish_many(self, topic: str, events: Sequence[Event], context: Context) -> None:
         # Concurrently, so the producer batches them; callers pass events with distinct keys, whose
@@ -126,12 +153,11 @@ class ClientRuntime:
         # One copy per partition, so the event takes its place among every thread's writes.
         for partition in await self.publisher.partitions(topic):
             scoped = to_envelope(scope_event(event, self.tenant))
-            acked = await self.publisher.publish(topic, None, scoped, context=context, partition=partition)
-            self.tokens.record(acked, None)
+            self.acked.record(await self.publisher.publish(topic, None, scoped, context=context, partition=partition))
 
-    async def _read(self, path: str, body: dict[str, Any], scope: str | None, context: Context) -> Any:
+    async def _read(self, path: str, body: dict[str, Any], headers: Headers, context: Context) -> Any:
         assert self._reader is not None
-        return await self._reader.call(path, body, self.tokens.for_scope(scope), context)
+        return await self._reader.call(path, body, headers, context)
 
     def publish(self, topic: str, event: Event) -> None:
         self._started_loop().run(self._publish(topic, event, caller_context()))
@@ -148,21 +174,27 @@ class ClientRuntime:
         if events:
             await self._arun(self._publish_many(topic, events, caller_context()))
 
+    def publish_copy(self, topic: str, copy: ThreadCopy) -> None:
+        self._started_loop().run(self._publish_copy(topic, copy, caller_context()))
+
+    async def apublish_copy(self, topic: str, copy: ThreadCopy) -> None:
+        await self._arun(self._publish_copy(topic, copy, caller_context()))
+
     def broadcast(self, topic: str, event: Event) -> None:
         self._started_loop().run(self._broadcast(topic, event, caller_context()))
 
     async def abroadcast(self, topic: str, event: Event) -> None:
         await self._arun(self._broadcast(topic, event, caller_context()))
 
-    def read(self, path: str, body: dict[str, Any], scope: str | None = None) -> Any:
-        """One read API call that waits for this client's writes to `scope` (a thread), or all of them."""
-        return self._started_loop().run(self._read(path, body, scope, caller_context()))
+    def read(self, path: str, body: dict[str, Any], headers: Headers = None) -> Any:
+        """One read API call, with `headers` besides the client's own."""
+        return self._started_loop().run(self._read(path, body, headers, caller_context()))
 
-    async def aread(self, path: str, body: dict[str, Any], scope: str | None = None) -> Any:
+    async def aread(self, path: str, body: dict[str, Any], headers: Headers = None) -> Any:
         home = self._home
         if home is not None and home[0] is asyncio.get_running_loop() and self._loop is not None:
-            return await home[1].call(path, body, self.tokens.for_scope(scope), caller_context())
-        return await self._arun(self._read(path, body, scope, caller_context()))
+            return await home[1].call(path, body, headers, caller_context())
+        return await self._arun(self._read(path, body, headers, caller_context()))
 
     async def _arun(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await `coro` on the runtime's loop, starting the runtime first (off the caller's loop)."""
@@ -174,12 +206,8 @@ class ClientRuntime:
         return await loop.arun(coro)
 
 
-def _scopes(event: Event) -> tuple[str, ...] | None:
-    """The threads an event changes, or None when it may change any (runs.delete, store writes)."""
-    if isinstance(event, ThreadCopy):
-        return (event.source_thread_id, event.target_thread_id)
-    thread_id = getattr(event, "thread_id", None)
-    return (thread_id,) if thread_id is not None else None
+def _checkpoint_of(event: CheckpointPut | CheckpointWrites) -> tuple[str, str, str]:
+    return event.thread_id, event.checkpoint_ns, event.checkpoint_id
 
 
 class ClientLifecycle:
@@ -207,4 +235,4 @@ class ClientLifecycle:
     @property
     def consistency_token(self) -> dict[tuple[str, int], int]:
         """The newest acknowledged offset per partition of this client's writes."""
-        return dict(self._runtime.tokens.client_wide)
+        return self._runtime.acked.token()

@@ -2,9 +2,10 @@
 
 Writes are encoded exactly as `langgraph-checkpoint-postgres` stores them (primitive channel values
 inline in the checkpoint jsonb, the rest as `(type, bytes)` blobs from this saver's serde), so the
-projection is the official layout. Each write returns once Kafka acknowledged it; reads carry the
-consistency token of this saver's writes to the thread read (or all of its writes, for a read across
-threads), so a read always sees this saver's own writes.
+projection is the official layout. Each write returns once Kafka acknowledged it. Every read reflects
+every write acknowledged to any process before it began (the read API finds them in the log); a get
+names this saver's own unprojected writes of the thread and adds them to the answer itself
+(`own_writes.py`), so a process continuing its own thread does not wait for the projector.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
+from graphledger.client.own_writes import Named, Underivable, with_own_writes
 from graphledger.client.runtime import ClientLifecycle, ClientRuntime
 from graphledger.client.values import (
     decode_delta_history,
@@ -51,6 +53,7 @@ from graphledger.events.checkpoint import (
     Write,
 )
 from graphledger.settings import Settings
+from graphledger.wire import OWN_WRITES_HEADER
 
 
 class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
@@ -114,10 +117,12 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
         await self._runtime.apublish(self.settings.checkpoint_topic, ThreadDelete(require_id(thread_id, "thread_id")))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        self._runtime.publish(self.settings.checkpoint_topic, _thread_copy(source_thread_id, target_thread_id))
+        self._runtime.publish_copy(self.settings.checkpoint_topic, _thread_copy(source_thread_id, target_thread_id))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        await self._runtime.apublish(self.settings.checkpoint_topic, _thread_copy(source_thread_id, target_thread_id))
+        await self._runtime.apublish_copy(
+            self.settings.checkpoint_topic, _thread_copy(source_thread_id, target_thread_id)
+        )
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         for event in _prunes(thread_ids, strategy):
@@ -139,12 +144,36 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         body = _get_body(config)
-        return decode_tuple(self._runtime.read("/v1/checkpoints/get", body, body["thread_id"]).get("tuple"), self.serde)
+        named = self._runtime.own_writes.named(body["thread_id"])
+        answer = self._runtime.read(GET_PATH, body, _named_header(named))
+        wire = self._up_to_date(answer, body, named)
+        if wire is _ASK_AGAIN:
+            wire = self._runtime.read(GET_PATH, body).get("tuple")
+        return decode_tuple(wire, self.serde)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         body = _get_body(config)
-        answer = await self._runtime.aread("/v1/checkpoints/get", body, body["thread_id"])
-        return decode_tuple(answer.get("tuple"), self.serde)
+        named = self._runtime.own_writes.named(body["thread_id"])
+        answer = await self._runtime.aread(GET_PATH, body, _named_header(named))
+        wire = self._up_to_date(answer, body, named)
+        if wire is _ASK_AGAIN:
+            wire = (await self._runtime.aread(GET_PATH, body)).get("tuple")
+        return decode_tuple(wire, self.serde)
+
+    def _up_to_date(self, answer: dict[str, Any], body: dict[str, Any], named: Named | None) -> Any:
+        """The answer's tuple with this saver's own writes the projection may lack, or `_ASK_AGAIN`."""
+        start = answer.get("own_writes_from")
+        if named is None or start is None:
+            return answer.get("tuple")
+        recent = self._runtime.own_writes.since(body["thread_id"], start, named)
+        if not recent.events:
+            return answer.get("tuple")
+        try:
+            return with_own_writes(
+                answer.get("tuple"), recent, body["thread_id"], body["checkpoint_ns"], body["checkpoint_id"]
+            )
+        except Underivable:
+            return _ASK_AGAIN
 
     def list(
         self,
@@ -155,7 +184,7 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         body = _list_body(config, filter, before, limit)
-        answer = self._runtime.read("/v1/checkpoints/list", body, body.get("thread_id"))
+        answer = self._runtime.read("/v1/checkpoints/list", body)
         for raw in answer["tuples"]:
             yield decode_tuple(raw, self.serde)  # type: ignore[misc]
 
@@ -168,7 +197,7 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         body = _list_body(config, filter, before, limit)
-        answer = await self._runtime.aread("/v1/checkpoints/list", body, body.get("thread_id"))
+        answer = await self._runtime.aread("/v1/checkpoints/list", body)
         for raw in answer["tuples"]:
             yield decode_tuple(raw, self.serde)  # type: ignore[misc]
 
@@ -178,7 +207,7 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
         if not channels:
             return {}
         body = _delta_body(config, channels)
-        answer = self._runtime.read("/v1/checkpoints/delta-history", body, body["thread_id"])
+        answer = self._runtime.read("/v1/checkpoints/delta-history", body)
         return decode_delta_history(answer["history"], self.serde)
 
     async def aget_delta_channel_history(
@@ -187,7 +216,7 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
         if not channels:
             return {}
         body = _delta_body(config, channels)
-        answer = await self._runtime.aread("/v1/checkpoints/delta-history", body, body["thread_id"])
+        answer = await self._runtime.aread("/v1/checkpoints/delta-history", body)
         return decode_delta_history(answer["history"], self.serde)
 
     def get_next_version(self, current: str | None, channel: None) -> str:
@@ -271,6 +300,15 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
                 for idx, (channel, value) in enumerate(writes)
             ),
         )
+
+
+GET_PATH = "/v1/checkpoints/get"
+_ASK_AGAIN = object()
+"""The own writes could not be added to the answer: ask again without naming them."""
+
+
+def _named_header(named: Named | None) -> dict[str, str] | None:
+    return {OWN_WRITES_HEADER: named.header} if named is not None else None
 
 
 def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:

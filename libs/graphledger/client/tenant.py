@@ -11,7 +11,14 @@ from __future__ import annotations
 import dataclasses
 
 from graphledger.events import Event
-from graphledger.events.checkpoint import CheckpointPut, CheckpointWrites, ThreadCopy, ThreadDelete, ThreadPrune
+from graphledger.events.checkpoint import (
+    CheckpointPut,
+    CheckpointWrites,
+    ThreadCopy,
+    ThreadCopyBarrier,
+    ThreadDelete,
+    ThreadPrune,
+)
 from graphledger.events.store import StoreDelete, StorePut
 from graphledger.tenancy import scoped_namespace, scoped_thread
 
@@ -22,6 +29,8 @@ def scope_event(event: Event, tenant: str) -> Event:
         return event
     if isinstance(event, CheckpointPut | CheckpointWrites | ThreadDelete | ThreadPrune):
         return dataclasses.replace(event, thread_id=scoped_thread(tenant, event.thread_id))
+    if isinstance(event, ThreadCopyBarrier):
+        return dataclasses.replace(event, target_thread_id=scoped_thread(tenant, event.target_thread_id))
     if isinstance(event, ThreadCopy):
         return ThreadCopy(scoped_thread(tenant, event.source_thread_id), scoped_thread(tenant, event.target_thread_id))
     if isinstance(event, StorePut | StoreDelete):

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
+from graphledger.errors import LogUnavailableError
 from graphledger_server.api.codec import describe, respond
 from graphledger_server.api.errors import ApiError, unavailable
 from graphledger_server.api.passthrough import ReencodeRefusedError
@@ -70,6 +71,11 @@ async def _reencode_refused(request: Request, exc: Exception) -> Response:
     return _send(request, ApiError(501, "legacy_checkpoint", str(exc)))
 
 
+async def _log_unavailable(request: Request, exc: Exception) -> Response:
+    log.warning("cannot learn the log's end for %s: %s", request.url.path, exc)
+    return _send(request, unavailable("log_unavailable", f"{exc}"))
+
+
 async def _unexpected(request: Request, exc: Exception) -> Response:
     # Starlette re-raises after this answer, so the server logs the traceback; the body says nothing
     # about SQL or internals.
@@ -87,4 +93,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(asyncpg.exceptions.ProgramLimitExceededError, _over_a_limit)
     app.add_exception_handler(asyncpg.exceptions.UndefinedTableError, _not_migrated)
     app.add_exception_handler(ReencodeRefusedError, _reencode_refused)
+    app.add_exception_handler(LogUnavailableError, _log_unavailable)
     app.add_exception_handler(Exception, _unexpected)

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from graphledger.pg_text import json_problem
+from graphledger.wire import OWN_WRITES_HEADER
 
 MAX_DELTA_CHANNELS = 256
 
@@ -112,6 +113,8 @@ class InlineValue(BaseModel):
 
 Value = TypedValue | InlineValue
 Write = tuple[str, str, Value]
+PendingWrite = tuple[str, str, Value, str, int]
+"""(task_id, channel, value, task_path, idx), in the order the saver returns them."""
 
 
 class Config(BaseModel):
@@ -138,11 +141,16 @@ class CheckpointTuple(BaseModel):
     checkpoint: Checkpoint
     metadata: dict[str, Any]
     parent_config: Config | None
-    pending_writes: list[Write]
+    pending_writes: list[PendingWrite]
 
 
 class GetResponse(BaseModel):
     tuple: CheckpointTuple | None
+    own_writes_from: int | None = Field(
+        None,
+        description=f"With {OWN_WRITES_HEADER}: the offset on the thread's partition from which on the answer may "
+        "lack the client's own writes it named; the client adds those itself.",
+    )
 
 
 class ListResponse(BaseModel):
