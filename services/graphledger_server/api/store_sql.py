@@ -26,6 +26,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from graphledger.store_filter import RANGE_OPERATORS, is_operator_dict
 from graphledger_server.projection.sql import render
 from graphledger_server.projection.vector_index import VectorIndex
 
@@ -199,7 +200,6 @@ MAX_ARRAY_SUBSCRIPT = 2**31 - 1
 MAX_BIGINT = 2**63 - 1
 """LIMIT and OFFSET are bigints: a page's end or a candidate count past this is clamped to it."""
 
-_SQL_OPERATORS = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
@@ -231,7 +231,7 @@ def namespace_condition(labels: Sequence[str], params: Params, column: str = "s.
 
 
 def compile_filter(filter: dict[str, Any] | None, params: Params, column: str = "s.value") -> str:
-    """A validated filter (`store_models`) as one boolean SQL expression on the jsonb `column`."""
+    """A filter `check_filter` accepted as one boolean SQL expression on the jsonb `column`."""
     if not filter:
         return "TRUE"
     return " AND ".join(_condition(column, [field], condition, params) for field, condition in filter.items())
@@ -247,7 +247,7 @@ def _at(column: str, path: list[str], params: Params) -> str:
 def _condition(column: str, path: list[str], condition: Any, params: Params) -> str:
     at = _at(column, path, params)
     if isinstance(condition, dict):
-        if any(k.startswith("$") for k in condition):
+        if is_operator_dict(condition):
             return "(" + " AND ".join(_operator(at, op, operand, params) for op, operand in condition.items()) + ")"
         parts = [f"jsonb_typeof({at}) = 'object'"]
         parts += [_condition(column, [*path, key], sub, params) for key, sub in condition.items()]
@@ -276,7 +276,7 @@ def _operator(at: str, operator: str, operand: Any, params: Params) -> str:
         if operand is None:
             return f"({at} IS NOT NULL AND {at} <> 'null'::jsonb)"
         return f"({at} IS NULL OR {at} <> {params.add(json.dumps(operand))}::jsonb)"
-    sql = _SQL_OPERATORS[operator]
+    sql = RANGE_OPERATORS[operator]
     if isinstance(operand, str):
         return (
             f"CASE WHEN jsonb_typeof({at}) = 'string' "
