@@ -342,10 +342,9 @@ async def test_the_index_path_equals_brute_force_on_small_data(projection: str) 
                 vectors = await reader._load_vectors(conn)
                 assert vectors is not None
                 candidates = (offset + limit) * 4
-                statement = store_sql.vector_search_statement(
+                sql, args = store_sql.vector_search_statement(
                     SCHEMA, vectors.ext, vectors.index, prefix, flt, query, limit, offset, index_scope=(0, candidates)
                 )
-                sql, args = store_sql.positional(*statement)
                 plan = "\n".join(row[0] for row in await conn.fetch("EXPLAIN " + sql, *args))
                 assert "Index Scan using store_vectors_embedding_idx" in plan
                 page = await reader._index_page(conn, op, vectors)
