@@ -55,21 +55,23 @@ def check_filter(filter: Any) -> dict[str, Any] | None:
     return filter
 
 
-def _check_condition(condition: Any, path: str, depth: int) -> None:
-    _check_depth(condition, path, depth)
-    if isinstance(condition, dict):
-        if is_operator_dict(condition):
-            for operator, operand in condition.items():
-                _check_operator(operator, operand, path, depth)
+def _check_condition(value: Any, path: str, depth: int, *, operand: bool = False) -> None:
+    """A condition, or with `operand` the value an operator compares with: any JSON value, whose `$`
+    keys are data, not operators."""
+    _check_depth(value, path, depth)
+    if isinstance(value, dict):
+        if not operand and is_operator_dict(value):
+            for operator, compared in value.items():
+                _check_operator(operator, compared, path, depth)
             return
-        for key, sub in condition.items():
+        for key, item in value.items():
             _check_key(key, path)
-            _check_condition(sub, f"{path}.{key}", depth + 1)
-    elif isinstance(condition, list | tuple):
-        for i, sub in enumerate(condition):
-            _check_condition(sub, f"{path}[{i}]", depth + 1)
+            _check_condition(item, f"{path}.{key}", depth + 1, operand=operand)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_condition(item, f"{path}[{i}]", depth + 1, operand=operand)
     else:
-        _check_scalar(condition, path)
+        _check_scalar(value, path)
 
 
 def _check_operator(operator: Any, operand: Any, path: str, depth: int) -> None:
@@ -80,21 +82,7 @@ def _check_operator(operator: Any, operand: Any, path: str, depth: int) -> None:
     where = f"{path}.{operator}"
     if operator in RANGE_OPERATORS and (isinstance(operand, bool) or not isinstance(operand, int | float | str)):
         raise _refused(where, operand, "a range operator compares with a number or a string")
-    _check_json(operand, where, depth + 1)
-
-
-def _check_json(value: Any, path: str, depth: int) -> None:
-    """An operand: any JSON value, `$` keys included (they are data here, not operators)."""
-    _check_depth(value, path, depth)
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _check_key(key, path)
-            _check_json(item, f"{path}.{key}", depth + 1)
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _check_json(item, f"{path}[{i}]", depth + 1)
-    else:
-        _check_scalar(value, path)
+    _check_condition(operand, where, depth + 1, operand=True)
 
 
 def _check_depth(value: Any, path: str, depth: int) -> None:

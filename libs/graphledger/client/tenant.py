@@ -10,17 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import assert_never
 
-from graphledger.events import Event
-from graphledger.events.checkpoint import (
-    CheckpointPut,
-    CheckpointWrites,
-    RunsDelete,
-    ThreadCopy,
-    ThreadDelete,
-    ThreadExpire,
-    ThreadPrune,
-)
-from graphledger.events.store import StoreDelete, StoreExpire, StorePut, StoreRefresh
+from graphledger.events import Event, checkpoint, store
 from graphledger.tenancy import scoped_namespace, scoped_thread
 
 
@@ -37,15 +27,21 @@ def scope_event(event: Event, tenant: str) -> Event:
     if not tenant:
         return event
     match event:
-        case CheckpointPut() | CheckpointWrites() | ThreadDelete() | ThreadPrune() | ThreadExpire():
+        case (
+            checkpoint.CheckpointPut()
+            | checkpoint.CheckpointWrites()
+            | checkpoint.ThreadDelete()
+            | checkpoint.ThreadPrune()
+            | checkpoint.ThreadExpire()
+        ):
             return dataclasses.replace(event, thread_id=scoped_thread(tenant, event.thread_id))
-        case ThreadCopy():
-            return ThreadCopy(
+        case checkpoint.ThreadCopy():
+            return checkpoint.ThreadCopy(
                 scoped_thread(tenant, event.source_thread_id), scoped_thread(tenant, event.target_thread_id)
             )
-        case StorePut() | StoreDelete() | StoreRefresh() | StoreExpire():
+        case store.StorePut() | store.StoreDelete() | store.StoreRefresh() | store.StoreExpire():
             return dataclasses.replace(event, namespace=scoped_namespace(tenant, event.namespace))
-        case RunsDelete():
+        case checkpoint.RunsDelete():
             return event
         case _:
             assert_never(event)
