@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# LangGraph's Agent Server (the agent-server extra) has pins the dev extra cannot share: its own venv,
+# for examples/agent-server and its test.
+AGENT_SERVER_VENV := .venv-agent-server
+AGENT_SERVER_STAMP := $(AGENT_SERVER_VENV)/.installed
 
-.PHONY: run test bench soak lint install settings-doc clean
+.PHONY: run test bench soak lint install agent-server-env settings-doc clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,13 +16,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+$(AGENT_SERVER_STAMP): pyproject.toml
+	test -x $(AGENT_SERVER_VENV)/bin/python || $(PYTHON) -m venv $(AGENT_SERVER_VENV)
+	$(AGENT_SERVER_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(AGENT_SERVER_VENV)/bin/python -m pip install --quiet -e '.[agent-server]'
+	touch $(AGENT_SERVER_STAMP)
+
 install: $(STAMP)
+
+agent-server-env: $(AGENT_SERVER_STAMP)
 
 # The embedded stack plus the seed-graph demo; keeps serving until Ctrl-C.
 run: $(STAMP)
 	$(BIN)/graphledger dev --demo
 
-test: $(STAMP)
+test: $(STAMP) $(AGENT_SERVER_STAMP)
 	$(BIN)/ruff check libs services tests bench
 	$(BIN)/python -m pytest -q
 
@@ -38,4 +50,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check libs services tests bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(AGENT_SERVER_VENV) .pytest_cache

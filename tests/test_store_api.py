@@ -2,8 +2,9 @@
 TTL, validation and errors.
 
 The projection is filled by the store projection itself (no broker); the app runs in-process with its
-lifespan. Expected answers come from independent Python models of seed 000's semantics: a brute-force
-max-pooled similarity ranking, and `InMemoryStore._compare_values` with typed range comparisons.
+lifespan. Expected answers come from independent Python models of LangGraph's store semantics: a
+brute-force max-pooled similarity ranking, and `InMemoryStore._compare_values` with typed range
+comparisons (docs/architecture.md, "Store").
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def _operator(value: Any, op: str, operand: Any) -> bool:
 
 
 def _model(value: Any, condition: Any) -> bool:
-    """Seed 000's `_compare_values`, with typed range comparisons and JSON equality."""
+    """`InMemoryStore._compare_values`, with typed range comparisons and JSON equality."""
     if isinstance(condition, dict):
         if any(k.startswith("$") for k in condition):
             return all(_operator(value, op, x) for op, x in condition.items())
@@ -352,10 +353,9 @@ async def test_the_index_path_equals_brute_force_on_small_data(projection: str) 
                 vectors = await reader._load_vectors(conn)
                 assert vectors is not None
                 candidates = (offset + limit) * 4
-                statement = store_sql.vector_search_statement(
+                sql, args = store_sql.vector_search_statement(
                     SCHEMA, vectors.ext, vectors.index, prefix, flt, query, limit, offset, index_scope=(0, candidates)
                 )
-                sql, args = store_sql.positional(*statement)
                 plan = "\n".join(row[0] for row in await conn.fetch("EXPLAIN " + sql, *args))
                 assert "Index Scan using store_vectors_embedding_idx" in plan
                 page = await reader._index_page(conn, op, vectors)
@@ -404,7 +404,7 @@ async def test_search_without_query_is_most_recently_updated_first(api: httpx.As
 
 
 @pytest.mark.parametrize("flt", FILTERS, ids=json.dumps)
-async def test_filters_follow_seed_000_semantics(api: httpx.AsyncClient, flt: dict[str, Any]) -> None:
+async def test_filters_follow_in_memory_store_semantics(api: httpx.AsyncClient, flt: dict[str, Any]) -> None:
     (got,) = await results(api, {"op": "search", "namespace_prefix": ["filters"], "filter": flt, "limit": 100})
     values = {f"f{i}": v for i, v in enumerate(FILTER_VALUES)}
     expected = {k for k, v in values.items() if _matches(v, flt)}

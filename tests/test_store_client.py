@@ -308,8 +308,9 @@ async def test_bad_values_are_refused_and_publish_nothing(
         ({"a": {"nested": {"$regex": "x"}}}, r"Unsupported operator: '\$regex' in filter\.a\.nested"),
         ({"a": "x\x00"}, "contains a NUL"),
         ({"a": {"$eq": float("nan")}}, "nan"),
-        ("a=1", "filter must be a dict, got str"),
-        ({1: "a"}, "filter keys must be str"),
+        ({"a": {"$gt": [1]}}, r"filter\.a\.\$gt is \[1\]"),
+        ("a=1", "filter is 'a=1': not a dict"),
+        ({1: "a"}, "filter has a key 1: not a string"),
     ],
 )
 async def test_bad_filters_are_refused_and_publish_nothing(

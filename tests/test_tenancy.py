@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import ormsgpack
+import psycopg
 import pytest
 from langgraph.graph import END, START, StateGraph
 from pydantic import SecretStr
@@ -201,6 +202,44 @@ def test_store_of_one_tenant_is_invisible_to_the_other(tenant_api: TenantApi) ->
             assert store.list_namespaces(suffix=("*", root, "docs")) == []
             assert store.list_namespaces(suffix=(root, "docs")) == [(root, "docs")]
             assert store.list_namespaces(prefix=(root,), max_depth=1) == [(root,)]
+
+
+def test_a_tenants_reads_refresh_the_ttl_of_its_own_items_and_no_one_elses(tenant_api: TenantApi) -> None:
+    """Refresh-on-read under a tenant token restarts the TTL of the tenant's item; the same namespace
+    and key of another tenant, or of no tenant, keep their expiry."""
+    root = f"r{uuid.uuid4().hex[:8]}"
+    namespace = (root, "memories")
+    stored = {"acme": f"acme.{root}.memories", "globex": f"globex.{root}.memories", "": f"{root}.memories"}
+    ttl: Any = {"default_ttl": 60, "refresh_on_read": True}
+    settings = {"acme": tenant_api.settings("acme"), "globex": tenant_api.settings("globex"), "": tenant_api.base}
+    base = tenant_api.base
+
+    def expiries() -> dict[str, Any]:
+        with psycopg.connect(base.postgres_dsn) as conn:
+            rows = conn.execute(
+                f"SELECT prefix, expires_at FROM {base.postgres_schema}.store WHERE key = 'k' AND prefix = ANY(%s)",
+                [list(stored.values())],
+            ).fetchall()
+        by_prefix = dict(rows)
+        return {owner: by_prefix.get(prefix) for owner, prefix in stored.items()}
+
+    stores = {owner: KafkaStore(s, ttl=ttl) for owner, s in settings.items()}
+    try:
+        for owner, store in stores.items():
+            store.put(namespace, "k", {"owner": owner})
+            assert store.get(namespace, "k", refresh_ttl=False) is not None  # waits for the projection
+        before = expiries()
+        assert all(before.values()), before
+        item = stores["acme"].get(namespace, "k")  # refreshes
+        assert item is not None and item.value == {"owner": "acme"}
+        # This read's consistency token covers the refresh the previous one published.
+        assert stores["acme"].get(namespace, "k", refresh_ttl=False) is not None
+        after = expiries()
+    finally:
+        for store in stores.values():
+            store.close()
+    assert after["acme"] > before["acme"]
+    assert after["globex"] == before["globex"] and after[""] == before[""]
 
 
 def test_token_hashes_are_checked_at_start() -> None:

@@ -16,6 +16,20 @@ class InvalidInputError(GraphledgerError, ValueError):
     """A client call was given input graphledger cannot store; nothing was published."""
 
 
+class InvalidFilterError(InvalidInputError):
+    """A store search filter is outside the filter language (`graphledger.store_filter`).
+
+    The client raises it before anything is sent; the read API answers it as a 422 `invalid_request`.
+    """
+
+    def __init__(self, path: str, value: object, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+        """Where in the filter: `filter.<field>`, then `.key`, `[index]` or `.$operator` per level."""
+        self.value = value
+        """The refused value, key or operator."""
+
+
 class InvalidEventError(GraphledgerError):
     """An event on a topic could not be decoded or validated; it belongs in the dead-letter topic."""
 

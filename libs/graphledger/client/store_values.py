@@ -2,7 +2,9 @@
 
 Everything here runs before anything is published, so a bad op fails the whole batch with nothing
 on the topic. Namespaces follow LangGraph's own rules and raise its `InvalidNamespaceError`; every
-other bad input raises `InvalidInputError` (a `ValueError`, like LangGraph's own store errors).
+other bad input raises `InvalidInputError` (a `ValueError`, like LangGraph's own store errors); a bad
+search filter its subclass `InvalidFilterError`, from the filter language the read API checks too
+(`graphledger.store_filter`).
 """
 
 from __future__ import annotations
@@ -34,8 +36,7 @@ from langgraph.store.base import _validate_namespace_labels as validate_namespac
 from graphledger.errors import InvalidInputError, ReadApiError
 from graphledger.events.store import MAX_TTL_MINUTES, StoreDelete, StorePut, Vector
 from graphledger.pg_text import index_key_problem, json_problem, unstorable
-
-FILTER_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
+from graphledger.store_filter import check_filter
 
 MAX_COUNT = 2**63 - 1  # limits and offsets are Postgres bigints
 
@@ -198,11 +199,6 @@ def _check_json(value: Any, path: str) -> None:
         raise InvalidInputError(f"{problem}: Postgres jsonb or the read API cannot hold it")
 
 
-def _check_text(text: str, path: str) -> None:
-    if reason := unstorable(text):
-        raise InvalidInputError(f"{path} {reason}, which Postgres jsonb rejects")
-
-
 def _prepare_search(op: SearchOp, *, has_index: bool) -> PreparedRead:
     prefix = _namespace_labels(op.namespace_prefix)
     body: dict[str, Any] = {
@@ -211,17 +207,8 @@ def _prepare_search(op: SearchOp, *, has_index: bool) -> PreparedRead:
         "limit": _count(op.limit, "limit"),
         "offset": _count(op.offset, "offset"),
     }
-    if op.filter is not None:
-        if not isinstance(op.filter, dict):
-            raise InvalidInputError(f"filter must be a dict, got {type(op.filter).__name__}")
-        for field, condition in op.filter.items():
-            if not isinstance(field, str):
-                raise InvalidInputError(f"filter keys must be str field names, got {field!r}")
-            _check_text(field, f"filter key {field!r}")
-            _check_json(condition, f"filter.{field}")  # bounds the depth `_check_condition` recurses to
-            _check_condition(condition, f"filter.{field}")
-        if op.filter:
-            body["filter"] = op.filter
+    if check_filter(op.filter):  # an empty filter is no filter
+        body["filter"] = op.filter
     query = op.query
     if query is not None and not isinstance(query, str):
         raise InvalidInputError(f"query must be a str, got {type(query).__name__}")
@@ -232,31 +219,6 @@ def _prepare_search(op: SearchOp, *, has_index: bool) -> PreparedRead:
             "this store has no index"
         )
     return PreparedRead("search", body, query or None)
-
-
-def _check_condition(condition: Any, path: str) -> None:
-    """A filter value: a JSON value to match (nested dicts match field by field) or a dict of
-    operators. As in `InMemoryStore`, a dict with any `$` key is an operator dict, all of whose keys
-    must be operators."""
-    if isinstance(condition, dict):
-        if any(isinstance(k, str) and k.startswith("$") for k in condition):
-            for operator, operand in condition.items():
-                if operator not in FILTER_OPERATORS:
-                    raise InvalidInputError(
-                        f"Unsupported operator: {operator!r} in {path}; supported: {', '.join(FILTER_OPERATORS)}"
-                    )
-                _check_json(operand, f"{path}.{operator}")
-            return
-        for k, v in condition.items():
-            if not isinstance(k, str):
-                raise InvalidInputError(f"{path} has a key {k!r} that is not a str")
-            _check_text(k, f"{path} key {k!r}")
-            _check_condition(v, f"{path}.{k}")
-    elif isinstance(condition, list | tuple):
-        for i, v in enumerate(condition):
-            _check_condition(v, f"{path}[{i}]")
-    else:
-        _check_json(condition, path)
 
 
 def _count(value: Any, what: str) -> int:

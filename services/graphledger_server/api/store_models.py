@@ -4,7 +4,8 @@ Requests are strict and closed like the checkpoint routes': a wrong type, an unk
 unknown op is a 422 naming it. Everything that would otherwise fail inside Postgres is refused here
 with the field's name: NUL and lone surrogates in any text (Postgres text and jsonb reject them),
 non-finite numbers, a `.` or an empty label in a namespace (the projection stores `".".join(namespace)`),
-and filters outside the operator language of LangGraph's stores (seed 000, section 15.8.4).
+and filters outside the filter language (`graphledger.store_filter`, which the client checks too: its
+`InvalidFilterError` is a `ValueError`, which pydantic reports as the field's 422).
 """
 
 from __future__ import annotations
@@ -15,11 +16,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from graphledger.pg_text import unstorable
+from graphledger.store_filter import check_filter
 
-FILTER_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
-RANGE_OPERATORS = ("$gt", "$gte", "$lt", "$lte")
 MAX_OPS = 1_000
-MAX_FILTER_DEPTH = 32
 MAX_COUNT = 2**63 - 1  # Postgres LIMIT/OFFSET are bigints
 MAX_QUERY_DIMS = 16_000  # pgvector's largest vector
 
@@ -42,63 +41,6 @@ def _finite(values: list[float]) -> list[float]:
         if not math.isfinite(x):
             raise ValueError(f"component {i} is {x!r}; a query vector holds finite numbers")
     return values
-
-
-def _json(value: Any, path: str, depth: int = 0) -> None:
-    """A JSON value jsonb can hold: what msgpack can carry besides (bytes, NaN) is refused."""
-    if depth > MAX_FILTER_DEPTH:
-        raise ValueError(f"{path} nests deeper than {MAX_FILTER_DEPTH} levels")
-    if isinstance(value, str):
-        _text(value, path)
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{path} is {value!r}, which JSON cannot hold")
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise ValueError(f"{path} has a key {k!r} that is not a string")
-            _text(k, f"{path} key {k!r}")
-            _json(v, f"{path}.{k}", depth + 1)
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _json(v, f"{path}[{i}]", depth + 1)
-    elif value is not None and not isinstance(value, bool | int):
-        raise ValueError(f"{path} is a {type(value).__name__}, not a JSON value")
-
-
-def _condition(condition: Any, path: str, depth: int = 0) -> None:
-    """One field's filter: a value to match (dicts match field by field, lists element by element) or,
-    when any key starts with `$`, a dict of operators that must all hold (as `InMemoryStore` reads it)."""
-    if depth > MAX_FILTER_DEPTH:
-        raise ValueError(f"{path} nests deeper than {MAX_FILTER_DEPTH} levels")
-    if isinstance(condition, dict):
-        if any(isinstance(k, str) and k.startswith("$") for k in condition):
-            for operator, operand in condition.items():
-                if operator not in FILTER_OPERATORS:
-                    raise ValueError(f"{path}: unknown operator {operator!r}; supported: {', '.join(FILTER_OPERATORS)}")
-                if operator in RANGE_OPERATORS and (
-                    isinstance(operand, bool) or not isinstance(operand, int | float | str)
-                ):
-                    raise ValueError(f"{path}.{operator} compares with a number or a string, got {operand!r}")
-                _json(operand, f"{path}.{operator}", depth + 1)
-            return
-        for key, sub in condition.items():
-            if not isinstance(key, str):
-                raise ValueError(f"{path} has a key {key!r} that is not a string")
-            _text(key, f"{path} key {key!r}")
-            _condition(sub, f"{path}.{key}", depth + 1)
-    elif isinstance(condition, list):
-        for i, sub in enumerate(condition):
-            _condition(sub, f"{path}[{i}]", depth + 1)
-    else:
-        _json(condition, path, depth)
-
-
-def _filter(value: dict[str, Any] | None) -> dict[str, Any] | None:
-    for field, condition in (value or {}).items():
-        _text(field, f"filter key {field!r}")
-        _condition(condition, f"filter.{field}")
-    return value
 
 
 Label = Annotated[str, AfterValidator(_label)]
@@ -126,7 +68,7 @@ class SearchOp(_Op):
 
     op: Literal["search"]
     namespace_prefix: list[Label] = Field(default_factory=list)
-    filter: Annotated[dict[str, Any] | None, AfterValidator(_filter)] = None
+    filter: Annotated[dict[str, Any] | None, AfterValidator(check_filter)] = None
     limit: Count = 10
     offset: Count = 0
     query_vector: (

@@ -222,7 +222,7 @@ class StoreReader:
 
     def _vector_search(
         self, op: SearchOp, vectors: _Vectors, *, index_scope: tuple[int, int] | None = None
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> store_sql.Statement:
         """The index search (`index_scope`: see `store_sql.vector_search_statement`), else the exact one."""
         assert op.query_vector is not None
         return store_sql.vector_search_statement(
@@ -244,9 +244,8 @@ class StoreReader:
         return [list(row["labels"]) for row in await _fetch(conn, statement)]
 
 
-async def _fetch(conn: asyncpg.Connection, statement: tuple[str, dict[str, Any]]) -> list[asyncpg.Record]:
-    """Rows of a `store_sql` statement (named parameters) through asyncpg (numbered ones)."""
-    sql, args = store_sql.positional(*statement)
+async def _fetch(conn: asyncpg.Connection, statement: store_sql.Statement) -> list[asyncpg.Record]:
+    sql, args = statement
     return await conn.fetch(sql, *args)
 
 

@@ -1,11 +1,18 @@
-"""The store reads as SQL: named statement templates and the pure builders that fill them.
+"""The store reads as SQL: statement templates and the pure builders that fill them, for asyncpg.
 
 Every value a request brings (namespaces, keys, filter paths and operands, the query vector, counts)
-is a named parameter. What is spliced into the text comes from fixed fragments only: the schema
-(a checked identifier), pgvector's schema, the vector type and distance operator (validated
-literals), and the filter's shape (which fixed fragment each condition uses).
+is a `$n` parameter with an explicit cast. What is spliced into the text comes from fixed fragments
+only: the schema (a checked identifier), pgvector's schema, the vector type and distance operator
+(validated literals), and the filter's shape (which fixed fragment each condition uses).
 
-Filters follow `InMemoryStore._compare_values` (seed 000, section 15.8.4), evaluated on jsonb:
+Each template numbers its own parameters `$1`..`$k` (the comment above it lists them); the fragments a
+request adds (namespace conditions, the filter) take the numbers after those, in the order
+`Params.add` hands them out. A template is rendered once per schema and vector shape and cached
+(`_rendered`, `_vector_template`), so building a search's statement is filling in its namespace and
+filter fragments, nothing more.
+
+Filters (the language: `graphledger.store_filter`) match as LangGraph's `InMemoryStore` compares
+values (`_compare_values` in `langgraph.store.memory`), evaluated on jsonb:
 - a field missing from the value reads as JSON null, so `{"f": None}` and `{"f": {"$eq": None}}`
   match it and `$ne` matches it unless the operand is null;
 - a dict without `$` keys matches field by field where the value holds an object (a subset match,
@@ -22,48 +29,51 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Sequence
 from typing import Any
 
+from graphledger.store_filter import RANGE_OPERATORS, is_operator_dict
 from graphledger_server.projection.sql import render
 from graphledger_server.projection.vector_index import VectorIndex
 
 # Every read below has `(s.expires_at IS NULL OR s.expires_at > now())`: rows past their TTL are
 # hidden from every read until the sweeper's expiry events delete them.
 
+# $1 prefixes, $2 keys -> unnest(...): the items asked for, pairwise.
 GET_SQL = """
 SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at
 FROM {schema}.store s
-JOIN unnest(%(prefixes)s::text[], %(keys)s::text[]) AS u(prefix, key) ON s.prefix = u.prefix AND s.key = u.key
+JOIN unnest($1::text[], $2::text[]) AS u(prefix, key) ON s.prefix = u.prefix AND s.key = u.key
 WHERE (s.expires_at IS NULL OR s.expires_at > now())
 """
 
 # As AsyncPostgresStore orders a search without a query (most recently updated first), plus a
-# tie-break so paging is stable when two items share an update time.
+# tie-break so paging is stable when two items share an update time. $1 limit, $2 offset.
 SEARCH_ALL_SQL = """
 SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at, NULL::float8 AS score
 FROM {schema}.store s
 WHERE (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
 ORDER BY s.updated_at DESC, s.prefix, s.key
-LIMIT %(limit)s OFFSET %(offset)s
+LIMIT $1::bigint OFFSET $2::bigint
 """
 
 # The same below a namespace prefix, in two parts merged by update time: the namespace itself, read
 # newest first from `graphledger_store_recent_idx` and stopped after a page of matches (the common
 # case: one user's memories), and the namespaces below it (a range of the same index, then sorted).
+# $1 limit, $2 offset, $3 the namespace (dot-joined), $4 the LIKE pattern of the namespaces below it,
+# $5 the window each part reads (limit + offset).
 SEARCH_SQL = """
 SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at, NULL::float8 AS score FROM (
     (SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at FROM {schema}.store s
-     WHERE s.prefix = %(namespace)s AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
-     ORDER BY s.updated_at DESC, s.key LIMIT %(window)s)
+     WHERE s.prefix = $3::text AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
+     ORDER BY s.updated_at DESC, s.key LIMIT $5::bigint)
     UNION ALL
     (SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at FROM {schema}.store s
-     WHERE s.prefix LIKE %(below)s ESCAPE '\\' AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
-     ORDER BY s.updated_at DESC, s.prefix, s.key LIMIT %(window)s)
+     WHERE s.prefix LIKE $4::text ESCAPE '\\' AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
+     ORDER BY s.updated_at DESC, s.prefix, s.key LIMIT $5::bigint)
 ) s
 ORDER BY s.updated_at DESC, s.prefix, s.key
-LIMIT %(limit)s OFFSET %(offset)s
+LIMIT $1::bigint OFFSET $2::bigint
 """
 
 # An index search that continues past the nearest `ef_search` rows when the filter or namespace
@@ -77,9 +87,10 @@ ITERATIVE_SCAN_SQL = "SET LOCAL hnsw.iterative_scan = strict_order"
 # LIMIT/OFFSET over the whole ranking. `{op}` is the distance operator, `{score}` turns the best
 # (smallest) distance into the score AsyncPostgresStore reports. The query vector arrives as
 # pgvector's text form, which Postgres parses faster than a driver adapts a float8[].
+# $1 the query vector, $2 limit, $3 offset.
 EXACT_VECTOR_SEARCH_SQL = """
 WITH q AS MATERIALIZED (
-    SELECT %(query)s::{ext}.{vector_type} AS v
+    SELECT $1::{ext}.{vector_type} AS v
 ), items AS MATERIALIZED (
     SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at
     FROM {schema}.store s
@@ -94,7 +105,7 @@ SELECT i.prefix, i.key, i.value, i.created_at, i.updated_at, i.expires_at, {scor
 FROM items i
 LEFT JOIN best b ON b.prefix = i.prefix AND b.key = i.key
 ORDER BY b.dist IS NULL, b.dist, i.updated_at DESC, i.prefix, i.key
-LIMIT %(limit)s OFFSET %(offset)s
+LIMIT $2::bigint OFFSET $3::bigint
 """
 
 # Index search, one round trip: `scope` counts the matching items up to `exact_max` + 1; when more
@@ -103,14 +114,15 @@ LIMIT %(limit)s OFFSET %(offset)s
 # filter) and the caller runs the exact search: in a small namespace it is cheap, and an index scan
 # would have to pass over most of the graph to find its items. Every answer has at least the row
 # carrying `large`; its item columns are NULL when the page is empty.
+# $1 the query vector, $2 limit, $3 offset, $4 candidates, $5 exact_max.
 INDEX_VECTOR_SEARCH_SQL = """
 WITH q AS MATERIALIZED (
-    SELECT %(query)s::{ext}.{vector_type} AS v
+    SELECT $1::{ext}.{vector_type} AS v
 ), scope AS MATERIALIZED (
-    SELECT count(*) > %(exact_max)s AS large FROM (
+    SELECT count(*) > $5::bigint AS large FROM (
         SELECT 1 FROM {schema}.store s
         WHERE {namespace} AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
-        LIMIT %(exact_max)s + 1
+        LIMIT $5::bigint + 1
     ) AS x
 ), candidates AS MATERIALIZED (
     SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at,
@@ -120,12 +132,12 @@ WITH q AS MATERIALIZED (
     WHERE (SELECT large FROM scope) AND {vector_namespace}
       AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
     ORDER BY sv.embedding OPERATOR({ext}.{op}) (SELECT v FROM q)
-    LIMIT %(candidates)s
+    LIMIT $4::bigint
 ), page AS (
     SELECT b.prefix, b.key, b.value, b.created_at, b.updated_at, b.expires_at, {score} AS score, b.dist
     FROM (SELECT DISTINCT ON (prefix, key) * FROM candidates ORDER BY prefix, key, dist) AS b
     ORDER BY b.dist, b.updated_at DESC, b.prefix, b.key
-    LIMIT %(limit)s OFFSET %(offset)s
+    LIMIT $2::bigint OFFSET $3::bigint
 )
 SELECT scope.large, page.prefix, page.key, page.value, page.created_at, page.updated_at, page.expires_at, page.score
 FROM scope LEFT JOIN page ON true
@@ -134,23 +146,23 @@ ORDER BY page.dist, page.updated_at DESC, page.prefix, page.key
 
 # The same index search once the scope is known to be large (`scope_verdicts`): no count, and no
 # CTEs for the planner to plan (0.1-0.3 ms less per search, measured); the query vector parameter
-# appears twice but is sent once.
+# appears twice but is sent once. $1 the query vector, $2 limit, $3 offset, $4 candidates.
 INDEX_VECTOR_PAGE_SQL = """
 SELECT b.prefix, b.key, b.value, b.created_at, b.updated_at, b.expires_at, {score} AS score
 FROM (
     SELECT DISTINCT ON (c.prefix, c.key) * FROM (
         SELECT s.prefix, s.key, s.value, s.created_at, s.updated_at, s.expires_at,
-               sv.embedding OPERATOR({ext}.{op}) %(query)s::{ext}.{vector_type} AS dist
+               sv.embedding OPERATOR({ext}.{op}) $1::{ext}.{vector_type} AS dist
         FROM {schema}.store_vectors sv
         JOIN {schema}.store s ON s.prefix = sv.prefix AND s.key = sv.key
         WHERE {vector_namespace} AND (s.expires_at IS NULL OR s.expires_at > now()) AND {filter}
-        ORDER BY sv.embedding OPERATOR({ext}.{op}) %(query)s::{ext}.{vector_type}
-        LIMIT %(candidates)s
+        ORDER BY sv.embedding OPERATOR({ext}.{op}) $1::{ext}.{vector_type}
+        LIMIT $4::bigint
     ) AS c
     ORDER BY c.prefix, c.key, c.dist
 ) AS b
 ORDER BY b.dist, b.updated_at DESC, b.prefix, b.key
-LIMIT %(limit)s OFFSET %(offset)s
+LIMIT $2::bigint OFFSET $3::bigint
 """
 
 # Vector rows and items, as the planner's statistics count them (-1 until the first ANALYZE or VACUUM).
@@ -167,6 +179,8 @@ SCORES = {"cosine": "1 - b.dist", "l2": "-b.dist", "inner_product": "-b.dist"}
 # (`*` matches any one label), truncated to max_depth and deduplicated, ordered as AsyncPostgresStore
 # orders them (by the dot-joined text; here byte-wise, whatever the database's collation).
 # `{narrow}` restricts the scan with the pattern's leading literal labels (the prefix index).
+# $1 the prefix pattern (labels, `*` for any one), $2 the suffix pattern, $3 max_depth, $4 limit, $5 offset;
+# each null when not asked for.
 LIST_NAMESPACES_SQL = """
 WITH labelled AS (
     SELECT string_to_array(n.prefix, '.') AS labels
@@ -175,46 +189,61 @@ WITH labelled AS (
         WHERE {narrow} AND (s.expires_at IS NULL OR s.expires_at > now())
     ) AS n
 ), matched AS (
-    SELECT CASE WHEN %(depth)s::int IS NULL THEN l.labels ELSE l.labels[1:%(depth)s::int] END AS labels
+    SELECT CASE WHEN $3::int IS NULL THEN l.labels ELSE l.labels[1:$3::int] END AS labels
     FROM labelled l
-    WHERE (%(prefix)s::text[] IS NULL OR (
-            cardinality(l.labels) >= cardinality(%(prefix)s::text[])
+    WHERE ($1::text[] IS NULL OR (
+            cardinality(l.labels) >= cardinality($1::text[])
             AND NOT EXISTS (
-                SELECT 1 FROM unnest(%(prefix)s::text[]) WITH ORDINALITY AS p(label, i)
+                SELECT 1 FROM unnest($1::text[]) WITH ORDINALITY AS p(label, i)
                 WHERE p.label <> '*' AND p.label IS DISTINCT FROM l.labels[p.i::int])))
-      AND (%(suffix)s::text[] IS NULL OR (
-            cardinality(l.labels) >= cardinality(%(suffix)s::text[])
+      AND ($2::text[] IS NULL OR (
+            cardinality(l.labels) >= cardinality($2::text[])
             AND NOT EXISTS (
-                SELECT 1 FROM unnest(%(suffix)s::text[]) WITH ORDINALITY AS p(label, i)
+                SELECT 1 FROM unnest($2::text[]) WITH ORDINALITY AS p(label, i)
                 WHERE p.label <> '*' AND p.label IS DISTINCT FROM
-                    l.labels[cardinality(l.labels) - cardinality(%(suffix)s::text[]) + p.i::int])))
+                    l.labels[cardinality(l.labels) - cardinality($2::text[]) + p.i::int])))
 )
 SELECT labels FROM matched
 GROUP BY labels
 ORDER BY array_to_string(labels, '.') COLLATE "C"
-LIMIT %(limit)s OFFSET %(offset)s
+LIMIT $4::bigint OFFSET $5::bigint
 """
 
 MAX_ARRAY_SUBSCRIPT = 2**31 - 1
 MAX_BIGINT = 2**63 - 1
 """LIMIT and OFFSET are bigints: a page's end or a candidate count past this is clamped to it."""
 
-_SQL_OPERATORS = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+Statement = tuple[str, list[Any]]
+"""A statement's text and its arguments, `$1` first: `conn.fetch(sql, *args)`."""
 
 
 class Params:
-    """Named parameters of one statement; `add` returns the placeholder of a new one."""
+    """The arguments of one statement: a template's own (`$1`..`$k`, in order), then one per `add`."""
 
-    def __init__(self, **values: Any) -> None:
-        self.values: dict[str, Any] = dict(values)
-        self._n = 0
+    def __init__(self, *template_values: Any) -> None:
+        self.values: list[Any] = list(template_values)
 
     def add(self, value: Any) -> str:
-        name = f"p{self._n}"
-        self._n += 1
-        self.values[name] = value
-        return f"%({name})s"
+        """A new argument's placeholder (`$n`)."""
+        self.values.append(value)
+        return f"${len(self.values)}"
+
+
+@functools.lru_cache(maxsize=64)
+def _rendered(template: str, schema: str) -> str:
+    return render(template, schema)
+
+
+@functools.lru_cache(maxsize=64)
+def _vector_template(template: str, schema: str, ext: str, index: VectorIndex) -> str:
+    """A vector search template with everything but its namespace and filter fragments filled in."""
+    return (
+        render(template, schema)
+        .replace("{ext}", ext)
+        .replace("{vector_type}", index.vector_type)
+        .replace("{op}", index.operator)
+        .replace("{score}", SCORES[index.distance])
+    )
 
 
 def escape_like(text: str) -> str:
@@ -227,11 +256,12 @@ def namespace_condition(labels: Sequence[str], params: Params, column: str = "s.
     if not labels:
         return "TRUE"
     prefix = ".".join(labels)
-    return f"({column} = {params.add(prefix)} OR {column} LIKE {params.add(escape_like(prefix) + '.%')} ESCAPE '\\')"
+    exact, below = params.add(prefix), params.add(escape_like(prefix) + ".%")
+    return f"({column} = {exact}::text OR {column} LIKE {below}::text ESCAPE '\\')"
 
 
 def compile_filter(filter: dict[str, Any] | None, params: Params, column: str = "s.value") -> str:
-    """A validated filter (`store_models`) as one boolean SQL expression on the jsonb `column`."""
+    """A filter `check_filter` accepted as one boolean SQL expression on the jsonb `column`."""
     if not filter:
         return "TRUE"
     return " AND ".join(_condition(column, [field], condition, params) for field, condition in filter.items())
@@ -247,7 +277,7 @@ def _at(column: str, path: list[str], params: Params) -> str:
 def _condition(column: str, path: list[str], condition: Any, params: Params) -> str:
     at = _at(column, path, params)
     if isinstance(condition, dict):
-        if any(k.startswith("$") for k in condition):
+        if is_operator_dict(condition):
             return "(" + " AND ".join(_operator(at, op, operand, params) for op, operand in condition.items()) + ")"
         parts = [f"jsonb_typeof({at}) = 'object'"]
         parts += [_condition(column, [*path, key], sub, params) for key, sub in condition.items()]
@@ -276,7 +306,7 @@ def _operator(at: str, operator: str, operand: Any, params: Params) -> str:
         if operand is None:
             return f"({at} IS NOT NULL AND {at} <> 'null'::jsonb)"
         return f"({at} IS NULL OR {at} <> {params.add(json.dumps(operand))}::jsonb)"
-    sql = _SQL_OPERATORS[operator]
+    sql = RANGE_OPERATORS[operator]
     if isinstance(operand, str):
         return (
             f"CASE WHEN jsonb_typeof({at}) = 'string' "
@@ -290,19 +320,20 @@ def _operator(at: str, operator: str, operand: Any, params: Params) -> str:
 # --- statements -------------------------------------------------------------------------------------
 
 
-def get_statement(schema: str, items: Sequence[tuple[str, str]]) -> tuple[str, dict[str, Any]]:
-    return render(GET_SQL, schema), {"prefixes": [p for p, _ in items], "keys": [k for _, k in items]}
+def get_statement(schema: str, items: Sequence[tuple[str, str]]) -> Statement:
+    return _rendered(GET_SQL, schema), [[p for p, _ in items], [k for _, k in items]]
 
 
 def search_statement(
     schema: str, namespace_prefix: Sequence[str], filter: dict[str, Any] | None, limit: int, offset: int
-) -> tuple[str, dict[str, Any]]:
-    params = Params(limit=limit, offset=offset)
-    template = SEARCH_ALL_SQL
+) -> Statement:
     if namespace_prefix:
         prefix = ".".join(namespace_prefix)
-        params.values.update(namespace=prefix, below=escape_like(prefix) + ".%", window=min(limit + offset, MAX_BIGINT))
         template = SEARCH_SQL
+        params = Params(limit, offset, prefix, escape_like(prefix) + ".%", min(limit + offset, MAX_BIGINT))
+    else:
+        template = SEARCH_ALL_SQL
+        params = Params(limit, offset)
     condition = compile_filter(filter, params)
     if filter:
         # Postgres guesses a jsonb condition matches a fraction of a percent of the rows, so it would
@@ -311,24 +342,7 @@ def search_statement(
         # wins (0.1 ms against 0.9 ms for a page of 2,000 items), and a selective filter costs at
         # most the scan it would have had anyway.
         condition = f"(CASE WHEN {condition} THEN 1 ELSE 0 END) <> 0"
-    return render(template, schema).replace("{filter}", condition), params.values
-
-
-def positional(sql: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
-    """A statement's named placeholders (`%(name)s`) as asyncpg's numbered ones, and its arguments."""
-    text, names = _numbered(sql)
-    return text, [params[name] for name in names]
-
-
-@functools.lru_cache(maxsize=256)
-def _numbered(sql: str) -> tuple[str, tuple[str, ...]]:
-    # The templates and the filter's shapes make few distinct texts: each is converted once.
-    names: dict[str, int] = {}
-
-    def number(match: re.Match[str]) -> str:
-        return f"${names.setdefault(match.group(1), len(names) + 1)}"
-
-    return _PLACEHOLDER.sub(number, sql), tuple(names)
+    return _rendered(template, schema).replace("{filter}", condition), params.values
 
 
 def vector_text(vector: Sequence[float]) -> str:
@@ -347,32 +361,26 @@ def vector_search_statement(
     offset: int,
     *,
     index_scope: tuple[int, int] | None = None,
-) -> tuple[str, dict[str, Any]]:
+) -> Statement:
     """The exact search, or with `index_scope` = (exact_max, candidates) the index search over the
     `candidates` nearest vector rows where more than `exact_max` items match (exact_max < 0: the
     scope is known to be large, so nothing is counted and the rows have no `large` column)."""
-    params = Params(query=vector_text(query), limit=limit, offset=offset)
+    params = Params(vector_text(query), limit, offset)
     template = EXACT_VECTOR_SEARCH_SQL
     if index_scope is not None:
         exact_max, candidates = index_scope
-        params.values["candidates"] = min(candidates, MAX_BIGINT)
+        params.values.append(min(candidates, MAX_BIGINT))
         if exact_max >= 0:
             template = INDEX_VECTOR_SEARCH_SQL
-            params.values["exact_max"] = exact_max
+            params.values.append(exact_max)
         else:
             template = INDEX_VECTOR_PAGE_SQL
-        template = template.replace("{vector_namespace}", namespace_condition(namespace_prefix, params, "sv.prefix"))
-    if "{namespace}" in template:  # not in the page statement, which filters on the vector rows' prefix
-        template = template.replace("{namespace}", namespace_condition(namespace_prefix, params))
-    sql = (
-        render(template, schema)
-        .replace("{ext}", ext)
-        .replace("{vector_type}", index.vector_type)
-        .replace("{op}", index.operator)
-        .replace("{score}", SCORES[index.distance])
-        .replace("{filter}", compile_filter(filter, params))
-    )
-    return sql, params.values
+    sql = _vector_template(template, schema, ext, index)
+    if index_scope is not None:
+        sql = sql.replace("{vector_namespace}", namespace_condition(namespace_prefix, params, "sv.prefix"))
+    if "{namespace}" in sql:  # not in the page statement, which filters on the vector rows' prefix
+        sql = sql.replace("{namespace}", namespace_condition(namespace_prefix, params))
+    return sql.replace("{filter}", compile_filter(filter, params)), params.values
 
 
 def list_namespaces_statement(
@@ -382,17 +390,17 @@ def list_namespaces_statement(
     max_depth: int | None,
     limit: int,
     offset: int,
-) -> tuple[str, dict[str, Any]]:
+) -> Statement:
     params = Params(
-        prefix=list(prefix) if prefix else None,
-        suffix=list(suffix) if suffix else None,
+        list(prefix) if prefix else None,
+        list(suffix) if suffix else None,
         # Array subscripts are 32-bit; no namespace has that many labels, so a deeper max_depth
         # truncates nothing either way.
-        depth=None if max_depth is None else min(max_depth, MAX_ARRAY_SUBSCRIPT),
-        limit=limit,
-        offset=offset,
+        None if max_depth is None else min(max_depth, MAX_ARRAY_SUBSCRIPT),
+        limit,
+        offset,
     )
-    sql = render(LIST_NAMESPACES_SQL, schema).replace("{narrow}", _narrow(prefix or (), params))
+    sql = _rendered(LIST_NAMESPACES_SQL, schema).replace("{narrow}", _narrow(prefix or (), params))
     return sql, params.values
 
 
@@ -404,4 +412,4 @@ def _narrow(prefix: Sequence[str], params: Params) -> str:
     if len(literal) == len(prefix):
         return namespace_condition(literal, params)
     # A wildcard follows: at least one more label.
-    return f"s.prefix LIKE {params.add(escape_like('.'.join(literal)) + '.%')} ESCAPE '\\'"
+    return f"s.prefix LIKE {params.add(escape_like('.'.join(literal)) + '.%')}::text ESCAPE '\\'"
