@@ -46,10 +46,11 @@ MAX_NAMED_RECORDS = 256
 
 @dataclass(frozen=True, slots=True)
 class Named:
-    """What one get names: the header's value and the last offset in it."""
+    """What one get names: the header's value, the last offset in it (-1: none) and the partition."""
 
     header: str
     last: int
+    partition: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,13 @@ class Recent:
 
     events: list[OwnEvent]
     orphans: frozenset[tuple[str, str]]
+    last_offsets: tuple[int, ...] = ()
+    """The offset of each event's last record."""
+
+    def from_offset(self, offset: int) -> Recent:
+        """The events whose last record is at or after `offset`."""
+        kept = [(o, e) for o, e in zip(self.last_offsets, self.events, strict=True) if o >= offset]
+        return Recent([e for _, e in kept], self.orphans, tuple(o for o, _ in kept))
 
 
 class Underivable(Exception):
@@ -115,17 +123,19 @@ class OwnWrites:
                 _, forgotten = self._threads.popitem(last=False)
                 self._size -= forgotten.size
 
-    def named(self, thread_id: str) -> Named | None:
-        """The thread's recorded records for a get to name, or None (none, or too many)."""
+    def named(self, thread_id: str, partition: int | None = None) -> Named | None:
+        """The thread's recorded records for a get to name, or None (too many, or none and no
+        `partition` known otherwise to name none on)."""
         with self._lock:
             thread = self._threads.get(thread_id)
-            if thread is None or not thread.events:
-                return None
-            offsets = [o for offsets, _ in thread.events for o in offsets]
-            partition = thread.partition
-        if len(offsets) > MAX_NAMED_RECORDS:
+            if thread is not None and thread.events:
+                offsets = [o for offsets, _ in thread.events for o in offsets]
+                partition = thread.partition
+            else:
+                offsets = []
+        if partition is None or len(offsets) > MAX_NAMED_RECORDS:
             return None
-        return Named(f"{partition}:{','.join(map(str, offsets))}", offsets[-1])
+        return Named(f"{partition}:{','.join(map(str, offsets))}", offsets[-1] if offsets else -1, partition)
 
     def since(self, thread_id: str, offset: int, named: Named) -> Recent:
         """The thread's events named in `named` whose records are at or after `offset`, in log order.
@@ -148,7 +158,8 @@ class OwnWrites:
                 thread.size -= freed
                 self._size -= freed
             thread.events = kept
-            recent = Recent([e for offsets, e in kept if offsets[-1] <= named.last], frozenset(thread.orphans))
+            named_events = [(offsets[-1], e) for offsets, e in kept if offsets[-1] <= named.last]
+            recent = Recent([e for _, e in named_events], frozenset(thread.orphans), tuple(o for o, _ in named_events))
             if not kept and not thread.orphans:
                 del self._threads[thread_id]
                 self._size -= thread.size
@@ -189,7 +200,7 @@ def with_own_writes(
     writes: dict[str, list[list[Any]]] = {}
     """Pending writes by checkpoint id: the answer's, and the own ones of checkpoints put here."""
     if answer is not None:
-        tuples[answer["config"]["checkpoint_id"]] = answer
+        tuples[answer["config"]["checkpoint_id"]] = answer = dict(answer)  # its writes are replaced below
         writes[answer["config"]["checkpoint_id"]] = answer["pending_writes"]
         _learn_blobs(blobs, answer)
     for event in recent.events:

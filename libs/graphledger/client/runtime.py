@@ -1,14 +1,11 @@
-"""What a client object runs on: the background loop, the Kafka publisher and the read API client.
+"""What a client object runs on: its loop (`loop.py`), the Kafka publisher and the read API client.
 
-Started lazily on first use (thread-safe), so constructing a saver costs nothing and LangGraph can
-build it at import time. The caller's trace context is captured in the caller's thread, before the
-hop to the loop thread, so the producer and HTTP client spans (graphledger.telemetry.client) continue
-the caller's trace.
-
-Reads from the event loop that opened the client (`async with KafkaStore(...)`) skip the hop: that
-loop gets a read API client of its own, closed when the `async with` ends, so its reads never wait
-for the other thread (a hop and its GIL hand-offs measured 0.16-0.3 ms, a tenth of a store search).
-Other loops and plain threads hop as before; writes always go through the loop's one producer.
+A client opened with `async with` starts on the caller's loop, whose calls then run without a hop
+(writes and reads alike); other loops and plain threads hop onto it. A client used without
+`async with` starts lazily on first use (thread-safe) on a background loop of its own, so
+constructing a saver costs nothing and LangGraph can build it at import time. The caller's trace
+context is captured in the caller's thread, before any hop, so the producer and HTTP client spans
+(graphledger.telemetry.client) continue the caller's trace.
 """
 
 from __future__ import annotations
@@ -20,7 +17,8 @@ from typing import Any, Self, TypeVar
 
 from opentelemetry.context import Context
 
-from graphledger.client.loop import BackgroundLoop
+from graphledger.client.latest import LatestCheckpoints
+from graphledger.client.loop import BackgroundLoop, HomeLoop
 from graphledger.client.own_writes import OwnWrites
 from graphledger.client.publisher import EventPublisher
 from graphledger.client.reader import ReadApiClient
@@ -40,22 +38,22 @@ class ClientRuntime:
         self._settings = settings
         self._name = name
         self._lock = threading.Lock()
-        self._loop: BackgroundLoop | None = None
+        self._loop: BackgroundLoop | HomeLoop | None = None
         self.publisher = EventPublisher(settings)
         self.acked = AckedOffsets()
         self.own_writes = OwnWrites()
         """The client's checkpoint puts and writes a get may add to the projection's answer."""
+        self.latest = LatestCheckpoints()
+        """The newest checkpoint of each thread namespace read, as of a log position."""
         self._puts_in_flight: dict[tuple[str, str, str], asyncio.Future[None]] = {}
         """Checkpoint puts sent and not acknowledged yet (on the runtime's loop), by checkpoint."""
         self._reader: ReadApiClient | None = None
-        self._home: tuple[asyncio.AbstractEventLoop, ReadApiClient] | None = None
-        """The loop that opened the client with `async with`, and its own read API client."""
         self.tenant = ""
         """The read API's tenant for this client's token, which its writes are prefixed with."""
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def _started_loop(self) -> BackgroundLoop:
+    def _started_loop(self) -> BackgroundLoop | HomeLoop:
         loop = self._loop
         if loop is not None:
             return loop
@@ -83,33 +81,38 @@ class ClientRuntime:
     def ensure_started(self) -> None:
         self._started_loop()
 
-    async def aensure_started(self) -> None:
-        # Starting blocks on a connection to Kafka; do it off the caller's event loop.
-        await asyncio.to_thread(self._started_loop)
-
     async def aopen(self) -> None:
-        """Start, and read from the calling loop directly from now on (`async with`)."""
-        await self.aensure_started()
-        if self._home is None:
-            self._home = (asyncio.get_running_loop(), ReadApiClient(self._settings))
+        """Start on the calling loop (`async with`), unless started already: its calls then run there."""
+        with self._lock:
+            if self._loop is not None:
+                return  # started before, from a thread or another loop: calls hop onto that loop
+            home = self._loop = HomeLoop(asyncio.get_running_loop())
+        try:
+            await self._start()
+        except BaseException as exc:
+            with self._lock:
+                self._loop = None
+            home.started.set_exception(exc)
+            home.started.exception()  # retrieved: only calls that waited for the start see it
+            raise
+        home.started.set_result(None)
 
     def close(self) -> None:
-        home, self._home = self._home, None
-        if home is not None and not home[0].is_closed():
-            # Closed outside its loop: the home reader's session can only be closed on that loop.
-            home[0].call_soon_threadsafe(lambda: home[0].create_task(home[1].close()))
         with self._lock:
             loop, self._loop = self._loop, None
-        if loop is not None:
-            loop.run(self._stop())
-            loop.stop()
+        if loop is None or loop.loop.is_closed():
+            return
+        loop.run(self._stop())
+        loop.stop()
 
     async def aclose(self) -> None:
-        home = self._home
-        if home is not None and home[0] is asyncio.get_running_loop():
-            self._home = None
-            await home[1].close()
-        await asyncio.to_thread(self.close)  # which hands another loop's reader to that loop
+        loop = self._loop
+        if isinstance(loop, HomeLoop) and loop.loop is asyncio.get_running_loop():
+            with self._lock:
+                self._loop = None
+            await self._stop()
+        else:
+            await asyncio.to_thread(self.close)
 
     async def _stop(self) -> None:
         await self.publisher.stop()
@@ -191,9 +194,6 @@ class ClientRuntime:
         return self._started_loop().run(self._read(path, body, headers, caller_context()))
 
     async def aread(self, path: str, body: dict[str, Any], headers: Headers = None) -> Any:
-        home = self._home
-        if home is not None and home[0] is asyncio.get_running_loop() and self._loop is not None:
-            return await home[1].call(path, body, headers, caller_context())
         return await self._arun(self._read(path, body, headers, caller_context()))
 
     async def _arun(self, coro: Coroutine[Any, Any, T]) -> T:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -29,6 +30,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
+from graphledger.client.latest import Kept
 from graphledger.client.own_writes import Named, Underivable, with_own_writes
 from graphledger.client.runtime import ClientLifecycle, ClientRuntime
 from graphledger.client.values import (
@@ -53,7 +55,7 @@ from graphledger.events.checkpoint import (
     Write,
 )
 from graphledger.settings import Settings
-from graphledger.wire import OWN_WRITES_HEADER
+from graphledger.wire import CACHED_THROUGH_HEADER, OWN_WRITES_HEADER
 
 
 class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
@@ -144,36 +146,58 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         body = _get_body(config)
-        named = self._runtime.own_writes.named(body["thread_id"])
-        answer = self._runtime.read(GET_PATH, body, _named_header(named))
-        wire = self._up_to_date(answer, body, named)
+        ask = self._ask(body)
+        wire = self._up_to_date(self._runtime.read(GET_PATH, body, ask.headers), body, ask)
         if wire is _ASK_AGAIN:
             wire = self._runtime.read(GET_PATH, body).get("tuple")
         return decode_tuple(wire, self.serde)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         body = _get_body(config)
-        named = self._runtime.own_writes.named(body["thread_id"])
-        answer = await self._runtime.aread(GET_PATH, body, _named_header(named))
-        wire = self._up_to_date(answer, body, named)
+        ask = self._ask(body)
+        wire = self._up_to_date(await self._runtime.aread(GET_PATH, body, ask.headers), body, ask)
         if wire is _ASK_AGAIN:
             wire = (await self._runtime.aread(GET_PATH, body)).get("tuple")
         return decode_tuple(wire, self.serde)
 
-    def _up_to_date(self, answer: dict[str, Any], body: dict[str, Any], named: Named | None) -> Any:
-        """The answer's tuple with this saver's own writes the projection may lack, or `_ASK_AGAIN`."""
+    def _ask(self, body: dict[str, Any]) -> _Ask:
+        """What a get names: this saver's own records of the thread, and the newest checkpoint it keeps."""
+        kept = (
+            self._runtime.latest.get(body["thread_id"], body["checkpoint_ns"])
+            if body["checkpoint_id"] is None
+            else None
+        )
+        named = self._runtime.own_writes.named(body["thread_id"], kept.partition if kept is not None else None)
+        headers: dict[str, str] = {}
+        if named is not None:
+            headers[OWN_WRITES_HEADER] = named.header
+            if kept is not None and kept.partition == named.partition:
+                headers[CACHED_THROUGH_HEADER] = str(kept.through)
+        return _Ask(headers or None, named, kept)
+
+    def _up_to_date(self, answer: dict[str, Any], body: dict[str, Any], ask: _Ask) -> Any:
+        """The answer's tuple (or the kept one, when `current`) with this saver's own writes the
+        projection may lack; `_ASK_AGAIN` when they cannot be added here. Keeps a newest checkpoint."""
+        thread_id, checkpoint_ns, checkpoint_id = body["thread_id"], body["checkpoint_ns"], body["checkpoint_id"]
         start = answer.get("own_writes_from")
-        if named is None or start is None:
-            return answer.get("tuple")
-        recent = self._runtime.own_writes.since(body["thread_id"], start, named)
-        if not recent.events:
-            return answer.get("tuple")
-        try:
-            return with_own_writes(
-                answer.get("tuple"), recent, body["thread_id"], body["checkpoint_ns"], body["checkpoint_id"]
+        wire = answer.get("tuple")
+        if ask.named is not None and start is not None:
+            if answer.get("current") and ask.kept is not None:
+                recent = self._runtime.own_writes.since(thread_id, min(start, ask.kept.through), ask.named)
+                recent, wire = recent.from_offset(ask.kept.through), ask.kept.tuple()
+            else:
+                recent = self._runtime.own_writes.since(thread_id, start, ask.named)
+            if recent.events:
+                try:
+                    wire = with_own_writes(wire, recent, thread_id, checkpoint_ns, checkpoint_id)
+                except Underivable:
+                    self._runtime.latest.forget(thread_id, checkpoint_ns)
+                    return _ASK_AGAIN
+        if checkpoint_id is None and "log_end" in answer:
+            self._runtime.latest.put(
+                thread_id, checkpoint_ns, Kept.of(answer["log_partition"], answer["log_end"], wire)
             )
-        except Underivable:
-            return _ASK_AGAIN
+        return wire
 
     def list(
         self,
@@ -307,8 +331,11 @@ _ASK_AGAIN = object()
 """The own writes could not be added to the answer: ask again without naming them."""
 
 
-def _named_header(named: Named | None) -> dict[str, str] | None:
-    return {OWN_WRITES_HEADER: named.header} if named is not None else None
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    headers: dict[str, str] | None
+    named: Named | None
+    kept: Kept | None
 
 
 def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:

@@ -20,7 +20,7 @@ from langgraph.checkpoint.base import CheckpointTuple, writes_sort_key
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from pydantic import BaseModel
 
-from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER
+from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
 from graphledger_server.api.consistency import token_of
@@ -65,6 +65,14 @@ def _doc(request_model: type[BaseModel], response_model: type[BaseModel]) -> dic
                     "description": "get only: partition:offset,... of the caller's own records of the thread, "
                     "which it adds to the answer itself (see own_writes_from).",
                 },
+                {
+                    "name": CACHED_THROUGH_HEADER,
+                    "in": "header",
+                    "required": False,
+                    "schema": {"type": "integer", "minimum": 0, "example": 1040},
+                    "description": "get of the newest checkpoint, with the own-writes header: the caller holds the "
+                    "answer as of this offset; when only its own records came since, the answer is `current`.",
+                },
             ],
         },
         "responses": {
@@ -104,10 +112,12 @@ def _saver(request: Request, tenant: Tenant) -> AsyncPostgresSaver:
     return TenantSaver(conn=api_state(request).pool, serde=PassThroughSerde(), thread_prefix=tenant.thread_prefix)
 
 
-async def _settle_thread(request: Request, thread_id: str, own: OwnWrites | None = None) -> Settled:
+async def _settle_thread(
+    request: Request, thread_id: str, own: OwnWrites | None = None, cached_through: int | None = None
+) -> Settled:
     """Wait until the projection reflects the thread as the log holds it now (less `own`)."""
     state = api_state(request)
-    read = KeyedRead(state.settings.checkpoint_topic, thread_id.encode(), own)
+    read = KeyedRead(state.settings.checkpoint_topic, thread_id.encode(), own, cached_through)
     token = token_of(request.headers.get(CONSISTENCY_HEADER))
     return (await state.barrier.before_keyed([read], token))[read]
 
@@ -120,6 +130,19 @@ def _own_writes(request: Request) -> OwnWrites | None:
         return OwnWrites.parse(header)
     except ValueError as exc:
         raise ApiError(400, "invalid_own_writes", f"{OWN_WRITES_HEADER}: {exc}") from None
+
+
+def _cached_through(request: Request) -> int | None:
+    header = request.headers.get(CACHED_THROUGH_HEADER)
+    if header is None:
+        return None
+    try:
+        through = int(header)
+    except ValueError:
+        through = -1
+    if through < 0:
+        raise ApiError(400, "invalid_cached_through", f"{CACHED_THROUGH_HEADER}: {header[:40]!r} is not an offset")
+    return through
 
 
 def _config(config: Any, tenant: Tenant) -> dict[str, Any]:
@@ -151,11 +174,16 @@ async def get_tuple(request: Request) -> Response:
     tenant = tenant_of(request)
     body = await decode(request, GetRequest, api_state(request).settings.api_max_body_bytes)
     own = _own_writes(request)
-    settled = await _settle_thread(request, tenant.thread(body.thread_id), own)
-    found = await _saver(request, tenant).aget_tuple(body.config(tenant.thread))
-    answer: dict[str, Any] = {"tuple": _tuple(found, tenant) if found else None}
+    cached = _cached_through(request) if own is not None and body.checkpoint_id is None else None
+    settled = await _settle_thread(request, tenant.thread(body.thread_id), own, cached)
+    answer: dict[str, Any] = {"log_partition": settled.partition, "log_end": settled.end}
     if own is not None and own.partition == settled.partition:  # else the client's records were not heeded
         answer["own_writes_from"] = settled.applied
+    if settled.current:
+        answer.update(tuple=None, current=True)
+    else:
+        found = await _saver(request, tenant).aget_tuple(body.config(tenant.thread))
+        answer["tuple"] = _tuple(found, tenant) if found else None
     return _answer(request, answer)
 
 

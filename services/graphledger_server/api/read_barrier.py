@@ -60,6 +60,9 @@ class KeyedRead:
     topic: str
     key: bytes
     own: OwnWrites | None = None
+    cached_through: int | None = None
+    """With `own`: the client holds the answer as of this offset; if no record but its own came since,
+    the read needs no answer from Postgres (`Settled.current`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,10 @@ class Settled:
     partition: int
     applied: int
     """The projection's next offset on it: the read's answer holds every record below."""
+    end: int
+    """The log's end when the read arrived: the answer reflects every record of the key below it."""
+    current: bool = False
+    """Every record of the key since `cached_through` is the client's own: its kept answer is current."""
 
 
 class ReadBarrier:
@@ -86,21 +93,38 @@ class ReadBarrier:
         async with _log_deadline(deadline):
             partitions = {read: TopicPartition(read.topic, await self._log.partition_of(read.topic, read.key))
                           for read in reads}  # fmt: skip
-            starts = {tp: self._offsets.applied(tp.topic, tp.partition) for tp in partitions.values()}
+            applied = {tp: self._offsets.applied(tp.topic, tp.partition) for tp in partitions.values()}
+            starts = dict(applied)
+            for read, tp in partitions.items():
+                if read.cached_through is not None:
+                    starts[tp] = min(starts[tp], read.cached_through)
             tails = await self._log.tails(starts, self._remaining(deadline))
         need: Token = dict(token or {})
+        current: dict[KeyedRead, bool] = {}
         for read, tp in partitions.items():
             tail = tails[tp]
             own = read.own.offsets if read.own is not None and read.own.partition == tp.partition else frozenset()
+            keyed = [o for o, key in tail.keys if key == read.key or key is None]
+            since = read.cached_through
+            current[read] = (
+                tail.complete
+                and since is not None
+                and read.own is not None
+                and read.own.partition == tp.partition
+                and since <= tail.end
+                and all(o in own for o in keyed if o >= since)
+            )
+            if current[read]:
+                continue
             if tail.complete:
-                others = [o for o, key in tail.keys if (key == read.key or key is None) and o not in own]
+                others = [o for o in keyed if o >= applied[tp] and o not in own]
             else:  # too far behind to look at every key: the whole tail counts
                 others = [tail.end - 1]
             if others:
                 _require(need, tp, max(others))
         await await_applied(need, self._offsets, self._settings, self._remaining(deadline))
         return {
-            read: Settled(tp.partition, self._offsets.applied(tp.topic, tp.partition))
+            read: Settled(tp.partition, self._offsets.applied(tp.topic, tp.partition), tails[tp].end, current[read])
             for read, tp in partitions.items()
         }
 
