@@ -89,6 +89,13 @@ class Settings(BaseSettings):
         description="Seconds the read API waits for the projection to reach a read's consistency token.",
     )
 
+    client_log_reads: bool = Field(
+        True,
+        description="A client reading its own thread from the newest checkpoint it holds first checks the thread's "
+        "partition in Kafka itself (needs READ on the checkpoint topic); off, or with a tenant token: it asks the read "
+        "API, which checks the same.",
+    )
+
     # Postgres, for the services.
     postgres_dsn: str = Field("postgresql://postgres@localhost/postgres", description="Projection database DSN.")
     postgres_schema: str = Field("graphledger", description="Schema holding the projection tables.")

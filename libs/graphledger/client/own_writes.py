@@ -46,11 +46,12 @@ MAX_NAMED_RECORDS = 256
 
 @dataclass(frozen=True, slots=True)
 class Named:
-    """What one get names: the header's value, the last offset in it (-1: none) and the partition."""
+    """What one get names: the header's value, its offsets (the last: -1 for none), the partition."""
 
     header: str
     last: int
     partition: int
+    offsets: frozenset[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,35 +136,42 @@ class OwnWrites:
                 offsets = []
         if partition is None or len(offsets) > MAX_NAMED_RECORDS:
             return None
-        return Named(f"{partition}:{','.join(map(str, offsets))}", offsets[-1] if offsets else -1, partition)
+        header = f"{partition}:{','.join(map(str, offsets))}"
+        return Named(header, offsets[-1] if offsets else -1, partition, frozenset(offsets))
 
-    def since(self, thread_id: str, offset: int, named: Named) -> Recent:
+    def since(self, thread_id: str, offset: int | None, named: Named) -> Recent:
         """The thread's events named in `named` whose records are at or after `offset`, in log order.
-        Events before `offset` are in the projection and are forgotten; events acknowledged after the
-        get named its records are left out (the read API did not look past them)."""
+        Events before `offset` are in the projection and are forgotten (None: nothing is known
+        projected, nothing is forgotten); events acknowledged after the get named its records are left
+        out (the log was not looked at past them)."""
         with self._lock:
             thread = self._threads.get(thread_id)
             if thread is None:
                 return Recent([], frozenset())
-            puts = {(e.checkpoint_ns, e.checkpoint_id): o[-1] for o, e in thread.events if isinstance(e, CheckpointPut)}
-            kept: list[tuple[tuple[int, ...], OwnEvent]] = []
-            for offsets, event in thread.events:
-                target = (event.checkpoint_ns, event.checkpoint_id)
-                if offsets[-1] >= offset or (isinstance(event, CheckpointWrites) and puts.get(target, -1) >= offset):
-                    kept.append((offsets, event))  # not projected, or writes of a checkpoint whose put is not
-                    continue
-                freed = _size(event)
-                if isinstance(event, CheckpointWrites) and target not in thread.put_ids:
-                    freed -= _remember(thread.orphans, target)
-                thread.size -= freed
-                self._size -= freed
-            thread.events = kept
-            named_events = [(offsets[-1], e) for offsets, e in kept if offsets[-1] <= named.last]
+            if offset is not None:
+                self._forget_projected(thread, offset)
+            named_events = [(offsets[-1], e) for offsets, e in thread.events if offsets[-1] <= named.last]
             recent = Recent([e for _, e in named_events], frozenset(thread.orphans), tuple(o for o, _ in named_events))
-            if not kept and not thread.orphans:
+            if not thread.events and not thread.orphans:
                 del self._threads[thread_id]
                 self._size -= thread.size
             return recent
+
+    def _forget_projected(self, thread: _Thread, offset: int) -> None:
+        """Drop the events below `offset`, except writes of a checkpoint whose put is not below it."""
+        puts = {(e.checkpoint_ns, e.checkpoint_id): o[-1] for o, e in thread.events if isinstance(e, CheckpointPut)}
+        kept: list[tuple[tuple[int, ...], OwnEvent]] = []
+        for offsets, event in thread.events:
+            target = (event.checkpoint_ns, event.checkpoint_id)
+            if offsets[-1] >= offset or (isinstance(event, CheckpointWrites) and puts.get(target, -1) >= offset):
+                kept.append((offsets, event))
+                continue
+            freed = _size(event)
+            if isinstance(event, CheckpointWrites) and target not in thread.put_ids:
+                freed -= _remember(thread.orphans, target)
+            thread.size -= freed
+            self._size -= freed
+        thread.events = kept
 
 
 def _remember(remembered: OrderedDict[tuple[str, str], None], checkpoint: tuple[str, str]) -> int:

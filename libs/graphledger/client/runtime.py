@@ -26,6 +26,7 @@ from graphledger.client.tenant import scope_event
 from graphledger.client.tokens import AckedOffsets
 from graphledger.events import Event, to_envelope
 from graphledger.events.checkpoint import CheckpointPut, CheckpointWrites, ThreadCopy, ThreadCopyBarrier
+from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger.telemetry.propagation import caller_context
 
@@ -45,6 +46,8 @@ class ClientRuntime:
         """The client's checkpoint puts and writes a get may add to the projection's answer."""
         self.latest = LatestCheckpoints()
         """The newest checkpoint of each thread namespace read, as of a log position."""
+        self.log: LogTail | None = None
+        """The client's own look at the log's tail (`client_log_reads`), on the producer's connection."""
         self._puts_in_flight: dict[tuple[str, str, str], asyncio.Future[None]] = {}
         """Checkpoint puts sent and not acknowledged yet (on the runtime's loop), by checkpoint."""
         self._reader: ReadApiClient | None = None
@@ -74,6 +77,9 @@ class ClientRuntime:
             if self._settings.api_token is not None:
                 self.tenant = await self._reader.whoami()
             await self.publisher.start()
+            # With a tenant, the partition's records of other tenants are not this client's to fetch.
+            if self._settings.client_log_reads and not self.tenant:
+                self.log = LogTail(self._settings, self.publisher.kafka_client)
         except BaseException:
             await self._reader.close()
             raise
@@ -195,6 +201,13 @@ class ClientRuntime:
 
     async def aread(self, path: str, body: dict[str, Any], headers: Headers = None) -> Any:
         return await self._arun(self._read(path, body, headers, caller_context()))
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the client's loop (it may use the publisher, the reader and the log)."""
+        return self._started_loop().run(coro)
+
+    async def acall(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await self._arun(coro)
 
     async def _arun(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await `coro` on the runtime's loop, starting the runtime first (off the caller's loop)."""

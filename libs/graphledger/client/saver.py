@@ -10,11 +10,14 @@ names this saver's own unprojected writes of the thread and adds them to the ans
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from aiokafka import TopicPartition
+from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -41,7 +44,7 @@ from graphledger.client.values import (
     require_key_fits,
     split_channel_values,
 )
-from graphledger.errors import InvalidInputError
+from graphledger.errors import InvalidInputError, LogUnavailableError
 from graphledger.events.checkpoint import (
     PRUNE_STRATEGIES,
     Blob,
@@ -56,6 +59,8 @@ from graphledger.events.checkpoint import (
 )
 from graphledger.settings import Settings
 from graphledger.wire import CACHED_THROUGH_HEADER, OWN_WRITES_HEADER
+
+log = logging.getLogger(__name__)
 
 
 class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
@@ -147,7 +152,9 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         body = _get_body(config)
         ask = self._ask(body)
-        wire = self._up_to_date(self._runtime.read(GET_PATH, body, ask.headers), body, ask)
+        wire = self._runtime.call(self._from_kept(body, ask)) if ask.local else _ASK_AGAIN
+        if wire is _ASK_AGAIN:
+            wire = self._up_to_date(self._runtime.read(GET_PATH, body, ask.headers), body, ask)
         if wire is _ASK_AGAIN:
             wire = self._runtime.read(GET_PATH, body).get("tuple")
         return decode_tuple(wire, self.serde)
@@ -155,10 +162,40 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         body = _get_body(config)
         ask = self._ask(body)
-        wire = self._up_to_date(await self._runtime.aread(GET_PATH, body, ask.headers), body, ask)
+        wire = await self._runtime.acall(self._from_kept(body, ask)) if ask.local else _ASK_AGAIN
+        if wire is _ASK_AGAIN:
+            wire = self._up_to_date(await self._runtime.aread(GET_PATH, body, ask.headers), body, ask)
         if wire is _ASK_AGAIN:
             wire = (await self._runtime.aread(GET_PATH, body)).get("tuple")
         return decode_tuple(wire, self.serde)
+
+    async def _from_kept(self, body: dict[str, Any], ask: _Ask) -> Any:
+        """The kept newest checkpoint with this saver's own writes added, when the log shows no other
+        record of the thread since it was kept; else `_ASK_AGAIN` (the read API decides). On the
+        client's loop."""
+        assert self._runtime.log is not None and ask.kept is not None and ask.named is not None
+        thread_id = body["thread_id"]
+        tp = TopicPartition(self.settings.checkpoint_topic, ask.kept.partition)
+        try:
+            tail = (await self._runtime.log.tails({tp: ask.kept.through}, self.settings.consistency_timeout_s))[tp]
+        except LogUnavailableError as exc:
+            if isinstance(exc.__cause__, TopicAuthorizationFailedError | ClusterAuthorizationFailedError):
+                log.warning("no READ on %s for this client (%s): reads go to the read API", tp.topic, exc.__cause__)
+                self._runtime.log = None
+            return _ASK_AGAIN
+        key = thread_id.encode()
+        if not tail.complete or any((k == key or k is None) and o not in ask.named.offsets for o, k in tail.keys):
+            return _ASK_AGAIN
+        recent = self._runtime.own_writes.since(thread_id, None, ask.named).from_offset(ask.kept.through)
+        wire = ask.kept.tuple()
+        if recent.events:
+            try:
+                wire = with_own_writes(wire, recent, thread_id, body["checkpoint_ns"], None)
+            except Underivable:
+                self._runtime.latest.forget(thread_id, body["checkpoint_ns"])
+                return _ASK_AGAIN
+        self._runtime.latest.put(thread_id, body["checkpoint_ns"], Kept.of(tp.partition, tail.end, wire))
+        return wire
 
     def _ask(self, body: dict[str, Any]) -> _Ask:
         """What a get names: this saver's own records of the thread, and the newest checkpoint it keeps."""
@@ -173,7 +210,8 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
             headers[OWN_WRITES_HEADER] = named.header
             if kept is not None and kept.partition == named.partition:
                 headers[CACHED_THROUGH_HEADER] = str(kept.through)
-        return _Ask(headers or None, named, kept)
+        local = self._runtime.log is not None and kept is not None and named is not None
+        return _Ask(headers or None, named, kept, local)
 
     def _up_to_date(self, answer: dict[str, Any], body: dict[str, Any], ask: _Ask) -> Any:
         """The answer's tuple (or the kept one, when `current`) with this saver's own writes the
@@ -336,6 +374,8 @@ class _Ask:
     headers: dict[str, str] | None
     named: Named | None
     kept: Kept | None
+    local: bool
+    """Whether the client may look at the log itself first (`_from_kept`)."""
 
 
 def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:

@@ -14,7 +14,7 @@ from graphledger_server.api import checkpoints, handlers, health, store
 from graphledger_server.api.auth import TenantAuth, document_bearer_auth, token_entries, whoami_router
 from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.db import conninfo, open_pool, open_store_pool
-from graphledger_server.api.log_tail import LogTail
+from graphledger.log_tail import LogTail
 from graphledger_server.api.read_barrier import ReadBarrier
 from graphledger_server.api.state import ApiState
 from graphledger_server.telemetry import api as telemetry

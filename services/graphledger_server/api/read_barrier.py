@@ -28,7 +28,7 @@ from aiokafka import TopicPartition
 from graphledger.errors import LogUnavailableError
 from graphledger.settings import Settings
 from graphledger_server.api.consistency import AppliedOffsets, await_applied
-from graphledger_server.api.log_tail import LogTail
+from graphledger.log_tail import LogTail
 
 Token = dict[tuple[str, int], int]
 

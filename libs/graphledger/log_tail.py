@@ -1,10 +1,12 @@
 """Where a partition's log ends right now, and the keys of its records past a given offset.
 
-A consistent read (docs/architecture.md, "Consistency") must reflect every write acknowledged before
-it began. With `acks=all` the leader acknowledges a record only once the partition's high watermark
-has passed it, so the high watermark in the answer to a fetch *sent after the read began* bounds every
-such write. One fetch also brings the records between the projection's position and that end, whose
-keys tell whether the thread or item being read has unprojected records at all.
+Used by the read API before every read, and by a client before it answers a read of its own thread
+from what it holds (`client/latest.py`). A consistent read (docs/architecture.md, "Consistency")
+must reflect every write acknowledged before it began. With `acks=all` the leader acknowledges a
+record only once the partition's high watermark has passed it, so the high watermark in the answer
+to a fetch *sent after the read began* bounds every such write. One fetch also brings the records
+between the projection's position and that end, whose keys tell whether the thread or item being
+read has unprojected records at all.
 
 Every fetch starts one record before the first offset asked about: a fetch that finds data is answered
 at once, while one positioned at the end of the log is held for its whole `max_wait` (tansu holds it
@@ -81,16 +83,20 @@ class _Round:
 
 
 class LogTail:
-    """The read API's window on the log: one aiokafka client, no consumer group, no offsets of its own."""
+    """A window on the log: an aiokafka client (its own, or a producer's), no consumer group, no offsets."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, client: AIOKafkaClient | None = None) -> None:
         self._settings = settings
-        self._client: AIOKafkaClient | None = None
-        self._bootstrapped = False
+        self._client = client
+        """Given: a started client someone else owns (a producer's)."""
+        self._owned = client is None
+        self._bootstrapped = client is not None
         self._bootstrap_lock = asyncio.Lock()
         self._rounds: dict[int, _Round] = {}
 
     async def start(self) -> None:
+        if not self._owned:
+            return
         self._client = AIOKafkaClient(
             **self._settings.kafka_client_options(),  # type: ignore[arg-type]
             client_id="graphledger-read-api",
@@ -103,9 +109,9 @@ class LogTail:
             log.warning("%s", exc)
 
     async def stop(self) -> None:
-        if self._client is not None:
+        if self._client is not None and self._owned:
             await self._client.close()
-            self._client = None
+        self._client = None
 
     async def partition_count(self, topic: str) -> int:
         """How many partitions `topic` has (from the broker's metadata, refreshed as aiokafka does)."""
@@ -271,7 +277,7 @@ class LogTail:
             return
         if isinstance(failure, LogUnavailableError):
             raise failure
-        raise LogUnavailableError(f"a fetch of {tp.topic}:{tp.partition} failed: {failure!r}")
+        raise LogUnavailableError(f"a fetch of {tp.topic}:{tp.partition} failed: {failure!r}") from failure
 
     async def _ready(self) -> AIOKafkaClient:
         """The client, bootstrapped (again, after a broker that was away at start); else LogUnavailableError."""
