@@ -500,13 +500,6 @@ async def gc_blobs(
         await conn.execute(sql.gc_blobs, *_columns(freed, 4))
 
 
-async def apply_checkpoint_batch(
-    conn: asyncpg.Connection, sql: CheckpointStatements, items: Sequence[BatchItem]
-) -> None:
-    """Plan and apply one batch of checkpoint events inside the caller's transaction."""
-    await apply_steps(conn, sql, plan_batch(items))
-
-
 class CheckpointProjection:
     """The checkpoint topic's projection, as the batch applier drives it."""
 
