@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     import asyncpg
     from aiokafka import AIOKafkaProducer
 
+    from graphledger_server.projection.batch import TopicProjection
+
 HEADER_REPLAY_OF = "gl-replay-of"
 """On a re-published record: `<topic>:<partition>:<offset>` of the dead letter it replays."""
 REASON_COLUMN_CHARS = 90
@@ -271,9 +273,7 @@ async def replay(
     )
     try:
         for projection in projections.values():
-            prepare = getattr(projection, "prepare", None)
-            if prepare is not None:
-                await prepare(conn)  # the store's vector dims, which validation checks
+            await projection.prepare(conn)  # the store's vector dims, which validation checks
         await producer.start()
         results: list[tuple[int, str | DeadLetterError]] = []
         for dead_letter_id in ids:
@@ -294,7 +294,7 @@ async def _replay_one(
     conn: asyncpg.Connection,
     producer: AIOKafkaProducer,
     settings: Settings,
-    projections: dict[str, Any],
+    projections: dict[str, TopicProjection],
     dead_letter_id: int,
     payload: dict[str, Any] | None,
     event_type: str | None,

@@ -61,6 +61,10 @@ DeadLetterSink = Callable[[Sequence[DeadLetter]], Awaitable[None]]
 class TopicProjection(Protocol):
     """The projection of one topic: how its envelopes become events and how a batch of them applies."""
 
+    async def prepare(self, conn: asyncpg.Connection) -> None:
+        """Read what classifying events needs from the schema (after `migrate`, before the first batch)."""
+        ...
+
     def to_event(self, env: Envelope) -> Any: ...
 
     async def apply(self, conn: asyncpg.Connection, items: Sequence[tuple[str, int, int, Any]]) -> None: ...

@@ -136,10 +136,7 @@ class ProjectorWorker:
         self.pool = await asyncpg.create_pool(s.postgres_dsn, min_size=1, max_size=2)
         async with self.pool.acquire() as conn:
             for projection in self.projections.values():
-                # A projection that reads the schema before classifying events (the store's vector dims).
-                prepare = getattr(projection, "prepare", None)
-                if prepare is not None:
-                    await prepare(conn)
+                await projection.prepare(conn)  # before classifying events (the store's vector dims)
         self.producer = AIOKafkaProducer(
             **s.kafka_client_options(),  # type: ignore[arg-type]
             acks="all",

@@ -96,9 +96,7 @@ class Rebuilder:
         statements = OffsetStatements(self.schema)
         async with self._pool.acquire() as conn:
             for projection in self.projections.values():
-                prepare = getattr(projection, "prepare", None)
-                if prepare is not None:
-                    await prepare(conn)
+                await projection.prepare(conn)
             stored = {t: await stored_offsets(conn, statements, self.group, t) for t in source_topics(s)}
         self._consumer = AIOKafkaConsumer(
             **s.kafka_client_options(),  # type: ignore[arg-type]
