@@ -258,19 +258,13 @@ async def replay(
 ) -> list[tuple[int, str | DeadLetterError]]:
     """Replay each dead letter once; per id, where it went or why it was refused."""
     import asyncpg
-    from aiokafka import AIOKafkaProducer
 
+    from graphledger.client.producer import new_producer
     from graphledger_server.projector.worker import projections_for
 
     projections = projections_for(settings)
     conn = await asyncpg.connect(settings.postgres_dsn)
-    producer = AIOKafkaProducer(
-        **settings.kafka_client_options(),  # type: ignore[arg-type]
-        acks="all",
-        enable_idempotence=settings.kafka_idempotence,
-        max_request_size=settings.max_message_bytes + 64 * 1024,
-        request_timeout_ms=int(settings.produce_timeout_s * 1000),
-    )
+    producer = new_producer(settings)
     try:
         for projection in projections.values():
             await projection.prepare(conn)  # the store's vector dims, which validation checks
@@ -332,17 +326,12 @@ async def _replay_one(
         if not isinstance(checked, Decoded):
             raise DeadLetterError(f"dead letter {dead_letter_id} would fail again: {checked.reason}")
         headers.append((HEADER_REPLAY_OF, f"{topic}:{partition}:{row['offset']}".encode()))
-        parts = chunks.split(value or b"", settings.max_message_bytes)
-        chunk_id = str(uuid.uuid4())
-        futures = []
-        for i, part in enumerate(parts):
-            extra = [(envelope.HEADER_CHUNK, chunks.ChunkRef(chunk_id, i, len(parts)).header_value())]
-            futures.append(
-                await producer.send(
-                    topic, part, key=row["record_key"], partition=partition,
-                    headers=headers + (extra if len(parts) > 1 else []),
-                )
-            )  # fmt: skip
+        # A fresh chunk id: the projector may still hold chunks of the event's first publication.
+        records = chunks.frame(value or b"", headers, settings.max_message_bytes, str(uuid.uuid4()))
+        futures = [
+            await producer.send(topic, r.value, key=row["record_key"], partition=partition, headers=r.headers)
+            for r in records
+        ]
         acked = await asyncio.wait_for(asyncio.gather(*futures), settings.produce_timeout_s)
         replayed_to = f"{topic}:{partition}@{acked[-1].offset}"
         await conn.execute(_sql(MARK_SQL, settings), dead_letter_id, replayed_to)

@@ -19,6 +19,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError
 from aiokafka.structs import ConsumerRecord
 
+from graphledger.client.producer import new_producer
+from graphledger.events.chunks import RECORD_HEADROOM_BYTES
 from graphledger.settings import Settings
 from graphledger_server.projection.batch import BatchApplier, BatchResult, TopicProjection
 from graphledger_server.projection.checkpoints import CheckpointProjection
@@ -40,7 +42,6 @@ REVOKE_WAIT_S = 10.0
 """How long a rebalance waits for the in-flight batch before giving the partitions up anyway."""
 RESET_POLL_S = 1.0
 """How often a worker with stopped partitions looks for an operator's `graphledger offsets reset`."""
-_REQUEST_HEADROOM_BYTES = 64 * 1024
 
 # SQLSTATEs worth retrying: the transaction lost a race or the server is going away or busy.
 _RETRYABLE_SQLSTATE_CLASSES = ("08", "40", "53", "57")
@@ -137,12 +138,7 @@ class ProjectorWorker:
         async with self.pool.acquire() as conn:
             for projection in self.projections.values():
                 await projection.prepare(conn)  # before classifying events (the store's vector dims)
-        self.producer = AIOKafkaProducer(
-            **s.kafka_client_options(),  # type: ignore[arg-type]
-            acks="all",
-            enable_idempotence=s.kafka_idempotence,
-            max_request_size=s.max_message_bytes + _REQUEST_HEADROOM_BYTES,
-        )
+        self.producer = new_producer(s)
         await self.producer.start()
         self.consumer = AIOKafkaConsumer(
             **s.kafka_client_options(),  # type: ignore[arg-type]
@@ -151,7 +147,7 @@ class ProjectorWorker:
             # Never reset silently: an offset the log no longer has stops the partition (log_guard).
             auto_offset_reset="none",
             fetch_max_wait_ms=s.fetch_max_wait_ms,
-            max_partition_fetch_bytes=max(1024 * 1024, s.max_message_bytes + _REQUEST_HEADROOM_BYTES),
+            max_partition_fetch_bytes=max(1024 * 1024, s.max_message_bytes + RECORD_HEADROOM_BYTES),
         )
         self.consumer.subscribe(self.topics, listener=_SeekToStored(self))
         await self.consumer.start()

@@ -30,6 +30,7 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from graphledger.events.chunks import RECORD_HEADROOM_BYTES
 from graphledger.settings import Settings
 from graphledger.telemetry import names
 from graphledger_server.commands.topics import source_topics
@@ -104,7 +105,7 @@ class Rebuilder:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=s.fetch_max_wait_ms,
-            max_partition_fetch_bytes=max(FETCH_BYTES, s.max_message_bytes + 64 * 1024),
+            max_partition_fetch_bytes=max(FETCH_BYTES, s.max_message_bytes + RECORD_HEADROOM_BYTES),
         )
         await self._consumer.start()
         await self._consumer.topics()  # metadata of every topic, for partitions_for_topic
