@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from graphledger.errors import GraphledgerError
+from graphledger.errors import DeadLetterError
 from graphledger.settings import Settings
 
 if TYPE_CHECKING:
@@ -44,10 +44,6 @@ ONE_SQL = f"SELECT {COLUMNS} FROM {{schema}}.graphledger_dead_letters WHERE id =
 LOCK_SQL = ONE_SQL + " FOR UPDATE"
 MARK_SQL = """UPDATE {schema}.graphledger_dead_letters SET replayed_at = now(), replayed_to = $2::text
 WHERE id = $1::bigint"""
-
-
-class DeadLetterError(GraphledgerError):
-    """A dead letter that does not exist, was replayed already, or whose replacement is invalid."""
 
 
 def register(commands: Any) -> None:

@@ -14,7 +14,7 @@ import argparse
 import asyncio
 from dataclasses import dataclass
 
-from graphledger.errors import GraphledgerError
+from graphledger.errors import OffsetResetError
 from graphledger.settings import Settings
 
 # Service dependencies (asyncpg) are imported where used: `graphledger --help` registers this
@@ -32,10 +32,6 @@ INSERT INTO {schema}.graphledger_offsets (consumer_group, topic, partition, next
 VALUES ($1::text, $2::text, $3::int, $4::bigint)
 ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
 """
-
-
-class OffsetResetError(GraphledgerError):
-    """The reset was refused: it names what was wrong."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 
 import asyncpg
 
-from graphledger.errors import GraphledgerError
+from graphledger.errors import SchemaSwitchedError
 from graphledger_server.projection.sql import render
 
 TopicPartition = tuple[str, int]
@@ -79,12 +79,6 @@ class OffsetStatements:
         self.advance = render(ADVANCE_OFFSETS_SQL, schema)
         self.stored = render(STORED_OFFSETS_SQL, schema)
         self.current_table = render(CURRENT_OFFSETS_TABLE_SQL, schema)
-
-
-class SchemaSwitchedError(GraphledgerError):
-    """A replay renamed the projection schema while this batch waited for its offset rows; re-run it."""
-
-    retryable = True
 
 
 async def lock_offsets(

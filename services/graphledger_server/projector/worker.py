@@ -2,8 +2,9 @@
 
 Progress lives only in Postgres (`graphledger_offsets`, written with the rows): Kafka offsets are
 never committed, and on every assignment the consumer seeks to the stored offsets. A batch that
-fails on a retryable error (connection lost, serialization failure, deadlock, Kafka unreachable for a
-dead letter) is rolled back and retried as is, after a capped backoff; it is never skipped.
+fails on an error `driver_errors.verdict_of` calls `RETRY` (connection lost, serialization failure,
+deadlock, Kafka unreachable for a dead letter) is rolled back and retried as is, after a capped
+backoff; it is never skipped.
 A partition whose log lost records the projection applied is stopped, not reset (`log_guard`).
 """
 
@@ -16,12 +17,13 @@ from collections.abc import Sequence
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError
+from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from aiokafka.structs import ConsumerRecord
 
 from graphledger.client.producer import new_producer
 from graphledger.events.chunks import RECORD_HEADROOM_BYTES
 from graphledger.settings import Settings
+from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.projection.batch import BatchApplier, BatchResult, TopicProjection
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import outgoing_records, outstanding
@@ -42,21 +44,6 @@ REVOKE_WAIT_S = 10.0
 """How long a rebalance waits for the in-flight batch before giving the partitions up anyway."""
 RESET_POLL_S = 1.0
 """How often a worker with stopped partitions looks for an operator's `graphledger offsets reset`."""
-
-# SQLSTATEs worth retrying: the transaction lost a race or the server is going away or busy.
-_RETRYABLE_SQLSTATE_CLASSES = ("08", "40", "53", "57")
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """A failure the same batch can succeed after: connection trouble, serialization, Kafka hiccups."""
-    # InternalClientError: asyncpg's protocol state broke when the server went away mid-operation
-    # (seen as "cannot switch to state 15" when Postgres stops under a batch).
-    if isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError | asyncpg.InternalClientError | KafkaError):
-        return True
-    if isinstance(exc, asyncpg.PostgresError):
-        state = getattr(exc, "sqlstate", None) or ""
-        return state[:2] in _RETRYABLE_SQLSTATE_CLASSES
-    return False
 
 
 def projections_for(settings: Settings) -> dict[str, TopicProjection]:
@@ -192,7 +179,7 @@ class ProjectorWorker:
             async with self.pool.acquire() as conn:
                 counts = await outstanding(conn, self.settings.postgres_schema, self.topics)
         except Exception as exc:
-            if not is_retryable(exc):
+            if verdict_of(exc) is not Verdict.RETRY:
                 raise
             log.warning("cannot count dead letters (%s); the gauge keeps its last value", exc)
             return
@@ -220,7 +207,7 @@ class ProjectorWorker:
                     }
                 break
             except Exception as exc:
-                if not is_retryable(exc) or self._stop.is_set():
+                if verdict_of(exc) is not Verdict.RETRY or self._stop.is_set():
                     raise
                 log.warning("cannot read stored offsets (%s); retrying in %.1fs", exc, delay)
                 await _sleep_or_stop(self._stop, delay)
@@ -304,7 +291,7 @@ class ProjectorWorker:
                     result = await self.telemetry.apply(self.applier, conn, records, classified)  # spans, metrics
                 break
             except Exception as exc:
-                if not is_retryable(exc):
+                if verdict_of(exc) is not Verdict.RETRY:
                     raise
                 if stop.is_set():
                     log.warning("abandoning a batch of %d records on stop after: %s", len(records), exc)
@@ -351,7 +338,7 @@ class ProjectorWorker:
                     ).items()
                 }
         except Exception as exc:
-            if not is_retryable(exc):
+            if verdict_of(exc) is not Verdict.RETRY:
                 raise
             log.warning("cannot read stored offsets to look for a reset (%s)", exc)
             return

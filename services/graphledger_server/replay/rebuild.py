@@ -34,10 +34,11 @@ from graphledger.events.chunks import RECORD_HEADROOM_BYTES
 from graphledger.settings import Settings
 from graphledger.telemetry import names
 from graphledger_server.commands.topics import source_topics
+from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.projection.batch import BatchApplier, BatchResult
 from graphledger_server.projection.offsets import OffsetStatements, stored_offsets
 from graphledger_server.projection.records import Classified, DeadLetter, SourceRecord
-from graphledger_server.projector.worker import BACKOFF_INITIAL_S, is_retryable, projections_for
+from graphledger_server.projector.worker import BACKOFF_INITIAL_S, projections_for
 from graphledger_server.telemetry import replay as telemetry
 
 log = logging.getLogger(__name__)
@@ -277,7 +278,7 @@ class Rebuilder:
                 async with self._pool.acquire() as conn:
                     return await self.applier.apply(conn, records, classified)
             except Exception as exc:
-                if not is_retryable(exc):
+                if verdict_of(exc) is not Verdict.RETRY:
                     raise
                 log.warning("rebuild batch of %d records failed (%s); retrying in %.1fs", len(records), exc, delay)
                 await asyncio.sleep(delay)

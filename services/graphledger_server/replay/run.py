@@ -26,7 +26,7 @@ from typing import TextIO
 
 import asyncpg
 
-from graphledger.errors import GraphledgerError
+from graphledger.errors import GraphledgerError, ReplayVerificationError
 from graphledger.settings import Settings
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.offsets import APPLIED_CHANNEL
@@ -47,10 +47,6 @@ FINAL_CATCH_UP_S = 120.0
 LIVE_MIGRATED_SQL = "SELECT to_regclass('{schema}.graphledger_offsets') IS NOT NULL"
 OFFSETS_SQL = "SELECT topic, partition, next_offset FROM {schema}.graphledger_offsets WHERE consumer_group = $1::text"
 LOCK_LIVE_SQL = "LOCK TABLE {schema}.graphledger_offsets IN EXCLUSIVE MODE"
-
-
-class ReplayVerificationError(GraphledgerError):
-    """The rebuilt schema differs from the live one at the same offsets; nothing was switched."""
 
 
 @dataclass
