@@ -288,7 +288,8 @@ class ProjectorWorker:
             try:
                 async with self.batch_lock, self.pool.acquire() as conn:
                     started = time.perf_counter()
-                    result = await self.telemetry.apply(self.applier, conn, records, classified)  # spans, metrics
+                    with self.telemetry.batch(conn, records) as observed:  # spans, metrics
+                        result = observed.result = await self.applier.apply(observed.conn, records, classified)
                 break
             except Exception as exc:
                 if verdict_of(exc) is not Verdict.RETRY:
