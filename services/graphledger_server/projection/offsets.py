@@ -3,7 +3,9 @@
 This module owns the table: the projector's batch transaction, the read API's consistency watcher,
 the sweeper's wait for its events, `graphledger offsets reset`, the replay's switch and the dev stack
 and benches all read or write it through the statements and functions here, never with SQL of their
-own. A statement that other queries need as a part is a function here, so the SQL stays in one place.
+own. A question another module asks of the table with its own data, such as the sweeper's "are these
+positions applied?" (its positions joined against the rows), is a statement here that takes that data
+as array parameters, so the table's SQL is written once.
 
 The row of each partition in a batch is locked (`FOR UPDATE`) before anything is applied, and
 records below its `next_offset` are skipped. That fences a zombie worker: if a partition moved to
