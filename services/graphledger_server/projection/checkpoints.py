@@ -500,18 +500,14 @@ async def gc_blobs(
         await conn.execute(sql.gc_blobs, *_columns(freed, 4))
 
 
-async def apply_checkpoint_batch(
-    conn: asyncpg.Connection, sql: CheckpointStatements, items: Sequence[BatchItem]
-) -> None:
-    """Plan and apply one batch of checkpoint events inside the caller's transaction."""
-    await apply_steps(conn, sql, plan_batch(items))
-
-
 class CheckpointProjection:
     """The checkpoint topic's projection, as the batch applier drives it."""
 
     def __init__(self, schema: str) -> None:
         self.sql = CheckpointStatements(schema)
+
+    async def prepare(self, conn: asyncpg.Connection) -> None:
+        """Nothing to read: checkpoint events are checked against no schema state."""
 
     def to_event(self, env: Envelope) -> TimedCheckpointEvent:
         event = to_checkpoint_event(env)
