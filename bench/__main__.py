@@ -30,6 +30,7 @@ from graphledger import KafkaSaver
 from graphledger.settings import DEFAULT_PARTITIONS
 from graphledger_server.commands.demo import build_graph
 from graphledger_server.devstack.stack import DevStack
+from graphledger_server.projection.offsets import OffsetStatements, group_offsets
 
 CONCURRENCY = (1, 16, 64)
 
@@ -89,13 +90,8 @@ async def _side_by_side(
 
 async def _applied(conn: asyncpg.Connection, stack: DevStack) -> int:
     settings = stack.settings
-    value = await conn.fetchval(
-        f"SELECT coalesce(sum(next_offset), 0) FROM {settings.postgres_schema}.graphledger_offsets "
-        "WHERE consumer_group = $1 AND topic = $2",
-        settings.projector_group_id,
-        settings.checkpoint_topic,
-    )
-    return int(value)
+    applied = await group_offsets(conn, OffsetStatements(settings.postgres_schema), settings.projector_group_id)
+    return sum(next_offset for (topic, _), next_offset in applied.items() if topic == settings.checkpoint_topic)
 
 
 async def _projector_rate(stack: DevStack, saver: KafkaSaver, total: int) -> float:

@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
-from aiokafka import AIOKafkaProducer
 
-from graphledger.events import envelope, to_envelope
+from graphledger.client.producer import new_producer
+from graphledger.events import chunks, envelope, to_envelope
 from graphledger.events.checkpoint import Blob, CheckpointPut, CheckpointWrites, Write
 from graphledger.events.store import StorePut
 from graphledger.settings import Settings
@@ -83,13 +83,7 @@ def _events(total: int) -> Iterator[tuple[str, object]]:
 async def produce(settings: Settings, total: int) -> dict[TP, int]:
     """Publish `total` events; returns each partition's next offset, from the acknowledgements."""
     topics = {"checkpoint": settings.checkpoint_topic, "store": settings.store_topic}
-    producer = AIOKafkaProducer(
-        **settings.kafka_client_options(),  # type: ignore[arg-type]
-        enable_idempotence=False,
-        acks="all",
-        linger_ms=20,
-        max_batch_size=1024 * 1024,
-    )
+    producer = new_producer(settings, linger_ms=20)
     await producer.start()
     ends: dict[TP, int] = {}
     try:
@@ -97,9 +91,9 @@ async def produce(settings: Settings, total: int) -> dict[TP, int]:
         for kind, event in _events(total):
             env = to_envelope(event)  # type: ignore[arg-type]
             key = event.key.encode()  # type: ignore[attr-defined]
-            pending.append(
-                await producer.send(topics[kind], envelope.encode(env), key=key, headers=envelope.headers_for(env))
-            )
+            value, headers = envelope.encode(env), envelope.headers_for(env)
+            for r in chunks.frame(value, headers, settings.max_message_bytes, env.event_id):
+                pending.append(await producer.send(topics[kind], r.value, key=key, headers=r.headers))
             if len(pending) >= 20_000:
                 for meta in await asyncio.gather(*pending):
                     tp = (meta.topic, meta.partition)

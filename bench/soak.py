@@ -38,6 +38,7 @@ from graphledger.errors import GraphledgerError
 from graphledger.settings import Settings
 from graphledger_server.commands.demo import build_graph
 from graphledger_server.devstack.stack import DevStack
+from graphledger_server.projection.offsets import OffsetStatements, group_offsets
 
 PROBE_INTERVAL_S = 0.2
 SAMPLE_INTERVAL_S = 1.0
@@ -128,15 +129,11 @@ class Progress:
     """The projection's applied offsets, polled from Postgres, against the clients' acknowledged ones."""
 
     def __init__(self, conn: asyncpg.Connection, schema: str, group: str) -> None:
-        self.conn, self.schema, self.group = conn, schema, group
+        self.conn, self.sql, self.group = conn, OffsetStatements(schema), group
         self.applied: dict[tuple[str, int], int] = {}
 
     async def poll(self) -> None:
-        rows = await self.conn.fetch(
-            f"SELECT topic, partition, next_offset FROM {self.schema}.graphledger_offsets WHERE consumer_group = $1",
-            self.group,
-        )
-        self.applied = {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
+        self.applied = await group_offsets(self.conn, self.sql, self.group)
 
     def reached(self, token: Token) -> bool:
         return all(self.applied.get(key, 0) > offset for key, offset in token.items())

@@ -28,11 +28,12 @@ from psycopg.conninfo import make_conninfo
 
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.embeddings import HashEmbedder
+from graphledger.errors import ImportMismatchError
 from graphledger.events.checkpoint import CheckpointPut, CheckpointWrites
 from graphledger.settings import Settings
 from graphledger_server.devstack.stack import DevStack, settings_to_env
 from graphledger_server.importer.plan import ThreadRows, thread_events
-from graphledger_server.importer.run import ImportMismatchError, ImportReport, connect, import_postgres
+from graphledger_server.importer.run import ImportReport, connect, import_postgres
 from graphledger_server.importer.source import Source
 
 THREADS = 300

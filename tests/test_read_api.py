@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import asyncpg
 import httpx
 import orjson
 import ormsgpack
@@ -40,8 +41,8 @@ from typing_extensions import TypedDict
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK
 from graphledger_server.api.app import create_app
-from graphledger_server.api.consistency import AppliedOffsets
-from graphledger_server.api.db import conninfo, open_pool
+from graphledger_server.api.consistency import APPLICATION_NAME, AppliedOffsets
+from graphledger_server.api.db import open_pool
 from graphledger_server.api.models import DeltaHistoryResponse, GetResponse, ListResponse
 from graphledger_server.devstack.ports import free_port, wait_until
 from graphledger_server.projection.migrate import migrate
@@ -521,7 +522,7 @@ async def test_read_waits_for_its_token_and_answers_once_notified(projection: st
 
 async def test_notification_wakes_a_waiter_without_the_fallback(projection: str) -> None:
     group = f"g{uuid.uuid4().hex[:8]}"
-    offsets = AppliedOffsets(conninfo(settings_for(projection)), SCHEMA, group, fallback_refresh_s=300)
+    offsets = AppliedOffsets(projection, SCHEMA, group, fallback_refresh_s=300)
     await offsets.start()
     try:
         await asyncio.wait_for(offsets.listening.wait(), 10)
@@ -535,13 +536,51 @@ async def test_notification_wakes_a_waiter_without_the_fallback(projection: str)
 
 async def test_a_missed_notification_is_caught_by_the_fallback_refresh(projection: str) -> None:
     group = f"g{uuid.uuid4().hex[:8]}"
-    offsets = AppliedOffsets(conninfo(settings_for(projection)), SCHEMA, group, fallback_refresh_s=0.05)
+    offsets = AppliedOffsets(projection, SCHEMA, group, fallback_refresh_s=0.05)
     await offsets.start()
     try:
         waiter = asyncio.create_task(offsets.wait({("t.checkpoints", 0): 0}, timeout_s=60))
         await until(lambda: offsets.waiting == 1, "the waiter")
         await set_applied(projection, group, "t.checkpoints", 0, 1, notify=False)
         assert await asyncio.wait_for(waiter, 10) == {}
+    finally:
+        await offsets.stop()
+
+
+async def watcher_backends(dsn: str) -> set[int]:
+    """Server process ids of the sessions of applied-offsets watchers."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT pid FROM pg_stat_activity WHERE application_name = $1", APPLICATION_NAME)
+    finally:
+        await conn.close()
+    return {r["pid"] for r in rows}
+
+
+async def test_a_watcher_whose_connection_is_cut_listens_again_on_a_new_one(projection: str) -> None:
+    """The server ending the LISTEN session is noticed with nobody waiting (no fallback refresh to
+    trip over it), and notifications reach waiters through the new session."""
+    group = f"g{uuid.uuid4().hex[:8]}"
+    others = await watcher_backends(projection)  # the module's running read APIs have watchers too
+    offsets = AppliedOffsets(projection, SCHEMA, group, fallback_refresh_s=300)
+    await offsets.start()
+    try:
+        await asyncio.wait_for(offsets.listening.wait(), 10)
+        (first,) = await watcher_backends(projection) - others
+        conn = await asyncpg.connect(projection)
+        try:
+            assert await conn.fetchval("SELECT pg_terminate_backend($1::int)", first)
+        finally:
+            await conn.close()
+        deadline = time.monotonic() + 10
+        while not (await watcher_backends(projection)) - others - {first}:
+            assert time.monotonic() < deadline, "the watcher did not connect again"
+            await asyncio.sleep(0.01)
+        waiter = asyncio.create_task(offsets.wait({("t.checkpoints", 0): 41}, timeout_s=60))
+        await until(lambda: offsets.waiting == 1, "the waiter")
+        await set_applied(projection, group, "t.checkpoints", 0, 42, notify=True)
+        assert await asyncio.wait_for(waiter, 10) == {}
+        assert offsets.unreachable is None
     finally:
         await offsets.stop()
 

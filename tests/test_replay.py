@@ -21,6 +21,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.embeddings import HashEmbedder
+from graphledger.errors import LossRefusedError, ReplayVerificationError
 from graphledger.settings import Settings
 from graphledger_server.api.main import server as api_server
 from graphledger_server.cli import main as cli_main
@@ -33,8 +34,8 @@ from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.main import run_projector
 from graphledger_server.replay import schemas
 from graphledger_server.replay.indexes import secondary_indexes
-from graphledger_server.replay.preflight import LossRefusedError, SourceTopic, refuse_losses
-from graphledger_server.replay.run import ReplayVerificationError, run_replay
+from graphledger_server.replay.preflight import SourceTopic, refuse_losses
+from graphledger_server.replay.run import run_replay
 from projection_helpers import TOPIC, cid, put, record
 
 WAIT_S = 90.0

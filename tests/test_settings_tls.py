@@ -355,15 +355,15 @@ def _assert_same_options(recorded: dict[str, Any], settings: Settings) -> None:
 
 
 async def test_the_agent_the_projector_and_topics_ensure_connect_with_the_same_options(pki, clean_env) -> None:
-    from graphledger.client import publisher
+    from graphledger.client import producer, publisher
     from graphledger_server.commands import topics
     from graphledger_server.projection.checkpoints import CheckpointProjection
     from graphledger_server.projector import worker
 
     settings = settings_from(clean_env, secure_env(pki))
     calls: list[tuple[str, dict[str, Any]]] = []
-    clean_env.setattr(publisher, "AIOKafkaProducer", _Recorder(calls, "agent producer"))
-    clean_env.setattr(worker, "AIOKafkaProducer", _Recorder(calls, "projector producer"))
+    # Every producer comes from `new_producer`; the agent's is built first, the projector's second.
+    clean_env.setattr(producer, "AIOKafkaProducer", _Recorder(calls, "producer"))
     clean_env.setattr(worker, "AIOKafkaConsumer", _Recorder(calls, "projector consumer"))
 
     async def no_pool(*args: Any, **kwargs: Any) -> _Recorder:
@@ -392,7 +392,8 @@ async def test_the_agent_the_projector_and_topics_ensure_connect_with_the_same_o
     with pytest.raises(_Stop):
         await topics.ensure_topics(settings)
 
-    clients = {name: kwargs for name, kwargs in calls if name != "pool"}
+    producers = iter(["agent producer", "projector producer"])
+    clients = {next(producers) if name == "producer" else name: kwargs for name, kwargs in calls if name != "pool"}
     assert set(clients) == {"agent producer", "projector producer", "projector consumer", "topics admin"}
     for kwargs in clients.values():
         _assert_same_options(kwargs, settings)

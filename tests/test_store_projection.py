@@ -21,9 +21,10 @@ from langgraph.store.postgres.base import MIGRATIONS, VECTOR_MIGRATIONS
 from psycopg.rows import dict_row
 
 from graphledger.embeddings import HashEmbedder
+from graphledger.errors import VectorIndexMismatchError
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.records import SourceRecord
-from graphledger_server.projection.vector_index import VectorIndex, VectorIndexMismatchError
+from graphledger_server.projection.vector_index import VectorIndex
 from store_helpers import Applier, delete, dump, put, record
 
 SCHEMA = "gl"

@@ -297,7 +297,8 @@ async def test_a_batch_gets_a_consumer_span_with_links_and_a_span_per_statement(
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
         with captured_spans() as exporter:
-            result = await telemetry.apply(applier, conn, records)
+            with telemetry.batch(conn, records) as observed:
+                result = observed.result = await applier.apply(observed.conn, records)
     finally:
         await conn.close()
     assert result.applied_by_type == {"checkpoint.put": 1, "thread.copy": 1}

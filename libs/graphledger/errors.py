@@ -1,4 +1,11 @@
-"""All graphledger errors. Each carries `retryable`, so callers branch on an attribute, not a class list."""
+"""Every graphledger error. Each carries `retryable`, so callers branch on an attribute, not a class list.
+
+The client's and the events' errors come first, then the ones only the services raise: they are plain
+classes with no server imports, so they live here too and the client install stays free of them at
+no cost. Two exceptions that are not errors of graphledger's own live elsewhere: the read API's HTTP
+answer (`graphledger_server.api.errors.ApiError`, which carries `retryable` into the response body),
+and what drivers raise, which `graphledger_server.driver_errors` classifies as retry, reject or fatal.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +14,13 @@ class GraphledgerError(Exception):
     """A graphledger operation failed."""
 
     retryable: bool = False
+    """Whether the same operation may succeed when tried again (as aiokafka's `KafkaError.retriable`)."""
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or (self.__doc__ or "").strip())
+
+
+# -- client and events ---------------------------------------------------------------------------------
 
 
 class InvalidInputError(GraphledgerError, ValueError):
@@ -63,3 +74,52 @@ class LogUnavailableError(GraphledgerError):
     acknowledged writes a read must reflect; the read fails rather than answer from an older state."""
 
     retryable = True
+
+
+# -- services ------------------------------------------------------------------------------------------
+
+
+class SchemaSwitchedError(GraphledgerError):
+    """A replay renamed the projection schema while this batch waited for its offset rows; re-run it."""
+
+    retryable = True
+
+
+class VectorIndexMismatchError(GraphledgerError):
+    """The schema's vector table was built with another shape than the settings ask for."""
+
+
+class ReencodeRefusedError(GraphledgerError):
+    """This read needs a stored value re-encoded, which the read API cannot do without deserializing it.
+
+    The official saver re-encodes only when it migrates the pending sends of a checkpoint written before
+    checkpoint format v4; such a checkpoint has to be read with the agent's own serde.
+    """
+
+
+class LossRefusedError(GraphledgerError):
+    """The source topics no longer hold every event; the replay would lose some (see `--accept-loss`)."""
+
+
+class ReplayVerificationError(GraphledgerError):
+    """The rebuilt schema differs from the live one at the same offsets; nothing was switched."""
+
+
+class SourceError(GraphledgerError):
+    """The source database is not a langgraph-checkpoint-postgres database graphledger can import."""
+
+
+class ImportMismatchError(GraphledgerError):
+    """The source cannot be imported into this projection as configured (vector dims differ)."""
+
+
+class FiniteRetentionError(GraphledgerError):
+    """A source-of-truth topic has finite retention: replaying it would not rebuild every projection."""
+
+
+class OffsetResetError(GraphledgerError):
+    """The reset was refused: it names what was wrong."""
+
+
+class DeadLetterError(GraphledgerError):
+    """A dead letter that does not exist, was replayed already, or whose replacement is invalid."""

@@ -287,8 +287,12 @@ def is_server_dependency(exc: ImportError) -> bool:
 
 
 def _is_connection_error(exc: Exception) -> bool:
-    # aiokafka's KafkaConnectionError is not an OSError; match it by name to keep aiokafka out of here.
-    return isinstance(exc, OSError) or type(exc).__name__ == "KafkaConnectionError"
+    """Whether `exc` is a server away or busy (`driver_errors` says RETRY), which a hint can point at."""
+    try:
+        from graphledger_server.driver_errors import Verdict, verdict_of
+    except ImportError:  # a client-only install: the classifier needs the server's drivers
+        return False
+    return verdict_of(exc) is Verdict.RETRY
 
 
 def describe_settings_error(exc: Exception) -> list[str]:

@@ -19,15 +19,13 @@ from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
 from opentelemetry.context import Context
 
+from graphledger.client.producer import new_producer
 from graphledger.errors import PublishError
 from graphledger.events import chunks, envelope
 from graphledger.events.envelope import Envelope
 from graphledger.settings import Settings
 from graphledger.telemetry import client as telemetry
 from graphledger.telemetry.propagation import traceparent
-
-# Room for the envelope's and chunk headers' bytes beyond a chunk's payload.
-_REQUEST_HEADROOM_BYTES = 64 * 1024
 
 
 class InflightBytes:
@@ -87,16 +85,7 @@ class EventPublisher:
         self.inflight: InflightBytes | None = None
 
     async def start(self) -> None:
-        producer = AIOKafkaProducer(
-            **self._settings.kafka_client_options(),  # type: ignore[arg-type]
-            acks="all",
-            enable_idempotence=self._settings.kafka_idempotence,
-            max_request_size=self._settings.max_message_bytes + _REQUEST_HEADROOM_BYTES,
-            request_timeout_ms=int(self._settings.produce_timeout_s * 1000),
-            # One batch per partition may hold a whole chunk; the 16 KiB default split concurrent
-            # checkpoints into many small produce requests.
-            max_batch_size=self._settings.max_message_bytes + _REQUEST_HEADROOM_BYTES,
-        )
+        producer = new_producer(self._settings)
         try:
             await asyncio.wait_for(producer.start(), self._settings.produce_timeout_s)
         except (TimeoutError, KafkaError, OSError) as exc:
@@ -179,25 +168,11 @@ class EventPublisher:
         span = telemetry.start_send_span(topic, event.type, event.event_id, len(value), key_attribute, context)
         headers = envelope.headers_for(event, traceparent(span, context))
         key_bytes = key.encode() if key is not None else None
-        limit = self._settings.max_message_bytes
+        records = chunks.frame(value, headers, self._settings.max_message_bytes, event.event_id)
         try:
-            if len(value) <= limit:
-                records = [(value, headers)]
-            else:
-                parts = chunks.split(value, limit)
-                records = [
-                    (
-                        part,
-                        [
-                            *headers,
-                            (envelope.HEADER_CHUNK, chunks.ChunkRef(event.event_id, i, len(parts)).header_value()),
-                        ],
-                    )
-                    for i, part in enumerate(parts)
-                ]
             futures = [
-                await self._producer.send(topic, part, key=key_bytes, headers=hdrs, partition=partition)
-                for part, hdrs in records
+                await self._producer.send(topic, r.value, key=key_bytes, headers=r.headers, partition=partition)
+                for r in records
             ]
             acked = await asyncio.gather(*futures)
         except KafkaError as exc:

@@ -9,12 +9,12 @@ from importlib.metadata import version
 
 from fastapi import FastAPI
 
+from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger_server.api import checkpoints, handlers, health, store
 from graphledger_server.api.auth import TenantAuth, document_bearer_auth, token_entries, whoami_router
 from graphledger_server.api.consistency import AppliedOffsets
-from graphledger_server.api.db import conninfo, open_pool, open_store_pool
-from graphledger.log_tail import LogTail
+from graphledger_server.api.db import open_pool, open_store_pool
 from graphledger_server.api.read_barrier import ReadBarrier
 from graphledger_server.api.state import ApiState
 from graphledger_server.telemetry import api as telemetry
@@ -34,7 +34,7 @@ def create_app(settings: Settings) -> FastAPI:
         # /readyz and the reads report the outage until it is back.
         await pool.open(wait=False)
         store_pool = await open_store_pool(settings)
-        offsets = AppliedOffsets(conninfo(settings), settings.postgres_schema, settings.projector_group_id)
+        offsets = AppliedOffsets(settings.postgres_dsn, settings.postgres_schema, settings.projector_group_id)
         await offsets.start()
         log = LogTail(settings)
         await log.start()

@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from graphledger.settings import Settings
+from graphledger_server.driver_errors import Verdict, verdict_of
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,9 @@ async def not_ready_reason(pool: AsyncConnectionPool) -> str | None:
         async with pool.connection() as conn:
             cur = await conn.execute(CHECKPOINTS_TABLE_SQL)
             row = await cur.fetchone()
-    except psycopg.OperationalError as exc:
+    except psycopg.Error as exc:
+        if verdict_of(exc) is not Verdict.RETRY:
+            raise
         await pool.check()  # replace the connections an outage broke, so readiness returns with Postgres
         return f"Postgres is unreachable: {type(exc).__name__}"
     if not row or not row["ready"]:

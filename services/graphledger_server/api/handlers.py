@@ -1,8 +1,9 @@
 """Exception handlers: every failure becomes `{"error", "message", "retryable"}` in the negotiated format.
 
-Database failures are translated here, in one place, so a route never returns SQL text or a bare 500
-for an outage: an unreachable Postgres (`OperationalError`, which includes the pool's `PoolTimeout`)
-and a schema that is not migrated yet are 503s the client retries.
+Database failures of either driver are answered here, as `driver_errors` classifies them, so a route
+never returns SQL text or a bare 500 for an outage: a schema that is not migrated yet and an
+unreachable Postgres (`RETRY`, which includes the pool's `PoolTimeout`) are 503s the client retries;
+a request Postgres refuses (`REJECT`: over one of its limits, a value it cannot take) is a 400.
 """
 
 from __future__ import annotations
@@ -11,16 +12,15 @@ import logging
 
 import asyncpg
 import psycopg
-import psycopg.errors
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from graphledger.errors import LogUnavailableError
+from graphledger.errors import LogUnavailableError, ReencodeRefusedError
 from graphledger_server.api.codec import describe, respond
 from graphledger_server.api.errors import ApiError, unavailable
-from graphledger_server.api.passthrough import ReencodeRefusedError
 from graphledger_server.api.state import api_state
+from graphledger_server.driver_errors import Verdict, schema_missing, verdict_of
 
 log = logging.getLogger(__name__)
 
@@ -47,24 +47,22 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     return _send(request, ApiError(422, "invalid_request", describe(exc.errors())))
 
 
-async def _postgres_unreachable(request: Request, exc: Exception) -> Response:
-    log.warning("postgres unavailable for %s: %s", request.url.path, exc)
-    # Idle connections broken by an outage fail only when used: have the pool test and replace them
-    # all now, so one read after Postgres returns is answered 503, not one per stale connection.
-    await api_state(request).pool.check()
-    return _send(request, unavailable("postgres_unavailable", "the projection database is unreachable; retry"))
-
-
-async def _over_a_limit(request: Request, exc: Exception) -> Response:
-    # An OperationalError by class, but the request's fault (a read too large for one statement), not
-    # an outage: retrying it would fail forever.
-    log.warning("request to %s exceeds a Postgres limit: %s", request.url.path, exc)
-    return _send(request, ApiError(400, "over_a_limit", "the request exceeds a database limit; ask for less"))
-
-
-async def _not_migrated(request: Request, exc: Exception) -> Response:
-    log.warning("projection not migrated for %s: %s", request.url.path, exc)
-    return _send(request, unavailable("not_ready", "the projection schema is not migrated yet; retry"))
+async def _database_error(request: Request, exc: Exception) -> Response:
+    if schema_missing(exc):
+        log.warning("projection not migrated for %s: %s", request.url.path, exc)
+        return _send(request, unavailable("not_ready", "the projection schema is not migrated yet; retry"))
+    verdict = verdict_of(exc)
+    if verdict is Verdict.RETRY:
+        log.warning("postgres unavailable for %s: %s", request.url.path, exc)
+        # Idle connections broken by an outage fail only when used: have the pool test and replace
+        # them all now, so one read after Postgres returns is answered 503, not one per stale connection.
+        await api_state(request).pool.check()
+        return _send(request, unavailable("postgres_unavailable", "the projection database is unreachable; retry"))
+    if verdict is Verdict.REJECT:
+        # The request's fault (a read too large for one statement), not an outage: a retry would fail forever.
+        log.warning("Postgres refused the request to %s: %s", request.url.path, exc)
+        return _send(request, ApiError(400, "over_a_limit", "the request exceeds a database limit; ask for less"))
+    raise exc  # a bug: on to `_unexpected`, whose 500 is followed by the traceback in the log
 
 
 async def _reencode_refused(request: Request, exc: Exception) -> Response:
@@ -86,12 +84,9 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(psycopg.OperationalError, _postgres_unreachable)
-    app.add_exception_handler(psycopg.errors.ProgramLimitExceeded, _over_a_limit)
-    app.add_exception_handler(psycopg.errors.UndefinedTable, _not_migrated)
-    # The same two from the store reads, which run on asyncpg (its outages are 503s in StoreReader).
-    app.add_exception_handler(asyncpg.exceptions.ProgramLimitExceededError, _over_a_limit)
-    app.add_exception_handler(asyncpg.exceptions.UndefinedTableError, _not_migrated)
+    # Checkpoint reads run on psycopg, store reads on asyncpg (whose outages StoreReader answers itself).
+    app.add_exception_handler(psycopg.Error, _database_error)
+    app.add_exception_handler(asyncpg.PostgresError, _database_error)
     app.add_exception_handler(ReencodeRefusedError, _reencode_refused)
     app.add_exception_handler(LogUnavailableError, _log_unavailable)
     app.add_exception_handler(Exception, _unexpected)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from graphledger.errors import GraphledgerError
+from graphledger.errors import ReencodeRefusedError
 from graphledger.wire import inline, typed
 
 
@@ -22,14 +22,6 @@ class Raw(NamedTuple):
 
     type: str
     data: bytes
-
-
-class ReencodeRefusedError(GraphledgerError):
-    """This read needs a stored value re-encoded, which the read API cannot do without deserializing it.
-
-    The official saver re-encodes only when it migrates the pending sends of a checkpoint written before
-    checkpoint format v4; such a checkpoint has to be read with the agent's own serde.
-    """
 
 
 class PassThroughSerde:

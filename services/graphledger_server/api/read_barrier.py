@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from aiokafka import TopicPartition
 
 from graphledger.errors import LogUnavailableError
+from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger_server.api.consistency import AppliedOffsets, await_applied
-from graphledger.log_tail import LogTail
 
 Token = dict[tuple[str, int], int]
 

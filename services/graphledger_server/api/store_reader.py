@@ -33,6 +33,7 @@ from graphledger_server.api import store_sql
 from graphledger_server.api.errors import ApiError, unavailable
 from graphledger_server.api.scope_verdicts import ScopeVerdicts, scope_key
 from graphledger_server.api.store_models import GetOp, ListNamespacesOp, SearchOp
+from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.projection.sql import render
 from graphledger_server.projection.vector_index import VectorIndex, load_extension_schema, load_vector_index
 from graphledger_server.telemetry import api as telemetry
@@ -44,17 +45,6 @@ EXACT_SEARCH_MAX_ITEMS = 1_000
 INDEX_CANDIDATES_PER_ITEM = 4
 """Vector rows fetched from the index per item of the page while the table statistics are unknown."""
 STATISTICS_REFRESH_S = 60.0
-
-# What an unreachable, restarting or overloaded Postgres raises through asyncpg (connecting, a pool
-# that has no connection in time, a connection lost mid-statement): a retryable 503, as the psycopg
-# reads answer an OperationalError.
-_OUTAGES = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.InsufficientResourcesError,
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +83,12 @@ class StoreReader:
         try:
             async with self.pool.acquire(timeout=self.acquire_timeout_s) as conn:
                 return await self._run(conn, ops)
-        except _OUTAGES as exc:
+        except Exception as exc:
+            # An unreachable, restarting or overloaded Postgres (connecting, a pool that has no
+            # connection in time, a connection lost mid-statement): a retryable 503, as on the
+            # checkpoint reads.
+            if verdict_of(exc) is not Verdict.RETRY:
+                raise
             log.warning("postgres unavailable for a store read: %s", exc)
             # Idle connections an outage broke fail only when used: replace them all now, so one read
             # after Postgres returns is answered 503, not one per stale connection.

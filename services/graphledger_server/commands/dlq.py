@@ -23,12 +23,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from graphledger.errors import GraphledgerError
+from graphledger.errors import DeadLetterError
 from graphledger.settings import Settings
 
 if TYPE_CHECKING:
     import asyncpg
     from aiokafka import AIOKafkaProducer
+
+    from graphledger_server.projection.batch import TopicProjection
 
 HEADER_REPLAY_OF = "gl-replay-of"
 """On a re-published record: `<topic>:<partition>:<offset>` of the dead letter it replays."""
@@ -42,10 +44,6 @@ ONE_SQL = f"SELECT {COLUMNS} FROM {{schema}}.graphledger_dead_letters WHERE id =
 LOCK_SQL = ONE_SQL + " FOR UPDATE"
 MARK_SQL = """UPDATE {schema}.graphledger_dead_letters SET replayed_at = now(), replayed_to = $2::text
 WHERE id = $1::bigint"""
-
-
-class DeadLetterError(GraphledgerError):
-    """A dead letter that does not exist, was replayed already, or whose replacement is invalid."""
 
 
 def register(commands: Any) -> None:
@@ -256,24 +254,16 @@ async def replay(
 ) -> list[tuple[int, str | DeadLetterError]]:
     """Replay each dead letter once; per id, where it went or why it was refused."""
     import asyncpg
-    from aiokafka import AIOKafkaProducer
 
+    from graphledger.client.producer import new_producer
     from graphledger_server.projector.worker import projections_for
 
     projections = projections_for(settings)
     conn = await asyncpg.connect(settings.postgres_dsn)
-    producer = AIOKafkaProducer(
-        **settings.kafka_client_options(),  # type: ignore[arg-type]
-        acks="all",
-        enable_idempotence=settings.kafka_idempotence,
-        max_request_size=settings.max_message_bytes + 64 * 1024,
-        request_timeout_ms=int(settings.produce_timeout_s * 1000),
-    )
+    producer = new_producer(settings)
     try:
         for projection in projections.values():
-            prepare = getattr(projection, "prepare", None)
-            if prepare is not None:
-                await prepare(conn)  # the store's vector dims, which validation checks
+            await projection.prepare(conn)  # the store's vector dims, which validation checks
         await producer.start()
         results: list[tuple[int, str | DeadLetterError]] = []
         for dead_letter_id in ids:
@@ -294,7 +284,7 @@ async def _replay_one(
     conn: asyncpg.Connection,
     producer: AIOKafkaProducer,
     settings: Settings,
-    projections: dict[str, Any],
+    projections: dict[str, TopicProjection],
     dead_letter_id: int,
     payload: dict[str, Any] | None,
     event_type: str | None,
@@ -332,17 +322,12 @@ async def _replay_one(
         if not isinstance(checked, Decoded):
             raise DeadLetterError(f"dead letter {dead_letter_id} would fail again: {checked.reason}")
         headers.append((HEADER_REPLAY_OF, f"{topic}:{partition}:{row['offset']}".encode()))
-        parts = chunks.split(value or b"", settings.max_message_bytes)
-        chunk_id = str(uuid.uuid4())
-        futures = []
-        for i, part in enumerate(parts):
-            extra = [(envelope.HEADER_CHUNK, chunks.ChunkRef(chunk_id, i, len(parts)).header_value())]
-            futures.append(
-                await producer.send(
-                    topic, part, key=row["record_key"], partition=partition,
-                    headers=headers + (extra if len(parts) > 1 else []),
-                )
-            )  # fmt: skip
+        # A fresh chunk id: the projector may still hold chunks of the event's first publication.
+        records = chunks.frame(value or b"", headers, settings.max_message_bytes, str(uuid.uuid4()))
+        futures = [
+            await producer.send(topic, r.value, key=row["record_key"], partition=partition, headers=r.headers)
+            for r in records
+        ]
         acked = await asyncio.wait_for(asyncio.gather(*futures), settings.produce_timeout_s)
         replayed_to = f"{topic}:{partition}@{acked[-1].offset}"
         await conn.execute(_sql(MARK_SQL, settings), dead_letter_id, replayed_to)

@@ -14,28 +14,11 @@ import argparse
 import asyncio
 from dataclasses import dataclass
 
-from graphledger.errors import GraphledgerError
+from graphledger.errors import OffsetResetError
 from graphledger.settings import Settings
 
 # Service dependencies (asyncpg) are imported where used: `graphledger --help` registers this
 # command and must work in a client-only install.
-
-# $1 group, $2 topic, $3 partition.
-CURRENT_SQL = """
-SELECT next_offset FROM {schema}.graphledger_offsets
-WHERE consumer_group = $1::text AND topic = $2::text AND partition = $3::int
-FOR UPDATE
-"""
-# $1 group, $2 topic, $3 partition, $4 next offset.
-SET_SQL = """
-INSERT INTO {schema}.graphledger_offsets (consumer_group, topic, partition, next_offset)
-VALUES ($1::text, $2::text, $3::int, $4::bigint)
-ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
-"""
-
-
-class OffsetResetError(GraphledgerError):
-    """The reset was refused: it names what was wrong."""
 
 
 @dataclass(frozen=True)
@@ -81,19 +64,24 @@ async def reset_offset(
     import asyncpg
 
     from graphledger_server.commands.topics import source_topics
-    from graphledger_server.projection.offsets import notify_applied
-    from graphledger_server.projection.sql import render
+    from graphledger_server.projection.offsets import (
+        OffsetStatements,
+        lock_partition_offset,
+        notify_applied,
+        set_offset,
+    )
 
     group = group or settings.projector_group_id
     if topic not in source_topics(settings):
         raise OffsetResetError(f"topic {topic} is not one the projector consumes: {', '.join(source_topics(settings))}")
     target = await earliest_offset(settings, topic, partition) if to == "earliest" else int(to)
+    sql = OffsetStatements(settings.postgres_schema)
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
         async with conn.transaction():
-            before = await conn.fetchval(render(CURRENT_SQL, settings.postgres_schema), group, topic, partition)
+            before = await lock_partition_offset(conn, sql, group, (topic, partition))
             if apply:
-                await conn.execute(render(SET_SQL, settings.postgres_schema), group, topic, partition, target)
+                await set_offset(conn, sql, group, (topic, partition), target)
                 await notify_applied(conn, settings.postgres_schema)  # the read API re-reads the offsets
     finally:
         await conn.close()

@@ -14,7 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
-from graphledger.errors import GraphledgerError
+from graphledger.errors import FiniteRetentionError
 from graphledger.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -28,10 +28,6 @@ class TopicReport:
     created: bool
     partitions: int
     retention_ms: str | None
-
-
-class FiniteRetentionError(GraphledgerError):
-    """A source-of-truth topic has finite retention: replaying it would not rebuild every projection."""
 
 
 def source_topics(settings: Settings) -> list[str]:

@@ -49,10 +49,6 @@ STOP_TIMEOUT_S = 15.0  # per stop: how long children get after SIGTERM before SI
 CLIENT_FIELDS = ("kafka_bootstrap_servers", "kafka_idempotence", "topic_prefix", "api_url", "api_token")
 SERVICES = ("projector", "api", "sweeper")
 
-STORED_OFFSETS_SQL = """
-SELECT count(*) FROM {schema}.graphledger_offsets WHERE consumer_group = $1::text AND next_offset > 0
-"""
-
 
 def settings_to_env(settings: Settings, fields: tuple[str, ...] | None = None) -> dict[str, str]:
     """`GRAPHLEDGER_*` variables that make `Settings()` in another process equal `settings`.
@@ -445,13 +441,14 @@ class DevStack:
         """Partitions with a stored projector offset: from an earlier run, since the broker is new."""
         import asyncpg
 
-        from graphledger_server.projection.sql import render
+        from graphledger_server.projection.offsets import OffsetStatements, group_offsets
 
         conn = await asyncpg.connect(self.settings.postgres_dsn)
         try:
-            return await conn.fetchval(
-                render(STORED_OFFSETS_SQL, self.settings.postgres_schema), self.settings.projector_group_id
+            stored = await group_offsets(
+                conn, OffsetStatements(self.settings.postgres_schema), self.settings.projector_group_id
             )
+            return sum(1 for next_offset in stored.values() if next_offset > 0)
         finally:
             await conn.close()
 

@@ -21,7 +21,7 @@ import asyncpg
 from psycopg.conninfo import conninfo_to_dict
 
 from graphledger.client.publisher import EventPublisher
-from graphledger.errors import GraphledgerError
+from graphledger.errors import ImportMismatchError
 from graphledger.events import Event
 from graphledger.events.envelope import Envelope, new_envelope
 from graphledger.settings import Settings
@@ -34,10 +34,6 @@ from graphledger_server.projection.vector_index import VectorIndex, load_vector_
 log = logging.getLogger(__name__)
 
 THREADS, STORE = "threads", "store"
-
-
-class ImportMismatchError(GraphledgerError):
-    """The source cannot be imported into this projection as configured (vector dims differ)."""
 
 
 @dataclass(slots=True)

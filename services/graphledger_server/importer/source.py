@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 
-from graphledger.errors import GraphledgerError
+from graphledger.errors import SourceError
 from graphledger.events.store import Vector
 from graphledger_server.importer.plan import ThreadRows
 from graphledger_server.projection.sql import check_schema
@@ -47,10 +47,6 @@ ORDER BY v.prefix, v.key, v.field_name
 """
 HAS_TABLE_SQL = "SELECT to_regclass($1::text) IS NOT NULL"
 DIMS_SQL = "SELECT array_length(embedding::real[], 1) FROM {s}.store_vectors LIMIT 1"
-
-
-class SourceError(GraphledgerError):
-    """The source database is not a langgraph-checkpoint-postgres database graphledger can import."""
 
 
 class Source:

@@ -14,8 +14,8 @@ then commit. A failure anywhere rolls all of it back, so the caller retries the 
 If a replay switched the schema while the batch waited for its offset rows (`SchemaSwitchedError`),
 the transaction is rolled back and the batch re-run, so it lands in the schema now carrying the name.
 
-If Postgres rejects the batch's data (`rejects_input`: a value it cannot store, or asyncpg refusing
-an argument), an event is bad in a way validation did not catch. The batch is then re-run with each
+If Postgres rejects the batch's data (`driver_errors.verdict_of` says `REJECT`: a value it cannot
+store), an event is bad in a way validation did not catch. The batch is then re-run with each
 event in its own savepoint, and the events Postgres rejects become dead letters: bad input never stops
 a partition.
 """
@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import asyncpg
 
 from graphledger.events.envelope import Envelope
+from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.projection import chunks as chunk_store
 from graphledger_server.projection.dead_letters import record_dead_letters
 from graphledger_server.projection.offsets import (
@@ -62,6 +63,10 @@ DeadLetterSink = Callable[[Sequence[DeadLetter]], Awaitable[None]]
 
 class TopicProjection(Protocol):
     """The projection of one topic: how its envelopes become events and how a batch of them applies."""
+
+    async def prepare(self, conn: asyncpg.Connection) -> None:
+        """Read what classifying events needs from the schema (after `migrate`, before the first batch)."""
+        ...
 
     def to_event(self, env: Envelope) -> Any: ...
 
@@ -115,17 +120,8 @@ class _Resolved:
         return min(cuts) if cuts else None
 
 
-# SQLSTATE classes of Postgres refusing the data itself rather than failing: cardinality violation
-# (21), data exception (22, invalid JSON text among them), integrity constraint violation (23), and
-# program limit exceeded (54, e.g. an id too long for a btree index row).
-REJECTED_INPUT_CLASSES = ("21", "22", "23", "54")
 SCHEMA_SWITCH_RETRIES = 3
 """A replay switches a schema once; more switches in a row than this is something else going wrong."""
-
-
-def rejects_input(exc: BaseException) -> bool:
-    """Whether `exc` is Postgres (or asyncpg, for an argument) refusing a value of the batch."""
-    return isinstance(exc, asyncpg.PostgresError) and (exc.sqlstate or "")[:2] in REJECTED_INPUT_CLASSES
 
 
 def _fresh(classified: Sequence[Classified], stored: Mapping[TopicPartition, int]) -> list[Classified]:
@@ -201,8 +197,8 @@ class BatchApplier:
     ) -> BatchResult:
         try:
             return await self._apply(conn, records, classified, isolate=False)
-        except asyncpg.PostgresError as exc:
-            if not rejects_input(exc):
+        except Exception as exc:
+            if verdict_of(exc) is not Verdict.REJECT:
                 raise
             log.warning("Postgres rejected data in a batch of %d records (%s); applying one by one", len(records), exc)
             return await self._apply(conn, records, classified, isolate=True)
@@ -393,8 +389,8 @@ class BatchApplier:
             try:
                 async with conn.transaction():
                     report += await self.projections[r.topic].apply(conn, [(r.topic, r.partition, r.offset, d.event)])
-            except asyncpg.PostgresError as exc:
-                if not rejects_input(exc):
+            except Exception as exc:
+                if verdict_of(exc) is not Verdict.REJECT:
                     raise
                 log.error("Postgres rejected the event at %s:%d@%d: %s", r.topic, r.partition, r.offset, exc)
                 event_type = getattr(d.event, "TYPE", None)

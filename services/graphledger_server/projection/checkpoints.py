@@ -600,6 +600,9 @@ class CheckpointProjection:
     def __init__(self, schema: str) -> None:
         self.sql = CheckpointStatements(schema)
 
+    async def prepare(self, conn: asyncpg.Connection) -> None:
+        """Nothing to read: checkpoint events are checked against no schema state."""
+
     def to_event(self, env: Envelope) -> TimedCheckpointEvent:
         event = to_checkpoint_event(env)
         if not 0 <= env.produced_ms <= MAX_EPOCH_MS:

@@ -15,7 +15,7 @@ import asyncpg
 import ormsgpack
 
 from graphledger.events import envelope
-from graphledger.events.chunks import ChunkRef, split
+from graphledger.events.chunks import frame
 from graphledger_server.projection.records import DeadLetter
 from graphledger_server.projection.sql import render
 
@@ -56,10 +56,10 @@ def reason_text(reason: str) -> str:
 
 
 def outgoing_records(letter: DeadLetter, max_message_bytes: int) -> list[OutgoingRecord]:
-    """The dead-letter topic records of one dead letter.
+    """The dead-letter topic records of one dead letter, each carrying the `gl-dlq-*` headers.
 
-    A reassembled chunked event is too large for one record, so it goes out in chunks again, with
-    `gl-chunk` headers of its own event id, each carrying the `gl-dlq-*` headers.
+    A record that came alone goes out as it came. A reassembled chunked event is framed again (in
+    chunks when larger than `max_message_bytes`, with `gl-chunk` headers of its own event id).
     """
     record = letter.record
     dlq = [
@@ -71,15 +71,8 @@ def outgoing_records(letter: DeadLetter, max_message_bytes: int) -> list[Outgoin
     if letter.chunk_event_id is None:
         return [OutgoingRecord(record.key, letter.value, [*record.headers, *dlq])]
     original = [(k, v) for k, v in record.headers if k != envelope.HEADER_CHUNK]
-    parts = split(letter.value or b"", max_message_bytes)
-    return [
-        OutgoingRecord(
-            record.key,
-            part,
-            [*original, (envelope.HEADER_CHUNK, ChunkRef(letter.chunk_event_id, i, len(parts)).header_value()), *dlq],
-        )
-        for i, part in enumerate(parts)
-    ]
+    framed = frame(letter.value or b"", original, max_message_bytes, letter.chunk_event_id)
+    return [OutgoingRecord(record.key, r.value, [*r.headers, *dlq]) for r in framed]
 
 
 async def record_dead_letters(conn: asyncpg.Connection, schema: str, letters: Sequence[DeadLetter]) -> None:

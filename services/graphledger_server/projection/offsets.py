@@ -1,4 +1,11 @@
-"""Per-partition progress in `graphledger_offsets`, written in the batch transaction.
+"""Per-partition progress in `graphledger_offsets`: every statement on that table, and its notification.
+
+This module owns the table: the projector's batch transaction, the read API's consistency watcher,
+the sweeper's wait for its events, `graphledger offsets reset`, the replay's switch and the dev stack
+and benches all read or write it through the statements and functions here, never with SQL of their
+own. A question another module asks of the table with its own data, such as the sweeper's "are these
+positions applied?" (its positions joined against the rows), is a statement here that takes that data
+as array parameters, so the table's SQL is written once.
 
 The row of each partition in a batch is locked (`FOR UPDATE`) before anything is applied, and
 records below its `next_offset` are skipped. That fences a zombie worker: if a partition moved to
@@ -14,11 +21,11 @@ wait and raises `SchemaSwitchedError` when they differ, and the batch is re-run 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import asyncpg
 
-from graphledger.errors import GraphledgerError
+from graphledger.errors import SchemaSwitchedError
 from graphledger_server.projection.sql import render
 
 TopicPartition = tuple[str, int]
@@ -67,6 +74,41 @@ SELECT partition, next_offset FROM {schema}.graphledger_offsets
 WHERE consumer_group = $1::text AND topic = $2::text
 """
 
+# Every partition of every topic the group applied to. $1 group.
+GROUP_OFFSETS_SQL = """
+SELECT topic, partition, next_offset FROM {schema}.graphledger_offsets WHERE consumer_group = $1::text
+"""
+
+# Whether the group applied every listed position (a partition without a row applied nothing).
+# $1 group, $2..$4 -> unnest(topic, partition, offset).
+ALL_APPLIED_SQL = """
+SELECT bool_and(coalesce(o.next_offset > u.off, false))
+FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(topic, partition, off)
+LEFT JOIN {schema}.graphledger_offsets o
+  ON o.consumer_group = $1::text AND o.topic = u.topic AND o.partition = u.partition
+"""
+
+# One partition's row, locked until the operator's change commits. $1 group, $2 topic, $3 partition.
+PARTITION_OFFSET_FOR_UPDATE_SQL = """
+SELECT next_offset FROM {schema}.graphledger_offsets
+WHERE consumer_group = $1::text AND topic = $2::text AND partition = $3::int
+FOR UPDATE
+"""
+
+# $1 group, $2 topic, $3 partition, $4 next offset.
+SET_OFFSET_SQL = """
+INSERT INTO {schema}.graphledger_offsets (consumer_group, topic, partition, next_offset)
+VALUES ($1::text, $2::text, $3::int, $4::bigint)
+ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
+"""
+
+# Whether the schema has been migrated this far (a projection to replace).
+OFFSETS_TABLE_EXISTS_SQL = "SELECT to_regclass('{schema}.graphledger_offsets') IS NOT NULL"
+
+# Every projector batch starts by locking its rows FOR UPDATE, which EXCLUSIVE mode blocks, while
+# plain SELECTs go on: holding it stops the schema's projection until the transaction ends.
+LOCK_OFFSETS_TABLE_SQL = "LOCK TABLE {schema}.graphledger_offsets IN EXCLUSIVE MODE"
+
 # The offsets table the schema name means now. Read from the catalog tables with this statement's
 # snapshot, which sees a rename committed while the batch waited; name lookups (`to_regclass`) go
 # through a cache this transaction may not have refreshed since its first lock. $1 schema.
@@ -80,6 +122,8 @@ NOTIFY_APPLIED_SQL = f"SELECT pg_notify('{APPLIED_CHANNEL}', $1::text)"
 
 
 class OffsetStatements:
+    """The statements on one schema's `graphledger_offsets`, rendered once."""
+
     def __init__(self, schema: str) -> None:
         self.schema = schema
         self.lock = render(LOCK_OFFSETS_SQL, schema)
@@ -88,12 +132,12 @@ class OffsetStatements:
         self.stored = render(STORED_OFFSETS_SQL, schema)
         self.next = render(NEXT_OFFSETS_SQL, schema)
         self.current_table = render(CURRENT_OFFSETS_TABLE_SQL, schema)
-
-
-class SchemaSwitchedError(GraphledgerError):
-    """A replay renamed the projection schema while this batch waited for its offset rows; re-run it."""
-
-    retryable = True
+        self.group = render(GROUP_OFFSETS_SQL, schema)
+        self.all_applied = render(ALL_APPLIED_SQL, schema)
+        self.partition_for_update = render(PARTITION_OFFSET_FOR_UPDATE_SQL, schema)
+        self.set = render(SET_OFFSET_SQL, schema)
+        self.table_exists = render(OFFSETS_TABLE_EXISTS_SQL, schema)
+        self.lock_table = render(LOCK_OFFSETS_TABLE_SQL, schema)
 
 
 async def lock_offsets(
@@ -135,9 +179,48 @@ async def next_offsets(
 
 
 async def notify_applied(conn: asyncpg.Connection, schema: str) -> None:
+    """Have the read APIs re-read `schema`'s offsets once this transaction commits."""
     await conn.execute(NOTIFY_APPLIED_SQL, schema)
 
 
 async def stored_offsets(conn: asyncpg.Connection, sql: OffsetStatements, group: str, topic: str) -> dict[int, int]:
     """Next offset of each partition of `topic` this group has applied to (where to seek on assignment)."""
     return {r["partition"]: r["next_offset"] for r in await conn.fetch(sql.stored, group, topic)}
+
+
+async def group_offsets(conn: asyncpg.Connection, sql: OffsetStatements, group: str) -> dict[TopicPartition, int]:
+    """Next offset of every partition this group has applied to, on any topic."""
+    return {(r["topic"], r["partition"]): r["next_offset"] for r in await conn.fetch(sql.group, group)}
+
+
+async def all_applied(
+    conn: asyncpg.Connection, sql: OffsetStatements, group: str, positions: Sequence[tuple[str, int, int]]
+) -> bool:
+    """Whether this group applied every `(topic, partition, offset)` of `positions`."""
+    if not positions:
+        return True
+    topics, partitions, offsets = (list(column) for column in zip(*positions, strict=True))
+    return bool(await conn.fetchval(sql.all_applied, group, topics, partitions, offsets))
+
+
+async def lock_partition_offset(
+    conn: asyncpg.Connection, sql: OffsetStatements, group: str, tp: TopicPartition
+) -> int | None:
+    """`tp`'s next offset for `group` (None: no row), its row locked until the transaction ends."""
+    return await conn.fetchval(sql.partition_for_update, group, *tp)
+
+
+async def set_offset(
+    conn: asyncpg.Connection, sql: OffsetStatements, group: str, tp: TopicPartition, next_offset: int
+) -> None:
+    """Set `tp`'s next offset for `group`, creating its row if missing (an operator's reset)."""
+    await conn.execute(sql.set, group, *tp, next_offset)
+
+
+async def offsets_table_exists(conn: asyncpg.Connection, sql: OffsetStatements) -> bool:
+    return bool(await conn.fetchval(sql.table_exists))
+
+
+async def hold_projection(conn: asyncpg.Connection, sql: OffsetStatements) -> None:
+    """Stop the schema's projector batches until this transaction ends (reads go on); see LOCK_OFFSETS_TABLE_SQL."""
+    await conn.execute(sql.lock_table)

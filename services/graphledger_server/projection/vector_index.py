@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 import asyncpg
 from langgraph.store.postgres.base import VECTOR_MIGRATIONS
 
-from graphledger.errors import GraphledgerError
+from graphledger.errors import VectorIndexMismatchError
 from graphledger_server.projection.sql import render
 
 if TYPE_CHECKING:
@@ -48,10 +48,6 @@ DISTANCE_OPERATORS: dict[str, str] = {"cosine": "<=>", "l2": "<->", "inner_produ
 """pgvector's distance operator per distance: smaller is closer for each, so HNSW can order by it."""
 
 _PLAIN_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-
-
-class VectorIndexMismatchError(GraphledgerError):
-    """The schema's vector table was built with another shape than the settings ask for."""
 
 
 @dataclass(frozen=True, slots=True)

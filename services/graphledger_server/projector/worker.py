@@ -2,8 +2,9 @@
 
 Progress lives only in Postgres (`graphledger_offsets`, written with the rows): Kafka offsets are
 never committed, and on every assignment the consumer seeks to the stored offsets. A batch that
-fails on a retryable error (connection lost, serialization failure, deadlock, Kafka unreachable for a
-dead letter) is rolled back and retried as is, after a capped backoff; it is never skipped.
+fails on an error `driver_errors.verdict_of` calls `RETRY` (connection lost, serialization failure,
+deadlock, Kafka unreachable for a dead letter) is rolled back and retried as is, after a capped
+backoff; it is never skipped.
 A partition whose log lost records the projection applied is stopped, not reset (`log_guard`).
 """
 
@@ -16,10 +17,13 @@ from collections.abc import Sequence
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError
+from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from aiokafka.structs import ConsumerRecord
 
+from graphledger.client.producer import new_producer
+from graphledger.events.chunks import RECORD_HEADROOM_BYTES
 from graphledger.settings import Settings
+from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.projection.batch import BatchApplier, BatchResult, TopicProjection
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import outgoing_records, outstanding
@@ -42,22 +46,6 @@ HOLD_RETRY_S = 0.05
 """How long a partition held at an event waits before it is fetched again (`BatchResult.held`)."""
 RESET_POLL_S = 1.0
 """How often a worker with stopped partitions looks for an operator's `graphledger offsets reset`."""
-_REQUEST_HEADROOM_BYTES = 64 * 1024
-
-# SQLSTATEs worth retrying: the transaction lost a race or the server is going away or busy.
-_RETRYABLE_SQLSTATE_CLASSES = ("08", "40", "53", "57")
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """A failure the same batch can succeed after: connection trouble, serialization, Kafka hiccups."""
-    # InternalClientError: asyncpg's protocol state broke when the server went away mid-operation
-    # (seen as "cannot switch to state 15" when Postgres stops under a batch).
-    if isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError | asyncpg.InternalClientError | KafkaError):
-        return True
-    if isinstance(exc, asyncpg.PostgresError):
-        state = getattr(exc, "sqlstate", None) or ""
-        return state[:2] in _RETRYABLE_SQLSTATE_CLASSES
-    return False
 
 
 def projections_for(settings: Settings) -> dict[str, TopicProjection]:
@@ -140,16 +128,8 @@ class ProjectorWorker:
         self.pool = await asyncpg.create_pool(s.postgres_dsn, min_size=1, max_size=2)
         async with self.pool.acquire() as conn:
             for projection in self.projections.values():
-                # A projection that reads the schema before classifying events (the store's vector dims).
-                prepare = getattr(projection, "prepare", None)
-                if prepare is not None:
-                    await prepare(conn)
-        self.producer = AIOKafkaProducer(
-            **s.kafka_client_options(),  # type: ignore[arg-type]
-            acks="all",
-            enable_idempotence=s.kafka_idempotence,
-            max_request_size=s.max_message_bytes + _REQUEST_HEADROOM_BYTES,
-        )
+                await projection.prepare(conn)  # before classifying events (the store's vector dims)
+        self.producer = new_producer(s)
         await self.producer.start()
         self.consumer = AIOKafkaConsumer(
             **s.kafka_client_options(),  # type: ignore[arg-type]
@@ -158,7 +138,7 @@ class ProjectorWorker:
             # Never reset silently: an offset the log no longer has stops the partition (log_guard).
             auto_offset_reset="none",
             fetch_max_wait_ms=s.fetch_max_wait_ms,
-            max_partition_fetch_bytes=max(1024 * 1024, s.max_message_bytes + _REQUEST_HEADROOM_BYTES),
+            max_partition_fetch_bytes=max(1024 * 1024, s.max_message_bytes + RECORD_HEADROOM_BYTES),
         )
         self.consumer.subscribe(self.topics, listener=_SeekToStored(self))
         await self.consumer.start()
@@ -203,7 +183,7 @@ class ProjectorWorker:
             async with self.pool.acquire() as conn:
                 counts = await outstanding(conn, self.settings.postgres_schema, self.topics)
         except Exception as exc:
-            if not is_retryable(exc):
+            if verdict_of(exc) is not Verdict.RETRY:
                 raise
             log.warning("cannot count dead letters (%s); the gauge keeps its last value", exc)
             return
@@ -233,7 +213,7 @@ class ProjectorWorker:
                     }
                 break
             except Exception as exc:
-                if not is_retryable(exc) or self._stop.is_set():
+                if verdict_of(exc) is not Verdict.RETRY or self._stop.is_set():
                     raise
                 log.warning("cannot read stored offsets (%s); retrying in %.1fs", exc, delay)
                 await _sleep_or_stop(self._stop, delay)
@@ -315,10 +295,11 @@ class ProjectorWorker:
             try:
                 async with self.batch_lock, self.pool.acquire() as conn:
                     started = time.perf_counter()
-                    result = await self.telemetry.apply(self.applier, conn, records, classified)  # spans, metrics
+                    with self.telemetry.batch(conn, records) as observed:  # spans, metrics
+                        result = observed.result = await self.applier.apply(observed.conn, records, classified)
                 break
             except Exception as exc:
-                if not is_retryable(exc):
+                if verdict_of(exc) is not Verdict.RETRY:
                     raise
                 if stop.is_set():
                     log.warning("abandoning a batch of %d records on stop after: %s", len(records), exc)
@@ -381,7 +362,7 @@ class ProjectorWorker:
                     ).items()
                 }
         except Exception as exc:
-            if not is_retryable(exc):
+            if verdict_of(exc) is not Verdict.RETRY:
                 raise
             log.warning("cannot read stored offsets to look for a reset (%s)", exc)
             return

@@ -15,17 +15,13 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from graphledger.errors import GraphledgerError
+from graphledger.errors import GraphledgerError, LossRefusedError
 from graphledger.settings import Settings
 from graphledger_server.commands.topics import INFINITE, source_topics
 
 log = logging.getLogger(__name__)
 
 RETENTION_CONFIGS = ("retention.ms", "retention.bytes", "cleanup.policy")
-
-
-class LossRefusedError(GraphledgerError):
-    """The source topics no longer hold every event; the replay would lose some (see `--accept-loss`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,13 +30,15 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from graphledger.events.chunks import RECORD_HEADROOM_BYTES
 from graphledger.settings import Settings
 from graphledger.telemetry import names
 from graphledger_server.commands.topics import source_topics
+from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.projection.batch import BatchApplier, BatchResult
 from graphledger_server.projection.offsets import OffsetStatements, stored_offsets
 from graphledger_server.projection.records import Classified, DeadLetter, SourceRecord
-from graphledger_server.projector.worker import BACKOFF_INITIAL_S, is_retryable, projections_for
+from graphledger_server.projector.worker import BACKOFF_INITIAL_S, projections_for
 from graphledger_server.telemetry import replay as telemetry
 
 log = logging.getLogger(__name__)
@@ -96,9 +98,7 @@ class Rebuilder:
         statements = OffsetStatements(self.schema)
         async with self._pool.acquire() as conn:
             for projection in self.projections.values():
-                prepare = getattr(projection, "prepare", None)
-                if prepare is not None:
-                    await prepare(conn)
+                await projection.prepare(conn)
             stored = {t: await stored_offsets(conn, statements, self.group, t) for t in source_topics(s)}
         self._consumer = AIOKafkaConsumer(
             **s.kafka_client_options(),  # type: ignore[arg-type]
@@ -106,7 +106,7 @@ class Rebuilder:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=s.fetch_max_wait_ms,
-            max_partition_fetch_bytes=max(FETCH_BYTES, s.max_message_bytes + 64 * 1024),
+            max_partition_fetch_bytes=max(FETCH_BYTES, s.max_message_bytes + RECORD_HEADROOM_BYTES),
         )
         await self._consumer.start()
         await self._consumer.topics()  # metadata of every topic, for partitions_for_topic
@@ -279,7 +279,7 @@ class Rebuilder:
                 async with self._pool.acquire() as conn:
                     return await self.applier.apply(conn, records, classified)
             except Exception as exc:
-                if not is_retryable(exc):
+                if verdict_of(exc) is not Verdict.RETRY:
                     raise
                 log.warning("rebuild batch of %d records failed (%s); retrying in %.1fs", len(records), exc, delay)
                 await asyncio.sleep(delay)

@@ -26,11 +26,16 @@ from typing import TextIO
 
 import asyncpg
 
-from graphledger.errors import GraphledgerError
+from graphledger.errors import GraphledgerError, ReplayVerificationError
 from graphledger.settings import Settings
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.offsets import APPLIED_CHANNEL
-from graphledger_server.projection.sql import render
+from graphledger_server.projection.offsets import (
+    OffsetStatements,
+    group_offsets,
+    hold_projection,
+    notify_applied,
+    offsets_table_exists,
+)
 from graphledger_server.projection.vector_index import load_vector_index
 from graphledger_server.replay import indexes, schemas
 from graphledger_server.replay.checksums import TableCheck, compare
@@ -44,14 +49,6 @@ log = logging.getLogger(__name__)
 FINAL_CATCH_UP_S = 120.0
 """Longest the last catch-up may hold the live projector; past it the replay gives up (retry later)."""
 
-LIVE_MIGRATED_SQL = "SELECT to_regclass('{schema}.graphledger_offsets') IS NOT NULL"
-OFFSETS_SQL = "SELECT topic, partition, next_offset FROM {schema}.graphledger_offsets WHERE consumer_group = $1::text"
-LOCK_LIVE_SQL = "LOCK TABLE {schema}.graphledger_offsets IN EXCLUSIVE MODE"
-
-
-class ReplayVerificationError(GraphledgerError):
-    """The rebuilt schema differs from the live one at the same offsets; nothing was switched."""
-
 
 @dataclass
 class ReplayReport:
@@ -64,11 +61,6 @@ class ReplayReport:
     offsets: dict[TP, int]
     checks: list[TableCheck] = field(default_factory=list)
     losses: list[str] = field(default_factory=list)
-
-
-async def read_offsets(conn: asyncpg.Connection, schema: str, group: str) -> dict[TP, int]:
-    rows = await conn.fetch(render(OFFSETS_SQL, schema), group)
-    return {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
 
 
 def _nonzero(offsets: dict[TP, int]) -> dict[TP, int]:
@@ -96,7 +88,7 @@ async def run_replay(
         losses = refuse_losses(await inspect_sources(settings), accept_loss=accept_loss)
         conn = await asyncpg.connect(settings.postgres_dsn)
         try:
-            if not await conn.fetchval(render(LIVE_MIGRATED_SQL, live)):
+            if not await offsets_table_exists(conn, OffsetStatements(live)):
                 raise GraphledgerError(f"schema {live!r} has no projection to replace; run `graphledger migrate`")
             if restart and await schemas.drop_rebuild(conn, live):
                 log.info("dropped the unfinished rebuild %s", rebuilt)
@@ -131,7 +123,7 @@ async def _catch_up(
 ) -> None:  # fmt: skip
     """Apply, without holding anything of the live schema, until within one batch of the live projector."""
     while True:
-        rebuilder.set_caps(await read_offsets(conn, live, group))
+        rebuilder.set_caps(await group_offsets(conn, OffsetStatements(live), group))
         lag = rebuilder.lag()
         progress.update("catching up", rebuilder.records, lag, rebuilder.positions, rebuilder.caps)
         if lag <= rebuilder.settings.replay_batch_max_events:
@@ -147,8 +139,8 @@ async def _verify_and_switch(
     rebuilt = rebuilder.schema
     async with conn.transaction():
         with telemetry.span("replay.verify"):
-            await conn.execute(render(LOCK_LIVE_SQL, live))  # the live projector waits from here
-            targets = await read_offsets(conn, live, group)
+            await hold_projection(conn, OffsetStatements(live))  # the live projector waits from here
+            targets = await group_offsets(conn, OffsetStatements(live), group)
             rebuilder.set_caps(targets)
             deadline = time.monotonic() + FINAL_CATCH_UP_S
             while rebuilder.lag() > 0:
@@ -162,7 +154,7 @@ async def _verify_and_switch(
                 await rebuilder.step()
             await rebuilder.flush()
             progress.update("verifying", rebuilder.records, 0, rebuilder.positions, rebuilder.caps, final=True)
-            reached = await read_offsets(conn, rebuilt, group)
+            reached = await group_offsets(conn, OffsetStatements(rebuilt), group)
             if _nonzero(reached) != _nonzero(targets):
                 raise ReplayVerificationError(
                     f"offsets differ: live {sorted(targets.items())}, rebuilt {sorted(reached.items())}"
@@ -180,5 +172,5 @@ async def _verify_and_switch(
         if switch:
             with telemetry.span("replay.switch"):
                 retired = await schemas.switch(conn, live, datetime.now(UTC))
-                await conn.execute("SELECT pg_notify($1::text, $2::text)", APPLIED_CHANNEL, live)
+                await notify_applied(conn, live)
     return ReplayReport(live, rebuilt, retired, rebuilder.records, 0.0, targets, checks)

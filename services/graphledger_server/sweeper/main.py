@@ -1,8 +1,9 @@
 """`graphledger sweeper`: TTL and retention sweeping, one active replica among any number.
 
 Every `sweeper_interval_s` a replica tries the advisory lock (`leader.py`); the one holding it
-sweeps (`sweep.py`), the others stand by and take over when it dies. A lost database or broker
-connection makes the replica stand by and retry at the next interval; it never exits on its own.
+sweeps (`sweep.py`), the others stand by and take over when it dies. Whatever Postgres answers (an
+outage, a schema not migrated yet) and a broker that is away or slow make the replica stand by and
+retry at the next interval; it never exits on its own for them.
 SIGTERM or SIGINT ends it with exit status 0.
 """
 
@@ -12,13 +13,10 @@ import asyncio
 import logging
 import signal
 
-import asyncpg
-from aiokafka.errors import KafkaError
-
 from graphledger.client.publisher import EventPublisher
-from graphledger.errors import PublishError
 from graphledger.settings import Settings
 from graphledger_server import telemetry
+from graphledger_server.driver_errors import Verdict, is_database_error, verdict_of
 from graphledger_server.sweeper.leader import AdvisoryLeader
 from graphledger_server.sweeper.sweep import Sweep
 from graphledger_server.telemetry import sweeper as sweeper_telemetry
@@ -26,8 +24,6 @@ from graphledger_server.telemetry import sweeper as sweeper_telemetry
 log = logging.getLogger(__name__)
 
 START_MESSAGE = "sweeper: started; sweeping whenever this replica holds the advisory lock"
-
-_RETRYABLE = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, PublishError, KafkaError, TimeoutError)
 
 
 class SweeperRunner:
@@ -75,7 +71,9 @@ class SweeperRunner:
             self.sweeps += 1
             if any(report.published.values()):
                 log.info("sweeper: published %s", ", ".join(f"{n} {k}" for k, n in report.published.items() if n))
-        except _RETRYABLE as exc:
+        except Exception as exc:
+            if verdict_of(exc) is not Verdict.RETRY and not is_database_error(exc):
+                raise
             log.warning("sweeper: %s: %s; standing by until the next try", type(exc).__name__, exc)
             await self.leader.release()
             self._set_active(False)

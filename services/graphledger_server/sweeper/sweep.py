@@ -29,6 +29,7 @@ from graphledger.events.checkpoint import ThreadExpire, ThreadPrune
 from graphledger.events.store import StoreExpire
 from graphledger.settings import Settings
 from graphledger_server.projection import prune
+from graphledger_server.projection.offsets import OffsetStatements, all_applied
 from graphledger_server.projection.sql import render
 from graphledger_server.telemetry import sweeper as telemetry
 
@@ -72,14 +73,6 @@ GROUP BY thread_id, checkpoint_ns
 HAVING count(*) > $2::int
 """
 
-# Whether the projector has applied every listed position. $1..$3 -> unnest(topic, partition, offset).
-APPLIED_SQL = """
-SELECT bool_and(coalesce(o.next_offset > u.off, false))
-FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(topic, partition, off)
-LEFT JOIN {schema}.graphledger_offsets o
-  ON o.consumer_group = $1::text AND o.topic = u.topic AND o.partition = u.partition
-"""
-
 MIN_SWEEP_WAIT_S = 30.0
 
 
@@ -101,7 +94,7 @@ class Sweep:
         self._idle_threads = render(IDLE_THREADS_SQL, schema)
         self._thread_page = render(THREAD_PAGE_SQL, schema)
         self._over_keep = render(OVER_KEEP_SQL, schema)
-        self._applied = render(APPLIED_SQL, schema)
+        self._offsets = OffsetStatements(schema)
         self._prune = prune.PruneStatements(schema)
         # A page's events are waited for up to this long before the sweep moves on.
         self.sweep_wait_s = max(MIN_SWEEP_WAIT_S, settings.sweeper_interval_s)
@@ -183,9 +176,8 @@ class Sweep:
             )  # fmt: skip
 
     async def _wait_applied(self, conn: asyncpg.Connection, positions: list[tuple[str, int, int]]) -> bool:
-        columns = [list(c) for c in zip(*positions, strict=True)]
         deadline = time.monotonic() + self.sweep_wait_s
-        while not await conn.fetchval(self._applied, self.settings.projector_group_id, *columns):
+        while not await all_applied(conn, self._offsets, self.settings.projector_group_id, positions):
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(0.05)

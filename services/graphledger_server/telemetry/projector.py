@@ -1,5 +1,10 @@
 """The projector's spans and metrics: one consumer span per batch, one client span per statement.
 
+Telemetry observes the batch, it does not drive it: the worker applies each batch inside
+`ProjectorTelemetry.batch(conn, records)`, which opens the consumer span, hands over the connection
+to apply on (traced when the span is recorded), and records the batch's metrics from the result the
+worker puts on it, or its failure.
+
 Per batch, never per event: the apply path is benchmarked, and a span or histogram observation per
 event would cost it several microseconds each. The batch's `SpanKind.CONSUMER` span links to the
 producer span of every event in it (from each record's `traceparent` header), so a trace of an
@@ -18,6 +23,7 @@ import os
 import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -33,8 +39,8 @@ from graphledger_server.telemetry.db import TracedConnection, db_namespace
 
 if TYPE_CHECKING:
     from graphledger.settings import Settings
-    from graphledger_server.projection.batch import BatchApplier, BatchResult
-    from graphledger_server.projection.records import Classified, SourceRecord
+    from graphledger_server.projection.batch import BatchResult
+    from graphledger_server.projection.records import SourceRecord
 
 _tracer = trace.get_tracer(names.PROJECTOR_SCOPE)
 
@@ -110,6 +116,16 @@ def _link_limit() -> int | None:
         return DEFAULT_LINK_LIMIT
 
 
+class ObservedBatch:
+    """One batch under observation: the connection to apply it on, and its result once applied."""
+
+    __slots__ = ("conn", "result")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.result: BatchResult | None = None
+
+
 class ProjectorTelemetry:
     """Spans and metrics of one projector worker (one consumer-group member)."""
 
@@ -159,14 +175,14 @@ class ProjectorTelemetry:
 
     # -- batches ------------------------------------------------------------------------------------------
 
-    async def apply(
-        self,
-        applier: BatchApplier,
-        conn: Any,
-        records: Sequence[SourceRecord],
-        classified: Sequence[Classified] | None = None,
-    ) -> BatchResult:
-        """`applier.apply` in the batch's consumer span, with statement spans, then its metrics."""
+    @contextmanager
+    def batch(self, conn: Any, records: Sequence[SourceRecord]) -> Iterator[ObservedBatch]:
+        """The batch's consumer span, linked to its producers; apply on `.conn` and set `.result`.
+
+        Statements on `.conn` get client spans under the batch span. On exit the span gets the
+        result's counts and the metrics record the batch; a failure is counted by its SQLSTATE or
+        class (a cancellation on stop is not a failure) and re-raised.
+        """
         topics = {r.topic for r in records}
         topic = next(iter(topics)) if len(topics) == 1 else None
         attributes: dict[str, str | int] = {
@@ -188,11 +204,11 @@ class ProjectorTelemetry:
             recording = span.is_recording()
             if recording:
                 _link_producers(span, records)
+            # Statement spans only under a recorded batch span (no SDK, or sampled out: none at all).
+            observed = ObservedBatch(TracedConnection(conn, self.namespace) if recording else conn)
             started = time.perf_counter()
             try:
-                # Statement spans only under a recorded batch span (no SDK, or sampled out: none at all).
-                traced = TracedConnection(conn, self.namespace) if recording else conn
-                result = await applier.apply(traced, records, classified)
+                yield observed
             except BaseException as exc:
                 error = getattr(exc, "sqlstate", None) or type(exc).__qualname__
                 if isinstance(exc, Exception):  # not a cancellation on stop
@@ -203,6 +219,9 @@ class ProjectorTelemetry:
                 raise
             elapsed = time.perf_counter() - started
             committed_ms = time.time() * 1000
+            result = observed.result
+            if result is None:
+                raise RuntimeError("a batch observed by ProjectorTelemetry.batch ended without its result")
             if recording:
                 span.set_attribute(names.BATCH_APPLIED, result.applied)
                 span.set_attribute(names.BATCH_DEAD_LETTERS, result.dead_letters)
@@ -210,7 +229,6 @@ class ProjectorTelemetry:
                 if result.isolated:
                     span.set_attribute(names.BATCH_ISOLATED, True)
         self._record(records, result, elapsed, committed_ms)
-        return result
 
     def _record(
         self, records: Sequence[SourceRecord], result: BatchResult, elapsed: float, committed_ms: float
