@@ -207,7 +207,8 @@ def test_two_writers_on_one_thread_are_counted_as_a_fork(stack: DevStack, pods: 
     a, b, _ = pods
     thread = _thread()
     _ok(a.call("turn", thread=thread, text="m1"))
-    # Both read the thread as it is (m1), then both write a child of that checkpoint.
+    [(newest, _), *_] = _ok(b.call("history", thread=thread))["checkpoints"]
+    # Both read the thread as it is (m1), then both write a child of its newest checkpoint.
     first, second = a.send("turn", thread=thread, text="gate:a"), b.send("turn", thread=thread, text="gate:b")
     a.wait_for(lambda m: m.get("gate") == "a", 60, "node a to start")
     b.wait_for(lambda m: m.get("gate") == "b", 60, "node b to start")
@@ -228,12 +229,11 @@ def test_two_writers_on_one_thread_are_counted_as_a_fork(stack: DevStack, pods: 
         return json.loads(done.stdout)
 
     wait_until(lambda: bool(forks()), 60, "the projector to record the fork")
-    # The second writer's input checkpoint in log order forked from m1's last checkpoint; each put of the
-    # branch with the smaller ids that followed counts again (its parent is not the newest).
+    # The second writer's first checkpoint in log order forked from m1's newest one; each later put of
+    # the branch with the smaller ids counts again (its parent is not the newest).
     found = forks()
-    [fork] = [f for f in found if f["source"] == "input"]
-    assert fork["parent_checkpoint_id"] not in (None, fork["newest_checkpoint_id"])
-    assert all(f["thread_id"] == thread for f in found)
+    assert any(f["parent_checkpoint_id"] == newest for f in found), found
+    assert all(f["thread_id"] == thread and f["parent_checkpoint_id"] != f["newest_checkpoint_id"] for f in found)
 
 
 def test_turns_hop_at_random_while_the_projector_is_killed_and_restarted(
