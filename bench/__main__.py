@@ -22,9 +22,12 @@ import asyncpg
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
+from bench import conversations as conversation_bench
 from bench import rebuild as rebuild_bench
 from bench import store as store_bench
+from bench.official import official_savers
 from graphledger import KafkaSaver
+from graphledger.settings import DEFAULT_PARTITIONS
 from graphledger_server.commands.demo import build_graph
 from graphledger_server.devstack.stack import DevStack
 from graphledger_server.projection.offsets import OffsetStatements, group_offsets
@@ -150,7 +153,11 @@ async def _write_to_visible(stack: DevStack, saver: KafkaSaver, rate: int, secon
 
 
 async def main(args: argparse.Namespace) -> None:
-    with DevStack(Path(tempfile.mkdtemp(prefix="graphledger-bench-")), log_level="WARNING") as stack:
+    # The topics get the production default of 12 partitions: tansu scans its in-memory log to serve a
+    # fetch, so a partition holding every record of the run would slow it down as the run goes on.
+    with DevStack(
+        Path(tempfile.mkdtemp(prefix="graphledger-bench-")), partitions=DEFAULT_PARTITIONS, log_level="WARNING"
+    ) as stack:
         settings = stack.settings
         dsn = settings.postgres_dsn
         async with (
@@ -167,6 +174,11 @@ async def main(args: argparse.Namespace) -> None:
             p50 = statistics.median(latencies)
             p99 = latencies[int(len(latencies) * 0.99) - 1]
             print(f"  write-to-visible   p50 {p50:6.1f} ms  p99 {p99:6.1f} ms at 500 checkpoints/s", flush=True)
+        conversation_rows: list[str] = []
+        if args.conversation_turns:
+            print("\nconversations (reads consistent across processes; see README, Performance)", flush=True)
+            async with KafkaSaver(settings) as first, KafkaSaver(settings) as second, official_savers(dsn) as official:
+                conversation_rows = await conversation_bench.run([first, second], official, args.conversation_turns)
         store_rows = await store_bench.run(stack, args.total, args.recall_items) if args.store else []
         rebuild_rows = await rebuild_bench.run(settings, args.rebuild_events) if args.rebuild_events else []
 
@@ -176,7 +188,7 @@ async def main(args: argparse.Namespace) -> None:
             print(f"| {name} | {concurrency} | {mine:,.0f} | {theirs:,.0f} | {mine / theirs:.2f}x |")
         print(f"| projector apply (backlog {args.backlog:,}) | – | {rate:,.0f} checkpoints/s | – | – |")
         print(f"| write-to-visible at 500/s | – | p50 {p50:.1f} ms, p99 {p99:.1f} ms | – | – |")
-        print("\n".join(store_rows + rebuild_rows))
+        print("\n".join(["", *conversation_rows, "", *store_rows, *rebuild_rows]))
 
 
 if __name__ == "__main__":
@@ -186,6 +198,12 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of the write-to-visible run")
     parser.add_argument("--recall-items", type=int, default=20000, help="items for the HNSW recall@10 row")
     parser.add_argument("--no-store", dest="store", action="store_false", help="skip the store rows")
+    parser.add_argument(
+        "--conversation-turns",
+        type=int,
+        default=800,
+        help="turns per side per round of the conversation rows (concurrency 1: a quarter; 0 skips them)",
+    )
     parser.add_argument(
         "--rebuild-events",
         type=int,

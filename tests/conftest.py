@@ -68,6 +68,25 @@ def make_settings(broker: EmbeddedBroker, pg: EmbeddedPostgres):
     return make
 
 
+@pytest.fixture(scope="session")
+def empty_log(broker: EmbeddedBroker) -> dict[str, object]:
+    """Kafka settings naming existing, empty topics: for a read API over a projection a test fills
+    directly, which must learn from the log that nothing waits to be projected."""
+    import asyncio
+
+    from graphledger_server.commands.topics import ensure_topics
+
+    values: dict[str, object] = {
+        "kafka_bootstrap_servers": broker.bootstrap_servers,
+        "kafka_idempotence": False,
+        "topic_prefix": f"t{uuid.uuid4().hex[:10]}",
+        "topic_partitions": 4,
+        "topic_replication_factor": 1,
+    }
+    asyncio.run(ensure_topics(Settings(**values)))  # type: ignore[arg-type]
+    return values
+
+
 if TYPE_CHECKING:
     from graphledger_server.devstack.stack import DevStack
 

@@ -64,11 +64,19 @@ async def projection(pg: Any) -> str:
     return dsn
 
 
+LOG: dict[str, Any] = {}
+"""The session's empty topics (`empty_log`): the read API learns from them that nothing is unprojected."""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _empty_log(empty_log: dict[str, Any]) -> None:
+    LOG.update(empty_log)
+
+
 @asynccontextmanager
 async def running(dsn: str, **overrides: Any) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
-    settings = Settings(
-        postgres_dsn=dsn, postgres_schema=SCHEMA, projector_group_id=f"g{uuid.uuid4().hex[:8]}", **overrides
-    )
+    values: dict[str, Any] = {**LOG, "postgres_dsn": dsn, "postgres_schema": SCHEMA}
+    settings = Settings(**values, projector_group_id=f"g{uuid.uuid4().hex[:8]}", **overrides)
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)

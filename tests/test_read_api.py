@@ -88,7 +88,7 @@ def decode_tuple(raw: dict[str, Any] | None) -> CheckpointTuple | None:
         {**checkpoint, "channel_values": {k: _value(v) for k, v in checkpoint["channel_values"].items()}},
         raw["metadata"],
         {"configurable": raw["parent_config"]} if raw["parent_config"] else None,
-        [(task_id, channel, _value(v)) for task_id, channel, v in raw["pending_writes"]],
+        [(task_id, channel, _value(v)) for task_id, channel, v, *_ in raw["pending_writes"]],
     )
 
 
@@ -143,8 +143,18 @@ async def running(settings: Settings) -> AsyncIterator[Api]:
             yield Api(app, client)
 
 
+LOG: dict[str, Any] = {}
+"""The session's empty topics (`empty_log`): the read API learns from them that nothing is unprojected."""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _empty_log(empty_log: dict[str, Any]) -> None:
+    LOG.update(empty_log)
+
+
 def settings_for(dsn: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
+        **LOG,
         "postgres_dsn": dsn,
         "postgres_schema": SCHEMA,
         "projector_group_id": f"g{uuid.uuid4().hex[:8]}",
@@ -765,6 +775,7 @@ def serve_and_stop(projection: str, stop: signal.Signals) -> None:
         "GRAPHLEDGER_POSTGRES_DSN": projection,
         "GRAPHLEDGER_POSTGRES_SCHEMA": SCHEMA,
         "GRAPHLEDGER_API_PORT": str(port),
+        **{f"GRAPHLEDGER_{name.upper()}": str(value) for name, value in LOG.items()},
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "graphledger_server.api"],

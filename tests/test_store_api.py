@@ -204,8 +204,18 @@ async def projection(pg: Any) -> str:
     return dsn
 
 
+LOG: dict[str, Any] = {}
+"""The session's empty topics (`empty_log`): the read API learns from them that nothing is unprojected."""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _empty_log(empty_log: dict[str, Any]) -> None:
+    LOG.update(empty_log)
+
+
 def settings_for(dsn: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
+        **LOG,
         "postgres_dsn": dsn,
         "postgres_schema": SCHEMA,
         "projector_group_id": f"g{uuid.uuid4().hex[:8]}",

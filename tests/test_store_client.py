@@ -37,7 +37,7 @@ from graphledger.events import store_event, to_envelope
 from graphledger.events.envelope import decode, encode, new_envelope
 from graphledger.events.store import StoreDelete, StorePut, StoreRefresh, store_key
 from graphledger.settings import Settings
-from graphledger.wire import CONSISTENCY_HEADER, parse_token
+from graphledger.wire import CONSISTENCY_HEADER, SEARCH_CONSISTENCY_HEADER, parse_token
 from graphledger_server.commands.topics import ensure_topics
 
 DIMS = 64
@@ -546,24 +546,44 @@ async def test_missing_items_and_empty_answers_decode(store: KafkaStore, api: Fa
     assert await store.alist_namespaces() == []
 
 
-async def test_reads_carry_the_token_of_the_stores_own_writes(store: KafkaStore, api: FakeReadApi) -> None:
-    await store.aget(("a",), "k")
-    assert CONSISTENCY_HEADER.lower() not in {h.lower() for h in api.requests[0][1]}  # nothing written yet
+async def test_reads_need_no_token_the_read_api_finds_acknowledged_writes_in_the_log(
+    store: KafkaStore, api: FakeReadApi
+) -> None:
     await store.aput(("a",), "k", {"v": 1})
     await store.aget(("a",), "k")
-    headers = {h.lower(): v for h, v in api.requests[1][1].items()}
-    token = parse_token(headers[CONSISTENCY_HEADER.lower()])
-    assert token == store.consistency_token
-    assert {topic for topic, _ in token} == {store.settings.store_topic}
+    await store.asearch(("a",))
+    assert store.consistency_token
+    for _, headers, _ in api.requests:
+        sent = {h.lower() for h in headers}
+        assert CONSISTENCY_HEADER.lower() not in sent and SEARCH_CONSISTENCY_HEADER.lower() not in sent
 
 
-async def test_a_batch_reads_before_it_writes(store: KafkaStore, api: FakeReadApi) -> None:
+async def test_an_own_writes_store_sends_its_token_and_level(settings: Settings, api: FakeReadApi) -> None:
+    async with KafkaStore(settings, search_consistency="own_writes") as store:
+        await store.asearch(("a",))
+        assert CONSISTENCY_HEADER.lower() not in {h.lower() for h in api.requests[0][1]}  # nothing written yet
+        await store.aput(("a",), "k", {"v": 1})
+        await store.asearch(("a",))
+        headers = {h.lower(): v for h, v in api.requests[1][1].items()}
+        assert headers[SEARCH_CONSISTENCY_HEADER.lower()] == "own_writes"
+        token = parse_token(headers[CONSISTENCY_HEADER.lower()])
+        assert token == store.consistency_token
+        assert {topic for topic, _ in token} == {store.settings.store_topic}
+
+
+def test_an_unknown_search_consistency_is_refused(settings: Settings) -> None:
+    with pytest.raises(InvalidInputError, match="search_consistency"):
+        KafkaStore(settings, search_consistency="eventual")  # type: ignore[arg-type]
+
+
+async def test_a_batch_reads_before_it_writes(settings: Settings, api: FakeReadApi) -> None:
     # As in InMemoryStore and AsyncPostgresStore, a batch's reads do not see its own writes: the read
-    # goes out before the put is published, so it carries no token of it.
-    results = await store.abatch([PutOp(("a",), "k", {"v": 1}), GetOp(("a",), "k")])
-    assert results[0] is None and results[1] is not None
-    assert CONSISTENCY_HEADER.lower() not in {h.lower() for h in api.requests[0][1]}
-    assert store.consistency_token  # the put was published after the read
+    # goes out before the put is published, so it carries no token of it (an own-writes store sends one).
+    async with KafkaStore(settings, search_consistency="own_writes") as store:
+        results = await store.abatch([PutOp(("a",), "k", {"v": 1}), GetOp(("a",), "k")])
+        assert results[0] is None and results[1] is not None
+        assert CONSISTENCY_HEADER.lower() not in {h.lower() for h in api.requests[0][1]}
+        assert store.consistency_token  # the put was published after the read
 
 
 async def test_several_conditions_of_one_kind_merge_or_answer_empty(store: KafkaStore, api: FakeReadApi) -> None:

@@ -148,6 +148,8 @@ def workload(observed: DevStack, agent_tracer: trace.Tracer) -> Workload:
             graph = build_graph().compile(checkpointer=saver)
             graph.invoke({"foo": STATE_SENTINEL, "bar": [STATE_SENTINEL]}, config)
             state = graph.get_state(config).values
+        with KafkaSaver(settings) as other:  # another process's read waits for the projection of the run
+            assert other.get_tuple(config) is not None
         with KafkaStore(settings, index={"dims": dims, "embed": HashEmbedder(dims), "fields": ["text"]}) as store:
             store.put(("obs", RUN), "note", {"text": STORE_SENTINEL})
             item = store.get(("obs", RUN), "note")

@@ -69,6 +69,13 @@ class ConsistencyTimeoutError(ReadApiError):
     """The projection did not reach the read's consistency token before the deadline."""
 
 
+class LogUnavailableError(GraphledgerError):
+    """The read API could not learn from Kafka where a partition's log ends, so it cannot tell which
+    acknowledged writes a read must reflect; the read fails rather than answer from an older state."""
+
+    retryable = True
+
+
 # -- services ------------------------------------------------------------------------------------------
 
 

@@ -86,7 +86,15 @@ class Settings(BaseSettings):
     consistency_timeout_s: float = Field(
         DEFAULT_CONSISTENCY_TIMEOUT_S,
         gt=0,
-        description="Seconds the read API waits for the projection to reach a read's consistency token.",
+        description="Seconds a read waits for the projection to reflect every write it must see (else a retryable "
+        "503); also the deadline of the read API's and the client's fetches of the log's end.",
+    )
+
+    client_log_reads: bool = Field(
+        True,
+        description="A client reading its own thread from the newest checkpoint it holds first checks the thread's "
+        "partition in Kafka itself (needs READ on the checkpoint topic); off, or with a tenant token: it asks the read "
+        "API, which checks the same.",
     )
 
     # Postgres, for the services.
@@ -149,7 +157,7 @@ class Settings(BaseSettings):
     api_max_consistency_waits: int = Field(
         DEFAULT_API_MAX_CONSISTENCY_WAITS,
         ge=1,
-        description="Most reads one API process holds waiting for a consistency token; beyond: 503 + Retry-After.",
+        description="Most reads one API process holds waiting for the projection; beyond: 503 + Retry-After.",
     )
     api_pool_size: int = Field(
         10,

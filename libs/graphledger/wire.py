@@ -12,6 +12,16 @@ from typing import Any
 MSGPACK = "application/msgpack"
 JSON = "application/json"
 CONSISTENCY_HEADER = "X-Graphledger-Consistency"
+SEARCH_CONSISTENCY_HEADER = "X-Graphledger-Search-Consistency"
+"""On a store batch: `own_writes` lets its searches and listings skip the wait for every store write
+acknowledged before them (they still see the caller's own, from its consistency token)."""
+OWN_WRITES = "own_writes"
+OWN_WRITES_HEADER = "X-Graphledger-Own-Writes"
+CACHED_THROUGH_HEADER = "X-Graphledger-Cached-Through"
+"""On a get of the newest checkpoint, with `OWN_WRITES_HEADER`: the caller holds that answer as of this
+offset of the thread's partition (`client/latest.py`)."""
+"""On a checkpoint get: `<partition>:<offset>,...`, the reading client's own acknowledged records of the
+thread that it can add to the answer itself (docs/architecture.md, "Consistency")."""
 
 
 def format_token(token: dict[tuple[str, int], int]) -> str:

@@ -20,6 +20,7 @@ SCOPED: list[tuple[Event, Event]] = [
     ),
     (checkpoint.ThreadDelete("t"), checkpoint.ThreadDelete("acme/t")),
     (checkpoint.ThreadCopy("t", "u"), checkpoint.ThreadCopy("acme/t", "acme/u")),
+    (checkpoint.ThreadCopyBarrier("u", 2, 41), checkpoint.ThreadCopyBarrier("acme/u", 2, 41)),
     (checkpoint.ThreadPrune("t", "keep_latest", 3), checkpoint.ThreadPrune("acme/t", "keep_latest", 3)),
     (checkpoint.ThreadExpire("t", 1_000), checkpoint.ThreadExpire("acme/t", 1_000)),
     (checkpoint.RunsDelete(("run-1",)), checkpoint.RunsDelete(("run-1",))),

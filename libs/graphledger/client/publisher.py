@@ -15,6 +15,7 @@ import asyncio
 from collections import deque
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
 from opentelemetry.context import Context
 
@@ -94,6 +95,12 @@ class EventPublisher:
             ) from exc
         self._producer = producer
         self.inflight = InflightBytes(self._settings.max_inflight_bytes)  # on the loop that publishes
+
+    @property
+    def kafka_client(self) -> AIOKafkaClient:
+        """The started producer's connection to the cluster (for fetches of the log's tail)."""
+        assert self._producer is not None, "publisher not started"
+        return self._producer.client
 
     async def stop(self) -> None:
         if self._producer is not None:

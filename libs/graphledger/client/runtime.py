@@ -1,36 +1,37 @@
-"""What a client object runs on: the background loop, the Kafka publisher and the read API client.
+"""What a client object runs on: its loop (`loop.py`), the Kafka publisher and the read API client.
 
-Started lazily on first use (thread-safe), so constructing a saver costs nothing and LangGraph can
-build it at import time. The caller's trace context is captured in the caller's thread, before the
-hop to the loop thread, so the producer and HTTP client spans (graphledger.telemetry.client) continue
-the caller's trace.
-
-Reads from the event loop that opened the client (`async with KafkaStore(...)`) skip the hop: that
-loop gets a read API client of its own, closed when the `async with` ends, so its reads never wait
-for the other thread (a hop and its GIL hand-offs measured 0.16-0.3 ms, a tenth of a store search).
-Other loops and plain threads hop as before; writes always go through the loop's one producer.
+A client opened with `async with` starts on the caller's loop, whose calls then run without a hop
+(writes and reads alike); other loops and plain threads hop onto it. A client used without
+`async with` starts lazily on first use (thread-safe) on a background loop of its own, so
+constructing a saver costs nothing and LangGraph can build it at import time. The caller's trace
+context is captured in the caller's thread, before any hop, so the producer and HTTP client spans
+(graphledger.telemetry.client) continue the caller's trace.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, Self, TypeVar
 
 from opentelemetry.context import Context
 
-from graphledger.client.loop import BackgroundLoop
+from graphledger.client.latest import LatestCheckpoints
+from graphledger.client.loop import BackgroundLoop, HomeLoop
+from graphledger.client.own_writes import OwnWrites
 from graphledger.client.publisher import EventPublisher
 from graphledger.client.reader import ReadApiClient
 from graphledger.client.tenant import scope_event
-from graphledger.client.tokens import ConsistencyTokens
+from graphledger.client.tokens import AckedOffsets
 from graphledger.events import Event, to_envelope
-from graphledger.events.checkpoint import ThreadCopy
+from graphledger.events.checkpoint import CheckpointPut, CheckpointWrites, ThreadCopy, ThreadCopyBarrier
+from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger.telemetry.propagation import caller_context
 
 T = TypeVar("T")
+Headers = Mapping[str, str] | None
 
 
 class ClientRuntime:
@@ -38,18 +39,24 @@ class ClientRuntime:
         self._settings = settings
         self._name = name
         self._lock = threading.Lock()
-        self._loop: BackgroundLoop | None = None
+        self._loop: BackgroundLoop | HomeLoop | None = None
         self.publisher = EventPublisher(settings)
-        self.tokens = ConsistencyTokens()
+        self.acked = AckedOffsets()
+        self.own_writes = OwnWrites()
+        """The client's checkpoint puts and writes a get may add to the projection's answer."""
+        self.latest = LatestCheckpoints()
+        """The newest checkpoint of each thread namespace read, as of a log position."""
+        self.log: LogTail | None = None
+        """The client's own look at the log's tail (`client_log_reads`), on the producer's connection."""
+        self._puts_in_flight: dict[tuple[str, str, str], asyncio.Future[None]] = {}
+        """Checkpoint puts sent and not acknowledged yet (on the runtime's loop), by checkpoint."""
         self._reader: ReadApiClient | None = None
-        self._home: tuple[asyncio.AbstractEventLoop, ReadApiClient] | None = None
-        """The loop that opened the client with `async with`, and its own read API client."""
         self.tenant = ""
         """The read API's tenant for this client's token, which its writes are prefixed with."""
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def _started_loop(self) -> BackgroundLoop:
+    def _started_loop(self) -> BackgroundLoop | HomeLoop:
         loop = self._loop
         if loop is not None:
             return loop
@@ -70,6 +77,9 @@ class ClientRuntime:
             if self._settings.api_token is not None:
                 self.tenant = await self._reader.whoami()
             await self.publisher.start()
+            # With a tenant, the partition's records of other tenants are not this client's to fetch.
+            if self._settings.client_log_reads and not self.tenant:
+                self.log = LogTail(self._settings, self.publisher.kafka_client)
         except BaseException:
             await self._reader.close()
             raise
@@ -77,33 +87,38 @@ class ClientRuntime:
     def ensure_started(self) -> None:
         self._started_loop()
 
-    async def aensure_started(self) -> None:
-        # Starting blocks on a connection to Kafka; do it off the caller's event loop.
-        await asyncio.to_thread(self._started_loop)
-
     async def aopen(self) -> None:
-        """Start, and read from the calling loop directly from now on (`async with`)."""
-        await self.aensure_started()
-        if self._home is None:
-            self._home = (asyncio.get_running_loop(), ReadApiClient(self._settings))
+        """Start on the calling loop (`async with`), unless started already: its calls then run there."""
+        with self._lock:
+            if self._loop is not None:
+                return  # started before, from a thread or another loop: calls hop onto that loop
+            home = self._loop = HomeLoop(asyncio.get_running_loop())
+        try:
+            await self._start()
+        except BaseException as exc:
+            with self._lock:
+                self._loop = None
+            home.started.set_exception(exc)
+            home.started.exception()  # retrieved: only calls that waited for the start see it
+            raise
+        home.started.set_result(None)
 
     def close(self) -> None:
-        home, self._home = self._home, None
-        if home is not None and not home[0].is_closed():
-            # Closed outside its loop: the home reader's session can only be closed on that loop.
-            home[0].call_soon_threadsafe(lambda: home[0].create_task(home[1].close()))
         with self._lock:
             loop, self._loop = self._loop, None
-        if loop is not None:
-            loop.run(self._stop())
-            loop.stop()
+        if loop is None or loop.loop.is_closed():
+            return
+        loop.run(self._stop())
+        loop.stop()
 
     async def aclose(self) -> None:
-        home = self._home
-        if home is not None and home[0] is asyncio.get_running_loop():
-            self._home = None
-            await home[1].close()
-        await asyncio.to_thread(self.close)  # which hands another loop's reader to that loop
+        loop = self._loop
+        if isinstance(loop, HomeLoop) and loop.loop is asyncio.get_running_loop():
+            with self._lock:
+                self._loop = None
+            await self._stop()
+        else:
+            await asyncio.to_thread(self.close)
 
     async def _stop(self) -> None:
         await self.publisher.stop()
@@ -112,10 +127,31 @@ class ClientRuntime:
 
     # -- calls ---------------------------------------------------------------------------------
 
-    async def _publish(self, topic: str, event: Event, context: Context) -> None:
+    async def _publish(self, topic: str, event: Event, context: Context) -> list[tuple[str, int, int]]:
         scoped = scope_event(event, self.tenant)
-        acked = await self.publisher.publish(topic, scoped.key, to_envelope(scoped), context=context)
-        self.tokens.record(acked, _scopes(event))  # reads name the thread as the caller does
+        if isinstance(event, CheckpointWrites) and (put := self._puts_in_flight.get(_checkpoint_of(event))):
+            # A checkpoint's writes follow its put in the log, so a read adding own writes finds the put first.
+            await asyncio.wait([put])
+        if not isinstance(event, CheckpointPut):
+            acked = await self.publisher.publish(topic, scoped.key, to_envelope(scoped), context=context)
+        else:
+            checkpoint = _checkpoint_of(event)
+            in_flight = self._puts_in_flight[checkpoint] = asyncio.get_running_loop().create_future()
+            try:
+                acked = await self.publisher.publish(topic, scoped.key, to_envelope(scoped), context=context)
+            finally:
+                in_flight.set_result(None)
+                if self._puts_in_flight.get(checkpoint) is in_flight:
+                    del self._puts_in_flight[checkpoint]
+        self.acked.record(acked)
+        if isinstance(event, CheckpointPut | CheckpointWrites):
+            self.own_writes.record(event.thread_id, acked, event)  # reads name the thread as the caller does
+        return acked
+
+    async def _publish_copy(self, topic: str, copy: ThreadCopy, context: Context) -> None:
+        """The copy, then, once acknowledged, the barrier that orders the target's events after it."""
+        _, partition, offset = (await self._publish(topic, copy, context))[-1]
+        await self._publish(topic, ThreadCopyBarrier(copy.target_thread_id, partition, offset), context)
 
     async def _publish_many(self, topic: str, events: Sequence[Event], context: Context) -> None:
         # Concurrently, so the producer batches them; callers pass events with distinct keys, whose
@@ -126,12 +162,11 @@ class ClientRuntime:
         # One copy per partition, so the event takes its place among every thread's writes.
         for partition in await self.publisher.partitions(topic):
             scoped = to_envelope(scope_event(event, self.tenant))
-            acked = await self.publisher.publish(topic, None, scoped, context=context, partition=partition)
-            self.tokens.record(acked, None)
+            self.acked.record(await self.publisher.publish(topic, None, scoped, context=context, partition=partition))
 
-    async def _read(self, path: str, body: dict[str, Any], scope: str | None, context: Context) -> Any:
+    async def _read(self, path: str, body: dict[str, Any], headers: Headers, context: Context) -> Any:
         assert self._reader is not None
-        return await self._reader.call(path, body, self.tokens.for_scope(scope), context)
+        return await self._reader.call(path, body, headers, context)
 
     def publish(self, topic: str, event: Event) -> None:
         self._started_loop().run(self._publish(topic, event, caller_context()))
@@ -148,21 +183,31 @@ class ClientRuntime:
         if events:
             await self._arun(self._publish_many(topic, events, caller_context()))
 
+    def publish_copy(self, topic: str, copy: ThreadCopy) -> None:
+        self._started_loop().run(self._publish_copy(topic, copy, caller_context()))
+
+    async def apublish_copy(self, topic: str, copy: ThreadCopy) -> None:
+        await self._arun(self._publish_copy(topic, copy, caller_context()))
+
     def broadcast(self, topic: str, event: Event) -> None:
         self._started_loop().run(self._broadcast(topic, event, caller_context()))
 
     async def abroadcast(self, topic: str, event: Event) -> None:
         await self._arun(self._broadcast(topic, event, caller_context()))
 
-    def read(self, path: str, body: dict[str, Any], scope: str | None = None) -> Any:
-        """One read API call that waits for this client's writes to `scope` (a thread), or all of them."""
-        return self._started_loop().run(self._read(path, body, scope, caller_context()))
+    def read(self, path: str, body: dict[str, Any], headers: Headers = None) -> Any:
+        """One read API call, with `headers` besides the client's own."""
+        return self._started_loop().run(self._read(path, body, headers, caller_context()))
 
-    async def aread(self, path: str, body: dict[str, Any], scope: str | None = None) -> Any:
-        home = self._home
-        if home is not None and home[0] is asyncio.get_running_loop() and self._loop is not None:
-            return await home[1].call(path, body, self.tokens.for_scope(scope), caller_context())
-        return await self._arun(self._read(path, body, scope, caller_context()))
+    async def aread(self, path: str, body: dict[str, Any], headers: Headers = None) -> Any:
+        return await self._arun(self._read(path, body, headers, caller_context()))
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the client's loop (it may use the publisher, the reader and the log)."""
+        return self._started_loop().run(coro)
+
+    async def acall(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await self._arun(coro)
 
     async def _arun(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await `coro` on the runtime's loop, starting the runtime first (off the caller's loop)."""
@@ -174,12 +219,8 @@ class ClientRuntime:
         return await loop.arun(coro)
 
 
-def _scopes(event: Event) -> tuple[str, ...] | None:
-    """The threads an event changes, or None when it may change any (runs.delete, store writes)."""
-    if isinstance(event, ThreadCopy):
-        return (event.source_thread_id, event.target_thread_id)
-    thread_id = getattr(event, "thread_id", None)
-    return (thread_id,) if thread_id is not None else None
+def _checkpoint_of(event: CheckpointPut | CheckpointWrites) -> tuple[str, str, str]:
+    return event.thread_id, event.checkpoint_ns, event.checkpoint_id
 
 
 class ClientLifecycle:
@@ -207,4 +248,4 @@ class ClientLifecycle:
     @property
     def consistency_token(self) -> dict[tuple[str, int], int]:
         """The newest acknowledged offset per partition of this client's writes."""
-        return dict(self._runtime.tokens.client_wide)
+        return self._runtime.acked.token()

@@ -65,8 +65,10 @@ from graphledger.client.store_values import (
 from graphledger.errors import InvalidInputError
 from graphledger.events.store import StoreDelete, StorePut, StoreRefresh
 from graphledger.settings import Settings
+from graphledger.wire import CONSISTENCY_HEADER, OWN_WRITES, SEARCH_CONSISTENCY_HEADER, format_token
 
 STORE_BATCH_PATH = "/v1/store/batch"
+SearchConsistency = Literal["log", "own_writes"]
 
 
 class KafkaStore(ClientLifecycle, BaseStore):
@@ -87,7 +89,11 @@ class KafkaStore(ClientLifecycle, BaseStore):
         *,
         index: IndexConfig | None = None,
         ttl: TTLConfig | None = None,
+        search_consistency: SearchConsistency = "log",
     ) -> None:
+        if search_consistency not in ("log", OWN_WRITES):
+            raise InvalidInputError(f"search_consistency must be 'log' or 'own_writes', got {search_consistency!r}")
+        self.search_consistency = search_consistency
         self.settings = settings or Settings()
         self.ttl_config = ttl
         self.index_config: IndexConfig | None = None
@@ -113,9 +119,22 @@ class KafkaStore(ClientLifecycle, BaseStore):
         self._dims = dims
 
     @classmethod
-    def from_env(cls, *, index: IndexConfig | None = None, ttl: TTLConfig | None = None) -> KafkaStore:
+    def from_env(
+        cls,
+        *,
+        index: IndexConfig | None = None,
+        ttl: TTLConfig | None = None,
+        search_consistency: SearchConsistency = "log",
+    ) -> KafkaStore:
         """A store configured from `GRAPHLEDGER_*` environment variables."""
-        return cls(Settings(), index=index, ttl=ttl)
+        return cls(Settings(), index=index, ttl=ttl, search_consistency=search_consistency)
+
+    def _read_headers(self) -> dict[str, str] | None:
+        """What a batch's reads send besides the body: with `own_writes`, the level and this store's token."""
+        if self.search_consistency != OWN_WRITES:
+            return None
+        token = self._runtime.acked.token(self.settings.store_topic)
+        return {SEARCH_CONSISTENCY_HEADER: OWN_WRITES, **({CONSISTENCY_HEADER: format_token(token)} if token else {})}
 
     # -- batches -------------------------------------------------------------------------------
 
@@ -124,7 +143,9 @@ class KafkaStore(ClientLifecycle, BaseStore):
         prepared = self._prepare_all(ops)
         plan = _Plan(prepared)
         vectors, queries = self._embed(plan.texts, plan.queries)
-        answer = self._runtime.read(STORE_BATCH_PATH, plan.read_body(queries)) if plan.reads else None
+        answer = (
+            self._runtime.read(STORE_BATCH_PATH, plan.read_body(queries), self._read_headers()) if plan.reads else None
+        )
         results = plan.results(answer)  # a malformed answer fails before anything is published
         events = [*plan.events(vectors), *self._refresh_events(plan, answer)]
         self._runtime.publish_many(self.settings.store_topic, events)
@@ -136,7 +157,11 @@ class KafkaStore(ClientLifecycle, BaseStore):
     async def _aexecute(self, prepared: Sequence[Prepared]) -> list[Result]:
         plan = _Plan(prepared)
         vectors, queries = await self._aembed(plan.texts, plan.queries)
-        answer = await self._runtime.aread(STORE_BATCH_PATH, plan.read_body(queries)) if plan.reads else None
+        answer = (
+            await self._runtime.aread(STORE_BATCH_PATH, plan.read_body(queries), self._read_headers())
+            if plan.reads
+            else None
+        )
         results = plan.results(answer)
         events = [*plan.events(vectors), *self._refresh_events(plan, answer)]
         await self._runtime.apublish_many(self.settings.store_topic, events)

@@ -39,6 +39,8 @@ def scope_event(event: Event, tenant: str) -> Event:
             return checkpoint.ThreadCopy(
                 scoped_thread(tenant, event.source_thread_id), scoped_thread(tenant, event.target_thread_id)
             )
+        case checkpoint.ThreadCopyBarrier():
+            return dataclasses.replace(event, target_thread_id=scoped_thread(tenant, event.target_thread_id))
         case store.StorePut() | store.StoreDelete() | store.StoreRefresh() | store.StoreExpire():
             return dataclasses.replace(event, namespace=scoped_namespace(tenant, event.namespace))
         case checkpoint.RunsDelete():

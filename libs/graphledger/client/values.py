@@ -112,7 +112,7 @@ def decode_tuple(raw: dict[str, Any] | None, serde: SerializerProtocol) -> Check
         {**checkpoint, "channel_values": channel_values},
         raw["metadata"],
         _parent(raw.get("parent_config")),
-        [(task_id, channel, _value(v, serde)) for task_id, channel, v in raw.get("pending_writes") or []],
+        [(task_id, channel, _value(v, serde)) for task_id, channel, v, *_ in raw.get("pending_writes") or []],
     )
 
 

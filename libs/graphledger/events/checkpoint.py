@@ -180,6 +180,44 @@ class ThreadCopy:
         return cls(_field_str(p, "source_thread_id", nonempty=True), _field_str(p, "target_thread_id", nonempty=True))
 
 
+@dataclass(frozen=True, slots=True)
+class ThreadCopyBarrier:
+    """After a `thread.copy`: the target's events after this one apply only once the copy has.
+
+    The copy travels keyed by its source, so it copies the source as of its place in the source's log,
+    which is another partition than the target's. This event, keyed by the target and published once
+    the copy was acknowledged, holds the target's partition at its place until the projection has
+    applied the copy's record (`source_partition`, `source_offset`): a read of the target that finds
+    it among the target's unprojected records waits for the copy, and a rebuild applies the target's
+    later events after the copy, as the live projection did.
+    """
+
+    TYPE: ClassVar[str] = "thread.copy.barrier"
+    target_thread_id: str
+    source_partition: int
+    source_offset: int
+    """The offset of the copy's (last) record on the source's partition."""
+
+    @property
+    def key(self) -> str:
+        return self.target_thread_id
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "target_thread_id": self.target_thread_id,
+            "source_partition": self.source_partition,
+            "source_offset": self.source_offset,
+        }
+
+    @classmethod
+    def from_payload(cls, p: dict[str, Any]) -> ThreadCopyBarrier:
+        return cls(
+            _field_str(p, "target_thread_id", nonempty=True),
+            _field_position(p, "source_partition", 2**31 - 1),
+            _field_position(p, "source_offset", 2**63 - 1),
+        )
+
+
 PRUNE_STRATEGIES = ("keep_latest", "delete")
 MAX_KEEP = 2**31 - 1
 
@@ -269,11 +307,29 @@ class RunsDelete:
         return cls(tuple(run_ids))
 
 
-CheckpointEvent = CheckpointPut | CheckpointWrites | ThreadDelete | ThreadCopy | ThreadPrune | ThreadExpire | RunsDelete
+CheckpointEvent = (
+    CheckpointPut
+    | CheckpointWrites
+    | ThreadDelete
+    | ThreadCopy
+    | ThreadCopyBarrier
+    | ThreadPrune
+    | ThreadExpire
+    | RunsDelete
+)
 
 CHECKPOINT_EVENT_TYPES: dict[str, type[CheckpointEvent]] = {
     cls.TYPE: cls
-    for cls in (CheckpointPut, CheckpointWrites, ThreadDelete, ThreadCopy, ThreadPrune, ThreadExpire, RunsDelete)
+    for cls in (
+        CheckpointPut,
+        CheckpointWrites,
+        ThreadDelete,
+        ThreadCopy,
+        ThreadCopyBarrier,
+        ThreadPrune,
+        ThreadExpire,
+        RunsDelete,
+    )
 }
 
 
@@ -286,6 +342,13 @@ def _field_str(p: dict[str, Any], name: str, *, nonempty: bool = False) -> str:
         raise InvalidEventError(f"{name} {value!r} is not a{' non-empty' if nonempty else ''} string")
     if "\x00" in value:
         raise InvalidEventError(f"{name} {value!r} contains a NUL character")
+    return value
+
+
+def _field_position(p: dict[str, Any], name: str, most: int) -> int:
+    value = p.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+        raise InvalidEventError(f"{name} {value!r} is not an integer from 0 to {most}")
     return value
 
 

@@ -1,4 +1,5 @@
-"""`create_app(settings)`: the FastAPI read API, its Postgres pool and its applied-offsets watcher."""
+"""`create_app(settings)`: the FastAPI read API, its Postgres pools, its applied-offsets watcher and its
+window on the log."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from importlib.metadata import version
 
 from fastapi import FastAPI
 
+from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger_server.api import checkpoints, handlers, health, store
 from graphledger_server.api.auth import TenantAuth, document_bearer_auth, token_entries, whoami_router
 from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.db import open_pool, open_store_pool
+from graphledger_server.api.read_barrier import ReadBarrier
 from graphledger_server.api.state import ApiState
 from graphledger_server.telemetry import api as telemetry
 
@@ -33,10 +36,13 @@ def create_app(settings: Settings) -> FastAPI:
         store_pool = await open_store_pool(settings)
         offsets = AppliedOffsets(settings.postgres_dsn, settings.postgres_schema, settings.projector_group_id)
         await offsets.start()
-        app.state.api = ApiState(settings, pool, store_pool, offsets)
+        log = LogTail(settings)
+        await log.start()
+        app.state.api = ApiState(settings, pool, store_pool, offsets, ReadBarrier(settings, log, offsets))
         try:
             yield
         finally:
+            await log.stop()
             await offsets.stop()
             await store_pool.close()
             await pool.close()

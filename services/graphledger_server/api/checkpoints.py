@@ -5,6 +5,10 @@ with the official saver bit for bit (`passthrough.py` says why). Each request ge
 the shared pool: constructing one is cheap, and a shared instance would serialize every request on
 the saver's per-instance lock. Thread ids are the request tenant's (`tenant.py`): prefixed on the way
 in, unprefixed on the way out, and a list without a thread only ever sees the tenant's threads.
+
+Every read first waits until the projection reflects what the log held when it arrived
+(`read_barrier.py`): a thread's reads for the thread's unprojected records (less, on a get, the
+client's own that it names in `X-Graphledger-Own-Writes`), a list across threads for the whole topic.
 """
 
 from __future__ import annotations
@@ -12,14 +16,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from langgraph.checkpoint.base import CheckpointTuple
+from langgraph.checkpoint.base import CheckpointTuple, writes_sort_key
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from pydantic import BaseModel
 
-from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK
+from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
-from graphledger_server.api.consistency import hold
+from graphledger_server.api.consistency import token_of
 from graphledger_server.api.errors import ApiError
 from graphledger_server.api.models import (
     DeltaHistoryRequest,
@@ -31,6 +35,7 @@ from graphledger_server.api.models import (
     ListResponse,
 )
 from graphledger_server.api.passthrough import PassThroughSerde, to_wire
+from graphledger_server.api.read_barrier import KeyedRead, OwnWrites, Settled
 from graphledger_server.api.state import api_state
 from graphledger_server.api.tenant import Tenant
 
@@ -51,7 +56,23 @@ def _doc(request_model: type[BaseModel], response_model: type[BaseModel]) -> dic
                     "required": False,
                     "schema": {"type": "string", "example": "graphledger.checkpoints:3:1041"},
                     "description": "topic:partition:offset,...; answer only once the projection applied them.",
-                }
+                },
+                {
+                    "name": OWN_WRITES_HEADER,
+                    "in": "header",
+                    "required": False,
+                    "schema": {"type": "string", "example": "3:1041,1042"},
+                    "description": "get only: partition:offset,... of the caller's own records of the thread, "
+                    "which it adds to the answer itself (see own_writes_from).",
+                },
+                {
+                    "name": CACHED_THROUGH_HEADER,
+                    "in": "header",
+                    "required": False,
+                    "schema": {"type": "integer", "minimum": 0, "example": 1040},
+                    "description": "get of the newest checkpoint, with the own-writes header: the caller holds the "
+                    "answer as of this offset; when only its own records came since, the answer is `current`.",
+                },
             ],
         },
         "responses": {
@@ -68,6 +89,16 @@ class TenantSaver(AsyncPostgresSaver):
         super().__init__(*args, **kwargs)
         self.thread_prefix = thread_prefix
 
+    def _load_writes(self, writes: Any) -> list[Any]:
+        """The official order and values, keeping each write's task path and index: a client adding its
+        own writes to an answer merges them by `(task_id, idx)` and sorts them as the saver does."""
+        return [
+            (tid.decode(), channel.decode(), self.serde.loads_typed((t.decode(), v)), path.decode(), int(idx))
+            for tid, channel, t, v, path, idx in sorted(
+                writes or [], key=lambda w: writes_sort_key(w[4].decode(), w[0].decode(), int(w[5]))
+            )
+        ]
+
     def _search_where(self, config: Any, filter: Any, before: Any = None) -> tuple[str, list[Any]]:
         where, params = super()._search_where(config, filter, before)
         if self.thread_prefix is None:
@@ -77,11 +108,41 @@ class TenantSaver(AsyncPostgresSaver):
         return (f"{where} AND {narrowed}" if where else f"WHERE {narrowed}"), [*params, self.thread_prefix]
 
 
-async def _saver(request: Request, tenant: Tenant) -> AsyncPostgresSaver:
-    """The reader for this request, once the projection has reached the request's consistency token."""
+def _saver(request: Request, tenant: Tenant) -> AsyncPostgresSaver:
+    return TenantSaver(conn=api_state(request).pool, serde=PassThroughSerde(), thread_prefix=tenant.thread_prefix)
+
+
+async def _settle_thread(
+    request: Request, thread_id: str, own: OwnWrites | None = None, cached_through: int | None = None
+) -> Settled:
+    """Wait until the projection reflects the thread as the log holds it now (less `own`)."""
     state = api_state(request)
-    await hold(request.headers.get(CONSISTENCY_HEADER), state.offsets, state.settings)
-    return TenantSaver(conn=state.pool, serde=PassThroughSerde(), thread_prefix=tenant.thread_prefix)
+    read = KeyedRead(state.settings.checkpoint_topic, thread_id.encode(), own, cached_through)
+    token = token_of(request.headers.get(CONSISTENCY_HEADER))
+    return (await state.barrier.before_keyed([read], token))[read]
+
+
+def _own_writes(request: Request) -> OwnWrites | None:
+    header = request.headers.get(OWN_WRITES_HEADER)
+    if header is None:
+        return None
+    try:
+        return OwnWrites.parse(header)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_own_writes", f"{OWN_WRITES_HEADER}: {exc}") from None
+
+
+def _cached_through(request: Request) -> int | None:
+    header = request.headers.get(CACHED_THROUGH_HEADER)
+    if header is None:
+        return None
+    try:
+        through = int(header)
+    except ValueError:
+        through = -1
+    if through < 0:
+        raise ApiError(400, "invalid_cached_through", f"{CACHED_THROUGH_HEADER}: {header[:40]!r} is not an offset")
+    return through
 
 
 def _config(config: Any, tenant: Tenant) -> dict[str, Any]:
@@ -91,6 +152,7 @@ def _config(config: Any, tenant: Tenant) -> dict[str, Any]:
 
 
 def _tuple(found: CheckpointTuple, tenant: Tenant) -> dict[str, Any]:
+    writes: list[Any] = found.pending_writes or []  # five-tuples: `TenantSaver._load_writes`
     checkpoint: dict[str, Any] = dict(found.checkpoint)
     checkpoint["channel_values"] = {k: to_wire(v) for k, v in found.checkpoint["channel_values"].items()}
     return {
@@ -98,7 +160,7 @@ def _tuple(found: CheckpointTuple, tenant: Tenant) -> dict[str, Any]:
         "checkpoint": checkpoint,
         "metadata": found.metadata,
         "parent_config": _config(found.parent_config, tenant) if found.parent_config else None,
-        "pending_writes": [[task_id, channel, to_wire(v)] for task_id, channel, v in found.pending_writes or ()],
+        "pending_writes": [[task_id, channel, to_wire(v), path, idx] for task_id, channel, v, path, idx in writes],
     }
 
 
@@ -111,8 +173,18 @@ async def get_tuple(request: Request) -> Response:
     """`AsyncPostgresSaver.aget_tuple`."""
     tenant = tenant_of(request)
     body = await decode(request, GetRequest, api_state(request).settings.api_max_body_bytes)
-    found = await (await _saver(request, tenant)).aget_tuple(body.config(tenant.thread))
-    return _answer(request, {"tuple": _tuple(found, tenant) if found else None})
+    own = _own_writes(request)
+    cached = _cached_through(request) if own is not None and body.checkpoint_id is None else None
+    settled = await _settle_thread(request, tenant.thread(body.thread_id), own, cached)
+    answer: dict[str, Any] = {"log_partition": settled.partition, "log_end": settled.end}
+    if own is not None and own.partition == settled.partition:  # else the client's records were not heeded
+        answer["own_writes_from"] = settled.applied
+    if settled.current:
+        answer.update(tuple=None, current=True)
+    else:
+        found = await _saver(request, tenant).aget_tuple(body.config(tenant.thread))
+        answer["tuple"] = _tuple(found, tenant) if found else None
+    return _answer(request, answer)
 
 
 @router.post("/list", **_doc(ListRequest, ListResponse))
@@ -124,7 +196,12 @@ async def list_tuples(request: Request) -> Response:
     body = await decode(request, ListRequest, settings.api_max_body_bytes)
     cap = settings.api_max_result_items
     limit = cap + 1 if body.limit is None or body.limit > cap else body.limit
-    saver = await _saver(request, tenant)
+    if body.thread_id is not None:
+        await _settle_thread(request, tenant.thread(body.thread_id))
+    else:
+        token = token_of(request.headers.get(CONSISTENCY_HEADER))
+        await api_state(request).barrier.before_topic(settings.checkpoint_topic, token)
+    saver = _saver(request, tenant)
     found = [
         t async for t in saver.alist(body.config(tenant.thread), filter=body.filter, before=body.before(), limit=limit)
     ]
@@ -143,7 +220,8 @@ async def delta_history(request: Request) -> Response:
     """`AsyncPostgresSaver.aget_delta_channel_history`."""
     tenant = tenant_of(request)
     body = await decode(request, DeltaHistoryRequest, api_state(request).settings.api_max_body_bytes)
-    saver = await _saver(request, tenant)
+    await _settle_thread(request, tenant.thread(body.thread_id))
+    saver = _saver(request, tenant)
     history = await saver.aget_delta_channel_history(config=body.config(tenant.thread), channels=body.channels)
     answer: dict[str, Any] = {}
     for channel, entry in history.items():

@@ -89,6 +89,10 @@ class AppliedOffsets:
             await asyncio.wait_for(self.listening.wait(), timeout_s)
         return self.unreachable is None
 
+    def applied(self, topic: str, partition: int) -> int:
+        """The next offset the projector will apply on the partition, as last read (0: none applied)."""
+        return self._next.get((topic, partition), 0)
+
     def missing(self, token: Token) -> Token:
         """The parts of `token` not applied yet: those whose `next_offset` is not past the token's offset."""
         return {key: offset for key, offset in token.items() if self._next.get(key, 0) <= offset}
@@ -172,15 +176,20 @@ class AppliedOffsets:
                 self._changed.notify_all()
 
 
-async def hold(header: str | None, offsets: AppliedOffsets, settings: Settings) -> None:
-    """Return once a read may run: it has no token, or the projection reached it; else 400 or 503."""
+def token_of(header: str | None) -> Token:
+    """The offsets a `X-Graphledger-Consistency` header names ({} without one); a 400 if malformed."""
     if header is None:
-        return
+        return {}
     try:
-        token = parse_token(header)
+        return parse_token(header)
     except ValueError as exc:
         raise ApiError(400, "invalid_consistency_token", f"{CONSISTENCY_HEADER}: {exc}") from None
-    timeout_s = settings.consistency_timeout_s
+
+
+async def await_applied(token: Token, offsets: AppliedOffsets, settings: Settings, timeout_s: float) -> None:
+    """Return once the projection applied every `topic:partition:offset` of `token`; else a 503."""
+    if not token:
+        return
     if offsets.missing(token) and not await offsets.reachable(min(PROBE_S, timeout_s)):
         # Postgres is down: the projection cannot advance, so waiting would only delay the same 503.
         raise unavailable(
@@ -201,5 +210,6 @@ async def hold(header: str | None, offsets: AppliedOffsets, settings: Settings) 
         behind_at = ", ".join(f"{topic}:{partition}:{offset}" for (topic, partition), offset in sorted(missing.items()))
         raise unavailable(
             "consistency_timeout",
-            f"the projection has not applied {behind_at} after {timeout_s:g}s; retry, or check the projector",
+            f"the projection has not applied {behind_at} after {settings.consistency_timeout_s:g}s; "
+            "retry, or check the projector",
         )

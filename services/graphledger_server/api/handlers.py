@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from graphledger.errors import ReencodeRefusedError
+from graphledger.errors import LogUnavailableError, ReencodeRefusedError
 from graphledger_server.api.codec import describe, respond
 from graphledger_server.api.errors import ApiError, unavailable
 from graphledger_server.api.state import api_state
@@ -69,6 +69,11 @@ async def _reencode_refused(request: Request, exc: Exception) -> Response:
     return _send(request, ApiError(501, "legacy_checkpoint", str(exc)))
 
 
+async def _log_unavailable(request: Request, exc: Exception) -> Response:
+    log.warning("cannot learn the log's end for %s: %s", request.url.path, exc)
+    return _send(request, unavailable("log_unavailable", f"{exc}"))
+
+
 async def _unexpected(request: Request, exc: Exception) -> Response:
     # Starlette re-raises after this answer, so the server logs the traceback; the body says nothing
     # about SQL or internals.
@@ -83,4 +88,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(psycopg.Error, _database_error)
     app.add_exception_handler(asyncpg.PostgresError, _database_error)
     app.add_exception_handler(ReencodeRefusedError, _reencode_refused)
+    app.add_exception_handler(LogUnavailableError, _log_unavailable)
     app.add_exception_handler(Exception, _unexpected)

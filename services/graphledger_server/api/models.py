@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from graphledger.pg_text import json_problem
+from graphledger.wire import CACHED_THROUGH_HEADER, OWN_WRITES_HEADER
 
 MAX_DELTA_CHANNELS = 256
 
@@ -112,6 +113,8 @@ class InlineValue(BaseModel):
 
 Value = TypedValue | InlineValue
 Write = tuple[str, str, Value]
+PendingWrite = tuple[str, str, Value, str, int]
+"""(task_id, channel, value, task_path, idx), in the order the saver returns them."""
 
 
 class Config(BaseModel):
@@ -138,11 +141,25 @@ class CheckpointTuple(BaseModel):
     checkpoint: Checkpoint
     metadata: dict[str, Any]
     parent_config: Config | None
-    pending_writes: list[Write]
+    pending_writes: list[PendingWrite]
 
 
 class GetResponse(BaseModel):
-    tuple: CheckpointTuple | None
+    tuple: CheckpointTuple | None = Field(description="Null when there is none, or when `current`.")
+    log_partition: int = Field(description="The thread's partition of the checkpoint topic.")
+    log_end: int = Field(
+        description="The partition's end when the read arrived: the answer reflects every record of the thread below."
+    )
+    own_writes_from: int | None = Field(
+        None,
+        description=f"With {OWN_WRITES_HEADER}: the offset on the thread's partition from which on the answer may "
+        "lack the client's own writes it named; the client adds those itself.",
+    )
+    current: bool = Field(
+        False,
+        description=f"With {CACHED_THROUGH_HEADER}: no record of the thread but the named ones came since that "
+        "offset, so the client's kept answer, with its own writes added, is the answer (`tuple` is null).",
+    )
 
 
 class ListResponse(BaseModel):

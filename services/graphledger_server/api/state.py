@@ -10,6 +10,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from graphledger.settings import Settings
 from graphledger_server.api.consistency import AppliedOffsets
+from graphledger_server.api.read_barrier import ReadBarrier
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,8 @@ class ApiState:
     store_pool: asyncpg.Pool
     """asyncpg: the store reads (`store_reader`)."""
     offsets: AppliedOffsets
+    barrier: ReadBarrier
+    """What each read waits for: the log's end, from the broker, against the applied offsets."""
 
 
 def api_state(request: Request) -> ApiState:

@@ -1,8 +1,12 @@
 """`POST /v1/store/batch`: the reads of a `KafkaStore.batch` (get, search, list_namespaces), in op order.
 
 The client embeds a search's query before asking (as it embeds values before publishing), so a
-search arrives with `query_vector`; this route never calls an embedder. The consistency header is
-honoured exactly as on the checkpoint routes; a store write's token lists store-topic partitions.
+search arrives with `query_vector`; this route never calls an embedder.
+
+Before the reads run, the projection reflects what the log held when the batch arrived
+(`read_barrier.py`): a get waits for its item's unprojected records, a search or listing for the end of
+every store partition, unless the batch asks for `own_writes` consistency in
+`X-Graphledger-Search-Consistency` (then only its consistency token, the caller's own writes).
 
 Namespaces are the request tenant's (`tenant.py`): the tenant label is prepended to every namespace
 and pattern on the way in and removed from every answer.
@@ -18,12 +22,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK
+from graphledger.events.store import store_key
+from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES, SEARCH_CONSISTENCY_HEADER
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
-from graphledger_server.api.consistency import hold
+from graphledger_server.api.consistency import token_of
 from graphledger_server.api.errors import ApiError
 from graphledger_server.api.models import ErrorBody
+from graphledger_server.api.read_barrier import KeyedRead
 from graphledger_server.api.state import api_state
 from graphledger_server.api.store_models import GetOp, StoreBatchRequest, StoreBatchResponse
 from graphledger_server.api.store_reader import StoreReader
@@ -57,7 +63,14 @@ def _reader(request: Request) -> StoreReader:
                 "required": False,
                 "schema": {"type": "string", "example": "graphledger.store:2:87"},
                 "description": "topic:partition:offset,...; answer only once the projection applied them.",
-            }
+            },
+            {
+                "name": SEARCH_CONSISTENCY_HEADER,
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string", "enum": [OWN_WRITES]},
+                "description": "own_writes: searches and listings wait only for the consistency token.",
+            },
         ],
     },
     responses={
@@ -70,9 +83,9 @@ async def store_batch(request: Request) -> Response:
     tenant = tenant_of(request)
     state = api_state(request)
     body = await decode(request, StoreBatchRequest, state.settings.api_max_body_bytes)
-    await hold(request.headers.get(CONSISTENCY_HEADER), state.offsets, state.settings)
     cap = state.settings.api_max_result_items
     ops = [_capped(op, cap) for op in tenant.store_ops(body.ops)]
+    await _settle(request, ops)
     results: list[Any] = await _reader(request).run(ops)
     for i, (op, result) in enumerate(zip(ops, results, strict=True)):
         if not isinstance(op, GetOp) and len(result) > cap:
@@ -84,6 +97,24 @@ async def store_batch(request: Request) -> Response:
             )
     answer = {"results": tenant.store_results(ops, results)}
     return respond(request, answer, max_bytes=state.settings.api_max_response_bytes)
+
+
+async def _settle(request: Request, ops: list[StoreOp]) -> None:
+    """Wait until the projection reflects what the reads of `ops` must see (the module docstring)."""
+    state = api_state(request)
+    topic = state.settings.store_topic
+    token = token_of(request.headers.get(CONSISTENCY_HEADER))
+    level = request.headers.get(SEARCH_CONSISTENCY_HEADER)
+    if level not in (None, OWN_WRITES):
+        raise ApiError(
+            400, "invalid_search_consistency", f"{SEARCH_CONSISTENCY_HEADER}: {level[:40]!r} is not {OWN_WRITES}"
+        )
+    own_writes_only = level == OWN_WRITES
+    if not own_writes_only and any(not isinstance(op, GetOp) for op in ops):
+        await state.barrier.before_topic(topic, token)  # covers the gets too
+        return
+    gets = [KeyedRead(topic, store_key(tuple(op.namespace), op.key).encode()) for op in ops if isinstance(op, GetOp)]
+    await state.barrier.before_keyed(list(dict.fromkeys(gets)), token)
 
 
 def _capped(op: StoreOp, cap: int) -> StoreOp:

@@ -40,6 +40,7 @@ from graphledger_server.projection.offsets import (
     TopicPartition,
     advance_offsets,
     lock_offsets,
+    next_offsets,
     notify_applied,
 )
 from graphledger_server.projection.records import (
@@ -52,6 +53,7 @@ from graphledger_server.projection.records import (
     classify,
     decode_value,
 )
+from graphledger_server.projection.report import ApplyReport
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +70,14 @@ class TopicProjection(Protocol):
 
     def to_event(self, env: Envelope) -> Any: ...
 
-    async def apply(self, conn: asyncpg.Connection, items: Sequence[tuple[str, int, int, Any]]) -> None: ...
+    def holds(self, event: Any) -> tuple[int, int] | None:
+        """`(partition, offset)` of this topic the projection must have applied before `event` applies
+        (committed by an earlier batch), or None."""
+        ...
+
+    async def apply(
+        self, conn: asyncpg.Connection, items: Sequence[tuple[str, int, int, Any]]
+    ) -> ApplyReport | None: ...
 
 
 @dataclass(slots=True)
@@ -90,6 +99,11 @@ class BatchResult:
     """`dead_letters` by event type, None where the record did not say."""
     deferred: dict[TopicPartition, int] = field(default_factory=dict)
     """Partitions cut short to bound reassembly memory: the offset to fetch again from."""
+    held: dict[TopicPartition, int] = field(default_factory=dict)
+    """Partitions held at an event whose requirement (`TopicProjection.holds`) no committed batch met
+    yet: the offset to fetch again from, after a pause."""
+    forks: int = 0
+    """Checkpoint puts whose parent was not their thread namespace's newest checkpoint."""
 
 
 @dataclass(slots=True)
@@ -98,6 +112,12 @@ class _Resolved:
     dead: list[DeadLetter] = field(default_factory=list)
     stopped: dict[TopicPartition, TooNew] = field(default_factory=dict)
     deferred: dict[TopicPartition, int] = field(default_factory=dict)
+    held: dict[TopicPartition, int] = field(default_factory=dict)
+
+    def cut(self, tp: TopicPartition) -> int | None:
+        """Where the batch stops applying `tp` short of its records (None: it does not)."""
+        cuts = [offset for offset in (self.deferred.get(tp), self.held.get(tp)) if offset is not None]
+        return min(cuts) if cuts else None
 
 
 SCHEMA_SWITCH_RETRIES = 3
@@ -198,16 +218,19 @@ class BatchApplier:
             result.skipped = len(classified) - len(fresh)
             if result.skipped:
                 log.info("skipped %d records applied before (stored offsets %s)", result.skipped, stored)
-            resolved = await self._resolve(conn, fresh)
+            resolved = await self._resolve(conn, fresh, stored)
             dead = list(resolved.dead)
             if isolate:
-                dead.extend(await self._apply_isolated(conn, resolved.events))
+                rejected, report = await self._apply_isolated(conn, resolved.events)
+                dead.extend(rejected)
             else:
-                await self._apply_events(conn, resolved.events)
+                report = await self._apply_events(conn, resolved.events)
+            result.forks = report.forks
             await record_dead_letters(conn, self.schema, dead)
             for record in records:
                 tp = (record.topic, record.partition)
-                if record.offset >= resolved.deferred.get(tp, record.offset + 1):
+                cut = resolved.cut(tp)
+                if cut is not None and record.offset >= cut:
                     continue
                 if tp not in resolved.stopped and record.offset >= stored[tp]:
                     result.next_offsets[tp] = max(result.next_offsets.get(tp, 0), record.offset + 1)
@@ -220,6 +243,7 @@ class BatchApplier:
                 await self.sink(dead)
             result.stopped = resolved.stopped
             result.deferred = resolved.deferred
+            result.held = resolved.held
             result.applied = len(resolved.events) - (len(dead) - len(resolved.dead))
             result.dead_letters = len(dead)
             result.applied_by_type = Counter(getattr(d.event, "TYPE", None) for d in resolved.events)
@@ -227,9 +251,12 @@ class BatchApplier:
             result.dead_letters_by_type = Counter(letter.event_type for letter in dead)
         return result
 
-    async def _resolve(self, conn: asyncpg.Connection, items: Sequence[Classified]) -> _Resolved:
-        """Sort records into events, dead letters and stops, storing and reassembling chunks."""
+    async def _resolve(
+        self, conn: asyncpg.Connection, items: Sequence[Classified], stored: Mapping[TopicPartition, int]
+    ) -> _Resolved:
+        """Sort records into events, dead letters, stops and holds, storing and reassembling chunks."""
         out = _Resolved()
+        committed = await self._committed_for_holds(conn, items, stored)
         indexed_chunks = [(i, c) for i, c in enumerate(items) if isinstance(c, Chunk)]
         completing: dict[int, chunk_store.ChunkKey] = {}
         stored_parts: dict[chunk_store.ChunkKey, dict[int, bytes]] = {}
@@ -250,7 +277,7 @@ class BatchApplier:
         for position, item in enumerate(items):
             record = item.record
             tp = (record.topic, record.partition)
-            if tp in out.stopped:
+            if tp in out.stopped or tp in out.held:
                 continue
             if isinstance(item, Chunk):
                 key = chunk_store.key_of(item)
@@ -277,11 +304,11 @@ class BatchApplier:
                 finished.add(key)
                 in_batch.pop(key, None)
                 if isinstance(outcome, Decoded):
-                    out.events.append(outcome)
+                    self._admit(out, outcome, committed)
                 else:
                     out.dead.append(outcome)
             elif isinstance(item, Decoded):
-                out.events.append(item)
+                self._admit(out, item, committed)
             elif isinstance(item, DeadLetter):
                 out.dead.append(item)
             else:
@@ -290,6 +317,33 @@ class BatchApplier:
             await chunk_store.store(conn, self._chunks, [c for parts in in_batch.values() for c in parts.values()])
             await chunk_store.delete(conn, self._chunks, finished)
         return out
+
+    def _admit(self, out: _Resolved, decoded: Decoded, committed: Mapping[TopicPartition, int]) -> None:
+        """Add an event to the batch, unless what it requires is not committed yet: then hold its partition."""
+        record = decoded.record
+        required = self.projections[record.topic].holds(decoded.event)
+        if required is not None and committed.get((record.topic, required[0]), 0) <= required[1]:
+            log.info("holding %s:%d at offset %d until %s:%d@%d has applied", record.topic, record.partition,
+                     record.offset, record.topic, *required)  # fmt: skip
+            out.held[(record.topic, record.partition)] = record.offset
+            return
+        out.events.append(decoded)
+
+    async def _committed_for_holds(
+        self, conn: asyncpg.Connection, items: Sequence[Classified], stored: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, int]:
+        """The committed next offsets of the partitions the batch's events require (`holds`)."""
+        wanted = set()
+        for item in items:
+            if isinstance(item, Decoded):
+                required = self.projections[item.record.topic].holds(item.event)
+                if required is not None:
+                    wanted.add((item.record.topic, required[0]))
+        committed = {tp: stored[tp] for tp in wanted if tp in stored}
+        missing = wanted - committed.keys()
+        if missing:
+            committed.update(await next_offsets(conn, self._offsets, self.group, missing))
+        return committed
 
     def _reassembly_cut(
         self, completing: Mapping[int, chunk_store.ChunkKey], sizes: Mapping[chunk_store.ChunkKey, int]
@@ -314,26 +368,31 @@ class BatchApplier:
         )  # fmt: skip
         out.stopped[tp] = too_new
 
-    async def _apply_events(self, conn: asyncpg.Connection, events: Sequence[Decoded]) -> None:
+    async def _apply_events(self, conn: asyncpg.Connection, events: Sequence[Decoded]) -> ApplyReport:
         by_topic: dict[str, list[tuple[str, int, int, Any]]] = {}
         for d in events:
             r = d.record
             by_topic.setdefault(r.topic, []).append((r.topic, r.partition, r.offset, d.event))
+        report = ApplyReport()
         for topic, items in by_topic.items():
-            await self.projections[topic].apply(conn, items)
+            report += await self.projections[topic].apply(conn, items)
+        return report
 
-    async def _apply_isolated(self, conn: asyncpg.Connection, events: Sequence[Decoded]) -> list[DeadLetter]:
+    async def _apply_isolated(
+        self, conn: asyncpg.Connection, events: Sequence[Decoded]
+    ) -> tuple[list[DeadLetter], ApplyReport]:
         """Apply each event in its own savepoint; the ones Postgres rejects become dead letters."""
         dead = []
+        report = ApplyReport()
         for d in events:
             r = d.record
             try:
                 async with conn.transaction():
-                    await self.projections[r.topic].apply(conn, [(r.topic, r.partition, r.offset, d.event)])
+                    report += await self.projections[r.topic].apply(conn, [(r.topic, r.partition, r.offset, d.event)])
             except Exception as exc:
                 if verdict_of(exc) is not Verdict.REJECT:
                     raise
                 log.error("Postgres rejected the event at %s:%d@%d: %s", r.topic, r.partition, r.offset, exc)
                 event_type = getattr(d.event, "TYPE", None)
                 dead.append(DeadLetter(r, f"Postgres rejected the event: {exc}", event_type, d.value, d.chunk_event_id))
-        return dead
+        return dead, report

@@ -13,6 +13,7 @@ never parsed here.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from graphledger.events.checkpoint import (
     CheckpointWrites,
     RunsDelete,
     ThreadCopy,
+    ThreadCopyBarrier,
     ThreadDelete,
     ThreadExpire,
     ThreadPrune,
@@ -35,7 +37,10 @@ from graphledger.events.checkpoint import (
 from graphledger.events.envelope import MAX_EPOCH_MS, Envelope
 from graphledger.pg_text import json_text_problem, json_text_suspect
 from graphledger_server.projection import prune
+from graphledger_server.projection.report import ApplyReport
 from graphledger_server.projection.sql import render
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +138,33 @@ SELECT EXISTS (
     WHERE thread_id = $1::text
       AND last_active_at <= 'epoch'::timestamptz + $2::bigint * interval '1 millisecond'
 )
+"""
+
+# --- forks ------------------------------------------------------------------------------------------
+
+# The newest checkpoint id of each thread namespace a run puts into, before the run applies (max, as the
+# official saver's latest-first order has it). $1/$2 -> unnest(thread_id, checkpoint_ns).
+NEWEST_CHECKPOINTS_SQL = """
+SELECT u.thread_id, u.checkpoint_ns,
+       (SELECT max(c.checkpoint_id) FROM {schema}.checkpoints c
+        WHERE c.thread_id = u.thread_id AND c.checkpoint_ns = u.checkpoint_ns) AS newest
+FROM unnest($1::text[], $2::text[]) AS u(thread_id, checkpoint_ns)
+"""
+
+# After the run applied: one row per fork, with the put's metadata source.
+# $1..$8 -> unnest(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, newest_checkpoint_id,
+# topic, partition, offset).
+INSERT_FORKS_SQL = """
+INSERT INTO {schema}.graphledger_forks
+    (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, newest_checkpoint_id, source, topic,
+     partition, "offset")
+SELECT u.thread_id, u.checkpoint_ns, u.checkpoint_id, u.parent_checkpoint_id, u.newest, c.metadata ->> 'source',
+       u.topic, u.partition, u."offset"
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[], $8::bigint[])
+    AS u(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, newest, topic, partition, "offset")
+LEFT JOIN {schema}.checkpoints c
+    ON c.thread_id = u.thread_id AND c.checkpoint_ns = u.checkpoint_ns AND c.checkpoint_id = u.checkpoint_id
+ON CONFLICT (topic, partition, "offset") DO NOTHING
 """
 
 # --- operations -------------------------------------------------------------------------------------
@@ -276,6 +308,29 @@ class DataRun:
     writes_upsert: list[list[Any]]
     threads: list[list[Any]]
     events: int
+    puts: list[Put]
+    """Every put of the run in log order, for fork detection (`forks`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """Where a put sits in the log and what it says of its thread namespace's history."""
+
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fork:
+    """A put whose parent was not the namespace's newest checkpoint when it applied."""
+
+    put: Put
+    newest_checkpoint_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +383,7 @@ class _RunBuilder:
     blobs: dict[tuple[str, str, str, str], tuple[Any, ...]] = field(default_factory=dict)
     writes: dict[tuple[str, str, str, str, int], list[Any]] = field(default_factory=dict)
     threads: dict[str, tuple[str, int, int | None]] = field(default_factory=dict)
+    puts: list[Put] = field(default_factory=list)
     events: int = 0
 
     def touch(self, thread_id: str, topic: str, partition: int, ts_ms: int | None) -> None:
@@ -337,9 +393,10 @@ class _RunBuilder:
             ts_ms = seen[2]
         self.threads[thread_id] = (topic, partition, ts_ms)
 
-    def put(self, topic: str, partition: int, e: CheckpointPut, ts_ms: int | None) -> None:
+    def put(self, topic: str, partition: int, offset: int, e: CheckpointPut, ts_ms: int | None) -> None:
         self.events += 1
         thread_id, ns = e.thread_id, e.checkpoint_ns
+        self.puts.append(Put(thread_id, ns, e.checkpoint_id, e.parent_checkpoint_id, topic, partition, offset))
         self.touch(thread_id, topic, partition, ts_ms)
         key = (thread_id, ns, e.checkpoint_id)
         row = self.checkpoints.get(key)
@@ -381,6 +438,7 @@ class _RunBuilder:
             _columns(upserts, 9),
             _columns(((t, *tp) for t, tp in self.threads.items()), 4),
             self.events,
+            self.puts,
         )
 
 
@@ -405,15 +463,17 @@ def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
             steps.append(DeleteThreads(tuple(dict.fromkeys(deletes))))
             deletes.clear()
 
-    for topic, partition, _offset, item in items:
+    for topic, partition, offset, item in items:
         event, ts_ms = (item.event, item.ts_ms) if isinstance(item, TimedCheckpointEvent) else (item, None)
+        if isinstance(event, ThreadCopyBarrier):
+            continue  # it changes no row: the batch applier held it until the copy had applied
         if isinstance(event, CheckpointPut | CheckpointWrites):
             if deletes:
                 flush()
             if run is None:
                 run = _RunBuilder()
             if isinstance(event, CheckpointPut):
-                run.put(topic, partition, event, ts_ms)
+                run.put(topic, partition, offset, event, ts_ms)
             else:
                 run.put_writes(topic, partition, event, ts_ms)
         elif isinstance(event, ThreadDelete) or (isinstance(event, ThreadPrune) and event.strategy == "delete"):
@@ -455,14 +515,17 @@ class CheckpointStatements:
         self.copy_thread = render(COPY_THREAD_SQL, schema)
         self.delete_runs = render(DELETE_RUNS_SQL, schema)
         self.gc_blobs = render(GC_BLOBS_SQL, schema)
+        self.newest_checkpoints = render(NEWEST_CHECKPOINTS_SQL, schema)
+        self.insert_forks = render(INSERT_FORKS_SQL, schema)
         self.prune = prune.PruneStatements(schema)
 
 
-async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps: Sequence[Step]) -> None:
-    """Apply planned steps in order on `conn`, inside the caller's transaction."""
+async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps: Sequence[Step]) -> list[Fork]:
+    """Apply planned steps in order on `conn`, inside the caller's transaction; returns the forks found."""
+    forks: list[Fork] = []
     for step in steps:
         if isinstance(step, DataRun):
-            await _apply_run(conn, sql, step)
+            forks.extend(await _apply_run(conn, sql, step))
         elif isinstance(step, DeleteThreads):
             await conn.execute(sql.delete_threads, list(step.thread_ids))
         elif isinstance(step, CopyThread):
@@ -477,9 +540,32 @@ async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps
         else:
             rows = await conn.fetch(sql.delete_runs, list(step.run_ids), step.topic, step.partition)
             await gc_blobs(conn, sql, [tuple(r) for r in rows])
+    return forks
 
 
-async def _apply_run(conn: asyncpg.Connection, sql: CheckpointStatements, run: DataRun) -> None:
+def find_forks(puts: Sequence[Put], newest: dict[tuple[str, str], str | None]) -> list[Fork]:
+    """The puts whose parent is not their namespace's newest checkpoint, applying them in order from
+    `newest` (the namespaces' newest ids before them; None: no checkpoint yet). Pure.
+
+    A namespace's first checkpoint and a put of the newest id again (an update of it) are no forks.
+    """
+    newest = dict(newest)
+    forks = []
+    for put in puts:
+        scope = (put.thread_id, put.checkpoint_ns)
+        current = newest.get(scope)
+        if current is not None and put.checkpoint_id != current and put.parent_checkpoint_id != current:
+            forks.append(Fork(put, current))
+        newest[scope] = put.checkpoint_id if current is None else max(current, put.checkpoint_id)
+    return forks
+
+
+async def _apply_run(conn: asyncpg.Connection, sql: CheckpointStatements, run: DataRun) -> list[Fork]:
+    forks: list[Fork] = []
+    if run.puts:
+        scopes = list(dict.fromkeys((p.thread_id, p.checkpoint_ns) for p in run.puts))
+        rows = await conn.fetch(sql.newest_checkpoints, [t for t, _ in scopes], [ns for _, ns in scopes])
+        forks = find_forks(run.puts, {(r["thread_id"], r["checkpoint_ns"]): r["newest"] for r in rows})
     if run.checkpoints[0]:
         await conn.execute(sql.upsert_checkpoints, *run.checkpoints)
     if run.blobs[0]:
@@ -490,6 +576,14 @@ async def _apply_run(conn: asyncpg.Connection, sql: CheckpointStatements, run: D
         await conn.execute(sql.upsert_writes, *run.writes_upsert)
     if run.threads[0]:
         await conn.execute(sql.upsert_thread_partitions, *run.threads)
+    if forks:
+        rows = [
+            (f.put.thread_id, f.put.checkpoint_ns, f.put.checkpoint_id, f.put.parent_checkpoint_id,
+             f.newest_checkpoint_id, f.put.topic, f.put.partition, f.put.offset)
+            for f in forks
+        ]  # fmt: skip
+        await conn.execute(sql.insert_forks, *_columns(rows, 8))
+    return forks
 
 
 async def gc_blobs(
@@ -515,5 +609,21 @@ class CheckpointProjection:
             raise InvalidEventError(f"envelope ts {env.produced_ms} ms is not a time between 1970 and 9999")
         return TimedCheckpointEvent(event, env.produced_ms)
 
-    async def apply(self, conn: asyncpg.Connection, items: Sequence[BatchItem]) -> None:
-        await apply_steps(conn, self.sql, plan_batch(items))
+    def holds(self, event: TimedCheckpointEvent) -> tuple[int, int] | None:
+        """A copy barrier applies once the copy's record (partition, offset of this topic) has."""
+        barrier = event.event
+        if isinstance(barrier, ThreadCopyBarrier):
+            return barrier.source_partition, barrier.source_offset
+        return None
+
+    async def apply(self, conn: asyncpg.Connection, items: Sequence[BatchItem]) -> ApplyReport:
+        forks = await apply_steps(conn, self.sql, plan_batch(items))
+        for f in forks:
+            p = f.put
+            log.warning(
+                "fork on thread %r namespace %r: checkpoint %s has parent %s, but the newest checkpoint was %s "
+                "(%s:%d@%d); two writers on one thread, or a branch from an older checkpoint",
+                p.thread_id, p.checkpoint_ns, p.checkpoint_id, p.parent_checkpoint_id, f.newest_checkpoint_id,
+                p.topic, p.partition, p.offset,
+            )  # fmt: skip
+        return ApplyReport(forks=len(forks))

@@ -60,6 +60,14 @@ FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(topic, partition, next_off
 WHERE o.consumer_group = $1::text AND o.topic = u.topic AND o.partition = u.partition
 """
 
+# $1 group, $2/$3 -> unnest(topic, partition). Plain reads: a committed next offset only grows.
+NEXT_OFFSETS_SQL = """
+SELECT o.topic, o.partition, o.next_offset
+FROM {schema}.graphledger_offsets o
+JOIN unnest($2::text[], $3::int[]) AS u(topic, partition) ON o.topic = u.topic AND o.partition = u.partition
+WHERE o.consumer_group = $1::text
+"""
+
 # $1 group, $2 topic.
 STORED_OFFSETS_SQL = """
 SELECT partition, next_offset FROM {schema}.graphledger_offsets
@@ -122,6 +130,7 @@ class OffsetStatements:
         self.insert = render(INSERT_OFFSETS_SQL, schema)
         self.advance = render(ADVANCE_OFFSETS_SQL, schema)
         self.stored = render(STORED_OFFSETS_SQL, schema)
+        self.next = render(NEXT_OFFSETS_SQL, schema)
         self.current_table = render(CURRENT_OFFSETS_TABLE_SQL, schema)
         self.group = render(GROUP_OFFSETS_SQL, schema)
         self.all_applied = render(ALL_APPLIED_SQL, schema)
@@ -158,6 +167,15 @@ async def advance_offsets(
         await conn.execute(
             sql.advance, group, [t for (t, _), _ in items], [p for (_, p), _ in items], [o for _, o in items]
         )
+
+
+async def next_offsets(
+    conn: asyncpg.Connection, sql: OffsetStatements, group: str, partitions: Iterable[TopicPartition]
+) -> dict[TopicPartition, int]:
+    """The committed next offsets of `partitions` (absent: nothing applied there yet)."""
+    wanted = sorted(set(partitions))
+    rows = await conn.fetch(sql.next, group, [t for t, _ in wanted], [p for _, p in wanted])
+    return {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
 
 
 async def notify_applied(conn: asyncpg.Connection, schema: str) -> None:

@@ -307,6 +307,10 @@ class StoreProjection:
             )  # fmt: skip
         self._prepared = True
 
+    def holds(self, event: TimedStoreEvent) -> None:
+        """A store event requires nothing of other partitions."""
+        return None
+
     def to_event(self, env: Envelope) -> TimedStoreEvent:
         """The typed event, refusing what its batch's statements would fail on (`InvalidEventError`)."""
         if not self._prepared:

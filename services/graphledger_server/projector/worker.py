@@ -42,6 +42,8 @@ DEAD_LETTER_COUNT_INTERVAL_S = 30.0
 """How often the outstanding dead-letter gauge is recounted (`graphledger dlq replay` changes it)."""
 REVOKE_WAIT_S = 10.0
 """How long a rebalance waits for the in-flight batch before giving the partitions up anyway."""
+HOLD_RETRY_S = 0.05
+"""How long a partition held at an event waits before it is fetched again (`BatchResult.held`)."""
 RESET_POLL_S = 1.0
 """How often a worker with stopped partitions looks for an operator's `graphledger offsets reset`."""
 
@@ -112,6 +114,8 @@ class ProjectorWorker:
         self._stop = asyncio.Event()
         self.guard = LogGuard()
         self._reset_checked = 0.0
+        self._held: dict[TopicPartition, float] = {}
+        """Partitions paused at an event that waits for another partition, and when to fetch them again."""
         self.batches = 0
         self.events = 0
         self.telemetry = ProjectorTelemetry(settings)
@@ -189,6 +193,8 @@ class ProjectorWorker:
 
     def forget(self, partitions: set[TopicPartition]) -> None:
         self.guard.forget(partitions)
+        for tp in partitions:
+            self._held.pop(tp, None)
         self.telemetry.lost_log = frozenset((tp.topic, tp.partition) for tp in self.guard.stopped)
 
     async def seek_to_stored(self, assigned: set[TopicPartition]) -> None:
@@ -239,6 +245,7 @@ class ProjectorWorker:
         deadline: float | None = None
         full = False
         while not full and not stop.is_set():
+            self._resume_held()
             if deadline is None:
                 timeout_ms = IDLE_POLL_MS
                 if self.guard.stopped and time.monotonic() - self._reset_checked >= RESET_POLL_S:
@@ -310,9 +317,25 @@ class ProjectorWorker:
         for (topic, partition), offset in result.deferred.items():
             assert self.consumer is not None
             self.consumer.seek(TopicPartition(topic, partition), offset)  # the next batch starts there
+        for (topic, partition), offset in result.held.items():
+            assert self.consumer is not None
+            tp = TopicPartition(topic, partition)
+            self.consumer.seek(tp, offset)
+            self.consumer.pause(tp)
+            self._held[tp] = time.monotonic() + HOLD_RETRY_S
         log.debug("applied %d events (%d dead letters, %d skipped) in %.1f ms", result.applied,
                   result.dead_letters, result.skipped, (time.perf_counter() - started) * 1000)  # fmt: skip
         return result
+
+    def _resume_held(self) -> None:
+        """Fetch held partitions again once their pause is over (their requirement may be met by now)."""
+        now = time.monotonic()
+        for tp, until in list(self._held.items()):
+            if until <= now:
+                del self._held[tp]
+                assert self.consumer is not None
+                if tp in self.consumer.assignment() and tp not in self.guard.stopped:
+                    self.consumer.resume(tp)
 
     # -- lost logs -----------------------------------------------------------------------------------
 

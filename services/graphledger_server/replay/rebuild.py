@@ -224,6 +224,7 @@ class Rebuilder:
         self.records += len(records)
         self.positions.update(result.next_offsets)
         self._deferred.update(result.deferred)
+        self._deferred.update(result.held)  # fetched again at once: the other lane is applying meanwhile
         for tp, too_new in result.stopped.items():
             log.error("rebuild stopped at %s:%d@%d: %s", *tp, too_new.record.offset, too_new.reason)
             self.stopped.add(tp)

@@ -164,6 +164,14 @@ PROJECTOR_EVENTS_SKIPPED = MetricSpec(
     "crash or a rebalance; applied before).",
     names.PROJECTOR_SCOPE,
 )
+PROJECTOR_FORKS = MetricSpec(
+    "graphledger.projector.forks",
+    "counter",
+    "{checkpoint}",
+    "Checkpoint puts whose parent was not their thread namespace's newest checkpoint when applied: two "
+    "writers on one thread, or a branch from an older checkpoint (`graphledger forks list`).",
+    names.PROJECTOR_SCOPE,
+)
 PROJECTOR_BATCH_FAILURES = MetricSpec(
     "graphledger.projector.batch.failures",
     "counter",
@@ -291,6 +299,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
     PROJECTOR_EVENTS_APPLIED,
     PROJECTOR_EVENTS_DEAD_LETTERED,
     PROJECTOR_EVENTS_SKIPPED,
+    PROJECTOR_FORKS,
     PROJECTOR_BATCH_FAILURES,
     DEAD_LETTERS_OUTSTANDING,
     HTTP_SERVER_REQUEST_DURATION,

@@ -59,6 +59,7 @@ _applied = metrics.instrument(metrics.PROJECTOR_EVENTS_APPLIED)
 _dead_lettered = metrics.instrument(metrics.PROJECTOR_EVENTS_DEAD_LETTERED)
 _skipped = metrics.instrument(metrics.PROJECTOR_EVENTS_SKIPPED)
 _failures = metrics.instrument(metrics.PROJECTOR_BATCH_FAILURES)
+_forks = metrics.instrument(metrics.PROJECTOR_FORKS)
 
 _workers: weakref.WeakSet[ProjectorTelemetry] = weakref.WeakSet()
 
@@ -243,6 +244,8 @@ class ProjectorTelemetry:
             _dead_lettered.add(count, {names.EVENT_TYPE: event_type_label(event_type)})
         if result.skipped:
             _skipped.add(result.skipped)
+        if result.forks:
+            _forks.add(result.forks)
         if result.stopped:
             self.stopped = self.stopped | set(result.stopped)
         if result.next_offsets:

@@ -1,0 +1,281 @@
+"""Reads are consistent across agent processes (invariant 5): a thread's turns hop between separate
+OS processes, each with its own saver, while the projection lags, stops, or moves between workers.
+
+Every read reflects every write acknowledged to any process before it began, or fails retryably; the
+writer of a thread reads its own writes without waiting for the projector. At the end each thread's
+history is one parent chain holding every acknowledged turn once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from agent_pods import AgentPod
+from graphledger.settings import Settings
+from graphledger_server.devstack.ports import wait_until
+from graphledger_server.devstack.stack import DevStack
+
+pytestmark = pytest.mark.slow
+
+CONSISTENCY_TIMEOUT_S = 4.0
+"""The stack's read deadline: short, so that a read the projection cannot serve fails quickly."""
+TURN_DEADLINE_S = 120.0
+"""How long a turn is retried after retryable failures (a SIGKILLed projector's partitions stay with
+the dead member ~20 s on tansu)."""
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[DevStack]:
+    with DevStack(partitions=4, base=Settings(consistency_timeout_s=CONSISTENCY_TIMEOUT_S)) as dev:
+        yield dev
+
+
+@pytest.fixture(scope="module")
+def pods(stack: DevStack) -> Iterator[list[AgentPod]]:
+    started = [AgentPod(name, stack.client_env(), stack.log_dir) for name in ("a", "b", "c")]
+    yield started
+    for pod in started:
+        pod.close()
+
+
+@pytest.fixture
+def projector_running(stack: DevStack) -> Iterator[None]:
+    """Whatever a test does to the projector, the next test starts with one running."""
+    yield
+    child = stack.children.get("projector")
+    if child is None or not child.running:
+        stack.start_projector()
+
+
+def _thread() -> str:
+    return f"t-{uuid.uuid4().hex[:8]}"
+
+
+def _ok(answer: dict[str, Any]) -> dict[str, Any]:
+    assert answer["ok"], answer
+    return answer
+
+
+def _retryable(answer: dict[str, Any]) -> None:
+    assert not answer["ok"] and answer["retryable"], answer
+
+
+def _until_ok(pod: AgentPod, op: str, deadline_s: float = TURN_DEADLINE_S, **fields: Any) -> dict[str, Any]:
+    """`op` on `pod`, again after each retryable failure, until it succeeds."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        answer = pod.call(op, **fields)
+        if answer["ok"]:
+            return answer
+        _retryable(answer)
+        assert time.monotonic() < deadline, f"{op} kept failing: {answer}"
+
+
+def _conversation(*texts: str) -> list[str]:
+    return [m for text in texts for m in (text, f"reply to {text}")]
+
+
+def _assert_one_chain(pod: AgentPod, thread: str, turns: list[str]) -> None:
+    """The thread's history is one parent chain (no dead branch) and its messages are `turns`, each once."""
+    state = _until_ok(pod, "state", thread=thread)
+    assert state["messages"] == _conversation(*turns)
+    checkpoints = _until_ok(pod, "history", thread=thread)["checkpoints"]
+    # Newest first: each checkpoint's parent is the next one; the oldest has none.
+    for (_, parent), (older, _) in itertools.pairwise(checkpoints):
+        assert parent == older, checkpoints
+    assert checkpoints[-1][1] is None
+    assert len(checkpoints) == 3 * len(turns)  # per turn: the input, the start node and the reply node
+
+
+def test_a_thread_hops_while_the_projector_is_stopped(
+    stack: DevStack, pods: list[AgentPod], projector_running: None
+) -> None:
+    a, b, _ = pods
+    thread = _thread()
+    _ok(a.call("turn", thread=thread, text="m1"))
+    stack.kill_projector(signal.SIGTERM)
+    # The writer continues its own thread without the projector.
+    assert _ok(a.call("turn", thread=thread, text="m2"))["messages"] == _conversation("m1", "m2")
+    # Another process cannot: the projection lacks m2, which it must reflect. It fails retryably...
+    _retryable(b.call("turn", thread=thread, text="m3"))
+    # ... and, once a projector runs again, waits until m2 is visible rather than answer without it.
+    pending = b.send("turn", thread=thread, text="m3")
+    stack.start_projector(wait=False)
+    answer = b.answer(pending)
+    if not answer["ok"]:  # the new projector took longer than the read's deadline to catch up
+        _retryable(answer)
+        answer = _until_ok(b, "turn", thread=thread, text="m3")
+    assert answer["messages"] == _conversation("m1", "m2", "m3")
+    _assert_one_chain(a, thread, ["m1", "m2", "m3"])
+
+
+def test_a_thread_hops_across_a_postgres_outage(stack: DevStack, pods: list[AgentPod]) -> None:
+    a, b, _ = pods
+    thread = _thread()
+    _ok(a.call("turn", thread=thread, text="m1"))
+    _ok(a.call("turn", thread=thread, text="m2"))
+    stack.stop_postgres()
+    try:
+        # Another process cannot read the thread without the projection; the writer continues its own.
+        _retryable(b.call("turn", thread=thread, text="m3"))
+        assert _ok(a.call("turn", thread=thread, text="m3"))["messages"] == _conversation("m1", "m2", "m3")
+    finally:
+        stack.start_postgres()
+    assert _until_ok(b, "turn", thread=thread, text="m4")["messages"] == _conversation("m1", "m2", "m3", "m4")
+    _assert_one_chain(a, thread, ["m1", "m2", "m3", "m4"])
+
+
+def test_threads_hop_across_a_projector_rebalance(stack: DevStack, pods: list[AgentPod]) -> None:
+    threads = [_thread(), _thread()]
+    turns: dict[str, list[str]] = {t: [] for t in threads}
+
+    def hop(n: int) -> None:
+        for thread in threads:
+            text = f"m{n}"
+            answer = _until_ok(pods[n % 2], "turn", thread=thread, text=text)
+            turns[thread].append(text)
+            assert answer["messages"] == _conversation(*turns[thread])
+
+    hop(0)
+    extra = subprocess.Popen(  # a second projector joins the group: the partitions are split between two
+        [sys.executable, "-m", "graphledger_server", "projector"],
+        env=stack.service_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for n in range(1, 5):
+            hop(n)
+    finally:
+        extra.send_signal(signal.SIGTERM)  # it leaves: the partitions move back
+        extra.wait(30)
+    for n in range(5, 8):
+        hop(n)
+    for thread in threads:
+        _assert_one_chain(pods[0], thread, turns[thread])
+
+
+def test_resume_in_another_process_continues_from_the_interrupt(
+    stack: DevStack, pods: list[AgentPod], projector_running: None
+) -> None:
+    a, b, _ = pods
+    thread = _thread()
+    stack.kill_projector(signal.SIGTERM)
+    interrupted = _ok(a.call("turn", thread=thread, text="interrupt:color?"))
+    assert interrupted["messages"] == ["interrupt:color?"]
+    assert _ok(a.call("state", thread=thread))["next"] == ["reply"]  # its own interrupt, without the projector
+    pending = b.send("resume", thread=thread, value="blue")
+    stack.start_projector(wait=False)
+    answer = b.answer(pending)
+    if not answer["ok"]:
+        _retryable(answer)
+        answer = _until_ok(b, "resume", thread=thread, value="blue")
+    assert answer["messages"] == ["interrupt:color?", "answer blue"]
+
+
+def test_a_store_put_in_one_process_is_seen_by_the_next_read_in_another(
+    stack: DevStack, pods: list[AgentPod], projector_running: None
+) -> None:
+    a, b, _ = pods
+    namespace, key = ["users", uuid.uuid4().hex[:8]], "profile"
+    _ok(a.call("store_put", namespace=namespace, key=key, value={"v": 0}))
+    assert _ok(b.call("store_get", namespace=namespace, key=key))["value"] == {"v": 0}
+    stack.kill_projector(signal.SIGTERM)
+    _ok(a.call("store_put", namespace=namespace, key=key, value={"v": 1}))
+    # Never the old value: the read waits for the put, or fails retryably.
+    _retryable(b.call("store_get", namespace=namespace, key=key))
+    _retryable(b.call("store_search", namespace=namespace))
+    stack.start_projector(wait=False)
+    assert _until_ok(b, "store_get", namespace=namespace, key=key)["value"] == {"v": 1}
+    assert _until_ok(b, "store_search", namespace=namespace)["items"] == [[namespace, key, {"v": 1}]]
+
+
+def test_two_writers_on_one_thread_are_counted_as_a_fork(stack: DevStack, pods: list[AgentPod]) -> None:
+    a, b, _ = pods
+    thread = _thread()
+    _ok(a.call("turn", thread=thread, text="m1"))
+    [(newest, _), *_] = _ok(b.call("history", thread=thread))["checkpoints"]
+    # Both read the thread as it is (m1), then both write a child of its newest checkpoint.
+    first, second = a.send("turn", thread=thread, text="gate:a"), b.send("turn", thread=thread, text="gate:b")
+    a.wait_for(lambda m: m.get("gate") == "a", 60, "node a to start")
+    b.wait_for(lambda m: m.get("gate") == "b", 60, "node b to start")
+    _ok(a.call("gate_open", name="a"))
+    _ok(b.call("gate_open", name="b"))
+    _ok(a.answer(first))
+    _ok(b.answer(second))
+
+    def forks() -> list[dict[str, Any]]:
+        done = subprocess.run(
+            [sys.executable, "-m", "graphledger_server", "forks", "list", "--json", "--thread", thread],
+            env=stack.service_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    wait_until(lambda: bool(forks()), 60, "the projector to record the fork")
+    # The second writer's first checkpoint in log order forked from m1's newest one; each later put of
+    # the branch with the smaller ids counts again (its parent is not the newest).
+    found = forks()
+    assert any(f["parent_checkpoint_id"] == newest for f in found), found
+    assert all(f["thread_id"] == thread and f["parent_checkpoint_id"] != f["newest_checkpoint_id"] for f in found)
+
+
+def test_turns_hop_at_random_while_the_projector_is_killed_and_restarted(
+    stack: DevStack, pods: list[AgentPod], projector_running: None
+) -> None:
+    rng = random.Random(7)
+    threads = [_thread() for _ in range(6)]
+    turns: dict[str, list[str]] = {t: [] for t in threads}
+    done = threading.Semaphore(0)
+
+    def turn(thread: str, text: str) -> dict[str, Any]:
+        """The turn on a random pod, and on another random one after each retryable failure."""
+        deadline = time.monotonic() + TURN_DEADLINE_S
+        while True:
+            answer = rng.choice(pods).call("turn", thread=thread, text=text)
+            if answer["ok"]:
+                return answer
+            _retryable(answer)
+            assert time.monotonic() < deadline, answer
+
+    def converse(thread: str) -> None:
+        for n in range(6):
+            text = f"{thread}-{n}"
+            answer = turn(thread, text)
+            turns[thread].append(text)
+            # No read older than allowed: the turn saw every turn acknowledged before it.
+            assert answer["messages"] == _conversation(*turns[thread]), thread
+            done.release()
+
+    def completed(count: int) -> None:
+        for _ in range(count):
+            assert done.acquire(timeout=TURN_DEADLINE_S), "the conversations stopped advancing"
+
+    with ThreadPoolExecutor(len(threads)) as workers:
+        running = [workers.submit(converse, t) for t in threads]
+        completed(8)
+        stack.kill_projector(signal.SIGKILL)
+        completed(3)  # turns that continue their process's own writes need no projector
+        stack.start_projector(wait=False)
+        completed(8)
+        stack.restart_projector(wait=False)
+        for future in running:
+            future.result()
+    for thread in threads:
+        _assert_one_chain(pods[0], thread, turns[thread])

@@ -1,0 +1,126 @@
+"""One agent pod for the multi-process tests: its own `KafkaSaver` and `KafkaStore` from `GRAPHLEDGER_*`.
+
+Run as `python tests/agent_process.py`. It reads one JSON command per line on stdin and answers each
+with one JSON line on stdout carrying the command's `id`: `{"id", "ok": true, ...}`, or
+`{"id", "ok": false, "error", "retryable"}` when the call raised. `gate_open` is handled at once, even
+while another command runs, so that a test can hold a node (a `gate:<name>` message) and release it.
+
+The graph is a chat: each turn appends the user's message and the node's reply to `messages`. A
+message `interrupt:<q>` makes the node ask `<q>` with `interrupt()` and reply with the answer given
+on resume; `gate:<name>` makes the node report `{"event": "in_node", "gate": name}` and wait for
+`gate_open` before replying.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+from operator import add
+from typing import Annotated, Any, TypedDict
+
+from langgraph.graph import START, StateGraph
+from langgraph.types import Command, interrupt
+
+from graphledger import KafkaSaver, KafkaStore
+
+GATE_WAIT_S = 120.0
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[str], add]
+
+
+class Pod:
+    def __init__(self) -> None:
+        self.saver = KafkaSaver.from_env()
+        self.store = KafkaStore.from_env()
+        self.gates: dict[str, threading.Event] = {}
+        self.lock = threading.Lock()
+        builder = StateGraph(Chat)
+        builder.add_node("reply", self.reply)
+        builder.add_edge(START, "reply")
+        self.graph = builder.compile(checkpointer=self.saver)
+
+    def gate(self, name: str) -> threading.Event:
+        with self.lock:
+            return self.gates.setdefault(name, threading.Event())
+
+    def reply(self, state: Chat) -> dict[str, Any]:
+        last = state["messages"][-1]
+        if last.startswith("interrupt:"):
+            return {"messages": [f"answer {interrupt(last)}"]}
+        if last.startswith("gate:"):
+            name = last.removeprefix("gate:")
+            emit({"event": "in_node", "gate": name})
+            if not self.gate(name).wait(GATE_WAIT_S):
+                raise TimeoutError(f"gate {name} was never opened")
+        return {"messages": [f"reply to {last}"]}
+
+    def run(self, command: dict[str, Any]) -> dict[str, Any]:
+        op = command["op"]
+        config = {"configurable": {"thread_id": command.get("thread", "")}}
+        if op == "turn":  # one invoke and nothing else: a failure means the turn wrote nothing after its read
+            return {"messages": self.graph.invoke({"messages": [command["text"]]}, config)["messages"]}
+        if op == "resume":
+            return {"messages": self.graph.invoke(Command(resume=command["value"]), config)["messages"]}
+        if op == "state":
+            state = self.graph.get_state(config)
+            return {"messages": state.values.get("messages", []), "next": list(state.next)}
+        if op == "history":  # newest first: (checkpoint id, parent id)
+            history = self.graph.get_state_history(config)
+            return {"checkpoints": [(_id(s.config), _id(s.parent_config)) for s in history]}
+        if op == "store_put":
+            self.store.put(tuple(command["namespace"]), command["key"], command["value"])
+            return {}
+        if op == "store_get":
+            item = self.store.get(tuple(command["namespace"]), command["key"])
+            return {"value": None if item is None else item.value}
+        if op == "store_search":
+            items = self.store.search(tuple(command["namespace"]), limit=100)
+            return {"items": [[list(i.namespace), i.key, i.value] for i in items]}
+        raise ValueError(f"unknown op {op!r}")
+
+
+def _id(config: Any) -> str | None:
+    return config["configurable"]["checkpoint_id"] if config else None
+
+
+_out = threading.Lock()
+
+
+def emit(message: dict[str, Any]) -> None:
+    with _out:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+
+
+def main() -> None:
+    pod = Pod()
+    commands: queue.Queue[dict[str, Any] | None] = queue.Queue()
+
+    def read() -> None:
+        for line in sys.stdin:
+            command = json.loads(line)
+            if command["op"] == "gate_open":
+                pod.gate(command["name"]).set()
+                emit({"id": command["id"], "ok": True})
+            else:
+                commands.put(command)
+        commands.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    emit({"event": "ready"})
+    while (command := commands.get()) is not None:
+        try:
+            emit({"id": command["id"], "ok": True, **pod.run(command)})
+        except Exception as exc:
+            emit({"id": command["id"], "ok": False, "error": f"{type(exc).__name__}: {exc}",
+                  "retryable": bool(getattr(exc, "retryable", False))})  # fmt: skip
+    pod.saver.close()
+    pod.store.close()
+
+
+if __name__ == "__main__":
+    main()
