@@ -76,6 +76,10 @@ class LogUnavailableError(GraphledgerError):
     retryable = True
 
 
+class SubjectErasedError(GraphledgerError):
+    """The thread, store namespace or tenant was erased: nothing more can be read or written for it."""
+
+
 # -- services ------------------------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_TOPIC_PREFIX = "graphledger"
@@ -33,6 +33,8 @@ DEFAULT_API_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_API_MAX_RESPONSE_BYTES = 128 * 1024 * 1024  # above a 50 MB checkpoint as base64 JSON
 DEFAULT_API_MAX_RESULT_ITEMS = 10_000
 DEFAULT_API_MAX_CONSISTENCY_WAITS = 1_000
+DEFAULT_ERASURE_NAMESPACE_DEPTH = 2
+DEFAULT_KEY_CACHE_TTL_S = 60.0
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -95,6 +97,37 @@ class Settings(BaseSettings):
         description="A client reading its own thread from the newest checkpoint it holds first checks the thread's "
         "partition in Kafka itself (needs READ on the checkpoint topic); off, or with a tenant token: it asks the read "
         "API, which checks the same.",
+    )
+
+    # Erasure (docs/security.md): user content sealed with per-subject data keys held outside the log.
+    encrypt_events: bool = Field(
+        True,
+        description="Seal every event's user content with its subject's data key and hash identifiers in record "
+        "keys, so that erasing a subject makes its data unreadable in the log. Clients and services must agree; "
+        "turning it on for an existing log goes through `graphledger encrypt-log`.",
+    )
+    erasure_namespace_depth: int = Field(
+        DEFAULT_ERASURE_NAMESPACE_DEPTH,
+        ge=1,
+        le=32,
+        description="Labels of a store namespace (after the tenant's) that name its erasure subject: with 2, the "
+        "items of (users, 42, ...) share the key of (users, 42). Set on the read API; clients follow it.",
+    )
+    key_cache_ttl_s: float = Field(
+        DEFAULT_KEY_CACHE_TTL_S,
+        gt=0,
+        description="Seconds a client uses a data key before asking the read API again; after an erasure it can "
+        "write for the erased subject at most this long, and those writes are never readable.",
+    )
+    key_encryption_keys: SecretStr | None = Field(
+        None,
+        description="The services' key-encryption keys: comma-separated `id:base64` entries of 32 random bytes. The "
+        "first wraps new data keys, every one unwraps (rotation: put a new key first, run `graphledger keys rotate`, "
+        "then drop the old one).",
+    )
+    key_store_schema: str = Field(
+        "graphledger_keys",
+        description="Schema of the key store (wrapped data keys, erasures); never dropped or switched by a replay.",
     )
 
     # Postgres, for the services.
@@ -242,12 +275,12 @@ class Settings(BaseSettings):
     )
     metrics_host: str = Field("127.0.0.1", description="Address the Prometheus endpoint listens on.")
 
-    @field_validator("postgres_schema")
+    @field_validator("postgres_schema", "key_store_schema")
     @classmethod
-    def _schema_is_identifier(cls, value: str) -> str:
-        # The schema name is the one identifier spliced into SQL; it must be a plain identifier.
+    def _schema_is_identifier(cls, value: str, info: ValidationInfo) -> str:
+        # Schema names are the identifiers spliced into SQL; they must be plain identifiers.
         if not _IDENTIFIER.match(value):
-            raise ValueError(f"postgres_schema {value!r} is not a lower-case SQL identifier")
+            raise ValueError(f"{info.field_name} {value!r} is not a lower-case SQL identifier")
         return value
 
     @property

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from graphledger.client.tenant import scope_event
-from graphledger.events import Event, checkpoint, store
+from graphledger.events import Event, checkpoint, erasure, store
 
 # Each event type with what a client of tenant "acme" publishes for it.
 SCOPED: list[tuple[Event, Event]] = [
@@ -28,6 +28,10 @@ SCOPED: list[tuple[Event, Event]] = [
     (store.StoreDelete(("a",), "k"), store.StoreDelete(("acme", "a"), "k")),
     (store.StoreRefresh(("a", "b"), "k"), store.StoreRefresh(("acme", "a", "b"), "k")),
     (store.StoreExpire(("a",), "k", 1_000), store.StoreExpire(("acme", "a"), "k", 1_000)),
+    # Published by the services, naming subjects by reference: nothing to scope.
+    (erasure.ThreadErase("0a1b"), erasure.ThreadErase("0a1b")),
+    (erasure.NamespaceErase("0a1b"), erasure.NamespaceErase("0a1b")),
+    (erasure.TenantErase("acme"), erasure.TenantErase("acme")),
 ]
 
 

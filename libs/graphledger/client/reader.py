@@ -19,7 +19,7 @@ from aiohttp.helpers import get_env_proxy_for_url
 from opentelemetry.context import Context
 from yarl import URL
 
-from graphledger.errors import ConsistencyTimeoutError, ReadApiError
+from graphledger.errors import ConsistencyTimeoutError, ReadApiError, SubjectErasedError
 from graphledger.settings import Settings
 from graphledger.telemetry.client import http_client_span, redact_url
 from graphledger.wire import MSGPACK
@@ -110,5 +110,7 @@ def _raise(path: str, status: int, content_type: str, content: bytes) -> Any:
     code = str(body.get("error", "http_error"))
     message = str(body.get("message") or body.get("detail") or content[:500].decode("utf-8", "replace"))
     retryable = bool(body.get("retryable", status in (429, 502, 503, 504)))
+    if code == "subject_erased":
+        raise SubjectErasedError(f"{path}: {message}")
     cls = ConsistencyTimeoutError if code == "consistency_timeout" else ReadApiError
     raise cls(status, code, f"{path}: {message}", retryable)

@@ -17,6 +17,7 @@ from typing import Any, Self, TypeVar
 
 from opentelemetry.context import Context
 
+from graphledger.client.keys import ApiKeySource
 from graphledger.client.latest import LatestCheckpoints
 from graphledger.client.loop import BackgroundLoop, HomeLoop
 from graphledger.client.own_writes import OwnWrites
@@ -24,13 +25,17 @@ from graphledger.client.publisher import EventPublisher
 from graphledger.client.reader import ReadApiClient
 from graphledger.client.tenant import scope_event
 from graphledger.client.tokens import AckedOffsets
+from graphledger.event_sealer import EventSealer
 from graphledger.events import Event, to_envelope
 from graphledger.events.checkpoint import CheckpointPut, CheckpointWrites, ThreadCopy, ThreadCopyBarrier
+from graphledger.events.envelope import Envelope
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger.telemetry.propagation import caller_context
+from graphledger.tenancy import scoped_thread
 
 T = TypeVar("T")
+ERASE_PATH = "/v1/erase"
 Headers = Mapping[str, str] | None
 
 
@@ -51,6 +56,8 @@ class ClientRuntime:
         self._puts_in_flight: dict[tuple[str, str, str], asyncio.Future[None]] = {}
         """Checkpoint puts sent and not acknowledged yet (on the runtime's loop), by checkpoint."""
         self._reader: ReadApiClient | None = None
+        self.sealer: EventSealer | None = None
+        """Hashes record keys and seals events with their subjects' keys (`encrypt_events`)."""
         self.tenant = ""
         """The read API's tenant for this client's token, which its writes are prefixed with."""
 
@@ -73,6 +80,8 @@ class ClientRuntime:
 
     async def _start(self) -> None:
         self._reader = ReadApiClient(self._settings)
+        if self._settings.encrypt_events:
+            self.sealer = EventSealer(ApiKeySource(self._reader), self._settings.key_cache_ttl_s)
         try:
             if self._settings.api_token is not None:
                 self.tenant = await self._reader.whoami()
@@ -127,18 +136,38 @@ class ClientRuntime:
 
     # -- calls ---------------------------------------------------------------------------------
 
-    async def _publish(self, topic: str, event: Event, context: Context) -> list[tuple[str, int, int]]:
+    async def _envelope(self, event: Event) -> tuple[str | None, Envelope]:
+        """The record key and envelope of `event` as this client publishes it: under its tenant, sealed."""
         scoped = scope_event(event, self.tenant)
+        if self.sealer is None:
+            return scoped.key, to_envelope(scoped)
+        return await self.sealer.seal(scoped, self.tenant)
+
+    def thread_key(self, thread_id: str) -> bytes | None:
+        """The record key of the thread's records (None: not known yet, nothing written here)."""
+        if self.sealer is None:
+            return scoped_thread(self.tenant, thread_id).encode()
+        return self.sealer.thread_key(self.tenant, scoped_thread(self.tenant, thread_id))
+
+    def thread_erased(self, thread_id: str) -> None:
+        """A read found the thread erased: its writes are refused from now on."""
+        key = self.thread_key(thread_id) if self.sealer is not None else None
+        if self.sealer is not None and key is not None:
+            self.sealer.erased(key.decode())  # a thread's reference is its record key
+
+    async def _publish(self, topic: str, event: Event, context: Context) -> list[tuple[str, int, int]]:
         if isinstance(event, CheckpointWrites) and (put := self._puts_in_flight.get(_checkpoint_of(event))):
             # A checkpoint's writes follow its put in the log, so a read adding own writes finds the put first.
             await asyncio.wait([put])
         if not isinstance(event, CheckpointPut):
-            acked = await self.publisher.publish(topic, scoped.key, to_envelope(scoped), context=context)
+            key, envelope = await self._envelope(event)
+            acked = await self.publisher.publish(topic, key, envelope, context=context)
         else:
             checkpoint = _checkpoint_of(event)
             in_flight = self._puts_in_flight[checkpoint] = asyncio.get_running_loop().create_future()
             try:
-                acked = await self.publisher.publish(topic, scoped.key, to_envelope(scoped), context=context)
+                key, envelope = await self._envelope(event)
+                acked = await self.publisher.publish(topic, key, envelope, context=context)
             finally:
                 in_flight.set_result(None)
                 if self._puts_in_flight.get(checkpoint) is in_flight:
@@ -161,8 +190,8 @@ class ClientRuntime:
     async def _broadcast(self, topic: str, event: Event, context: Context) -> None:
         # One copy per partition, so the event takes its place among every thread's writes.
         for partition in await self.publisher.partitions(topic):
-            scoped = to_envelope(scope_event(event, self.tenant))
-            self.acked.record(await self.publisher.publish(topic, None, scoped, context=context, partition=partition))
+            _, envelope = await self._envelope(event)
+            self.acked.record(await self.publisher.publish(topic, None, envelope, context=context, partition=partition))
 
     async def _read(self, path: str, body: dict[str, Any], headers: Headers, context: Context) -> Any:
         assert self._reader is not None
@@ -194,6 +223,24 @@ class ClientRuntime:
 
     async def abroadcast(self, topic: str, event: Event) -> None:
         await self._arun(self._broadcast(topic, event, caller_context()))
+
+    async def _erase(self, body: dict[str, Any], context: Context) -> None:
+        """Ask the read API to erase (`POST /v1/erase`); the erased subjects are refused here from now on,
+        and this client's next reads wait for the erasure events."""
+        assert self._reader is not None
+        answer = await self._reader.call(ERASE_PATH, body, None, context)
+        if self.sealer is not None:
+            for erased in answer.get("erased", ()):
+                self.sealer.erased(erased["ref"])
+            if body.get("tenant"):
+                self.sealer.forget_tenant(self.tenant)
+        self.acked.record(tuple(position) for position in answer.get("positions", ()))
+
+    def erase(self, body: dict[str, Any]) -> None:
+        self._started_loop().run(self._erase(body, caller_context()))
+
+    async def aerase(self, body: dict[str, Any]) -> None:
+        await self._arun(self._erase(body, caller_context()))
 
     def read(self, path: str, body: dict[str, Any], headers: Headers = None) -> Any:
         """One read API call, with `headers` besides the client's own."""

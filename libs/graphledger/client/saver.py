@@ -123,6 +123,24 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
     async def adelete_thread(self, thread_id: str) -> None:
         await self._runtime.apublish(self.settings.checkpoint_topic, ThreadDelete(require_id(thread_id, "thread_id")))
 
+    # -- erasure (docs/security.md) ---------------------------------------------------------------
+
+    def erase_thread(self, thread_id: str) -> None:
+        """Erase the thread for good: its data key is destroyed, so no copy of its events in the log can
+        be read again, and every projection drops its rows (and those of threads copied from it). The
+        thread id cannot be written again."""
+        self._runtime.erase({"thread_id": require_id(thread_id, "thread_id")})
+
+    async def aerase_thread(self, thread_id: str) -> None:
+        await self._runtime.aerase({"thread_id": require_id(thread_id, "thread_id")})
+
+    def erase_tenant(self) -> None:
+        """Erase everything of this client's tenant (its token's), threads and store items alike."""
+        self._runtime.erase({"tenant": True})
+
+    async def aerase_tenant(self) -> None:
+        await self._runtime.aerase({"tenant": True})
+
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         self._runtime.publish_copy(self.settings.checkpoint_topic, _thread_copy(source_thread_id, target_thread_id))
 
@@ -183,8 +201,10 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
                 log.warning("no READ on %s for this client (%s): reads go to the read API", tp.topic, exc.__cause__)
                 self._runtime.log = None
             return _ASK_AGAIN
-        key = thread_id.encode()
-        if not tail.complete or any((k == key or k is None) and o not in ask.named.offsets for o, k in tail.keys):
+        key = self._runtime.thread_key(thread_id)
+        if key is None or not tail.complete:
+            return _ASK_AGAIN
+        if any((k == key or k is None) and o not in ask.named.offsets for o, k in tail.keys):
             return _ASK_AGAIN
         recent = self._runtime.own_writes.since(thread_id, None, ask.named).from_offset(ask.kept.through)
         wire = ask.kept.tuple()
@@ -217,6 +237,8 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
         """The answer's tuple (or the kept one, when `current`) with this saver's own writes the
         projection may lack; `_ASK_AGAIN` when they cannot be added here. Keeps a newest checkpoint."""
         thread_id, checkpoint_ns, checkpoint_id = body["thread_id"], body["checkpoint_ns"], body["checkpoint_id"]
+        if answer.get("erased"):
+            self._runtime.thread_erased(thread_id)
         start = answer.get("own_writes_from")
         wire = answer.get("tuple")
         if ask.named is not None and start is not None:

@@ -273,6 +273,27 @@ class KafkaStore(ClientLifecycle, BaseStore):
     async def adelete(self, namespace: tuple[str, ...], key: str) -> None:
         await self._enqueue(PutOp(namespace, str(key), None))
 
+    # -- erasure (docs/security.md) ---------------------------------------------------------------
+
+    def erase_namespace(self, namespace: tuple[str, ...]) -> None:
+        """Erase a store subject for good: the items of `namespace` and below, which must be the first
+        `erasure_namespace_depth` labels of their namespaces or fewer (e.g. `("users", "42")`). Their data
+        key is destroyed, so no copy of their events in the log can be read again, and the projection drops
+        them; the namespace cannot be written again."""
+        _validate_namespace(namespace)
+        self._runtime.erase({"namespace": list(namespace)})
+
+    async def aerase_namespace(self, namespace: tuple[str, ...]) -> None:
+        _validate_namespace(namespace)
+        await self._runtime.aerase({"namespace": list(namespace)})
+
+    def erase_tenant(self) -> None:
+        """Erase everything of this client's tenant (its token's), store items and threads alike."""
+        self._runtime.erase({"tenant": True})
+
+    async def aerase_tenant(self) -> None:
+        await self._runtime.aerase({"tenant": True})
+
     async def alist_namespaces(
         self,
         *,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import assert_never
 
-from graphledger.events import Event, checkpoint, store
+from graphledger.events import Event, checkpoint, erasure, store
 from graphledger.tenancy import scoped_namespace, scoped_thread
 
 
@@ -45,5 +45,7 @@ def scope_event(event: Event, tenant: str) -> Event:
             return dataclasses.replace(event, namespace=scoped_namespace(tenant, event.namespace))
         case checkpoint.RunsDelete():
             return event
+        case erasure.ThreadErase() | erasure.NamespaceErase() | erasure.TenantErase():
+            return event  # published by the services, naming subjects by reference only
         case _:
             assert_never(event)

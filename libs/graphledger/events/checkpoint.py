@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from graphledger.errors import InvalidEventError
 from graphledger.events.envelope import MAX_EPOCH_MS
+from graphledger.events.erasure import TenantErase, ThreadErase
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +317,8 @@ CheckpointEvent = (
     | ThreadPrune
     | ThreadExpire
     | RunsDelete
+    | ThreadErase
+    | TenantErase
 )
 
 CHECKPOINT_EVENT_TYPES: dict[str, type[CheckpointEvent]] = {
@@ -329,6 +332,8 @@ CHECKPOINT_EVENT_TYPES: dict[str, type[CheckpointEvent]] = {
         ThreadPrune,
         ThreadExpire,
         RunsDelete,
+        ThreadErase,
+        TenantErase,
     )
 }
 

@@ -22,7 +22,8 @@ import ormsgpack
 
 from graphledger.errors import InvalidEventError, UnknownEventVersionError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: a payload may be sealed with its subject's data key (`graphledger.sealing`); 1: in the clear."""
 
 MAX_EPOCH_MS = 253_402_300_799_999
 """9999-12-31T23:59:59.999Z: later event times are a broken clock (and beyond what timestamptz holds)."""
@@ -30,12 +31,22 @@ MAX_EPOCH_MS = 253_402_300_799_999
 HEADER_TYPE = "gl-type"
 HEADER_VERSION = "gl-version"
 HEADER_CHUNK = "gl-chunk"
+HEADER_SUBJECT = "gl-subject"
+"""On a sealed event's records: its subject's reference, so keys are fetched before anything is decoded."""
+SEALED_PAYLOAD = "sealed"
+"""The one key of a sealed payload (`graphledger.sealing`)."""
 HEADER_TRACEPARENT = "traceparent"
 
 Headers = Sequence[tuple[str, bytes]]
 
+
+def _unsealed_v1(event_type: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 payload is a version 2 payload in the clear."""
+    return payload
+
+
 # version -> function turning a payload of that version into one of version + 1.
-UPCASTERS: dict[int, Callable[[str, dict[str, Any]], dict[str, Any]]] = {}
+UPCASTERS: dict[int, Callable[[str, dict[str, Any]], dict[str, Any]]] = {1: _unsealed_v1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +78,9 @@ def encode(envelope: Envelope) -> bytes:
 
 def headers_for(envelope: Envelope, traceparent: str | None = None) -> list[tuple[str, bytes]]:
     headers = [(HEADER_TYPE, envelope.type.encode()), (HEADER_VERSION, str(envelope.version).encode())]
+    sealed = envelope.payload.get(SEALED_PAYLOAD)
+    if isinstance(sealed, dict) and isinstance(ref := sealed.get("ref"), str):
+        headers.append((HEADER_SUBJECT, ref.encode()))
     if traceparent:
         headers.append((HEADER_TRACEPARENT, traceparent.encode()))
     return headers

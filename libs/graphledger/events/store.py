@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from graphledger.errors import InvalidEventError
 from graphledger.events.envelope import MAX_EPOCH_MS
+from graphledger.events.erasure import NamespaceErase, TenantErase
 from graphledger.pg_text import json_text_problem
 
 MAX_TTL_MINUTES = 2**31 - 1
@@ -157,10 +158,10 @@ class StoreExpire:
         return cls(_namespace(p), _item_key(p), epoch_ms(p.get("at_ms"), "at_ms"))
 
 
-StoreEvent = StorePut | StoreDelete | StoreRefresh | StoreExpire
+StoreEvent = StorePut | StoreDelete | StoreRefresh | StoreExpire | NamespaceErase | TenantErase
 
 STORE_EVENT_TYPES: dict[str, type[StoreEvent]] = {
-    cls.TYPE: cls for cls in (StorePut, StoreDelete, StoreRefresh, StoreExpire)
+    cls.TYPE: cls for cls in (StorePut, StoreDelete, StoreRefresh, StoreExpire, NamespaceErase, TenantErase)
 }
 
 

@@ -11,21 +11,25 @@ from fastapi import FastAPI
 
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
-from graphledger_server.api import checkpoints, handlers, health, store
+from graphledger_server.api import checkpoints, handlers, health, keys, store
 from graphledger_server.api.auth import TenantAuth, document_bearer_auth, token_entries, whoami_router
 from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.db import open_pool, open_store_pool
 from graphledger_server.api.read_barrier import ReadBarrier
 from graphledger_server.api.state import ApiState
+from graphledger_server.keys.erase import Eraser
+from graphledger_server.keys.source import StoreKeySource
+from graphledger_server.keys.store import check_key_settings, key_store_for
 from graphledger_server.telemetry import api as telemetry
 
 
 def create_app(settings: Settings) -> FastAPI:
     """The read API for `settings`; the pool and the watcher live as long as the app's lifespan.
 
-    A bad `api_token_hashes` fails here, before the server listens.
+    A bad `api_token_hashes` or missing key-encryption keys fail here, before the server listens.
     """
     entries = token_entries(settings)
+    check_key_settings(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -38,10 +42,16 @@ def create_app(settings: Settings) -> FastAPI:
         await offsets.start()
         log = LogTail(settings)
         await log.start()
-        app.state.api = ApiState(settings, pool, store_pool, offsets, ReadBarrier(settings, log, offsets))
+        key_store = key_store_for(settings, store_pool)
+        source = StoreKeySource(key_store, settings) if key_store is not None and settings.encrypt_events else None
+        eraser = Eraser(settings, source, store_pool, offsets) if source is not None else None
+        barrier = ReadBarrier(settings, log, offsets)
+        app.state.api = ApiState(settings, pool, store_pool, offsets, barrier, source, eraser)
         try:
             yield
         finally:
+            if eraser is not None:
+                await eraser.close()
             await log.stop()
             await offsets.stop()
             await store_pool.close()
@@ -62,5 +72,6 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(whoami_router)
     app.include_router(checkpoints.router)
     app.include_router(store.router)
+    app.include_router(keys.router)
     document_bearer_auth(app)
     return app

@@ -20,6 +20,7 @@ from langgraph.checkpoint.base import CheckpointTuple, writes_sort_key
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from pydantic import BaseModel
 
+from graphledger.sealing import ERASED
 from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
@@ -117,7 +118,8 @@ async def _settle_thread(
 ) -> Settled:
     """Wait until the projection reflects the thread as the log holds it now (less `own`)."""
     state = api_state(request)
-    read = KeyedRead(state.settings.checkpoint_topic, thread_id.encode(), own, cached_through)
+    key = await state.thread_key(tenant_of(request).name, thread_id)
+    read = KeyedRead(state.settings.checkpoint_topic, key, own, cached_through)
     token = token_of(request.headers.get(CONSISTENCY_HEADER))
     return (await state.barrier.before_keyed([read], token))[read]
 
@@ -184,7 +186,18 @@ async def get_tuple(request: Request) -> Response:
     else:
         found = await _saver(request, tenant).aget_tuple(body.config(tenant.thread))
         answer["tuple"] = _tuple(found, tenant) if found else None
+        if found is None and await _erased(request, tenant, body.thread_id):
+            answer["erased"] = True
     return _answer(request, answer)
+
+
+async def _erased(request: Request, tenant: Tenant, thread_id: str) -> bool:
+    """Whether the thread was erased (the client then refuses its writes at once)."""
+    state = api_state(request)
+    if state.keys is None:
+        return False
+    ref = (await state.thread_key(tenant.name, tenant.thread(thread_id))).decode()  # a thread's reference
+    return (await state.keys.store.find([ref])).get(ref) is ERASED
 
 
 @router.post("/list", **_doc(ListRequest, ListResponse))

@@ -8,9 +8,12 @@ import asyncpg
 from fastapi import Request
 from psycopg_pool import AsyncConnectionPool
 
+from graphledger.events.store import store_key
 from graphledger.settings import Settings
 from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.read_barrier import ReadBarrier
+from graphledger_server.keys.erase import Eraser
+from graphledger_server.keys.source import StoreKeySource
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,20 @@ class ApiState:
     offsets: AppliedOffsets
     barrier: ReadBarrier
     """What each read waits for: the log's end, from the broker, against the applied offsets."""
+    keys: StoreKeySource | None = None
+    """The key store, with encryption on: record keys are hashes, and clients get their data keys here."""
+    eraser: Eraser | None = None
+
+    async def thread_key(self, tenant: str, stored_thread_id: str) -> bytes:
+        """The record key of the thread's records (a hash with encryption on)."""
+        if self.keys is None:
+            return stored_thread_id.encode()
+        return await self.keys.thread_key(tenant, stored_thread_id)
+
+    async def item_key(self, tenant: str, stored_namespace: tuple[str, ...], item_key: str) -> bytes:
+        if self.keys is None:
+            return store_key(stored_namespace, item_key).encode()
+        return await self.keys.item_key(tenant, stored_namespace, item_key)
 
 
 def api_state(request: Request) -> ApiState:

@@ -22,7 +22,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from graphledger.events.store import store_key
 from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES, SEARCH_CONSISTENCY_HEADER
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
@@ -113,7 +112,12 @@ async def _settle(request: Request, ops: list[StoreOp]) -> None:
     if not own_writes_only and any(not isinstance(op, GetOp) for op in ops):
         await state.barrier.before_topic(topic, token)  # covers the gets too
         return
-    gets = [KeyedRead(topic, store_key(tuple(op.namespace), op.key).encode()) for op in ops if isinstance(op, GetOp)]
+    tenant = tenant_of(request).name
+    gets = [
+        KeyedRead(topic, await state.item_key(tenant, tuple(op.namespace), op.key))
+        for op in ops
+        if isinstance(op, GetOp)
+    ]
     await state.barrier.before_keyed(list(dict.fromkeys(gets)), token)
 
 

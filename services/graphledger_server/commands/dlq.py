@@ -23,13 +23,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from graphledger.errors import DeadLetterError
+from graphledger.errors import DeadLetterError, GraphledgerError
 from graphledger.settings import Settings
 
 if TYPE_CHECKING:
     import asyncpg
     from aiokafka import AIOKafkaProducer
 
+    from graphledger_server.keys.lookup import DataKeyCache
     from graphledger_server.projection.batch import TopicProjection
 
 HEADER_REPLAY_OF = "gl-replay-of"
@@ -256,10 +257,14 @@ async def replay(
     import asyncpg
 
     from graphledger.client.producer import new_producer
+    from graphledger_server.keys.lookup import DataKeyCache
+    from graphledger_server.keys.store import key_store_for
     from graphledger_server.projector.worker import projections_for
 
     projections = projections_for(settings)
     conn = await asyncpg.connect(settings.postgres_dsn)
+    keys_pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=0, max_size=1)
+    keys = DataKeyCache(key_store_for(settings, keys_pool))
     producer = new_producer(settings)
     try:
         for projection in projections.values():
@@ -269,7 +274,7 @@ async def replay(
         for dead_letter_id in ids:
             try:
                 outcome: str | DeadLetterError = await _replay_one(
-                    conn, producer, settings, projections, dead_letter_id, payload, event_type
+                    conn, producer, settings, projections, keys, dead_letter_id, payload, event_type
                 )
             except DeadLetterError as exc:
                 outcome = exc
@@ -277,6 +282,7 @@ async def replay(
         return results
     finally:
         await producer.stop()
+        await keys_pool.close()
         await conn.close()
 
 
@@ -285,6 +291,7 @@ async def _replay_one(
     producer: AIOKafkaProducer,
     settings: Settings,
     projections: dict[str, TopicProjection],
+    keys: DataKeyCache,
     dead_letter_id: int,
     payload: dict[str, Any] | None,
     event_type: str | None,
@@ -297,7 +304,7 @@ async def _replay_one(
         HEADER_TOPIC,
         decode_headers,
     )
-    from graphledger_server.projection.records import Decoded, SourceRecord, decode_value
+    from graphledger_server.projection.records import Decoded, Erased, SourceRecord, decode_value, subject_ref
 
     async with conn.transaction():
         row = await conn.fetchrow(_sql(LOCK_SQL, settings), dead_letter_id)  # a concurrent replay waits here
@@ -315,10 +322,15 @@ async def _replay_one(
         dropped.add(envelope.HEADER_CHUNK)
         headers = [(k, v) for k, v in decode_headers(row["record_headers"]) if k not in dropped]
         value = row["record_value"]
+        record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers))
+        if (ref := subject_ref(record)) is not None:
+            await keys.load([ref])
         if payload is not None:
-            value, headers = _with_payload(row, headers, payload, event_type)
-        checked = decode_value(SourceRecord(topic, partition, row["offset"], row["record_key"], value),
-                               value, projections[topic].to_event)  # fmt: skip
+            value, headers = _with_payload(row, headers, payload, event_type, keys)
+            record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers))
+        checked = decode_value(record, value, projections[topic].to_event, keys.get)
+        if isinstance(checked, Erased):
+            raise DeadLetterError(f"dead letter {dead_letter_id} is of an erased subject: nothing to replay")
         if not isinstance(checked, Decoded):
             raise DeadLetterError(f"dead letter {dead_letter_id} would fail again: {checked.reason}")
         headers.append((HEADER_REPLAY_OF, f"{topic}:{partition}:{row['offset']}".encode()))
@@ -335,14 +347,17 @@ async def _replay_one(
 
 
 def _with_payload(
-    row: Any, headers: list[tuple[str, bytes]], payload: dict[str, Any], event_type: str | None
+    row: Any, headers: list[tuple[str, bytes]], payload: dict[str, Any], event_type: str | None, keys: DataKeyCache
 ) -> tuple[bytes, list[tuple[str, bytes]]]:
-    """The record value of `payload` in the dead letter's envelope (type, id, time), at today's version."""
+    """The record value of `payload` in the dead letter's envelope (type, id, time), at today's version;
+    sealed with the dead letter's subject's key when it was sealed (the log holds no content in the clear)."""
     import time
 
     import ormsgpack
 
     from graphledger.events import envelope
+    from graphledger.sealing import Erased, sealed_ref, unseal
+    from graphledger.sealing import seal as seal_envelope
 
     original: dict[str, Any] = {}
     try:
@@ -358,7 +373,23 @@ def _with_payload(
     ts = original.get("ts")
     produced_ms = ts if isinstance(ts, int) and not isinstance(ts, bool) else int(time.time() * 1000)
     env = envelope.Envelope(kind, event_id, produced_ms, payload)
-    kept = [(k, v) for k, v in headers if k not in (envelope.HEADER_TYPE, envelope.HEADER_VERSION)]
+    kept = [
+        (k, v) for k, v in headers if k not in (envelope.HEADER_TYPE, envelope.HEADER_VERSION, envelope.HEADER_SUBJECT)
+    ]
+    try:
+        original_env = envelope.decode(row["record_value"])
+        ref = sealed_ref(original_env)
+    except GraphledgerError:
+        ref = None
+    if ref is not None:
+        key = keys.get(ref)
+        if key is None or isinstance(key, Erased):
+            raise DeadLetterError(f"the dead letter's subject {ref} has no key (erased, or another key store)")
+        try:
+            _, subject = unseal(original_env, key)
+        except GraphledgerError as exc:
+            raise DeadLetterError(f"the dead letter's sealed payload does not open: {exc}") from None
+        env = seal_envelope(env, subject, key)
     return envelope.encode(env), [*envelope.headers_for(env), *kept]
 
 

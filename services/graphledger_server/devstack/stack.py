@@ -397,7 +397,24 @@ class DevStack:
         )
         if values.get("store_vector_dims") is None:
             values["store_vector_dims"] = DEV_STORE_VECTOR_DIMS
+        if values.get("key_encryption_keys") is None:
+            values["key_encryption_keys"] = self._dev_key_encryption_key()
         return Settings(**values)
+
+    def _dev_key_encryption_key(self) -> str:
+        """The dev stack's key-encryption key: kept beside a kept Postgres (whose key store it opens),
+        random for a throwaway one."""
+        from graphledger_server.keys.ring import new_key_entry
+
+        assert self._work_dir is not None
+        path = self._work_dir / "key-encryption-key"
+        if self.data_dir is not None and path.exists():
+            return path.read_text().strip()
+        entry = new_key_entry("dev")
+        if self.data_dir is not None:
+            path.touch(mode=0o600)
+            path.write_text(entry + "\n")
+        return entry
 
     def _spawn(self, name: str) -> ChildProcess:
         env = {k: v for k, v in os.environ.items() if not k.upper().startswith("GRAPHLEDGER_")}

@@ -22,12 +22,15 @@ from psycopg.conninfo import conninfo_to_dict
 
 from graphledger.client.publisher import EventPublisher
 from graphledger.errors import ImportMismatchError
+from graphledger.event_sealer import EventSealer
 from graphledger.events import Event
 from graphledger.events.envelope import Envelope, new_envelope
 from graphledger.settings import Settings
 from graphledger_server.importer.plan import store_put, thread_events
 from graphledger_server.importer.progress import Progress
 from graphledger_server.importer.source import Source
+from graphledger_server.keys.source import StoreKeySource
+from graphledger_server.keys.store import check_key_settings, key_store_for
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.vector_index import VectorIndex, load_vector_index
 
@@ -68,12 +71,20 @@ async def import_postgres(
     item_chunk: int = 256,
 ) -> ImportReport:
     """Publish the source's threads and store items as events; see the module docstring."""
+    check_key_settings(settings)
     await migrate(settings.postgres_dsn, settings.postgres_schema, vectors=VectorIndex.from_settings(settings))
     report = ImportReport(name or source_name(source_dsn, source_schema))
     target = await asyncpg.connect(settings.postgres_dsn)
     source_conn = await connect(source_dsn)
     publisher = EventPublisher(settings)
+    keys_pool: asyncpg.Pool | None = None
     try:
+        sealer = None
+        if settings.encrypt_events:
+            keys_pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=0, max_size=1)
+            key_store = key_store_for(settings, keys_pool)
+            assert key_store is not None  # check_key_settings
+            sealer = EventSealer(StoreKeySource(key_store, settings), settings.key_cache_ttl_s)
         source = Source(source_conn, source_schema)
         await source.inspect()
         await _check_vectors(source, target, settings)
@@ -85,7 +96,7 @@ async def import_postgres(
             report.finished_before = True
             return report
         await publisher.start()
-        run = _Run(settings, publisher, report)
+        run = _Run(settings, publisher, report, sealer)
         if source.has_checkpoints and not states[THREADS].done:
             await run.threads(source, progress, states[THREADS].cursor, thread_chunk)
         else:
@@ -97,6 +108,8 @@ async def import_postgres(
         return report
     finally:
         await publisher.stop()
+        if keys_pool is not None:
+            await keys_pool.close()
         await source_conn.close()
         await target.close()
 
@@ -124,16 +137,23 @@ async def _check_vectors(source: Source, target: asyncpg.Connection, settings: S
 
 
 class _Run:
-    def __init__(self, settings: Settings, publisher: EventPublisher, report: ImportReport) -> None:
+    def __init__(
+        self, settings: Settings, publisher: EventPublisher, report: ImportReport, sealer: EventSealer | None
+    ) -> None:
         self.settings = settings
         self.publisher = publisher
         self.report = report
+        self.sealer = sealer
+        """Seals the imported events as a client would (in the unnamed tenant); None: in the clear."""
 
     async def _publish(self, topic: str, event: Event, produced_ms: int | None = None) -> None:
         env = new_envelope(event.TYPE, event.to_payload())
         if produced_ms is not None:
             env = Envelope(event.TYPE, str(uuid.uuid4()), produced_ms, env.payload)
-        for t, partition, offset in await self.publisher.publish(topic, event.key, env):
+        key = event.key
+        if self.sealer is not None:
+            key, env = await self.sealer.seal(event, "", env)
+        for t, partition, offset in await self.publisher.publish(topic, key, env):
             self.report.positions[(t, partition)] = max(offset, self.report.positions.get((t, partition), -1))
         self.report.events += 1
 

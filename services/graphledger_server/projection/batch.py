@@ -6,7 +6,9 @@ In order, inside the transaction:
    the stored chunks of the events completing in the batch exceed `reassembly_max_bytes`, the batch
    is cut before the first event over the budget (the first always fits) and the rest is `deferred`;
 3. stop a partition at an event from a newer graphledger (nothing of it or after it is applied);
-4. apply the events, set-based, per topic projection;
+   skip the records of erased subjects (their key is gone, or an erasure before them in the batch
+   or in an earlier one applied), counting them;
+4. apply the events, set-based, per topic projection, and record the subjects of sealed ones;
 5. record dead letters, advance the offsets, `NOTIFY graphledger_applied`;
 6. produce the dead letters to their topic (the sink waits for the broker's acknowledgement);
 then commit. A failure anywhere rolls all of it back, so the caller retries the same records.
@@ -31,8 +33,11 @@ from typing import Any, Protocol
 import asyncpg
 
 from graphledger.events.envelope import Envelope
+from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger_server.driver_errors import Verdict, verdict_of
+from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.projection import chunks as chunk_store
+from graphledger_server.projection import erasure
 from graphledger_server.projection.dead_letters import record_dead_letters
 from graphledger_server.projection.offsets import (
     OffsetStatements,
@@ -48,10 +53,12 @@ from graphledger_server.projection.records import (
     Classified,
     DeadLetter,
     Decoded,
+    Erased,
     SourceRecord,
     TooNew,
     classify,
     decode_value,
+    subject_ref,
 )
 from graphledger_server.projection.report import ApplyReport
 
@@ -104,12 +111,19 @@ class BatchResult:
     yet: the offset to fetch again from, after a pause."""
     forks: int = 0
     """Checkpoint puts whose parent was not their thread namespace's newest checkpoint."""
+    erased_by_type: Counter[str | None] = field(default_factory=Counter)
+    """Records of erased subjects, skipped, by event type."""
+
+    @property
+    def erased(self) -> int:
+        return self.erased_by_type.total()
 
 
 @dataclass(slots=True)
 class _Resolved:
     events: list[Decoded] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
+    erased: list[Erased] = field(default_factory=list)
     stopped: dict[TopicPartition, TooNew] = field(default_factory=dict)
     deferred: dict[TopicPartition, int] = field(default_factory=dict)
     held: dict[TopicPartition, int] = field(default_factory=dict)
@@ -160,8 +174,11 @@ class BatchApplier:
         dead_letter_sink: DeadLetterSink,
         *,
         reassembly_max_bytes: int | None = None,
+        keys: DataKeyCache | None = None,
     ) -> None:
         self.schema = schema
+        self.keys = keys or DataKeyCache(None)
+        """The data keys sealed events open with (none: no sealed event opens)."""
         self.reassembly_max_bytes = reassembly_max_bytes
         """Most bytes of stored chunks one batch loads to reassemble events; None: no bound."""
         self.group = consumer_group
@@ -169,10 +186,13 @@ class BatchApplier:
         self.sink = dead_letter_sink
         self._offsets = OffsetStatements(schema)
         self._chunks = chunk_store.ChunkStatements(schema)
+        self._erasure = erasure.ErasureStatements(schema)
 
-    def classify(self, records: Sequence[SourceRecord]) -> list[Classified]:
-        """Decode and validate every record (pure; done outside the transaction)."""
-        return [classify(r, self.projections[r.topic].to_event) for r in records]
+    async def classify(self, records: Sequence[SourceRecord]) -> list[Classified]:
+        """Decode, open and validate every record (outside the transaction), after fetching the data
+        keys their `gl-subject` headers name."""
+        await self.keys.load({ref for r in records if (ref := subject_ref(r)) is not None})
+        return [classify(r, self.projections[r.topic].to_event, self.keys.get) for r in records]
 
     async def apply(
         self, conn: asyncpg.Connection, records: Sequence[SourceRecord], classified: Sequence[Classified] | None = None
@@ -181,7 +201,7 @@ class BatchApplier:
         if not records:
             return BatchResult()
         if classified is None:
-            classified = self.classify(records)
+            classified = await self.classify(records)
         attempts = 1
         while True:
             try:
@@ -220,6 +240,9 @@ class BatchApplier:
                 log.info("skipped %d records applied before (stored offsets %s)", result.skipped, stored)
             resolved = await self._resolve(conn, fresh, stored)
             dead = list(resolved.dead)
+            # Before the events: an erasure among them finds its subject's name.
+            opened = (x.subject for x in (*resolved.events, *dead) if x.subject is not None)
+            await erasure.record_subjects(conn, self._erasure, opened)
             if isolate:
                 rejected, report = await self._apply_isolated(conn, resolved.events)
                 dead.extend(rejected)
@@ -249,6 +272,7 @@ class BatchApplier:
             result.applied_by_type = Counter(getattr(d.event, "TYPE", None) for d in resolved.events)
             result.applied_by_type.subtract(letter.event_type for letter in dead[len(resolved.dead) :])
             result.dead_letters_by_type = Counter(letter.event_type for letter in dead)
+            result.erased_by_type = Counter(e.event_type for e in resolved.erased)
         return result
 
     async def _resolve(
@@ -297,7 +321,8 @@ class BatchApplier:
                         record, f"chunks of event {key[2]} do not cover 0..{item.ref.count - 1}", None, None, key[2]
                     )
                 else:
-                    outcome = decode_value(record, value, self.projections[record.topic].to_event, key[2])
+                    to_event = self.projections[record.topic].to_event
+                    outcome = decode_value(record, value, to_event, self.keys.get, chunk_event_id=key[2])
                 if isinstance(outcome, TooNew):
                     self._stop(out, tp, outcome)
                     continue
@@ -305,12 +330,16 @@ class BatchApplier:
                 in_batch.pop(key, None)
                 if isinstance(outcome, Decoded):
                     self._admit(out, outcome, committed)
+                elif isinstance(outcome, Erased):
+                    out.erased.append(outcome)
                 else:
                     out.dead.append(outcome)
             elif isinstance(item, Decoded):
                 self._admit(out, item, committed)
             elif isinstance(item, DeadLetter):
                 out.dead.append(item)
+            elif isinstance(item, Erased):
+                out.erased.append(item)
             else:
                 self._stop(out, tp, item)
         if indexed_chunks:
@@ -319,8 +348,17 @@ class BatchApplier:
         return out
 
     def _admit(self, out: _Resolved, decoded: Decoded, committed: Mapping[TopicPartition, int]) -> None:
-        """Add an event to the batch, unless what it requires is not committed yet: then hold its partition."""
+        """Add an event to the batch, unless what it requires is not committed yet: then hold its partition;
+        or unless its subject was erased since it was decoded: then skip it."""
         record = decoded.record
+        if decoded.subject is not None and self.keys.is_erased(decoded.subject):
+            out.erased.append(Erased(record, decoded.subject.ref, getattr(decoded.event, "TYPE", None)))
+            return
+        event = getattr(decoded.event, "event", decoded.event)  # the projections' timed wrappers
+        if isinstance(event, ThreadErase | NamespaceErase):
+            self.keys.erase(event.ref)  # the key store erased it before the event was published
+        elif isinstance(event, TenantErase):
+            self.keys.erase_tenant(event.tenant)
         required = self.projections[record.topic].holds(decoded.event)
         if required is not None and committed.get((record.topic, required[0]), 0) <= required[1]:
             log.info("holding %s:%d at offset %d until %s:%d@%d has applied", record.topic, record.partition,

@@ -35,8 +35,10 @@ from graphledger.events.checkpoint import (
     ThreadPrune,
 )
 from graphledger.events.envelope import MAX_EPOCH_MS, Envelope
+from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.pg_text import json_text_problem, json_text_suspect
-from graphledger_server.projection import prune
+from graphledger.tenancy import THREAD_SEPARATOR
+from graphledger_server.projection import erasure, prune
 from graphledger_server.projection.report import ApplyReport
 from graphledger_server.projection.sql import render
 
@@ -210,6 +212,35 @@ FROM unnest(ARRAY[$1::text, $2::text]) AS t
     + MERGE_THREAD_ACTIVITY_SQL
 )
 
+# A copy's lineage, for erasing the source's copies with it. $1 source, $2 target.
+RECORD_COPY_SQL = """
+INSERT INTO {schema}.graphledger_thread_copies (source_thread_id, target_thread_id)
+SELECT $1::text, $2::text WHERE $1::text <> $2::text
+ON CONFLICT DO NOTHING
+"""
+
+# Erasure: everything of the listed threads ($1 -> thread ids), forks and copy lineage included.
+ERASE_THREADS_SQL = """
+WITH c AS (DELETE FROM {schema}.checkpoints WHERE thread_id = ANY($1::text[])),
+     b AS (DELETE FROM {schema}.checkpoint_blobs WHERE thread_id = ANY($1::text[])),
+     w AS (DELETE FROM {schema}.checkpoint_writes WHERE thread_id = ANY($1::text[])),
+     p AS (DELETE FROM {schema}.graphledger_thread_partitions WHERE thread_id = ANY($1::text[])),
+     f AS (DELETE FROM {schema}.graphledger_forks WHERE thread_id = ANY($1::text[]))
+DELETE FROM {schema}.graphledger_thread_copies
+WHERE source_thread_id = ANY($1::text[]) OR target_thread_id = ANY($1::text[])
+"""
+# Erasure of a tenant: every thread whose stored id starts with $1 (`<tenant>/`; starts_with, not
+# LIKE, as a tenant name may hold `_`).
+ERASE_TENANT_THREADS_SQL = """
+WITH c AS (DELETE FROM {schema}.checkpoints WHERE starts_with(thread_id, $1::text)),
+     b AS (DELETE FROM {schema}.checkpoint_blobs WHERE starts_with(thread_id, $1::text)),
+     w AS (DELETE FROM {schema}.checkpoint_writes WHERE starts_with(thread_id, $1::text)),
+     p AS (DELETE FROM {schema}.graphledger_thread_partitions WHERE starts_with(thread_id, $1::text)),
+     f AS (DELETE FROM {schema}.graphledger_forks WHERE starts_with(thread_id, $1::text))
+DELETE FROM {schema}.graphledger_thread_copies
+WHERE starts_with(source_thread_id, $1::text) OR starts_with(target_thread_id, $1::text)
+"""
+
 # delete_for_runs, one partition's copy: checkpoints of this partition's threads whose metadata
 # run_id is listed, with their writes. Returns the channel versions they referenced, so that
 # GC_BLOBS_SQL (a second statement, which sees the deletion) can drop the blobs left unreferenced.
@@ -372,7 +403,21 @@ class DeleteRuns:
     partition: int
 
 
-Step = DataRun | DeleteThreads | CopyThread | PruneKeepLatest | ExpireThread | DeleteRuns
+@dataclass(frozen=True, slots=True)
+class EraseThread:
+    """`thread.erase`: every row of the thread the reference names, and its traces."""
+
+    ref: str
+
+
+@dataclass(frozen=True, slots=True)
+class EraseTenant:
+    """`tenant.erase`: every thread of the tenant, and the traces of its thread subjects."""
+
+    tenant: str
+
+
+Step = DataRun | DeleteThreads | CopyThread | PruneKeepLatest | ExpireThread | DeleteRuns | EraseThread | EraseTenant
 
 
 @dataclass(slots=True)
@@ -491,6 +536,10 @@ def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
             elif isinstance(event, RunsDelete):
                 if event.run_ids:
                     steps.append(DeleteRuns(event.run_ids, topic, partition))
+            elif isinstance(event, ThreadErase):
+                steps.append(EraseThread(event.ref))
+            elif isinstance(event, TenantErase):
+                steps.append(EraseTenant(event.tenant))
             else:  # pragma: no cover - the event union is closed
                 raise TypeError(f"not a checkpoint event: {event!r}")
     flush()
@@ -513,6 +562,10 @@ class CheckpointStatements:
         self.thread_idle = render(THREAD_IDLE_SQL, schema)
         self.delete_threads = render(DELETE_THREADS_SQL, schema)
         self.copy_thread = render(COPY_THREAD_SQL, schema)
+        self.record_copy = render(RECORD_COPY_SQL, schema)
+        self.erase_threads = render(ERASE_THREADS_SQL, schema)
+        self.erase_tenant_threads = render(ERASE_TENANT_THREADS_SQL, schema)
+        self.erasure = erasure.ErasureStatements(schema)
         self.delete_runs = render(DELETE_RUNS_SQL, schema)
         self.gc_blobs = render(GC_BLOBS_SQL, schema)
         self.newest_checkpoints = render(NEWEST_CHECKPOINTS_SQL, schema)
@@ -530,6 +583,7 @@ async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps
             await conn.execute(sql.delete_threads, list(step.thread_ids))
         elif isinstance(step, CopyThread):
             await conn.execute(sql.copy_thread, step.source, step.target, step.topic, step.partition, step.ts_ms)
+            await conn.execute(sql.record_copy, step.source, step.target)
         elif isinstance(step, PruneKeepLatest):
             await conn.execute(sql.upsert_thread_partitions, [step.thread_id], [step.topic], [step.partition], [None])
             freed = await prune.keep_latest(conn, sql.prune, step.thread_id, step.keep)
@@ -537,6 +591,15 @@ async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps
         elif isinstance(step, ExpireThread):
             if await conn.fetchval(sql.thread_idle, step.thread_id, step.idle_before_ms):
                 await conn.execute(sql.delete_threads, [step.thread_id])
+        elif isinstance(step, EraseThread):
+            names = await erasure.names_of(conn, sql.erasure, "thread", [step.ref])
+            if names:
+                await conn.execute(sql.erase_threads, names)
+            await erasure.delete_traces(conn, sql.erasure, [step.ref])
+        elif isinstance(step, EraseTenant):
+            await conn.execute(sql.erase_tenant_threads, step.tenant + THREAD_SEPARATOR)
+            refs = await erasure.tenant_refs(conn, sql.erasure, "thread", step.tenant)
+            await erasure.delete_traces(conn, sql.erasure, refs)
         else:
             rows = await conn.fetch(sql.delete_runs, list(step.run_ids), step.topic, step.partition)
             await gc_blobs(conn, sql, [tuple(r) for r in rows])

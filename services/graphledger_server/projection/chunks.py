@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import asyncpg
 
-from graphledger_server.projection.records import Chunk
+from graphledger_server.projection.records import Chunk, subject_ref
 from graphledger_server.projection.sql import render
 
 ChunkKey = tuple[str, int, str]
@@ -33,11 +33,12 @@ JOIN unnest($1::text[], $2::int[], $3::text[]) AS u(topic, partition, event_id)
   ON c.topic = u.topic AND c.partition = u.partition AND c.event_id = u.event_id
 """
 
-# $1..$7 -> unnest(topic, partition, event_id, idx, count, data, offset). A chunk seen twice (a
-# producer retry) keeps its first copy.
+# $1..$8 -> unnest(topic, partition, event_id, idx, count, data, offset, subject_ref). A chunk seen
+# twice (a producer retry) keeps its first copy.
 INSERT_CHUNKS_SQL = """
-INSERT INTO {schema}.graphledger_chunks (topic, partition, event_id, idx, count, data, "offset")
-SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::int[], $6::bytea[], $7::bigint[])
+INSERT INTO {schema}.graphledger_chunks (topic, partition, event_id, idx, count, data, "offset", subject_ref)
+SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::int[], $6::bytea[], $7::bigint[],
+                     $8::text[])
 ON CONFLICT (topic, partition, event_id, idx) DO NOTHING
 """
 
@@ -127,6 +128,7 @@ async def store(conn: asyncpg.Connection, sql: ChunkStatements, chunks: Sequence
             [c.ref.count for c in chunks],
             [c.record.value or b"" for c in chunks],
             [c.record.offset for c in chunks],
+            [subject_ref(c.record) for c in chunks],
         )
 
 

@@ -16,7 +16,7 @@ import ormsgpack
 
 from graphledger.events import envelope
 from graphledger.events.chunks import frame
-from graphledger_server.projection.records import DeadLetter
+from graphledger_server.projection.records import DeadLetter, subject_ref
 from graphledger_server.projection.sql import render
 
 HEADER_REASON = "gl-dlq-reason"
@@ -25,13 +25,15 @@ HEADER_PARTITION = "gl-dlq-partition"
 HEADER_OFFSET = "gl-dlq-offset"
 
 MAX_REASON_CHARS = 2000
+SEALED_REASON = "the reason is in graphledger_dead_letters"
 
-# $1..$8 -> unnest(topic, partition, offset, event_type, reason, record_key, record_value, record_headers).
+# $1..$9 -> unnest(topic, partition, offset, event_type, reason, record_key, record_value, record_headers,
+# subject_ref).
 INSERT_DEAD_LETTERS_SQL = """
 INSERT INTO {schema}.graphledger_dead_letters
-    (topic, partition, "offset", event_type, reason, record_key, record_value, record_headers)
+    (topic, partition, "offset", event_type, reason, record_key, record_value, record_headers, subject_ref)
 SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[], $5::text[], $6::bytea[], $7::bytea[],
-                     $8::bytea[])
+                     $8::bytea[], $9::text[])
 ON CONFLICT (topic, partition, "offset") DO NOTHING
 """
 
@@ -60,10 +62,14 @@ def outgoing_records(letter: DeadLetter, max_message_bytes: int) -> list[Outgoin
 
     A record that came alone goes out as it came. A reassembled chunked event is framed again (in
     chunks when larger than `max_message_bytes`, with `gl-chunk` headers of its own event id).
+    The reason of a sealed event stays in Postgres, where an erasure can drop it: it may quote the
+    event's content, which the log must not hold in the clear.
     """
     record = letter.record
+    ref = subject_ref(record)
+    reason = letter.reason if ref is None else f"a sealed event of subject {ref} was refused ({SEALED_REASON})"
     dlq = [
-        (HEADER_REASON, reason_text(letter.reason).encode()),
+        (HEADER_REASON, reason_text(reason).encode()),
         (HEADER_TOPIC, record.topic.encode()),
         (HEADER_PARTITION, str(record.partition).encode()),
         (HEADER_OFFSET, str(record.offset).encode()),
@@ -87,6 +93,7 @@ async def record_dead_letters(conn: asyncpg.Connection, schema: str, letters: Se
             [d.record.key for d in letters],
             [d.value for d in letters],
             [encode_headers(d.record.headers) for d in letters],
+            [subject_ref(d.record) for d in letters],
         )
 
 

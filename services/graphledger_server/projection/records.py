@@ -16,6 +16,8 @@ from graphledger.errors import InvalidEventError, UnknownEventVersionError
 from graphledger.events import envelope
 from graphledger.events.chunks import ChunkRef, parse_header
 from graphledger.events.envelope import Envelope
+from graphledger.sealing import Erased as ErasedKey
+from graphledger.sealing import KeyLookup, SealedSubject, sealed_ref, unseal
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ class Decoded:
     """Set when the event was reassembled from chunks; `record` is then the chunk that completed it."""
     assembled: bytes | None = None
     """The reassembled value (the dead-letter topic needs it if Postgres rejects the event)."""
+    subject: SealedSubject | None = None
+    """The subject of a sealed event (opened with its data key), None for one in the clear."""
 
     @property
     def value(self) -> bytes | None:
@@ -69,6 +73,8 @@ class DeadLetter:
     event_type: str | None
     value: bytes | None
     chunk_event_id: str | None = None
+    subject: SealedSubject | None = None
+    """The subject of a sealed event that opened and was then refused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +86,15 @@ class TooNew:
 
 
 @dataclass(frozen=True, slots=True)
+class Erased:
+    """A sealed event of an erased subject: skipped, never applied nor dead-lettered."""
+
+    record: SourceRecord
+    ref: str
+    event_type: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class Chunk:
     """One chunk of an event larger than the broker's message limit."""
 
@@ -87,7 +102,7 @@ class Chunk:
     ref: ChunkRef
 
 
-Classified = Decoded | DeadLetter | TooNew | Chunk
+Classified = Decoded | DeadLetter | TooNew | Erased | Chunk
 
 ToEvent = Callable[[Envelope], Any]
 """Validates an envelope into a typed event of one topic; raises `InvalidEventError`."""
@@ -101,8 +116,19 @@ def header_type(record: SourceRecord) -> str | None:
     return raw[:MAX_EVENT_TYPE_CHARS].decode(errors="replace").replace("\x00", "\\x00")
 
 
-def classify(record: SourceRecord, to_event: ToEvent) -> Classified:
-    """What a record is, without touching the database."""
+def subject_ref(record: SourceRecord) -> str | None:
+    """The subject a sealed event's record names in its `gl-subject` header (None: in the clear)."""
+    raw = envelope.header(record.headers, envelope.HEADER_SUBJECT)
+    return None if raw is None else raw[:MAX_EVENT_ID_CHARS].decode(errors="replace")
+
+
+def no_keys(ref: str) -> None:
+    """The key lookup of a reader without a key store: no sealed event opens."""
+    return None
+
+
+def classify(record: SourceRecord, to_event: ToEvent, keys: KeyLookup = no_keys) -> Classified:
+    """What a record is, without touching the database (`keys`: the batch's data keys, fetched before)."""
     chunk_header = envelope.header(record.headers, envelope.HEADER_CHUNK)
     if chunk_header is not None:
         try:
@@ -114,22 +140,35 @@ def classify(record: SourceRecord, to_event: ToEvent) -> Classified:
                 record, f"gl-chunk event id {ref.event_id[:80]!r}... is too long", header_type(record), record.value
             )
         return Chunk(record, ref)
-    return decode_value(record, record.value, to_event)
+    return decode_value(record, record.value, to_event, keys)
 
 
 def decode_value(
-    record: SourceRecord, value: bytes | None, to_event: ToEvent, chunk_event_id: str | None = None
-) -> Decoded | DeadLetter | TooNew:
-    """Decode and validate an event's bytes (a record's value, or a reassembled chunked event)."""
+    record: SourceRecord,
+    value: bytes | None,
+    to_event: ToEvent,
+    keys: KeyLookup = no_keys,
+    chunk_event_id: str | None = None,
+) -> Decoded | DeadLetter | TooNew | Erased:
+    """Decode, open (a sealed event) and validate an event's bytes (a record's value, or a reassembled
+    chunked event)."""
+    subject = None
     try:
-        event = to_event(envelope.decode(value))
-        if chunk_event_id is None:
-            return Decoded(record, event)
-        return Decoded(record, event, chunk_event_id, value)
+        env = envelope.decode(value)
+        if (ref := sealed_ref(env)) is not None:
+            key = keys(ref)
+            if isinstance(key, ErasedKey):
+                return Erased(record, ref, header_type(record))
+            if key is None:
+                raise InvalidEventError(f"no data key for subject {ref}: is the key store the one the writers used?")
+            env, subject = unseal(env, key)
+        event = to_event(env)
+        return Decoded(record, event, chunk_event_id, value if chunk_event_id is not None else None, subject)
     except UnknownEventVersionError as exc:
         return TooNew(record, str(exc))
     except InvalidEventError as exc:
-        return DeadLetter(record, str(exc), header_type(record), value, chunk_event_id)
+        return DeadLetter(record, str(exc), header_type(record), value, chunk_event_id, subject)
     except Exception as exc:  # a validator bug must not stop the partition; the DLQ keeps the event
         log.exception("unexpected error validating %s:%d@%d", record.topic, record.partition, record.offset)
-        return DeadLetter(record, f"unexpected {type(exc).__name__}: {exc}", header_type(record), value, chunk_event_id)
+        reason = f"unexpected {type(exc).__name__}: {exc}"
+        return DeadLetter(record, reason, header_type(record), value, chunk_event_id, subject)

@@ -37,7 +37,17 @@ import asyncpg
 from graphledger.errors import InvalidEventError
 from graphledger.events import store_event
 from graphledger.events.envelope import MAX_EPOCH_MS, Envelope
-from graphledger.events.store import MAX_TTL_MINUTES, StoreDelete, StoreEvent, StoreExpire, StorePut, Vector
+from graphledger.events.erasure import NamespaceErase, TenantErase
+from graphledger.events.store import (
+    MAX_TTL_MINUTES,
+    NAMESPACE_SEPARATOR,
+    StoreDelete,
+    StoreEvent,
+    StoreExpire,
+    StorePut,
+    Vector,
+)
+from graphledger_server.projection import erasure
 from graphledger_server.projection.sql import render
 from graphledger_server.projection.vector_index import (
     COMPONENT_MAX,
@@ -137,6 +147,15 @@ ON CONFLICT (prefix, key, field_name) DO UPDATE SET
 """
 
 
+# Erasure: the items of every listed namespace prefix ($1 -> prefixes as `store.prefix` holds them) and of
+# the namespaces below it; their vectors go by cascade.
+ERASE_PREFIXES_SQL = """
+DELETE FROM {schema}.store s
+USING unnest($1::text[]) AS e(prefix)
+WHERE s.prefix = e.prefix OR starts_with(s.prefix, e.prefix || '.')
+"""
+
+
 def prefix_of(namespace: Sequence[str]) -> str:
     """The `store.prefix` of a namespace, as the official store writes it."""
     return ".".join(namespace)
@@ -192,7 +211,14 @@ class Maintenance:
     items: set[tuple[str, str]] = field(default_factory=set)
 
 
-Segment = StoreRun | Maintenance
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """`namespace.erase` (by reference) or `tenant.erase`: their items, then their traces."""
+
+    event: NamespaceErase | TenantErase
+
+
+Segment = StoreRun | Maintenance | Erasure
 
 
 def plan_segments(items: Sequence[tuple[str, int, int, TimedStoreEvent]]) -> list[Segment]:
@@ -216,6 +242,12 @@ def plan_segments(items: Sequence[tuple[str, int, int, TimedStoreEvent]]) -> lis
         if data:
             segments.append(plan_run(data))
             data = []
+        if isinstance(event, NamespaceErase | TenantErase):
+            if upkeep is not None:
+                segments.append(upkeep)
+                upkeep = None
+            segments.append(Erasure(event))
+            continue
         target = (prefix_of(event.namespace), event.item_key)
         if upkeep is None or target in upkeep.items:
             if upkeep is not None:
@@ -292,6 +324,8 @@ class StoreProjection:
         self.apply_items_sql = render(APPLY_ITEMS_SQL, schema)
         self.refresh_sql = render(REFRESH_SQL, schema)
         self.expire_sql = render(EXPIRE_SQL, schema)
+        self.erase_prefixes_sql = render(ERASE_PREFIXES_SQL, schema)
+        self.erasure = erasure.ErasureStatements(schema)
         self.index: VectorIndex | None = None
         self._replace_vectors_sql: str | None = None
         self._prepared = False
@@ -318,6 +352,8 @@ class StoreProjection:
         event = store_event(env)
         if not 0 <= env.produced_ms <= MAX_EPOCH_MS:
             raise InvalidEventError(f"envelope ts {env.produced_ms} ms is not a time between 1970 and 9999")
+        if isinstance(event, NamespaceErase | TenantErase):
+            return TimedStoreEvent(event, env.produced_ms)
         if isinstance(event, StorePut) and event.created_ms is not None and event.created_ms > MAX_EPOCH_MS:
             raise InvalidEventError(f"created_ms {event.created_ms} is not a time between 1970 and 9999")
         prefix_bytes = len(prefix_of(event.namespace).encode()) + len(event.item_key.encode())
@@ -358,8 +394,26 @@ class StoreProjection:
         for segment in plan_segments(items):
             if isinstance(segment, StoreRun):
                 await apply_run(conn, self, segment)
-            else:
+            elif isinstance(segment, Maintenance):
                 await apply_maintenance(conn, self, segment)
+            else:
+                await apply_erasure(conn, self, segment.event)
+
+
+async def apply_erasure(
+    conn: asyncpg.Connection, projection: StoreProjection, event: NamespaceErase | TenantErase
+) -> None:
+    sql = projection.erasure
+    if isinstance(event, NamespaceErase):
+        refs = [event.ref]
+        names = await erasure.names_of(conn, sql, "namespace", refs)
+        prefixes = [prefix_of(name.split(NAMESPACE_SEPARATOR)) for name in names]
+    else:
+        refs = await erasure.tenant_refs(conn, sql, "namespace", event.tenant)
+        prefixes = [event.tenant]
+    if prefixes:
+        await conn.execute(projection.erase_prefixes_sql, prefixes)
+    await erasure.delete_traces(conn, sql, refs)
 
 
 async def apply_maintenance(conn: asyncpg.Connection, projection: StoreProjection, upkeep: Maintenance) -> None:

@@ -24,6 +24,8 @@ from graphledger.client.producer import new_producer
 from graphledger.events.chunks import RECORD_HEADROOM_BYTES
 from graphledger.settings import Settings
 from graphledger_server.driver_errors import Verdict, verdict_of
+from graphledger_server.keys.lookup import DataKeyCache
+from graphledger_server.keys.store import key_store_for
 from graphledger_server.projection.batch import BatchApplier, BatchResult, TopicProjection
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import outgoing_records, outstanding
@@ -126,6 +128,7 @@ class ProjectorWorker:
     async def start(self) -> None:
         s = self.settings
         self.pool = await asyncpg.create_pool(s.postgres_dsn, min_size=1, max_size=2)
+        self.applier.keys = DataKeyCache(key_store_for(s, self.pool))
         async with self.pool.acquire() as conn:
             for projection in self.projections.values():
                 await projection.prepare(conn)  # before classifying events (the store's vector dims)
@@ -289,10 +292,12 @@ class ProjectorWorker:
     async def apply_with_retry(self, records: Sequence[SourceRecord], stop: asyncio.Event) -> BatchResult | None:
         """Apply one batch, retrying retryable failures with a capped backoff; None if abandoned."""
         assert self.pool is not None
-        classified = self.applier.classify(records)  # once: a retry re-runs only the transaction
+        classified = None  # once: a retry re-runs only the transaction
         delay = BACKOFF_INITIAL_S
         while True:
             try:
+                if classified is None:
+                    classified = await self.applier.classify(records)  # the key store may be down
                 async with self.batch_lock, self.pool.acquire() as conn:
                     started = time.perf_counter()
                     with self.telemetry.batch(conn, records) as observed:  # spans, metrics

@@ -21,6 +21,8 @@ TABLES = (
     "store",
     "store_vectors",
     "graphledger_thread_partitions",
+    "graphledger_thread_copies",
+    "graphledger_subjects",
 )
 """Every table a projection event writes (chunks and dead letters are bookkeeping, not projection)."""
 

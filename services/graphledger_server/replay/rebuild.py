@@ -35,6 +35,8 @@ from graphledger.settings import Settings
 from graphledger.telemetry import names
 from graphledger_server.commands.topics import source_topics
 from graphledger_server.driver_errors import Verdict, verdict_of
+from graphledger_server.keys.lookup import DataKeyCache
+from graphledger_server.keys.store import key_store_for
 from graphledger_server.projection.batch import BatchApplier, BatchResult
 from graphledger_server.projection.offsets import OffsetStatements, stored_offsets
 from graphledger_server.projection.records import Classified, DeadLetter, SourceRecord
@@ -95,6 +97,7 @@ class Rebuilder:
         self._pool = await asyncpg.create_pool(
             s.postgres_dsn, min_size=1, max_size=LANES, server_settings={"synchronous_commit": "off"}
         )
+        self.applier.keys = DataKeyCache(key_store_for(s, self._pool))
         statements = OffsetStatements(self.schema)
         async with self._pool.acquire() as conn:
             for projection in self.projections.values():
@@ -175,7 +178,7 @@ class Rebuilder:
         if not records:
             await self.flush()
             return 0
-        classified = self.applier.classify(records)
+        classified = await self.applier.classify(records)
         parts: dict[int, tuple[list[SourceRecord], list[Classified]]] = {}
         for record, c in zip(records, classified, strict=True):
             part = parts.setdefault(self._lanes[(record.topic, record.partition)], ([], []))

@@ -13,10 +13,15 @@ import asyncio
 import logging
 import signal
 
+import asyncpg
+
 from graphledger.client.publisher import EventPublisher
+from graphledger.event_sealer import EventSealer
 from graphledger.settings import Settings
 from graphledger_server import telemetry
 from graphledger_server.driver_errors import Verdict, is_database_error, verdict_of
+from graphledger_server.keys.source import StoreKeySource
+from graphledger_server.keys.store import check_key_settings, key_store_for
 from graphledger_server.sweeper.leader import AdvisoryLeader
 from graphledger_server.sweeper.sweep import Sweep
 from graphledger_server.telemetry import sweeper as sweeper_telemetry
@@ -30,9 +35,12 @@ class SweeperRunner:
     """One sweeper replica: standby or active, with counts of what it did (for logs and tests)."""
 
     def __init__(self, settings: Settings) -> None:
+        check_key_settings(settings)
         self.settings = settings
         self.leader = AdvisoryLeader(settings.postgres_dsn, settings.postgres_schema)
         self.publisher: EventPublisher | None = None
+        self.sealer: EventSealer | None = None
+        self._keys_pool: asyncpg.Pool | None = None
         self.active = False
         self.sweeps = 0
         self.published: dict[str, int] = dict.fromkeys(sweeper_telemetry.KINDS, 0)
@@ -50,6 +58,8 @@ class SweeperRunner:
             await self.leader.release()
             if self.publisher is not None:
                 await self.publisher.stop()
+            if self._keys_pool is not None:
+                await self._keys_pool.close()
             self._set_active(False)
 
     async def tick(self) -> None:
@@ -63,8 +73,13 @@ class SweeperRunner:
                 publisher = EventPublisher(self.settings)
                 await publisher.start()
                 self.publisher = publisher
+            if self.settings.encrypt_events and self.sealer is None:
+                self._keys_pool = await asyncpg.create_pool(self.settings.postgres_dsn, min_size=0, max_size=1)
+                key_store = key_store_for(self.settings, self._keys_pool)
+                assert key_store is not None  # check_key_settings at start
+                self.sealer = EventSealer(StoreKeySource(key_store, self.settings), self.settings.key_cache_ttl_s)
             with sweeper_telemetry.sweep() as span:
-                report = await Sweep(self.settings, self.publisher).run(conn)
+                report = await Sweep(self.settings, self.publisher, self.sealer).run(conn)
                 for kind, count in report.published.items():
                     span.set_attribute(f"graphledger.sweep.{kind}", count)
                     self.published[kind] += count

@@ -24,11 +24,14 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from graphledger.client.publisher import EventPublisher
+from graphledger.errors import SubjectErasedError
+from graphledger.event_sealer import EventSealer
 from graphledger.events import Event, to_envelope
 from graphledger.events.checkpoint import ThreadExpire, ThreadPrune
-from graphledger.events.store import StoreExpire
+from graphledger.events.envelope import Envelope
+from graphledger.events.store import NAMESPACE_SEPARATOR, StoreExpire
 from graphledger.settings import Settings
-from graphledger_server.projection import prune
+from graphledger_server.projection import erasure, prune
 from graphledger_server.projection.offsets import OffsetStatements, all_applied
 from graphledger_server.projection.sql import render
 from graphledger_server.telemetry import sweeper as telemetry
@@ -86,10 +89,13 @@ class SweepReport:
 class Sweep:
     """The sweep queries of one schema and the publishing of their events."""
 
-    def __init__(self, settings: Settings, publisher: EventPublisher) -> None:
+    def __init__(self, settings: Settings, publisher: EventPublisher, sealer: EventSealer | None = None) -> None:
         self.settings = settings
         self.publisher = publisher
+        self.sealer = sealer
+        """Seals the events of subjects the projection knows as sealed (None: every event in the clear)."""
         schema = settings.postgres_schema
+        self._erasure = erasure.ErasureStatements(schema)
         self._expired_items = render(EXPIRED_ITEMS_SQL, schema)
         self._idle_threads = render(IDLE_THREADS_SQL, schema)
         self._thread_page = render(THREAD_PAGE_SQL, schema)
@@ -165,7 +171,8 @@ class Sweep:
         self, conn: asyncpg.Connection, topic: str, events: list[Event], kind: str, report: SweepReport
     ) -> None:
         """Publish a page's events together, count them, and wait until the projector applied them."""
-        acked = await asyncio.gather(*(self.publisher.publish(topic, e.key, to_envelope(e)) for e in events))
+        ready = await self._envelopes(conn, events)
+        acked = await asyncio.gather(*(self.publisher.publish(topic, key, env) for key, env in ready))
         telemetry.expired(kind, len(events))
         report.published[kind] += len(events)
         positions = [p for positions in acked for p in positions]
@@ -174,6 +181,40 @@ class Sweep:
                 "sweeper: the projector did not apply %d %s events within %.0fs; moving on (a later sweep may "
                 "repeat some, which applies as a no-op)", len(events), kind, self.sweep_wait_s,
             )  # fmt: skip
+
+    async def _envelopes(self, conn: asyncpg.Connection, events: list[Event]) -> list[tuple[str | None, Envelope]]:
+        """Each event's record key and envelope: sealed like its subject's events, in its tenant (the
+        projection recorded both), or in the clear for a subject written in the clear; an erased one
+        is left out (its rows are gone, or going)."""
+        if self.sealer is None:
+            return [(e.key, to_envelope(e)) for e in events]
+        depth = self.settings.erasure_namespace_depth
+        names: dict[int, list[str]] = {}  # candidate subject names per event: with a tenant label, then without
+        for i, e in enumerate(events):
+            if isinstance(e, StoreExpire):
+                names[i] = [
+                    NAMESPACE_SEPARATOR.join(e.namespace[: depth + 1]),
+                    NAMESPACE_SEPARATOR.join(e.namespace[:depth]),
+                ]
+            else:
+                names[i] = [e.thread_id]  # type: ignore[union-attr]
+        kind = {i: "namespace" if isinstance(e, StoreExpire) else "thread" for i, e in enumerate(events)}
+        tenants: dict[tuple[str, str], str] = {}
+        for k in ("thread", "namespace"):
+            wanted = [n for i, candidates in names.items() if kind[i] == k for n in candidates]
+            if wanted:
+                tenants |= {(k, n): t for n, t in (await erasure.tenants_of(conn, self._erasure, k, wanted)).items()}
+        ready: list[tuple[str | None, Envelope]] = []
+        for i, e in enumerate(events):
+            found = [tenants[(kind[i], n)] for n in names[i] if (kind[i], n) in tenants]
+            if not found:
+                ready.append((e.key, to_envelope(e)))
+                continue
+            try:
+                ready.append(await self.sealer.seal(e, found[0]))
+            except SubjectErasedError:
+                log.info("sweeper: not expiring an erased subject")
+        return ready
 
     async def _wait_applied(self, conn: asyncpg.Connection, positions: list[tuple[str, int, int]]) -> bool:
         deadline = time.monotonic() + self.sweep_wait_s

@@ -172,6 +172,14 @@ PROJECTOR_FORKS = MetricSpec(
     "writers on one thread, or a branch from an older checkpoint (`graphledger forks list`).",
     names.PROJECTOR_SCOPE,
 )
+PROJECTOR_ERASED_RECORDS = MetricSpec(
+    "graphledger.projector.erased_records",
+    "counter",
+    "{record}",
+    "Records of erased subjects (their data key destroyed, docs/security.md), skipped unopened, by event type.",
+    names.PROJECTOR_SCOPE,
+    (names.EVENT_TYPE,),
+)
 PROJECTOR_BATCH_FAILURES = MetricSpec(
     "graphledger.projector.batch.failures",
     "counter",
@@ -300,6 +308,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
     PROJECTOR_EVENTS_DEAD_LETTERED,
     PROJECTOR_EVENTS_SKIPPED,
     PROJECTOR_FORKS,
+    PROJECTOR_ERASED_RECORDS,
     PROJECTOR_BATCH_FAILURES,
     DEAD_LETTERS_OUTSTANDING,
     HTTP_SERVER_REQUEST_DURATION,

@@ -60,6 +60,7 @@ _dead_lettered = metrics.instrument(metrics.PROJECTOR_EVENTS_DEAD_LETTERED)
 _skipped = metrics.instrument(metrics.PROJECTOR_EVENTS_SKIPPED)
 _failures = metrics.instrument(metrics.PROJECTOR_BATCH_FAILURES)
 _forks = metrics.instrument(metrics.PROJECTOR_FORKS)
+_erased = metrics.instrument(metrics.PROJECTOR_ERASED_RECORDS)
 
 _workers: weakref.WeakSet[ProjectorTelemetry] = weakref.WeakSet()
 
@@ -246,6 +247,8 @@ class ProjectorTelemetry:
             _skipped.add(result.skipped)
         if result.forks:
             _forks.add(result.forks)
+        for event_type, count in result.erased_by_type.items():
+            _erased.add(count, {names.EVENT_TYPE: event_type_label(event_type)})
         if result.stopped:
             self.stopped = self.stopped | set(result.stopped)
         if result.next_offsets:

@@ -1,0 +1,58 @@
+"""The client's keys come from the read API (`POST /v1/keys`), which scopes them to the token's tenant.
+
+The client names its subjects as stored (its writes' names, under its tenant's prefix); the read API
+refuses a name outside the token's tenant, derives the references itself with the tenant's hashing
+key, and answers each subject's data key (created on first use) or that it was erased.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+from graphledger.client.reader import ReadApiClient
+from graphledger.errors import ReadApiError
+from graphledger.event_sealer import TenantKeys
+from graphledger.sealing import ERASED, DataKey, cipher_of
+from graphledger.subjects import Subject
+
+KEYS_PATH = "/v1/keys"
+
+
+class ApiKeySource:
+    def __init__(self, reader: ReadApiClient) -> None:
+        self._reader = reader
+
+    async def tenant_keys(self, tenant: str) -> TenantKeys:
+        answer = await self._reader.call(KEYS_PATH, {"subjects": []})
+        return TenantKeys(_bytes(answer, "hash_key"), _depth(answer))
+
+    async def data_keys(self, tenant: str, subjects: Sequence[tuple[str, Subject]]) -> dict[str, DataKey]:
+        body = {"subjects": [{"kind": s.kind, "name": s.name} for _, s in subjects]}
+        answer = await self._reader.call(KEYS_PATH, body)
+        keys = answer.get("keys") if isinstance(answer, dict) else None
+        if not isinstance(keys, list) or len(keys) != len(subjects):
+            raise ReadApiError(200, "bad_answer", f"{KEYS_PATH} answered {len(subjects)} subjects with {keys!r:.80}")
+        found: dict[str, DataKey] = {}
+        for (ref, subject), entry in zip(subjects, keys, strict=True):
+            if not isinstance(entry, dict) or entry.get("ref") != ref:
+                raise ReadApiError(200, "bad_answer", f"{KEYS_PATH} answered another reference for {subject.kind}")
+            found[ref] = ERASED if entry.get("erased") else cipher_of(_bytes(entry, "key"))
+        return found
+
+
+def _bytes(answer: Any, field: str) -> bytes:
+    value = answer.get(field) if isinstance(answer, dict) else None
+    if isinstance(value, str):
+        value = base64.b64decode(value)
+    if not isinstance(value, bytes) or len(value) != 32:
+        raise ReadApiError(200, "bad_answer", f"{KEYS_PATH} answered no 32-byte {field}")
+    return value
+
+
+def _depth(answer: Any) -> int:
+    depth = answer.get("namespace_depth") if isinstance(answer, dict) else None
+    if not isinstance(depth, int) or depth < 1:
+        raise ReadApiError(200, "bad_answer", f"{KEYS_PATH} answered namespace_depth {depth!r}")
+    return depth

@@ -1,0 +1,111 @@
+"""Sealing an event's payload with its subject's data key (AES-256-GCM), and opening it again.
+
+A sealed envelope keeps its type, id and time in the clear (a consumer routes on them) and replaces
+its payload by `{"sealed": {"ref", "kind", "nonce", "ct"}}`: the subject's reference
+(`subjects.py`), its kind, a random 96-bit nonce and the ciphertext of the msgpack map
+`{"payload", "subject", "tenant"}` (the payload, and the subject's name and tenant, which the projector
+needs to find the subject's rows when it is erased). The event id and the reference are the associated data, so a
+sealed payload cannot be moved to another event or subject unnoticed. The reference also travels in
+the `gl-subject` header, so the projector can fetch the keys a batch needs before it decodes anything.
+
+Without the key (destroyed by an erasure) nothing of the payload can be read, which is the erasure:
+the log keeps ciphertext only (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import ormsgpack
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from graphledger.errors import InvalidEventError
+from graphledger.events.envelope import SEALED_PAYLOAD as SEALED
+from graphledger.events.envelope import Envelope
+
+KEY_BYTES = 32
+NONCE_BYTES = 12
+
+
+class Erased:
+    """The data key of an erased subject: gone for good."""
+
+    def __repr__(self) -> str:
+        return "ERASED"
+
+
+ERASED = Erased()
+Cipher = AESGCM
+"""A data key ready to use (building one costs more than sealing a small event)."""
+DataKey = Cipher | Erased
+KeyLookup = Callable[[str], DataKey | None]
+"""A subject reference's data key, `ERASED`, or None when none is known."""
+
+
+def new_data_key() -> bytes:
+    return AESGCM.generate_key(bit_length=8 * KEY_BYTES)
+
+
+def cipher_of(key: bytes) -> Cipher:
+    return AESGCM(key)
+
+
+@dataclass(frozen=True, slots=True)
+class SealedSubject:
+    """Whose data a sealed event carries: reference, kind, tenant and name (as `subjects.Subject`)."""
+
+    ref: str
+    kind: str
+    tenant: str
+    name: str
+
+
+def seal(envelope: Envelope, subject: SealedSubject, data_key: Cipher) -> Envelope:
+    """`envelope` with its payload sealed under `data_key`, the subject's."""
+    ref, kind = subject.ref, subject.kind
+    nonce = os.urandom(NONCE_BYTES)
+    plain = ormsgpack.packb({"payload": envelope.payload, "subject": subject.name, "tenant": subject.tenant})
+    sealed = data_key.encrypt(nonce, plain, _associated(envelope.event_id, ref))
+    return replace(envelope, payload={SEALED: {"ref": ref, "kind": kind, "nonce": nonce, "ct": sealed}})
+
+
+def sealed_ref(envelope: Envelope) -> str | None:
+    """The subject reference of a sealed envelope, or None for a payload in the clear."""
+    sealed = envelope.payload.get(SEALED)
+    if sealed is None:
+        return None
+    if not isinstance(sealed, dict) or not isinstance(ref := sealed.get("ref"), str) or not ref:
+        raise InvalidEventError("sealed payload without a subject reference")
+    return ref
+
+
+def unseal(envelope: Envelope, data_key: Cipher) -> tuple[Envelope, SealedSubject]:
+    """The envelope with its payload opened, and its subject; `InvalidEventError` when it does not open
+    with `data_key`."""
+    ref = sealed_ref(envelope)
+    assert ref is not None, "unseal of a payload in the clear"
+    sealed: dict[str, Any] = envelope.payload[SEALED]
+    nonce, ciphertext = sealed.get("nonce"), sealed.get("ct")
+    if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES or not isinstance(ciphertext, bytes):
+        raise InvalidEventError("sealed payload without a 12-byte nonce and a ciphertext")
+    try:
+        plain = data_key.decrypt(nonce, ciphertext, _associated(envelope.event_id, ref))
+    except InvalidTag:
+        raise InvalidEventError(f"sealed payload of subject {ref} does not open with its key") from None
+    opened = ormsgpack.unpackb(plain)
+    if not isinstance(opened, dict):
+        opened = {}
+    payload, name, tenant = opened.get("payload"), opened.get("subject"), opened.get("tenant")
+    if not isinstance(payload, dict) or not isinstance(name, str) or not isinstance(tenant, str):
+        raise InvalidEventError(f"sealed payload of {envelope.type} is not a map of payload, subject and tenant")
+    kind = sealed.get("kind")
+    subject = SealedSubject(ref, kind if isinstance(kind, str) else "", tenant, name)
+    return replace(envelope, payload=payload), subject
+
+
+def _associated(event_id: str, ref: str) -> bytes:
+    return event_id.encode() + b"\x00" + ref.encode()

@@ -1,0 +1,110 @@
+"""Whose personal data an event carries (its subject), and the keyed hashes that stand for identifiers
+in the log (erasure, docs/security.md).
+
+The log is kept for ever, so it must not hold identifiers in the clear: a record's key is an
+HMAC-SHA256 of the thread id (or of the store item's namespace and key) under the tenant's hashing key,
+which keeps one thread's (one item's) events in order on one partition. An event's user content is
+sealed (`sealing.py`) with the data key of its subject, named in the log by the subject's reference,
+the same kind of hash:
+- a thread, for checkpoint events (the thread id as stored: with its tenant prefix); a copy's is its
+  target's;
+- a store namespace prefix, for store events: the first `namespace_depth` labels of the item's
+  namespace after the tenant label (`("users", "42")` for the default 2), so that erasing a user's
+  memories erases every namespace below theirs.
+Erasing a subject destroys its data key; erasing a tenant destroys every key of the tenant and its
+hashing key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Literal, assert_never
+
+from graphledger.events import Event, checkpoint, erasure, store
+from graphledger.events.store import KEY_SEPARATOR, NAMESPACE_SEPARATOR
+
+SubjectKind = Literal["thread", "namespace"]
+
+DEFAULT_NAMESPACE_DEPTH = 2
+REFERENCE_BYTES = 16
+"""A reference or record key is the first 128 bits of the HMAC, in hex."""
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """Whose data: a thread (its id as stored) or a namespace prefix (labels as stored), in a tenant."""
+
+    kind: SubjectKind
+    tenant: str
+    name: str
+    """The thread id, or the namespace prefix's labels joined by "\\x1f"."""
+
+
+def thread_subject(tenant: str, stored_thread_id: str) -> Subject:
+    return Subject("thread", tenant, stored_thread_id)
+
+
+def namespace_subject(tenant: str, stored_namespace: tuple[str, ...], depth: int) -> Subject:
+    """The subject of an item of `stored_namespace` (which starts with the tenant's label if any)."""
+    kept = depth + (1 if tenant else 0)
+    return Subject("namespace", tenant, NAMESPACE_SEPARATOR.join(stored_namespace[:kept]))
+
+
+def subject_of(event: Event, tenant: str, namespace_depth: int) -> Subject | None:
+    """The subject whose data key seals `event` (its names as stored), or None for an event that
+    carries no one's data (`runs.delete`: run ids; erasures: references)."""
+    match event:
+        case (
+            checkpoint.CheckpointPut()
+            | checkpoint.CheckpointWrites()
+            | checkpoint.ThreadDelete()
+            | checkpoint.ThreadPrune()
+            | checkpoint.ThreadExpire()
+        ):
+            return thread_subject(tenant, event.thread_id)
+        case checkpoint.ThreadCopy() | checkpoint.ThreadCopyBarrier():
+            # The target's: a copy into an erased thread must not bring its rows back. Erasing the
+            # source erases its copies (`graphledger_server.keys.erase`).
+            return thread_subject(tenant, event.target_thread_id)
+        case checkpoint.RunsDelete() | erasure.ThreadErase() | erasure.NamespaceErase() | erasure.TenantErase():
+            return None
+        case store.StorePut() | store.StoreDelete() | store.StoreRefresh() | store.StoreExpire():
+            return namespace_subject(tenant, event.namespace, namespace_depth)
+        case _:
+            assert_never(event)
+
+
+def reference(hash_key: bytes, subject: Subject) -> str:
+    """The subject's name in the log and in the key store."""
+    return _hash(hash_key, subject.kind, subject.name)
+
+
+def record_key(hash_key: bytes, event: Event) -> str | None:
+    """The Kafka key of `event` (names as stored): the thread's reference for checkpoint events, a hash
+    of namespace and key for store events; None for an event published to every partition."""
+    match event:
+        case store.StorePut() | store.StoreDelete() | store.StoreRefresh() | store.StoreExpire():
+            return item_record_key(hash_key, event.namespace, event.item_key)
+        case erasure.ThreadErase() | erasure.NamespaceErase() | erasure.TenantErase():
+            return event.key
+        case checkpoint.ThreadCopy():
+            return thread_record_key(hash_key, event.source_thread_id)  # after the source's writes
+        case _:
+            subject = subject_of(event, "", DEFAULT_NAMESPACE_DEPTH)
+            return None if subject is None else thread_record_key(hash_key, subject.name)
+
+
+def thread_record_key(hash_key: bytes, stored_thread_id: str) -> str:
+    """The key of every record of a thread (what a read of the thread looks for in the log)."""
+    return _hash(hash_key, "thread", stored_thread_id)
+
+
+def item_record_key(hash_key: bytes, stored_namespace: tuple[str, ...], item_key: str) -> str:
+    return _hash(hash_key, "item", NAMESPACE_SEPARATOR.join(stored_namespace) + KEY_SEPARATOR + item_key)
+
+
+def _hash(hash_key: bytes, kind: str, name: str) -> str:
+    message = kind.encode() + b"\x00" + name.encode("utf-8", "surrogatepass")
+    return hmac.new(hash_key, message, hashlib.sha256).digest()[:REFERENCE_BYTES].hex()

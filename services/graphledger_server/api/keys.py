@@ -1,0 +1,159 @@
+"""`/v1/keys` and `/v1/erase`: the data keys a client seals its writes with, and erasure
+(docs/security.md). Both are the token's tenant's only.
+
+A client names its subjects as stored (under its tenant's prefix); a name outside the tenant is a 403,
+so a token can never obtain another tenant's keys. References are derived here, with the tenant's
+hashing key, never taken from the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Request, Response
+from pydantic import Field, StringConstraints, model_validator
+
+from graphledger.errors import SubjectErasedError
+from graphledger.events.store import NAMESPACE_SEPARATOR
+from graphledger.sealing import ERASED, Erased
+from graphledger.subjects import Subject, reference
+from graphledger.tenancy import THREAD_SEPARATOR
+from graphledger_server.api.auth import tenant_of
+from graphledger_server.api.codec import decode, respond
+from graphledger_server.api.errors import ApiError, unavailable
+from graphledger_server.api.models import Text, _Request
+from graphledger_server.api.state import ApiState, api_state
+from graphledger_server.api.tenant import Tenant
+from graphledger_server.driver_errors import Verdict, verdict_of
+from graphledger_server.keys.erase import CopiesUncheckedError, ErasureReport, NotASubjectError
+from graphledger_server.keys.source import StoreKeySource
+
+router = APIRouter(prefix="/v1", tags=["erasure"])
+
+MAX_SUBJECTS = 1_000
+
+
+class SubjectName(_Request):
+    kind: Literal["thread", "namespace"]
+    name: Annotated[str, StringConstraints(min_length=1)]
+    """A thread id, or a namespace prefix's labels joined by U+001F, as stored (with the tenant's prefix)."""
+
+
+class KeysRequest(_Request):
+    subjects: list[SubjectName] = Field(max_length=MAX_SUBJECTS)
+
+
+class EraseRequest(_Request):
+    """Exactly one of: a thread, a store namespace (its first labels), the token's whole tenant."""
+
+    thread_id: Annotated[str, StringConstraints(min_length=1)] | None = None
+    namespace: list[Text] | None = Field(None, min_length=1)
+    tenant: bool = False
+
+    @model_validator(mode="after")
+    def _one(self) -> EraseRequest:
+        if sum((self.thread_id is not None, self.namespace is not None, self.tenant)) != 1:
+            raise ValueError("name exactly one of thread_id, namespace and tenant: true")
+        return self
+
+
+@router.post("/keys")
+async def keys(request: Request) -> Response:
+    """The tenant's hashing key and namespace depth, and the data key of every subject named (created on
+    first use), or `erased: true`."""
+    tenant = tenant_of(request)
+    state = api_state(request)
+    body = await decode(request, KeysRequest, state.settings.api_max_body_bytes)
+    source = _source(state)
+    subjects = [_subject(tenant, s, state.settings.erasure_namespace_depth) for s in body.subjects]
+    async with _key_store():
+        tenant_keys = await source.tenant_keys(tenant.name)
+        named = [(reference(tenant_keys.hash_key, s), s) for s in subjects]
+        found = await source.store.data_keys(named) if named else {}
+    answer = {
+        "hash_key": tenant_keys.hash_key,
+        "namespace_depth": tenant_keys.namespace_depth,
+        "keys": [_key_entry(ref, found[ref]) for ref, _ in named],
+    }
+    return respond(request, answer)
+
+
+@router.post("/erase")
+async def erase(request: Request) -> Response:
+    """Erase a thread (and the threads copied from it), a store namespace, or the token's tenant; answers
+    the subjects erased and where their erasure events are in the log (a consistency token's positions)."""
+    tenant = tenant_of(request)
+    state = api_state(request)
+    body = await decode(request, EraseRequest, state.settings.api_max_body_bytes)
+    if state.eraser is None:
+        raise ApiError(
+            501, "erasure_off", "the read API seals no events (GRAPHLEDGER_ENCRYPT_EVENTS off): nothing to erase"
+        )
+    who = f"read API, token of tenant {tenant.name!r}" if tenant.name else "read API"
+    async with _key_store():
+        if body.thread_id is not None:
+            report = await state.eraser.erase_thread(tenant.name, tenant.thread(body.thread_id), who)
+        elif body.namespace is not None:
+            stored = (tenant.name, *body.namespace) if tenant.name else tuple(body.namespace)
+            report = await state.eraser.erase_namespace(tenant.name, stored, who)
+        else:
+            report = await state.eraser.erase_tenant(tenant.name, who)
+    return respond(request, _report(report))
+
+
+def _source(state: ApiState) -> StoreKeySource:
+    if state.keys is None:
+        raise ApiError(501, "encryption_off", "the read API seals no events (GRAPHLEDGER_ENCRYPT_EVENTS off)")
+    return state.keys
+
+
+def _subject(tenant: Tenant, named: SubjectName, depth: int) -> Subject:
+    """The subject, if it is the tenant's (403 otherwise) and a subject at all (400 otherwise)."""
+    if named.kind == "thread":
+        if tenant.name and not named.name.startswith(tenant.name + THREAD_SEPARATOR):
+            raise ApiError(403, "subject_outside_tenant", "a thread outside the token's tenant")
+        return Subject("thread", tenant.name, named.name)
+    labels = named.name.split(NAMESPACE_SEPARATOR)
+    own = 1 if tenant.name else 0
+    if tenant.name and labels[0] != tenant.name:
+        raise ApiError(403, "subject_outside_tenant", "a namespace outside the token's tenant")
+    if not own < len(labels) <= depth + own or not all(labels):
+        raise ApiError(400, "not_a_subject", f"a namespace subject has 1 to {depth} non-empty labels")
+    return Subject("namespace", tenant.name, named.name)
+
+
+def _key_entry(ref: str, key: bytes | Erased) -> dict[str, Any]:
+    if key is ERASED:
+        return {"ref": ref, "erased": True}
+    return {"ref": ref, "key": key}
+
+
+def _report(report: ErasureReport) -> dict[str, Any]:
+    return {
+        "erased": [{"kind": kind, "ref": ref} for kind, ref in report.erased],
+        "positions": [list(p) for p in report.positions],
+    }
+
+
+@asynccontextmanager
+async def _key_store() -> AsyncIterator[None]:
+    """The key store's and the erasure's failures as answers: gone (410), not a subject (400), an outage
+    of Postgres or of the log (503, retryable)."""
+    try:
+        yield
+    except SubjectErasedError as exc:
+        raise ApiError(410, "subject_erased", str(exc)) from None
+    except NotASubjectError as exc:
+        raise ApiError(400, "not_a_subject", str(exc)) from None
+    except CopiesUncheckedError as exc:
+        raise unavailable("copies_unchecked", str(exc)) from None
+    except ApiError:
+        raise
+    except Exception as exc:
+        if getattr(exc, "retryable", False) or verdict_of(exc) is Verdict.RETRY:
+            raise unavailable(
+                "key_store_unavailable", f"the key store or the log is unreachable ({exc}); retry"
+            ) from exc
+        raise

@@ -1,0 +1,159 @@
+"""Erasing a thread, a store namespace or a tenant (docs/security.md), for the read API and the CLI.
+
+In this order, each step idempotent, so an erase that fails half way is simply asked again:
+1. the key store destroys the subject's data key (or every key of the tenant) and records who asked:
+   from then on no reader can open the subject's events, wherever they are in the log;
+2. an erasure event is published behind the subject's events (`thread.erase` on the thread's
+   partition, `namespace.erase` and `tenant.erase` on every partition), and the projector drops the
+   subject's rows, dead letters and chunks when it applies it;
+3. a thread's copies (`copy_thread`) hold its data, so once the projector applied the thread's erasure
+   (every copy from it before that point is in `graphledger_thread_copies`, and later ones copy
+   nothing), each copy is erased the same way. A replay opens none of their events either, so it
+   rebuilds exactly what the live projection holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from graphledger.client.publisher import EventPublisher
+from graphledger.errors import GraphledgerError
+from graphledger.events import Event, to_envelope
+from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
+from graphledger.events.store import NAMESPACE_SEPARATOR
+from graphledger.settings import Settings
+from graphledger.subjects import Subject, namespace_subject, reference, thread_subject
+from graphledger_server.api.consistency import AppliedOffsets
+from graphledger_server.keys.source import StoreKeySource
+from graphledger_server.keys.store import Erasure
+from graphledger_server.projection.sql import render
+
+log = logging.getLogger(__name__)
+
+# $1 thread id: the threads copied from it.
+COPIES_SQL = "SELECT target_thread_id FROM {schema}.graphledger_thread_copies WHERE source_thread_id = $1::text"
+
+Position = tuple[str, int, int]
+
+
+class CopiesUncheckedError(GraphledgerError):
+    """A thread was erased, but the projector did not apply its erasure in time to tell which threads
+    were copied from it: erase it again once the projector has caught up."""
+
+    retryable = True
+
+
+class NotASubjectError(GraphledgerError):
+    """What was asked to be erased is not an erasure subject (e.g. a namespace deeper than the subjects)."""
+
+
+@dataclass
+class ErasureReport:
+    erased: list[tuple[str, str]] = field(default_factory=list)
+    """`(kind, reference)` of every subject erased (a thread's copies included)."""
+    positions: list[Position] = field(default_factory=list)
+    """Where the erasure events landed in the log."""
+
+
+class Eraser:
+    def __init__(
+        self, settings: Settings, keys: StoreKeySource, projection: asyncpg.Pool, applied: AppliedOffsets
+    ) -> None:
+        self._settings = settings
+        self._keys = keys
+        self._projection = projection
+        self._applied = applied
+        self._copies_sql = render(COPIES_SQL, settings.postgres_schema)
+        self._publisher: EventPublisher | None = None
+
+    async def close(self) -> None:
+        if self._publisher is not None:
+            await self._publisher.stop()
+
+    async def erase_thread(self, tenant: str, stored_thread_id: str, erased_by: str) -> ErasureReport:
+        """Erase the thread and, transitively, every thread copied from it."""
+        report = ErasureReport()
+        hash_key = (await self._keys.tenant_keys(tenant)).hash_key
+        todo, seen = [stored_thread_id], set()
+        while todo:
+            thread_id = todo.pop()
+            if thread_id in seen:
+                continue
+            seen.add(thread_id)
+            ref = reference(hash_key, thread_subject(tenant, thread_id))
+            position = await self._erase_subject(Erasure("thread", tenant, ref), ThreadErase(ref), erased_by, report)
+            topic, partition, offset = position
+            missing = await self._applied.wait({(topic, partition): offset}, self._settings.consistency_timeout_s)
+            if missing:
+                raise CopiesUncheckedError(
+                    f"thread {thread_id!r} is erased, but the projector has not applied {topic}:{partition}:{offset} "
+                    f"after {self._settings.consistency_timeout_s:g}s, so its copies are not known yet: erase it again"
+                )
+            async with self._projection.acquire() as conn:
+                todo.extend(r["target_thread_id"] for r in await conn.fetch(self._copies_sql, thread_id))
+        return report
+
+    async def erase_namespace(self, tenant: str, stored_labels: tuple[str, ...], erased_by: str) -> ErasureReport:
+        """Erase the store subject `stored_labels` names: at most `erasure_namespace_depth` labels (after the
+        tenant's), as the subjects are; a deeper namespace is refused, since erasing it would erase more."""
+        depth = self._settings.erasure_namespace_depth
+        subject = namespace_subject(tenant, stored_labels, depth)
+        if subject.name != NAMESPACE_SEPARATOR.join(stored_labels):
+            raise NotASubjectError(
+                f"namespace {stored_labels!r} is deeper than the erasure subjects ({depth} labels, "
+                "GRAPHLEDGER_ERASURE_NAMESPACE_DEPTH): erase its first labels, which erases every namespace below"
+            )
+        report = ErasureReport()
+        ref = await self._ref(tenant, subject)
+        await self._erase_subject(Erasure("namespace", tenant, ref), NamespaceErase(ref), erased_by, report)
+        return report
+
+    async def erase_tenant(self, tenant: str, erased_by: str) -> ErasureReport:
+        if not tenant:
+            raise NotASubjectError("the unnamed tenant (no tokens, or a single one) cannot be erased; erase subjects")
+        report = ErasureReport()
+        await self._keys.store.erase(Erasure("tenant", tenant), erased_by)
+        self._keys.forget_tenant(tenant)
+        report.erased.append(("tenant", tenant))
+        event = TenantErase(tenant)
+        for topic in (self._settings.checkpoint_topic, self._settings.store_topic):
+            report.positions.extend(await self._broadcast(topic, event))
+        log.warning("erased tenant %r (by %s)", tenant, erased_by)
+        return report
+
+    async def _ref(self, tenant: str, subject: Subject) -> str:
+        return reference((await self._keys.tenant_keys(tenant)).hash_key, subject)
+
+    async def _erase_subject(
+        self, erasure: Erasure, event: ThreadErase | NamespaceErase, erased_by: str, report: ErasureReport
+    ) -> Position:
+        assert erasure.ref is not None
+        await self._keys.store.erase(erasure, erased_by)
+        report.erased.append((erasure.kind, erasure.ref))
+        if isinstance(event, ThreadErase):
+            positions = await self._publish(self._settings.checkpoint_topic, event, event.key)
+        else:
+            positions = await self._broadcast(self._settings.store_topic, event)
+        report.positions.extend(positions)
+        return positions[-1]
+
+    async def _publish(self, topic: str, event: Event, key: str | None, partition: int | None = None) -> list[Position]:
+        publisher = await self._started()
+        return await publisher.publish(topic, key, to_envelope(event), partition=partition)
+
+    async def _broadcast(self, topic: str, event: Event) -> list[Position]:
+        publisher = await self._started()
+        positions: list[Position] = []
+        for partition in await publisher.partitions(topic):
+            positions.extend(await self._publish(topic, event, None, partition))
+        return positions
+
+    async def _started(self) -> EventPublisher:
+        if self._publisher is None:
+            publisher = EventPublisher(self._settings)
+            await publisher.start()
+            self._publisher = publisher
+        return self._publisher

@@ -1,0 +1,270 @@
+"""The key store on Postgres: tenants' hashing keys, subjects' data keys, erasures, all in a schema of
+their own (`GRAPHLEDGER_KEY_STORE_SCHEMA`), which a replay never drops or switches.
+
+Keys are created on first use, race-free across processes: every caller generates a key and inserts
+it with `ON CONFLICT DO NOTHING`, then reads what the table holds, so all of them get the first one.
+An erasure replaces the wrapped key by NULL and stamps `erased_at` (a tombstone: the subject's key can
+never be created again), in the same transaction as its audit row.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+from graphledger.errors import SubjectErasedError
+from graphledger.sealing import ERASED, Erased, new_data_key
+from graphledger.settings import Settings
+from graphledger.subjects import Subject
+from graphledger_server.keys.ring import KeyRing, KeyRingError, Wrapped
+from graphledger_server.projection.migrate import lock_key
+from graphledger_server.projection.sql import render
+
+log = logging.getLogger(__name__)
+
+RawKey = bytes | Erased
+"""A data key as stored (unwrapped), or `ERASED`."""
+
+SCHEMA_SQL = """
+CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {schema}.tenant_keys (
+    tenant TEXT PRIMARY KEY,
+    kek_id TEXT,
+    wrapped BYTEA,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    erased_at TIMESTAMPTZ
+);
+CREATE TABLE IF NOT EXISTS {schema}.data_keys (
+    ref TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    kek_id TEXT,
+    wrapped BYTEA,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    erased_at TIMESTAMPTZ
+);
+CREATE INDEX IF NOT EXISTS data_keys_tenant_idx ON {schema}.data_keys (tenant);
+CREATE TABLE IF NOT EXISTS {schema}.erasures (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind TEXT NOT NULL,
+    ref TEXT,
+    tenant TEXT NOT NULL,
+    erased_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    erased_by TEXT NOT NULL
+);
+"""
+LOCK_SQL = "SELECT pg_advisory_xact_lock($1::bigint)"
+
+# $1 tenant, $2 kek id, $3 wrapped key.
+INSERT_HASH_KEY_SQL = """
+INSERT INTO {schema}.tenant_keys (tenant, kek_id, wrapped) VALUES ($1::text, $2::text, $3::bytea)
+ON CONFLICT (tenant) DO NOTHING
+"""
+# $1 tenant.
+HASH_KEY_SQL = "SELECT kek_id, wrapped FROM {schema}.tenant_keys WHERE tenant = $1::text"
+
+# $1 tenant: its hashing key row, locked against a concurrent erasure of the tenant (which locks it
+# for update), so that no data key is created for a tenant being erased.
+TENANT_ERASED_SQL = "SELECT erased_at IS NOT NULL FROM {schema}.tenant_keys WHERE tenant = $1::text FOR SHARE"
+# $1..$5 -> unnest(ref, tenant, kind, kek_id, wrapped).
+INSERT_DATA_KEYS_SQL = """
+INSERT INTO {schema}.data_keys (ref, tenant, kind, kek_id, wrapped)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[])
+ON CONFLICT (ref) DO NOTHING
+"""
+# $1 -> refs. A row with a NULL key is an erased subject.
+DATA_KEYS_SQL = "SELECT ref, kek_id, wrapped FROM {schema}.data_keys WHERE ref = ANY($1::text[])"
+
+# $1 ref, $2 tenant, $3 kind.
+ERASE_DATA_KEY_SQL = """
+INSERT INTO {schema}.data_keys AS k (ref, tenant, kind, erased_at) VALUES ($1::text, $2::text, $3::text, now())
+ON CONFLICT (ref) DO UPDATE SET kek_id = NULL, wrapped = NULL, erased_at = coalesce(k.erased_at, now())
+"""
+# $1 tenant.
+ERASE_TENANT_DATA_KEYS_SQL = """
+UPDATE {schema}.data_keys SET kek_id = NULL, wrapped = NULL, erased_at = coalesce(erased_at, now())
+WHERE tenant = $1::text
+"""
+ERASE_HASH_KEY_SQL = """
+INSERT INTO {schema}.tenant_keys AS k (tenant, erased_at) VALUES ($1::text, now())
+ON CONFLICT (tenant) DO UPDATE SET kek_id = NULL, wrapped = NULL, erased_at = coalesce(k.erased_at, now())
+"""
+# $1 kind, $2 ref (null for a tenant), $3 tenant, $4 who.
+RECORD_ERASURE_SQL = """
+INSERT INTO {schema}.erasures (kind, ref, tenant, erased_by) VALUES ($1::text, $2::text, $3::text, $4::text)
+"""
+
+# Rotation: the keys wrapped by another key-encryption key than the active one. $1 active kek id.
+STALE_DATA_KEYS_SQL = "SELECT ref, kek_id, wrapped FROM {schema}.data_keys WHERE kek_id <> $1::text"
+STALE_HASH_KEYS_SQL = "SELECT tenant, kek_id, wrapped FROM {schema}.tenant_keys WHERE kek_id <> $1::text"
+# $1 ref, $2 old kek id, $3 new kek id, $4 wrapped: only if nobody erased or rewrapped it meanwhile.
+REWRAP_DATA_KEY_SQL = """
+UPDATE {schema}.data_keys SET kek_id = $3::text, wrapped = $4::bytea WHERE ref = $1::text AND kek_id = $2::text
+"""
+REWRAP_HASH_KEY_SQL = """
+UPDATE {schema}.tenant_keys SET kek_id = $3::text, wrapped = $4::bytea WHERE tenant = $1::text AND kek_id = $2::text
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """What to erase: a subject (by its reference) or a whole tenant (`ref` None)."""
+
+    kind: str
+    tenant: str
+    ref: str | None = None
+
+
+async def migrate_key_store(conn: asyncpg.Connection, schema: str) -> None:
+    """Create the key store's schema and tables if missing (idempotent, serialized across processes)."""
+    async with conn.transaction():
+        await conn.execute(LOCK_SQL, lock_key(f"graphledger:keys:{schema}"))
+        await conn.execute(render(SCHEMA_SQL, schema))
+
+
+def key_store_for(settings: Settings, pool: asyncpg.Pool) -> KeyStore | None:
+    """The key store on `pool`; None without key-encryption keys (see `check_key_settings`)."""
+    check_key_settings(settings)
+    if settings.key_encryption_keys is None:
+        return None
+    return KeyStore(pool, settings.key_store_schema, KeyRing.from_settings(settings))
+
+
+def check_key_settings(settings: Settings) -> None:
+    """`KeyRingError`, naming the setting, when events are sealed without key-encryption keys or these
+    are malformed: only a deployment that seals nothing may leave them unset."""
+    if settings.key_encryption_keys is not None:
+        KeyRing.from_settings(settings)
+    elif settings.encrypt_events:
+        raise KeyRingError(
+            "GRAPHLEDGER_ENCRYPT_EVENTS is on but GRAPHLEDGER_KEY_ENCRYPTION_KEYS is not set: give the services "
+            "a key-encryption key (`graphledger keys new-kek`), or turn encryption off everywhere"
+        )
+
+
+class KeyStore:
+    """Keys wrapped by a `KeyRing`, on an asyncpg pool. Its tables are created on first use."""
+
+    def __init__(self, pool: asyncpg.Pool, schema: str, ring: KeyRing) -> None:
+        self._pool = pool
+        self._ring = ring
+        self._schema = schema
+        self._sql = {name: render(sql, schema) for name, sql in _STATEMENTS.items()}
+        self._migrated = False
+
+    async def _ready(self, conn: asyncpg.Connection) -> None:
+        if not self._migrated:
+            await migrate_key_store(conn, self._schema)
+            self._migrated = True
+
+    async def hash_key(self, tenant: str) -> bytes:
+        """The tenant's hashing key, created on first use; `SubjectErasedError` once the tenant is erased."""
+        owner = _tenant_owner(tenant)
+        async with self._pool.acquire() as conn:
+            await self._ready(conn)
+            row = await conn.fetchrow(self._sql["hash_key"], tenant)
+            if row is None:
+                wrapped = self._ring.wrap(new_data_key(), owner)
+                await conn.execute(self._sql["insert_hash_key"], tenant, wrapped.kek_id, wrapped.data)
+                row = await conn.fetchrow(self._sql["hash_key"], tenant)
+        if row is None or row["wrapped"] is None:
+            raise SubjectErasedError(f"tenant {tenant!r} was erased")
+        return self._ring.unwrap(Wrapped(row["kek_id"], row["wrapped"]), owner)
+
+    async def data_keys(self, subjects: Sequence[tuple[str, Subject]]) -> dict[str, RawKey]:
+        """The data key of each `(reference, subject)`, created on first use; erased ones are `ERASED`.
+        `SubjectErasedError` when a key would be created for an erased tenant."""
+        refs = [ref for ref, _ in subjects]
+        async with self._pool.acquire() as conn:
+            await self._ready(conn)
+            found = await self._fetch(conn, refs)
+            missing = [(ref, s) for ref, s in subjects if ref not in found]
+            if missing:
+                async with conn.transaction():
+                    for tenant in sorted({s.tenant for _, s in missing}):
+                        if await conn.fetchval(self._sql["tenant_erased"], tenant):
+                            raise SubjectErasedError(f"tenant {tenant!r} was erased")
+                    wrapped = [self._ring.wrap(new_data_key(), ref) for ref, _ in missing]
+                    await conn.execute(
+                        self._sql["insert_data_keys"],
+                        [ref for ref, _ in missing],
+                        [s.tenant for _, s in missing],
+                        [s.kind for _, s in missing],
+                        [w.kek_id for w in wrapped],
+                        [w.data for w in wrapped],
+                    )
+                found |= await self._fetch(conn, [ref for ref, _ in missing])
+        return found
+
+    async def find(self, refs: Collection[str]) -> dict[str, RawKey]:
+        """The data keys of `refs` that exist (none is created)."""
+        async with self._pool.acquire() as conn:
+            await self._ready(conn)
+            return await self._fetch(conn, list(refs))
+
+    async def _fetch(self, conn: asyncpg.Connection, refs: list[str]) -> dict[str, RawKey]:
+        keys: dict[str, RawKey] = {}
+        for r in await conn.fetch(self._sql["data_keys"], refs):
+            keys[r["ref"]] = (
+                ERASED if r["wrapped"] is None else self._ring.unwrap(Wrapped(r["kek_id"], r["wrapped"]), r["ref"])
+            )
+        return keys
+
+    async def erase(self, erasure: Erasure, erased_by: str) -> None:
+        """Destroy the subject's data key, or every key of the tenant, and record who did it when."""
+        async with self._pool.acquire() as conn:
+            await self._ready(conn)
+            async with conn.transaction():
+                await self._erase(conn, erasure, erased_by)
+        log.warning("erased %s %s of tenant %r (by %s)", erasure.kind, erasure.ref or "", erasure.tenant, erased_by)
+
+    async def _erase(self, conn: asyncpg.Connection, erasure: Erasure, erased_by: str) -> None:
+        if erasure.ref is not None:
+            await conn.execute(self._sql["erase_data_key"], erasure.ref, erasure.tenant, erasure.kind)
+        else:
+            await conn.execute(self._sql["erase_hash_key"], erasure.tenant)  # locks the row: no new keys
+            await conn.execute(self._sql["erase_tenant_data_keys"], erasure.tenant)
+        await conn.execute(self._sql["record_erasure"], erasure.kind, erasure.ref, erasure.tenant, erased_by)
+
+    async def rotate(self) -> int:
+        """Rewrap every key not wrapped by the ring's active key-encryption key; returns how many."""
+        active = self._ring.active
+        count = 0
+        async with self._pool.acquire() as conn:
+            await self._ready(conn)
+            for stale, rewrap, owner_of in (
+                ("stale_data_keys", "rewrap_data_key", lambda owner: owner),
+                ("stale_hash_keys", "rewrap_hash_key", _tenant_owner),
+            ):
+                for row in await conn.fetch(self._sql[stale], active):
+                    owner = row[0]
+                    key = self._ring.unwrap(Wrapped(row["kek_id"], row["wrapped"]), owner_of(owner))
+                    wrapped = self._ring.wrap(key, owner_of(owner))
+                    status = await conn.execute(self._sql[rewrap], owner, row["kek_id"], active, wrapped.data)
+                    count += status == "UPDATE 1"  # 0: erased or rewrapped by another process meanwhile
+        return count
+
+
+def _tenant_owner(tenant: str) -> str:
+    """The associated data of a tenant's wrapped hashing key (apart from every subject reference)."""
+    return f"tenant:{tenant}"
+
+
+_STATEMENTS = {
+    "insert_hash_key": INSERT_HASH_KEY_SQL,
+    "hash_key": HASH_KEY_SQL,
+    "tenant_erased": TENANT_ERASED_SQL,
+    "insert_data_keys": INSERT_DATA_KEYS_SQL,
+    "data_keys": DATA_KEYS_SQL,
+    "erase_data_key": ERASE_DATA_KEY_SQL,
+    "erase_tenant_data_keys": ERASE_TENANT_DATA_KEYS_SQL,
+    "erase_hash_key": ERASE_HASH_KEY_SQL,
+    "record_erasure": RECORD_ERASURE_SQL,
+    "stale_data_keys": STALE_DATA_KEYS_SQL,
+    "stale_hash_keys": STALE_HASH_KEYS_SQL,
+    "rewrap_data_key": REWRAP_DATA_KEY_SQL,
+    "rewrap_hash_key": REWRAP_HASH_KEY_SQL,
+}
