@@ -21,8 +21,9 @@ from graphledger_server.devstack.broker import EmbeddedBroker
 from graphledger_server.devstack.postgres import EmbeddedPostgres
 from graphledger_server.keys.ring import new_key_entry
 
-TEST_KEY_ENCRYPTION_KEYS = new_key_entry("test")
-"""The session's key-encryption key: every test's services seal events (the default), as in production."""
+# The session's key-encryption key, from the environment as a deployment's Secret gives it: every test's
+# services seal events (the default), as in production, and child processes inherit it.
+os.environ.setdefault("GRAPHLEDGER_KEY_ENCRYPTION_KEYS", new_key_entry("test"))
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +64,6 @@ def make_settings(broker: EmbeddedBroker, pg: EmbeddedPostgres):
             "topic_partitions": 4,
             "topic_replication_factor": 1,
             "projector_group_id": f"g{uuid.uuid4().hex[:10]}",
-            "key_encryption_keys": TEST_KEY_ENCRYPTION_KEYS,
         }
         if "postgres_dsn" not in overrides:
             values["postgres_dsn"] = pg.create_database(f"t_{uuid.uuid4().hex[:12]}")

@@ -26,8 +26,10 @@ COMMAND_TIMEOUT_S = 120
 
 
 def clean_env(**settings: str) -> dict[str, str]:
-    """This process's environment without any GRAPHLEDGER_* variable, plus `settings`."""
+    """This process's environment without any GRAPHLEDGER_* variable but the key-encryption key (the
+    Secret every service is given), plus `settings`."""
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("GRAPHLEDGER_")}
+    env["GRAPHLEDGER_KEY_ENCRYPTION_KEYS"] = os.environ["GRAPHLEDGER_KEY_ENCRYPTION_KEYS"]
     env.update({f"GRAPHLEDGER_{k.upper()}": v for k, v in settings.items()})
     return env
 

@@ -72,6 +72,8 @@ async def graphledger(settings: Settings, *args: str) -> tuple[int, str, str]:
     for name in ("kafka_bootstrap_servers", "topic_prefix", "postgres_dsn", "postgres_schema", "store_vector_dims"):
         env[f"GRAPHLEDGER_{name.upper()}"] = str(getattr(settings, name))
     env["GRAPHLEDGER_KAFKA_IDEMPOTENCE"] = "false"
+    assert settings.key_encryption_keys is not None
+    env["GRAPHLEDGER_KEY_ENCRYPTION_KEYS"] = settings.key_encryption_keys.get_secret_value()
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "graphledger_server", *args, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

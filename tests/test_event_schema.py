@@ -21,6 +21,7 @@ from graphledger.errors import UnknownEventVersionError
 from graphledger.events import checkpoint_event, envelope, store_event, to_envelope
 from graphledger.events.checkpoint import CHECKPOINT_EVENT_TYPES, ThreadPrune
 from graphledger.events.envelope import Envelope
+from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger.events.store import STORE_EVENT_TYPES
 from graphledger.settings import Settings
 from graphledger.telemetry import names
@@ -46,10 +47,16 @@ def fixture(name: str) -> bytes:
     return (FIXTURES / f"{name}.msgpack").read_bytes()
 
 
-def test_every_event_type_has_a_v1_fixture() -> None:
+SINCE_V2 = {ThreadErase.TYPE, NamespaceErase.TYPE, TenantErase.TYPE}
+"""The event types version 2 added: no version-1 record of them exists."""
+
+
+def test_every_event_type_of_v1_has_a_v1_fixture() -> None:
     kept = {path.stem for path in FIXTURES.glob("*.msgpack")}
     assert kept == set(EVENTS)
-    assert {e.TYPE for e in EVENTS.values()} == set(CHECKPOINT_EVENT_TYPES) | set(STORE_EVENT_TYPES)
+    every = set(CHECKPOINT_EVENT_TYPES) | set(STORE_EVENT_TYPES)
+    assert SINCE_V2 <= every
+    assert {e.TYPE for e in EVENTS.values()} == every - SINCE_V2
 
 
 @pytest.mark.parametrize("name", sorted(EVENTS))
@@ -137,29 +144,33 @@ def _rename_keep_last(event_type: str, payload: dict[str, Any]) -> dict[str, Any
 
 def test_an_upcaster_lifts_an_old_version_before_validation(monkeypatch: pytest.MonkeyPatch) -> None:
     to_event = CheckpointProjection(SCHEMA).to_event
+    current = envelope.SCHEMA_VERSION
     # Without a version bump the old spelling is simply invalid: a dead letter.
-    assert isinstance(classify(_keep_last_record(1), to_event), DeadLetter)
+    assert isinstance(classify(_keep_last_record(current), to_event), DeadLetter)
 
-    # This code as version 2, whose upcaster from 1 renames the strategy.
-    monkeypatch.setattr(envelope, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(envelope.UPCASTERS, 1, _rename_keep_last)
-    decoded = classify(_keep_last_record(1), to_event)
+    # This code as the next version, whose upcaster from the current one renames the strategy.
+    monkeypatch.setattr(envelope, "SCHEMA_VERSION", current + 1)
+    monkeypatch.setitem(envelope.UPCASTERS, current, _rename_keep_last)
+    decoded = classify(_keep_last_record(current), to_event)
     assert isinstance(decoded, Decoded)
     assert decoded.event == TimedCheckpointEvent(ThreadPrune("t", "keep_latest"), PRODUCED_MS)
-    assert envelope.decode(_keep_last_record(1).value).version == 2
-    # The v1 fixtures go through the same upcaster and still mean what they meant.
+    assert envelope.decode(_keep_last_record(current).value).version == current + 1
+    # The v1 fixtures go through the whole chain of upcasters and still mean what they meant.
     assert checkpoint_event(envelope.decode(fixture("thread.prune"))) == EVENTS["thread.prune"]
-    # Version 2 records are not upcast; version 3 is from the future.
-    assert isinstance(classify(_keep_last_record(2), to_event), DeadLetter)
-    assert isinstance(classify(_keep_last_record(3), to_event), TooNew)
+    # Records of the new version are not upcast; the one after it is from the future.
+    assert isinstance(classify(_keep_last_record(current + 1), to_event), DeadLetter)
+    assert isinstance(classify(_keep_last_record(current + 2), to_event), TooNew)
 
 
 def test_a_missing_upcaster_stops_rather_than_dead_letters(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(envelope, "SCHEMA_VERSION", 3)
-    monkeypatch.setitem(envelope.UPCASTERS, 1, _rename_keep_last)
-    with pytest.raises(UnknownEventVersionError, match="no upcaster from event version 2 to 3"):
+    current = envelope.SCHEMA_VERSION
+    monkeypatch.setattr(envelope, "SCHEMA_VERSION", current + 2)
+    monkeypatch.setitem(envelope.UPCASTERS, current, _rename_keep_last)
+    with pytest.raises(
+        UnknownEventVersionError, match=f"no upcaster from event version {current + 1} to {current + 2}"
+    ):
         envelope.decode(fixture("thread.delete"))
-    assert isinstance(classify(_keep_last_record(1), CheckpointProjection(SCHEMA).to_event), TooNew)
+    assert isinstance(classify(_keep_last_record(current), CheckpointProjection(SCHEMA).to_event), TooNew)
 
 
 # -- a newer version in the log: the metric, and resuming after an upgrade ---------------------------
@@ -200,7 +211,8 @@ async def test_a_newer_event_is_counted_stopped_on_and_applied_after_an_upgrade(
 
     newer = to_envelope(put("t", 2))
     await send(to_envelope(put("t", 1)))
-    stop_at = await send(Envelope(newer.type, newer.event_id, newer.produced_ms, newer.payload, version=2))
+    upgraded = envelope.SCHEMA_VERSION + 1
+    stop_at = await send(Envelope(newer.type, newer.event_id, newer.produced_ms, newer.payload, version=upgraded))
     last = await send(to_envelope(put("t", 3)))
     conn = await asyncpg.connect(settings.postgres_dsn)
 
@@ -240,9 +252,9 @@ async def test_a_newer_event_is_counted_stopped_on_and_applied_after_an_upgrade(
         checkpoints = f"SELECT count(*) FROM {settings.postgres_schema}.checkpoints"
         assert await conn.fetchval(checkpoints) == 1
 
-        # The operator deploys a projector that knows version 2; it resumes at the stored offset.
-        monkeypatch.setattr(envelope, "SCHEMA_VERSION", 2)
-        monkeypatch.setitem(envelope.UPCASTERS, 1, lambda event_type, payload: payload)
+        # The operator deploys a projector that knows the newer version; it resumes at the stored offset.
+        monkeypatch.setattr(envelope, "SCHEMA_VERSION", upgraded)
+        monkeypatch.setitem(envelope.UPCASTERS, upgraded - 1, lambda event_type, payload: payload)
 
         async def resumed() -> bool:
             return await next_offset() == last + 1

@@ -37,6 +37,7 @@ from graphledger_server.devstack.ports import free_port, port_open, wait_until
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projector.main import run_projector
 from graphledger_server.sweeper.main import SweeperRunner
+from sealed_events import unsealed
 from store_helpers import Applier, dump, put, record
 
 SCHEMA = "gl"
@@ -211,7 +212,7 @@ async def _sweepers(live: Live, count: int, **overrides: Any) -> tuple[list[Swee
 
 
 async def _topic_events(live: Live, topic: str) -> list[Envelope]:
-    """Every event on `topic` below the projector's stored offsets (tansu's end offsets run low)."""
+    """Every event on `topic` below the projector's stored offsets (tansu's end offsets run low), opened."""
     rows = await live.conn.fetch(
         f"SELECT partition, next_offset FROM {live.schema}.graphledger_offsets WHERE topic = $1", topic
     )
@@ -226,9 +227,9 @@ async def _topic_events(live: Live, topic: str) -> list[Envelope]:
         while [tp for tp in wanted if await consumer.position(tp) < ends[tp.partition]]:
             for tp, records in (await consumer.getmany(timeout_ms=1000)).items():
                 out.extend(decode(r.value) for r in records if r.offset < ends[tp.partition])
-        return out
     finally:
         await consumer.stop()
+    return await unsealed(live.settings, out)
 
 
 async def test_expired_items_vanish_from_reads_before_and_after_the_sweep_and_two_sweepers_expire_each_once(

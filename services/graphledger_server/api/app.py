@@ -42,7 +42,7 @@ def create_app(settings: Settings) -> FastAPI:
         await offsets.start()
         log = LogTail(settings)
         await log.start()
-        key_store = key_store_for(settings, store_pool)
+        key_store = key_store_for(settings, store_pool, settings.api_pool_timeout_s)
         source = StoreKeySource(key_store, settings) if key_store is not None and settings.encrypt_events else None
         eraser = Eraser(settings, source, store_pool, offsets) if source is not None else None
         barrier = ReadBarrier(settings, log, offsets)

@@ -8,26 +8,22 @@ hashing key, never taken from the client.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from pydantic import Field, StringConstraints, model_validator
 
-from graphledger.errors import SubjectErasedError
 from graphledger.events.store import NAMESPACE_SEPARATOR
 from graphledger.sealing import ERASED, Erased
 from graphledger.subjects import Subject, reference
 from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
-from graphledger_server.api.errors import ApiError, unavailable
+from graphledger_server.api.errors import ApiError
 from graphledger_server.api.models import Text, _Request
-from graphledger_server.api.state import ApiState, api_state
+from graphledger_server.api.state import ApiState, api_state, key_store_answers
 from graphledger_server.api.tenant import Tenant
-from graphledger_server.driver_errors import Verdict, verdict_of
-from graphledger_server.keys.erase import CopiesUncheckedError, ErasureReport, NotASubjectError
+from graphledger_server.keys.erase import ErasureReport
 from graphledger_server.keys.source import StoreKeySource
 
 router = APIRouter(prefix="/v1", tags=["erasure"])
@@ -68,7 +64,7 @@ async def keys(request: Request) -> Response:
     body = await decode(request, KeysRequest, state.settings.api_max_body_bytes)
     source = _source(state)
     subjects = [_subject(tenant, s, state.settings.erasure_namespace_depth) for s in body.subjects]
-    async with _key_store():
+    async with key_store_answers():
         tenant_keys = await source.tenant_keys(tenant.name)
         named = [(reference(tenant_keys.hash_key, s), s) for s in subjects]
         found = await source.store.data_keys(named) if named else {}
@@ -92,7 +88,7 @@ async def erase(request: Request) -> Response:
             501, "erasure_off", "the read API seals no events (GRAPHLEDGER_ENCRYPT_EVENTS off): nothing to erase"
         )
     who = f"read API, token of tenant {tenant.name!r}" if tenant.name else "read API"
-    async with _key_store():
+    async with key_store_answers():
         if body.thread_id is not None:
             report = await state.eraser.erase_thread(tenant.name, tenant.thread(body.thread_id), who)
         elif body.namespace is not None:
@@ -135,25 +131,3 @@ def _report(report: ErasureReport) -> dict[str, Any]:
         "erased": [{"kind": kind, "ref": ref} for kind, ref in report.erased],
         "positions": [list(p) for p in report.positions],
     }
-
-
-@asynccontextmanager
-async def _key_store() -> AsyncIterator[None]:
-    """The key store's and the erasure's failures as answers: gone (410), not a subject (400), an outage
-    of Postgres or of the log (503, retryable)."""
-    try:
-        yield
-    except SubjectErasedError as exc:
-        raise ApiError(410, "subject_erased", str(exc)) from None
-    except NotASubjectError as exc:
-        raise ApiError(400, "not_a_subject", str(exc)) from None
-    except CopiesUncheckedError as exc:
-        raise unavailable("copies_unchecked", str(exc)) from None
-    except ApiError:
-        raise
-    except Exception as exc:
-        if getattr(exc, "retryable", False) or verdict_of(exc) is Verdict.RETRY:
-            raise unavailable(
-                "key_store_unavailable", f"the key store or the log is unreachable ({exc}); retry"
-            ) from exc
-        raise

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import asyncpg
 from fastapi import Request
 from psycopg_pool import AsyncConnectionPool
 
+from graphledger.errors import SubjectErasedError
 from graphledger.events.store import store_key
 from graphledger.settings import Settings
 from graphledger_server.api.consistency import AppliedOffsets
+from graphledger_server.api.errors import ApiError, unavailable
 from graphledger_server.api.read_barrier import ReadBarrier
-from graphledger_server.keys.erase import Eraser
+from graphledger_server.driver_errors import Verdict, verdict_of
+from graphledger_server.keys.erase import CopiesUncheckedError, Eraser, NotASubjectError
 from graphledger_server.keys.source import StoreKeySource
 
 
@@ -34,14 +39,38 @@ class ApiState:
         """The record key of the thread's records (a hash with encryption on)."""
         if self.keys is None:
             return stored_thread_id.encode()
-        return await self.keys.thread_key(tenant, stored_thread_id)
+        async with key_store_answers():
+            return await self.keys.thread_key(tenant, stored_thread_id)
 
     async def item_key(self, tenant: str, stored_namespace: tuple[str, ...], item_key: str) -> bytes:
         if self.keys is None:
             return store_key(stored_namespace, item_key).encode()
-        return await self.keys.item_key(tenant, stored_namespace, item_key)
+        async with key_store_answers():
+            return await self.keys.item_key(tenant, stored_namespace, item_key)
 
 
 def api_state(request: Request) -> ApiState:
     """The state the lifespan stored on the app."""
     return request.app.state.api
+
+
+@asynccontextmanager
+async def key_store_answers() -> AsyncIterator[None]:
+    """The key store's and the erasure's failures as answers: gone (410), not a subject (400), an outage
+    of Postgres or of the log (503, retryable)."""
+    try:
+        yield
+    except SubjectErasedError as exc:
+        raise ApiError(410, "subject_erased", str(exc)) from None
+    except NotASubjectError as exc:
+        raise ApiError(400, "not_a_subject", str(exc)) from None
+    except CopiesUncheckedError as exc:
+        raise unavailable("copies_unchecked", str(exc)) from None
+    except ApiError:
+        raise
+    except Exception as exc:
+        if getattr(exc, "retryable", False) or verdict_of(exc) is Verdict.RETRY:
+            raise unavailable(
+                "key_store_unavailable", f"the key store or the log is unreachable ({exc}); retry"
+            ) from exc
+        raise

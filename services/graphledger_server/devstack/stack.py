@@ -32,6 +32,7 @@ from graphledger.settings import Settings
 from graphledger_server.devstack.broker import EmbeddedBroker
 from graphledger_server.devstack.lifeline import PARENT_PID_ENV
 from graphledger_server.devstack.ports import free_port, wait_until
+from graphledger_server.keys.ring import new_key_entry
 
 if TYPE_CHECKING:
     from graphledger_server.devstack.postgres import EmbeddedPostgres
@@ -404,8 +405,6 @@ class DevStack:
     def _dev_key_encryption_key(self) -> str:
         """The dev stack's key-encryption key: kept beside a kept Postgres (whose key store it opens),
         random for a throwaway one."""
-        from graphledger_server.keys.ring import new_key_entry
-
         assert self._work_dir is not None
         path = self._work_dir / "key-encryption-key"
         if self.data_dir is not None and path.exists():

@@ -125,12 +125,12 @@ async def migrate_key_store(conn: asyncpg.Connection, schema: str) -> None:
         await conn.execute(render(SCHEMA_SQL, schema))
 
 
-def key_store_for(settings: Settings, pool: asyncpg.Pool) -> KeyStore | None:
+def key_store_for(settings: Settings, pool: asyncpg.Pool, acquire_timeout_s: float | None = None) -> KeyStore | None:
     """The key store on `pool`; None without key-encryption keys (see `check_key_settings`)."""
     check_key_settings(settings)
     if settings.key_encryption_keys is None:
         return None
-    return KeyStore(pool, settings.key_store_schema, KeyRing.from_settings(settings))
+    return KeyStore(pool, settings.key_store_schema, KeyRing.from_settings(settings), acquire_timeout_s)
 
 
 def check_key_settings(settings: Settings) -> None:
@@ -148,8 +148,10 @@ def check_key_settings(settings: Settings) -> None:
 class KeyStore:
     """Keys wrapped by a `KeyRing`, on an asyncpg pool. Its tables are created on first use."""
 
-    def __init__(self, pool: asyncpg.Pool, schema: str, ring: KeyRing) -> None:
+    def __init__(self, pool: asyncpg.Pool, schema: str, ring: KeyRing, acquire_timeout_s: float | None = None) -> None:
         self._pool = pool
+        self._acquire_timeout_s = acquire_timeout_s
+        """How long a call waits for a pooled connection (None: as long as it takes): a request's bound."""
         self._ring = ring
         self._schema = schema
         self._sql = {name: render(sql, schema) for name, sql in _STATEMENTS.items()}
@@ -163,7 +165,7 @@ class KeyStore:
     async def hash_key(self, tenant: str) -> bytes:
         """The tenant's hashing key, created on first use; `SubjectErasedError` once the tenant is erased."""
         owner = _tenant_owner(tenant)
-        async with self._pool.acquire() as conn:
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
             await self._ready(conn)
             row = await conn.fetchrow(self._sql["hash_key"], tenant)
             if row is None:
@@ -178,7 +180,7 @@ class KeyStore:
         """The data key of each `(reference, subject)`, created on first use; erased ones are `ERASED`.
         `SubjectErasedError` when a key would be created for an erased tenant."""
         refs = [ref for ref, _ in subjects]
-        async with self._pool.acquire() as conn:
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
             await self._ready(conn)
             found = await self._fetch(conn, refs)
             missing = [(ref, s) for ref, s in subjects if ref not in found]
@@ -201,7 +203,7 @@ class KeyStore:
 
     async def find(self, refs: Collection[str]) -> dict[str, RawKey]:
         """The data keys of `refs` that exist (none is created)."""
-        async with self._pool.acquire() as conn:
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
             await self._ready(conn)
             return await self._fetch(conn, list(refs))
 
@@ -215,7 +217,7 @@ class KeyStore:
 
     async def erase(self, erasure: Erasure, erased_by: str) -> None:
         """Destroy the subject's data key, or every key of the tenant, and record who did it when."""
-        async with self._pool.acquire() as conn:
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
             await self._ready(conn)
             async with conn.transaction():
                 await self._erase(conn, erasure, erased_by)
@@ -233,7 +235,7 @@ class KeyStore:
         """Rewrap every key not wrapped by the ring's active key-encryption key; returns how many."""
         active = self._ring.active
         count = 0
-        async with self._pool.acquire() as conn:
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
             await self._ready(conn)
             for stale, rewrap, owner_of in (
                 ("stale_data_keys", "rewrap_data_key", lambda owner: owner),
