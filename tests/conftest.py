@@ -6,6 +6,7 @@ Each test module that needs isolation takes its own database (`fresh_database`) 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,35 @@ os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
 from graphledger.settings import Settings
 from graphledger_server.devstack.broker import EmbeddedBroker
 from graphledger_server.devstack.postgres import EmbeddedPostgres
+
+PROMETHEUS_BINARIES = ("prometheus", "promtool")
+PROMETHEUS_SKIPPED = pytest.StashKey[int]()
+
+
+def missing_prometheus() -> list[str]:
+    """The Prometheus binaries the `prometheus`-marked tests need that are not on PATH."""
+    return [name for name in PROMETHEUS_BINARIES if shutil.which(name) is None]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip exactly the `prometheus`-marked tests when the binaries are missing (said once, at the end)."""
+    missing = missing_prometheus()
+    if not missing:
+        return
+    skip = pytest.mark.skip(reason=f"{' and '.join(missing)} not on PATH")
+    marked = [item for item in items if item.get_closest_marker("prometheus") is not None]
+    for item in marked:
+        item.add_marker(skip)
+    config.stash[PROMETHEUS_SKIPPED] = len(marked)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    skipped = config.stash.get(PROMETHEUS_SKIPPED, 0)
+    if skipped:
+        terminalreporter.write_line(
+            f"skipped {skipped} Prometheus tests (dashboards and alert rules): {' and '.join(missing_prometheus())} "
+            "not on PATH; install Debian's `prometheus` package (apt-get install -y prometheus) to run them"
+        )
 
 
 @pytest.fixture(scope="session")
