@@ -17,6 +17,7 @@ Helper modules (`tests/*.py`, `tests/fixtures/`) are imported by bare name from 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -36,7 +37,7 @@ SERVER_FIXTURES = frozenset({"pg", "broker", "stack", "fresh_database", "make_se
 """The fixtures that start the session's Postgres, broker or dev stack, or need one of them."""
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def _sort_by_kind(items: list[pytest.Item]) -> None:
     """Mark each test with its kind, and refuse one outside its kind's directory or beyond its kind:
     a unit test asking for a server, an integration test asking for the dev stack."""
     tests = Path(__file__).parent
@@ -58,6 +59,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(kind)
     if problems:
         raise pytest.UsageError("\n".join(problems))
+
+
+PROMETHEUS_BINARIES = ("prometheus", "promtool")
+PROMETHEUS_SKIPPED = pytest.StashKey[int]()
+
+
+def missing_prometheus() -> list[str]:
+    """The Prometheus binaries the `prometheus`-marked tests need that are not on PATH."""
+    return [name for name in PROMETHEUS_BINARIES if shutil.which(name) is None]
+
+
+def _skip_prometheus(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip exactly the `prometheus`-marked tests when the binaries are missing (said once, at the end)."""
+    missing = missing_prometheus()
+    if not missing:
+        return
+    skip = pytest.mark.skip(reason=f"{' and '.join(missing)} not on PATH")
+    marked = [item for item in items if item.get_closest_marker("prometheus") is not None]
+    for item in marked:
+        item.add_marker(skip)
+    config.stash[PROMETHEUS_SKIPPED] = len(marked)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _sort_by_kind(items)
+    _skip_prometheus(config, items)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    skipped = config.stash.get(PROMETHEUS_SKIPPED, 0)
+    if skipped:
+        terminalreporter.write_line(
+            f"skipped {skipped} Prometheus tests (dashboards and alert rules): {' and '.join(missing_prometheus())} "
+            "not on PATH; install Debian's `prometheus` package (apt-get install -y prometheus) to run them"
+        )
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -40,7 +39,7 @@ from graphledger import KafkaSaver, KafkaStore
 from graphledger.embeddings import HashEmbedder
 from graphledger.settings import Settings
 from graphledger_server.commands.demo import build_graph
-from graphledger_server.devstack.ports import wait_until
+from graphledger_server.devstack.ports import free_port_block, wait_until
 from graphledger_server.devstack.stack import DevStack
 from graphledger_server.telemetry import metrics as registry
 from otlp_receiver import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, Link, OtlpReceiver, ReceivedSpan
@@ -54,29 +53,6 @@ STATE_SENTINEL = f"sentinel-state-{RUN}"
 STORE_SENTINEL = f"sentinel-store-{RUN}"
 BAD_RECORD_SENTINEL = f"sentinel-bad-{RUN}"
 SENTINELS = (STATE_SENTINEL, STORE_SENTINEL, BAD_RECORD_SENTINEL)
-
-
-def _free_port_block(count: int) -> int:
-    """A base port with `count` consecutive free ports (the dev stack gives each service one)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise RuntimeError("no block of free ports")
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +76,7 @@ def observed(receiver: OtlpReceiver) -> Iterator[DevStack]:
         "OTEL_BSP_SCHEDULE_DELAY": "50",
         "OTEL_METRIC_EXPORT_INTERVAL": "500",
     }
-    base = Settings(metrics_port=_free_port_block(3), topic_prefix=f"obs{RUN}")  # type: ignore[call-arg]
+    base = Settings(metrics_port=free_port_block(3), topic_prefix=f"obs{RUN}")  # type: ignore[call-arg]
     stack = DevStack(partitions=2, base=base)
     with pytest.MonkeyPatch.context() as patch:
         for key, value in env.items():

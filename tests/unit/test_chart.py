@@ -31,7 +31,7 @@ NAMESPACE = "graphledger"
 # The oldest minor kubernetes-validate ships (near the chart's kubeVersion floor) and two newer ones.
 KUBERNETES_VERSIONS = ("1.28", "1.30", "1.32")
 # Custom resources: not in the core schemas, so the only kinds whose schema validation is skipped.
-CRD_KINDS = frozenset({"ScaledObject", "TriggerAuthentication", "ServiceMonitor"})
+CRD_KINDS = frozenset({"ScaledObject", "TriggerAuthentication", "ServiceMonitor", "PrometheusRule"})
 # The value sets: the smallest install and three non-default ones (ci/ is the chart-testing convention).
 VALUE_SETS = {path.stem.removesuffix("-values"): path for path in sorted((CHART / "ci").glob("*-values.yaml"))}
 
@@ -162,8 +162,10 @@ def security_problems(docs: list[Manifest]) -> list[str]:
 
 
 def probe_problems(docs: list[Manifest]) -> list[str]:
-    """The read API: liveness /healthz, readiness /readyz, startup, on its named HTTP port."""
-    problems = []
+    """The read API: liveness /healthz, readiness /readyz, startup, on its named HTTP port. The projector
+    and the sweeper: liveness and startup /livez, readiness /readyz, on their `health` port, which is
+    where GRAPHLEDGER_HEALTH_PORT makes them listen, on every address."""
+    problems = worker_probe_problems(docs)
     api = named(docs, "Deployment", "-api")
     [container] = pod_spec(api)["containers"]
     ports = {port["name"]: port["containerPort"] for port in container.get("ports", [])}
@@ -179,6 +181,28 @@ def probe_problems(docs: list[Manifest]) -> list[str]:
         problems.append(f"api containerPort {ports.get('http')} is not GRAPHLEDGER_API_PORT {listen_port}")
     if configmap.get("GRAPHLEDGER_API_HOST") not in {"0.0.0.0", "::"}:
         problems.append("GRAPHLEDGER_API_HOST must listen on every address in a pod")
+    return problems
+
+
+def worker_probe_problems(docs: list[Manifest]) -> list[str]:
+    problems = []
+    configmap = of_kind(docs, "ConfigMap")[0]["data"]
+    if configmap.get("GRAPHLEDGER_HEALTH_HOST") not in {"0.0.0.0", "::"}:
+        problems.append("GRAPHLEDGER_HEALTH_HOST must listen on every address in a pod")
+    expected = {"startupProbe": "/livez", "livenessProbe": "/livez", "readinessProbe": "/readyz"}
+    for doc in of_kind(docs, "Deployment"):
+        if component(doc) not in {"projector", "sweeper"}:
+            continue
+        [container] = pod_spec(doc)["containers"]
+        ports = {port["name"]: port["containerPort"] for port in container.get("ports") or []}
+        if str(ports.get("health")) != configmap.get("GRAPHLEDGER_HEALTH_PORT"):
+            problems.append(
+                f"{component(doc)}: containerPort health {ports.get('health')} is not GRAPHLEDGER_HEALTH_PORT"
+            )
+        for probe, path in expected.items():
+            get = container.get(probe, {}).get("httpGet", {})
+            if get.get("path") != path or get.get("port") != "health":
+                problems.append(f"{component(doc)} {probe} must httpGet {path} on port health, not {get}")
     return problems
 
 
@@ -343,10 +367,11 @@ def test_default_install(rendered) -> None:
     expected = ["ConfigMap", "ServiceAccount", "Service", "HorizontalPodAutoscaler"]
     expected += ["Deployment"] * 3 + ["Job"] * 2 + ["PodDisruptionBudget"] * 2 + ["Pod"]  # `helm test`
     assert kinds == sorted(expected)
-    # The projector and the sweeper serve nothing and have no health command: no probes by default.
+    # The projector and the sweeper are probed on their health port (probe_problems checks how).
     for suffix in ("-projector", "-sweeper"):
         [container] = pod_spec(named(docs, "Deployment", suffix))["containers"]
-        assert "livenessProbe" not in container and "readinessProbe" not in container
+        assert {"startupProbe", "livenessProbe", "readinessProbe"} <= container.keys()
+    assert not of_kind(docs, "PrometheusRule")  # metrics off by default
     # The HPA owns the API's replica count; the projector's is fixed.
     assert "replicas" not in named(docs, "Deployment", "-api")["spec"]
     assert named(docs, "Deployment", "-projector")["spec"]["replicas"] == 2
@@ -380,6 +405,20 @@ def test_keda_scales_the_projector_on_lag_capped_at_the_partitions(rendered) -> 
     assert trigger["type"] == "kafka"
     assert trigger["metadata"]["consumerGroup"] == configmap["data"]["GRAPHLEDGER_PROJECTOR_GROUP_ID"]
     assert trigger["metadata"]["bootstrapServers"] == configmap["data"]["GRAPHLEDGER_KAFKA_BOOTSTRAP_SERVERS"]
+    # The lag: no topic, so KEDA sums every topic the group commits offsets for (the projector commits
+    # both, tests/integration/test_kafka_group_offsets.py); a partition without a commit counts whole;
+    # a stopped partition's persistent lag is left out. KEDA reads metadata values as strings.
+    lag = {key: value for key, value in trigger["metadata"].items() if key not in {"bootstrapServers", "sasl", "tls"}}
+    keda = {**yaml.safe_load((CHART / "values.yaml").read_text())["projector"]["keda"], **values["projector"]["keda"]}
+    assert lag == {
+        "consumerGroup": "graphledger-projector",
+        "lagThreshold": str(keda["lagThreshold"]),
+        "activationLagThreshold": str(keda["activationLagThreshold"]),
+        "offsetResetPolicy": "earliest",
+        "scaleToZeroOnInvalidOffset": "false",
+        "excludePersistentLag": "true",
+        "allowIdleConsumers": "false",
+    }
     assert trigger["metadata"]["sasl"] == "scram_sha512" and trigger["metadata"]["tls"] == "enable"
     # KEDA authenticates with the Secret the projector uses.
     [auth] = of_kind(docs, "TriggerAuthentication")
@@ -401,6 +440,16 @@ def test_keda_scales_the_projector_on_lag_capped_at_the_partitions(rendered) -> 
         in pod_spec(deployment)["containers"][0]["ports"]
         for deployment in of_kind(docs, "Deployment")
     )
+
+
+def test_the_prometheus_rule_holds_the_plain_rule_file(rendered) -> None:
+    """The PrometheusRule's groups are files/prometheus-rules.yaml's, as they are (one source, tested by
+    promtool in tests/unit/test_alert_rules.py), with the labels a ruleSelector matches."""
+    [rule] = of_kind(docs_of(rendered, "keda"), "PrometheusRule")
+    plain = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
+    assert rule["spec"] == plain and len(plain["groups"]) >= 3
+    selector = load_values("keda")["metrics"]["prometheusRule"]["labels"]
+    assert selector.items() <= rule["metadata"]["labels"].items()
 
 
 def test_secrets_are_mounted_and_referenced_only_where_needed(rendered) -> None:
@@ -511,7 +560,7 @@ def test_notes_tell_an_agent_what_to_set(rendered) -> None:
         mentioned = {word.split("=")[0] for word in notes(rendered[value_set]).split() if word.startswith(PREFIX)}
         assert mentioned <= SETTING_VARIABLES, mentioned - SETTING_VARIABLES
     assert "WARNING" in notes(rendered["default"])  # no API token
-    assert "does not commit them to Kafka" in notes(rendered["keda"])
+    assert "Metrics are off" in notes(rendered["default"]) and "Metrics are off" not in notes(rendered["keda"])
 
 
 # -- values that must not install ------------------------------------------------------------------------
@@ -558,6 +607,7 @@ BAD_COMBINATIONS = {
     "but kafka.securityProtocol is PLAINTEXT": {"kafka": {"tls": {"caSecret": {"name": "ca"}}}},
     "exclude each other": {"projector": {"keda": {"enabled": True}, "autoscaling": {"enabled": True}}},
     "needs metrics.enabled": {"metrics": {"serviceMonitor": {"enabled": True}}},
+    "metrics.prometheusRule.enabled needs metrics.enabled": {"metrics": {"prometheusRule": {"enabled": True}}},
 }
 
 
@@ -644,6 +694,20 @@ def test_an_unknown_kind_is_not_skipped() -> None:
             "readinessProbe must httpGet /readyz",
         ),
         ("api-deployment.yaml", "{{- with $values.readinessProbe }}", "{{- with false }}", "probes", "readinessProbe"),
+        (
+            "projector-deployment.yaml",
+            "with $values.readinessProbe",
+            "with $values.livenessProbe",
+            "probes",
+            "projector readinessProbe must httpGet /readyz",
+        ),
+        (
+            "sweeper-deployment.yaml",
+            'include "graphledger.healthPort" .',
+            'include "graphledger.metricsPort" .',
+            "probes",
+            "sweeper: containerPort health",
+        ),
         (
             "sweeper-deployment.yaml",
             "toYaml .Values.securityContext",

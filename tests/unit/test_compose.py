@@ -226,6 +226,11 @@ def test_observability_is_configuration_that_fits_together(services) -> None:
     targets = [t for job in prometheus["scrape_configs"] for c in job["static_configs"] for t in c["targets"]]
     exporter_port = collector["exporters"]["prometheus"]["endpoint"].rsplit(":", 1)[1]
     assert targets == [f"otel-collector:{exporter_port}"]
+    # The alert rules are the chart's file, mounted where prometheus.yml looks for them.
+    rule_mounts = dict(volume.split(":")[:2][::-1] for volume in services["prometheus"]["volumes"])
+    for rule_file in prometheus["rule_files"]:
+        assert rule_mounts[rule_file] == "../charts/graphledger/files/prometheus-rules.yaml"
+        assert (DOCKER / rule_mounts[rule_file]).is_file()
     datasources = yaml.safe_load((DOCKER / "grafana/provisioning/datasources/datasources.yaml").read_text())
     for source in datasources["datasources"]:
         assert urlsplit(source["url"]).hostname in services, source
