@@ -1,4 +1,5 @@
-# The two commands a newcomer needs: `make run` and `make test`. Both create .venv when it is missing.
+# The two commands a newcomer needs: `make run` and `make test` (`make test-unit` for the fast part).
+# All create .venv when it is missing.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ STAMP := $(VENV)/.installed
 AGENT_SERVER_VENV := .venv-agent-server
 AGENT_SERVER_STAMP := $(AGENT_SERVER_VENV)/.installed
 
-.PHONY: run test bench soak lint install agent-server-env settings-doc clean
+.PHONY: run test test-unit bench soak lint install agent-server-env settings-doc clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +34,11 @@ run: $(STAMP)
 test: $(STAMP) $(AGENT_SERVER_STAMP)
 	$(BIN)/ruff check libs services tests bench
 	$(BIN)/python -m pytest -q
+
+# tests/unit alone: pure code, no broker, Postgres or dev stack (tests/conftest.py refuses a unit test
+# that asks for one); about 20 seconds.
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
 
 # Regenerate the README's settings table from graphledger.Settings (a test fails when it is stale).
 settings-doc: $(STAMP)

@@ -1,11 +1,23 @@
-"""Session fixtures: one embedded Postgres and one tansu broker for the whole run, on free ports.
+"""Session fixtures: one embedded Postgres and one tansu broker for the whole run, on free ports, and the
+dev stack; and the rule that keeps each kind of test in its directory.
 
+Every server starts when the first test asks for it (fixtures are lazy), so `make test-unit` starts none.
 Each test module that needs isolation takes its own database (`fresh_database`) and topic prefix.
+
+Kinds (`pytest -m unit`, `-m integration`, `-m acceptance` select them as their directories do):
+- `tests/unit/`: pure code, no server fixture; a client test uses the fakes of `fakes.py`.
+- `tests/integration/`: the real broker and/or Postgres (`pg`, `broker`, `fresh_database`,
+  `make_settings`, `empty_log`), services in the test's process; never a fake of either.
+- `tests/acceptance/`: the dev stack (`stack`, or a `DevStack` of its own), the CLI and services as
+  subprocesses, LangGraph graphs end to end, faults, several processes.
+Helper modules (`tests/*.py`, `tests/fixtures/`) are imported by bare name from any kind: `tests/` is on
+`sys.path` (`pythonpath` in pyproject.toml).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -24,6 +36,69 @@ from graphledger_server.keys.ring import new_key_entry
 # The session's key-encryption key, from the environment as a deployment's Secret gives it: every test's
 # services seal events (the default), as in production, and child processes inherit it.
 os.environ.setdefault("GRAPHLEDGER_KEY_ENCRYPTION_KEYS", new_key_entry("test"))
+
+KINDS = ("unit", "integration", "acceptance")
+SERVER_FIXTURES = frozenset({"pg", "broker", "stack", "fresh_database", "make_settings", "empty_log"})
+"""The fixtures that start the session's Postgres, broker or dev stack, or need one of them."""
+
+
+def _sort_by_kind(items: list[pytest.Item]) -> None:
+    """Mark each test with its kind, and refuse one outside its kind's directory or beyond its kind:
+    a unit test asking for a server, an integration test asking for the dev stack."""
+    tests = Path(__file__).parent
+    problems = []
+    for item in items:
+        parts = item.path.relative_to(tests).parts if item.path.is_relative_to(tests) else ()
+        kind = parts[0] if len(parts) > 1 and parts[0] in KINDS else None
+        servers = SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if kind is None:
+            problems.append(f"{item.nodeid}: a test lives in tests/unit, tests/integration or tests/acceptance")
+        elif kind == "unit" and servers:
+            problems.append(f"{item.nodeid}: a unit test asks for {', '.join(sorted(servers))}; it belongs in "
+                            "tests/integration or tests/acceptance")  # fmt: skip
+        elif kind == "integration" and "stack" in servers:
+            problems.append(
+                f"{item.nodeid}: an integration test asks for the dev stack; it belongs in tests/acceptance"
+            )
+        else:
+            item.add_marker(kind)
+    if problems:
+        raise pytest.UsageError("\n".join(problems))
+
+
+PROMETHEUS_BINARIES = ("prometheus", "promtool")
+PROMETHEUS_SKIPPED = pytest.StashKey[int]()
+
+
+def missing_prometheus() -> list[str]:
+    """The Prometheus binaries the `prometheus`-marked tests need that are not on PATH."""
+    return [name for name in PROMETHEUS_BINARIES if shutil.which(name) is None]
+
+
+def _skip_prometheus(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip exactly the `prometheus`-marked tests when the binaries are missing (said once, at the end)."""
+    missing = missing_prometheus()
+    if not missing:
+        return
+    skip = pytest.mark.skip(reason=f"{' and '.join(missing)} not on PATH")
+    marked = [item for item in items if item.get_closest_marker("prometheus") is not None]
+    for item in marked:
+        item.add_marker(skip)
+    config.stash[PROMETHEUS_SKIPPED] = len(marked)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _sort_by_kind(items)
+    _skip_prometheus(config, items)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    skipped = config.stash.get(PROMETHEUS_SKIPPED, 0)
+    if skipped:
+        terminalreporter.write_line(
+            f"skipped {skipped} Prometheus tests (dashboards and alert rules): {' and '.join(missing_prometheus())} "
+            "not on PATH; install Debian's `prometheus` package (apt-get install -y prometheus) to run them"
+        )
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Hypothesis strategies of hostile input, shared by the hostile-input and API-fuzz tests."""
+"""Hypothesis strategies of hostile input, shared by the hostile-input, store filter and API-fuzz tests."""
 
 from __future__ import annotations
 
@@ -46,6 +46,16 @@ SQL_LEAKS = (
     'column "',
     "LINE 1",
 )
+
+
+def assert_clear(exc: BaseException, *words: str) -> None:
+    """A validation error that says what was wrong (naming one of `words`, if given), not a driver or SQL message."""
+    message = str(exc)
+    assert message and not any(leak in message for leak in SQL_LEAKS), message
+    if words:
+        assert any(w in message for w in words), message
+
+
 """Text of a Postgres or driver error: it must never reach a response."""
 
 texts = st.one_of(st.sampled_from(SPECIAL_TEXT), st.text(st.characters(exclude_categories=()), max_size=40))

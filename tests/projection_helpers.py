@@ -13,10 +13,23 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg.rows import dict_row
 
 from graphledger.events import envelope, to_envelope
-from graphledger.events.checkpoint import Blob, CheckpointEvent, CheckpointPut, CheckpointWrites, Write
+from graphledger.events.checkpoint import (
+    Blob,
+    CheckpointEvent,
+    CheckpointPut,
+    CheckpointWrites,
+    RunsDelete,
+    ThreadCopy,
+    ThreadDelete,
+    ThreadPrune,
+    Write,
+)
 from graphledger_server.projection.records import SourceRecord
 
 TOPIC = "test.checkpoints"
+
+Item = tuple[str, int, int, CheckpointEvent]
+"""What `CheckpointProjection.apply` takes: topic, partition, offset, event."""
 
 TABLE_ORDER = {
     "checkpoints": "thread_id, checkpoint_ns, checkpoint_id",
@@ -97,6 +110,46 @@ def writes(
         upsert,
         tuple(Write(first_idx + i, ch, "bytes", data) for i, (ch, data) in enumerate(items)),
     )
+
+
+def items(events: Sequence[CheckpointEvent], partition: int = 0, first_offset: int = 0) -> list[Item]:
+    """`events` at consecutive offsets of one partition of `TOPIC`."""
+    return [(TOPIC, partition, first_offset + i, e) for i, e in enumerate(events)]
+
+
+def mixed_batch() -> list[Item]:
+    """A batch touching every statement: duplicates, deletes, copies, runs, prunes; threads a, c, d on
+    partition 0 and z on partition 1 keep rows.
+
+    A copy or a keep_latest prune reads the state it finds, so re-applying one after later events of
+    its thread does not reproduce its effect: here they come after their threads' last put, so the
+    whole batch can be re-applied (what a worker does when it dies after Postgres committed but before
+    it knew; the projector itself never re-applies an event, the offset rows fence it).
+    """
+    return [
+        *items(
+            [
+                put("a", 1, inline={"n": 1}, blobs={"msgs": b"m1", "empty": None}, metadata={"run_id": "r1"}),
+                writes("a", 1, "t1", [("msgs", b"w1"), ("n", b"w2")]),
+                put("a", 2, parent=1, blobs={"msgs": b"m2"}, metadata={"run_id": "r2"}),
+                put("a", 2, parent=1, blobs={"msgs": b"m2-dup"}, metadata={"run_id": "r2", "again": True}),
+                writes("a", 2, "t2", [("__interrupt__", b"i1")], upsert=True, first_idx=-3),
+                writes("a", 2, "t2", [("__interrupt__", b"i2")], upsert=True, first_idx=-3),
+                put("b", 1, blobs={"msgs": b"b1"}),
+                ThreadDelete("b"),
+                put("b", 5, blobs={"msgs": b"b5"}, metadata={"run_id": "r1"}),
+                put("a", 3, parent=2, blobs={"msgs": b"m3"}, metadata={"run_id": "r3"}),
+                ThreadCopy("a", "c"),
+                RunsDelete(("r1",)),
+                put("d", 1, blobs={"msgs": b"d1"}),
+                put("d", 2, parent=1, blobs={"msgs": b"d2"}),
+                ThreadPrune("d", "keep_latest"),
+                put("e", 1),
+                ThreadPrune("e", "delete"),
+            ]
+        ),
+        *items([put("z", 1, metadata={"run_id": "r1"})], partition=1),
+    ]
 
 
 def record(event: CheckpointEvent, partition: int, offset: int, topic: str = TOPIC) -> SourceRecord:

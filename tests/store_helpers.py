@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -11,12 +12,16 @@ import asyncpg
 
 from graphledger.events import envelope
 from graphledger.events.envelope import Envelope
-from graphledger.events.store import StoreDelete, StoreEvent, StorePut, Vector
+from graphledger.events.store import StoreDelete, StoreEvent, StoreExpire, StorePut, StoreRefresh, Vector
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projection.store import StoreProjection
 
 STORE_TOPIC = "test.store"
+T0 = 1_767_225_600_000
+"""2026-01-01T00:00:00Z in ms: the producer time store projection logs start at."""
+DIMS = 4
+"""The vector size of the store projection tests' schemas."""
 
 STORE_TABLES = {
     "store": "prefix, key",
@@ -48,6 +53,49 @@ def record(event: StoreEvent, ts_ms: int, partition: int, offset: int, topic: st
     return SourceRecord(
         topic, partition, offset, event.key.encode(), envelope.encode(env), tuple(envelope.headers_for(env))
     )
+
+
+def vec(*xs: float) -> list[float]:
+    """A `DIMS`-long vector starting with `xs`, zeros after."""
+    return [*xs, *([0.0] * (DIMS - len(xs)))]
+
+
+class Log:
+    """Records of one partition with increasing offsets, as the projector would read them."""
+
+    def __init__(self, partition: int = 0) -> None:
+        self.partition = partition
+        self.offset = 0
+
+    def __call__(self, event: StoreEvent, ts_ms: int) -> SourceRecord:
+        r = record(event, ts_ms, self.partition, self.offset)
+        self.offset += 1
+        return r
+
+
+def random_events(rnd: random.Random, n: int, *, maintenance: bool = False) -> list[tuple[StoreEvent, int]]:
+    """`(event, producer time)`: puts (with vectors, without, with none, with TTLs) and deletes over few
+    items, so they interleave. With `maintenance`, also refreshes and expiries (the sweeper's decision
+    at the event's time), with gaps long enough for TTLs to run out."""
+    events: list[tuple[StoreEvent, int]] = []
+    ts = T0
+    for _ in range(n):
+        ts += rnd.choice([0, 1, 7, 20_000] if maintenance else [0, 1, 7])  # equal producer times happen
+        ns, key = rnd.choice([["a"], ["a", "b"], ["c"]]), rnd.choice(["k1", "k2", "k3"])
+        roll = rnd.random()
+        if roll < 0.25:
+            events.append((delete(ns, key), ts))
+            continue
+        if maintenance and roll < 0.35:
+            events.append((StoreRefresh(tuple(ns), key), ts))
+            continue
+        if maintenance and roll < 0.45:
+            events.append((StoreExpire(tuple(ns), key, ts), ts))
+            continue
+        fields = rnd.choice([None, {}, {"t": vec(1)}, {"t": vec(rnd.random(), 1), "u": vec(0, 0, 1)}, {"u": vec(1, 1)}])
+        ttl = rnd.choice([None, None, 5, 0.5])
+        events.append((put(ns, key, {"n": rnd.randint(0, 9)}, fields, ttl=ttl), ts))
+    return events
 
 
 class Applier:

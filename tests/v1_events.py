@@ -7,6 +7,7 @@ the files and compares with these objects, so a change that stops reading a v1 r
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from graphledger.events.checkpoint import (
     Blob,
@@ -21,6 +22,10 @@ from graphledger.events.checkpoint import (
     Write,
 )
 from graphledger.events.store import StoreDelete, StoreExpire, StorePut, StoreRefresh
+
+FIXTURES = Path(__file__).parent / "fixtures" / "events_v1"
+CHECKPOINT_TOPIC, STORE_TOPIC = "v1.checkpoints", "v1.store"
+"""The topics the tests replay the fixtures' records on."""
 
 EVENT_ID = "00000000-0000-4000-8000-0000000000v1"
 PRODUCED_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -80,3 +85,8 @@ EVENTS = {
     "store.refresh": StoreRefresh(("users", "v1"), "imported"),
     "store.expire": StoreExpire(("users", "v1"), "expired", PRODUCED_MS - 1_000),
 }
+
+
+def fixture(name: str) -> bytes:
+    """The record value of fixture `name` (a key of `EVENTS`), as graphledger 1 wrote it."""
+    return (FIXTURES / f"{name}.msgpack").read_bytes()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_TOPIC_PREFIX = "graphledger"
@@ -35,6 +35,7 @@ DEFAULT_API_MAX_RESULT_ITEMS = 10_000
 DEFAULT_API_MAX_CONSISTENCY_WAITS = 1_000
 DEFAULT_ERASURE_NAMESPACE_DEPTH = 2
 DEFAULT_KEY_CACHE_TTL_S = 60.0
+DEFAULT_HEALTH_DEADLINE_S = 60.0
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -275,6 +276,22 @@ class Settings(BaseSettings):
     )
     metrics_host: str = Field("127.0.0.1", description="Address the Prometheus endpoint listens on.")
 
+    # Health of the projector and the sweeper (the read API answers /healthz and /readyz on its own port).
+    health_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Port where the projector and the sweeper answer `/livez` and `/readyz`; unset or 0: none.",
+    )
+    health_host: str = Field("127.0.0.1", description="Address the `/livez` and `/readyz` endpoint listens on.")
+    health_deadline_s: float = Field(
+        DEFAULT_HEALTH_DEADLINE_S,
+        gt=0,
+        description="Longest a worker's loop may go without completing a step (the projector: a poll or a batch "
+        "attempt; the sweeper: a sweep page or a try for its lock, after its interval) before `/livez` answers "
+        "503. Above `projector_retry_max_s`, so a worker backing off from an outage stays live.",
+    )
+
     @field_validator("postgres_schema", "key_store_schema")
     @classmethod
     def _schema_is_identifier(cls, value: str, info: ValidationInfo) -> str:
@@ -282,6 +299,16 @@ class Settings(BaseSettings):
         if not _IDENTIFIER.match(value):
             raise ValueError(f"{info.field_name} {value!r} is not a lower-case SQL identifier")
         return value
+
+    @model_validator(mode="after")
+    def _health_deadline_outlasts_backoff(self) -> Settings:
+        # A projector waiting out its backoff is not frozen; with a shorter deadline /livez would say it is.
+        if self.health_deadline_s <= self.projector_retry_max_s:
+            raise ValueError(
+                f"health_deadline_s {self.health_deadline_s} must exceed projector_retry_max_s "
+                f"{self.projector_retry_max_s}: a projector backing off between retries would be reported frozen"
+            )
+        return self
 
     @property
     def checkpoint_topic(self) -> str:

@@ -143,7 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
         "a file from an earlier run is removed at start, so its appearance means ready",
     )
     dev.add_argument("--partitions", type=_positive_int, default=4, help="partitions of each topic (default 4)")
-    dev.add_argument("--demo", action="store_true", help="run the seed-001 graph through the stack once ready")
+    dev.add_argument(
+        "--demo",
+        action="store_true",
+        help="run LangGraph's persistence example (node_a -> node_b) through the stack once ready, and check it",
+    )
     dev.add_argument("--exit-after-demo", action="store_true", help="stop the stack after the demo (needs --demo)")
     dev.set_defaults(run=_dev)
 

@@ -118,6 +118,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.enabled) }}
 {{- fail "metrics.serviceMonitor.enabled needs metrics.enabled" }}
 {{- end }}
+{{- if and .Values.metrics.prometheusRule.enabled (not .Values.metrics.enabled) }}
+{{- fail "metrics.prometheusRule.enabled needs metrics.enabled: the alerts query the services' metrics" }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -149,6 +152,8 @@ GRAPHLEDGER_POSTGRES_SCHEMA: {{ .Values.postgres.schema | quote }}
 GRAPHLEDGER_PROJECTOR_GROUP_ID: {{ .Values.projector.groupId | quote }}
 GRAPHLEDGER_API_HOST: {{ .Values.api.host | quote }}
 GRAPHLEDGER_API_PORT: {{ .Values.api.port | toString | quote }}
+GRAPHLEDGER_HEALTH_HOST: "0.0.0.0"
+GRAPHLEDGER_HEALTH_PORT: {{ .Values.health.port | toString | quote }}
 {{- range $key, $value := .Values.config }}
 {{ $key }}: {{ $value | toString | quote }}
 {{- end }}
@@ -328,6 +333,13 @@ metadata:
     {{- with .values.podAnnotations }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
+{{- end }}
+
+{{/* The container port of a worker's /livez and /readyz (the projector, the sweeper). */}}
+{{- define "graphledger.healthPort" -}}
+- name: health
+  containerPort: {{ .Values.health.port }}
+  protocol: TCP
 {{- end }}
 
 {{- define "graphledger.metricsPort" -}}

@@ -69,7 +69,7 @@ class StorePut:
             "ttl_minutes": self.ttl_minutes,
             "vectors": None if self.vectors is None else [[path, list(vec)] for path, vec in self.vectors],
         }
-        if self.created_ms is not None:  # absent rather than null: a client's puts encode as before
+        if self.created_ms is not None:  # absent rather than null: a client's put encodes as at version 1
             payload["created_ms"] = self.created_ms
         return payload
 

@@ -3,7 +3,7 @@
 The client captures the caller's OpenTelemetry `Context` in the caller's thread (the background loop
 runs in another thread, where the caller's context is not current) and starts its spans under it.
 Kafka headers carry `traceparent` formatted here directly, whatever propagators the application
-configured: the header is part of graphledger's event format (DESIGN invariant 8). The projector
+configured: the header is part of graphledger's event format (docs/architecture.md, "Topics"). The projector
 parses it back into a `SpanContext` for its span links; a malformed header (records are untrusted
 input) yields no link rather than an error.
 """

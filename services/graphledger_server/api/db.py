@@ -33,9 +33,9 @@ class LifoConnectionPool(AsyncConnectionPool[Any]):
     """A pool that hands out the connection returned last (SQLAlchemy's `pool_use_lifo`).
 
     psycopg_pool cycles through its idle connections in turn, so at low load every read runs on a
-    backend that has sat idle the longest, with cold caches: a store search (on this pool then) took
-    0.3-0.45 ms longer than on the connection just used (measured at concurrency 1, 10 connections). Under load every
-    connection is busy and the order does not matter. psycopg_pool has no option for it, so the
+    backend that has sat idle the longest, with cold caches: a store search measured 0.3-0.45 ms slower
+    on it than on the connection just used (concurrency 1, 10 connections). Under load every connection
+    is busy and the order does not matter. psycopg_pool has no option for it, so the
     idle deque is replaced; the pool is fixed-size, so its shrinking (which takes from the same
     end) never runs. If a psycopg_pool release renames the deque, the pool stays FIFO and says so.
     """

@@ -12,6 +12,7 @@ import uvicorn
 from graphledger.settings import Settings
 from graphledger_server import telemetry
 from graphledger_server.api.app import create_app
+from graphledger_server.telemetry import api as api_telemetry
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -54,4 +55,5 @@ def server(settings: Settings) -> uvicorn.Server:
 def main(settings: Settings) -> None:
     """Entry point of `graphledger api` and `python -m graphledger_server.api`."""
     telemetry.setup("graphledger-api", settings)
+    api_telemetry.started()
     server(settings).run()

@@ -1,11 +1,11 @@
-"""`graphledger dev --demo`: the seed-001 graph checkpointed through the running stack, and checked.
+"""`graphledger dev --demo`: LangGraph's persistence example checkpointed through the running stack, and checked.
 
-The graph is LangGraph's persistence example (`node_a` → `node_b`, `bar` reduced with `operator.add`):
-one invoke makes exactly four checkpoints. The demo runs it with `KafkaSaver` (writes go to Kafka, the
-projector applies them, reads come back through the read API), prints what it wrote and read back, and
-compares that with the seed's documented history and with the same graph run on LangGraph's own
-`InMemorySaver`. It then does the same with `ainvoke` to show the async path. Any difference is a
-failure (exit status 1), so the demo doubles as an end-to-end check.
+The graph is the example of LangGraph's persistence guide (`node_a` → `node_b`, `bar` reduced with
+`operator.add`): one invoke makes exactly four checkpoints. The demo runs it with `KafkaSaver` (writes
+go to Kafka, the projector applies them, reads come back through the read API), prints what it wrote
+and read back, and compares that with the history the guide documents and with the same graph run on
+LangGraph's own `InMemorySaver`. It then does the same with `ainvoke` to show the async path. Any
+difference is a failure (exit status 1), so the demo doubles as an end-to-end check.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 INPUT = {"foo": ""}
 
-# The seed's history, newest first: (step, source, values, next, what the next task wrote).
+# The history the persistence guide documents, newest first: (step, source, values, next, what the next
+# task wrote).
 # The task results come from the pending writes of each checkpoint, so they check those round trip too.
 Summary = tuple[int, str, dict[str, Any], tuple[str, ...], tuple[tuple[str, Any], ...]]
 EXPECTED_HISTORY: list[Summary] = [
@@ -52,7 +53,7 @@ def node_b(state: State) -> dict[str, Any]:
 
 
 def build_graph() -> StateGraph:
-    """The seed-001 graph, uncompiled."""
+    """The persistence guide's graph, uncompiled."""
     from langgraph.graph import END, START, StateGraph
 
     workflow = StateGraph(State)
@@ -85,7 +86,10 @@ def run_demo(env: Mapping[str, str], out: TextIO | None = None) -> int:
 
     settings = settings_from_env(env)
     reference = _summarize(_history_sync(build_graph().compile(checkpointer=InMemorySaver()), "reference")[2])
-    print("demo: the seed-001 graph: START → node_a → node_b → END, channel `bar` reduced with operator.add", file=out)
+    print(
+        "demo: LangGraph's persistence example: START → node_a → node_b → END, channel `bar` reduced with operator.add",
+        file=out,
+    )
     problems: list[str] = []
 
     thread_id = f"demo-sync-{uuid.uuid4().hex[:8]}"
@@ -108,7 +112,7 @@ def run_demo(env: Mapping[str, str], out: TextIO | None = None) -> int:
             print(f"  - {problem}", file=out)
         return 1
     print(
-        "\ndemo: OK: both threads read back 4 checkpoints equal to the seed example and to InMemorySaver",
+        "\ndemo: OK: both threads read back the 4 checkpoints the persistence guide documents, as InMemorySaver does",
         file=out,
     )
     return 0
@@ -176,7 +180,7 @@ def _check(
     problems = []
     summary = _summarize(history)
     if summary != EXPECTED_HISTORY:
-        problems.append(f"{label}: history {summary!r} is not the seed's {EXPECTED_HISTORY!r}")
+        problems.append(f"{label}: history {summary!r} is not the documented {EXPECTED_HISTORY!r}")
     if summary != reference:
         problems.append(f"{label}: history {summary!r} differs from InMemorySaver's {reference!r}")
     if result != EXPECTED_HISTORY[0][2]:

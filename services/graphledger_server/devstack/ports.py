@@ -13,6 +13,27 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def free_port_block(count: int, host: str = "127.0.0.1") -> int:
+    """A base port with `count` consecutive free ports (the dev stack gives each service one metrics port)."""
+    for _ in range(50):
+        base = free_port(host)
+        if base + count > 65535:
+            continue
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no block of {count} free ports on {host}")
+
+
 def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.05) -> None:
     """Poll `condition` until it is true; raise TimeoutError naming `what` after `timeout_s`."""
     deadline = time.monotonic() + timeout_s

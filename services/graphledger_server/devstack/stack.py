@@ -49,6 +49,8 @@ STOP_TIMEOUT_S = 15.0  # per stop: how long children get after SIGTERM before SI
 # What an agent needs to reach the stack; everything else a client reads has a usable default.
 CLIENT_FIELDS = ("kafka_bootstrap_servers", "kafka_idempotence", "topic_prefix", "api_url", "api_token")
 SERVICES = ("projector", "api", "sweeper")
+WORKERS = ("projector", "sweeper")
+"""The services that answer `/livez` and `/readyz` on a health port of their own (the read API has its own)."""
 
 
 def settings_to_env(settings: Settings, fields: tuple[str, ...] | None = None) -> dict[str, str]:
@@ -122,6 +124,7 @@ class DevStack:
         self._pg: EmbeddedPostgres | None = None
         self._broker: EmbeddedBroker | None = None
         self._children: dict[str, ChildProcess] = {}
+        self._health_ports: dict[str, int] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -316,6 +319,10 @@ class DevStack:
         host = self.settings.metrics_host
         return {name: f"http://{host}:{base + i}/metrics" for i, name in enumerate(SERVICES)}
 
+    def health_urls(self) -> dict[str, str]:
+        """The `/livez` and `/readyz` base URL of each worker started so far, by name (kept across restarts)."""
+        return {name: f"http://127.0.0.1:{port}" for name, port in self._health_ports.items()}
+
     def client_env(self) -> dict[str, str]:
         """The `GRAPHLEDGER_*` variables an agent needs to use this stack through `KafkaSaver.from_env()`."""
         return settings_to_env(self.settings, CLIENT_FIELDS)
@@ -364,6 +371,8 @@ class DevStack:
         ]
         for name, url in self.metrics_urls().items():
             lines.append(f"  metrics of {name:<10} {url}")
+        for name, url in self.health_urls().items():
+            lines.append(f"  health of {name:<11} {url}/livez, {url}/readyz")
         if self.data_dir is not None:
             lines.append(
                 "  note: Postgres keeps its rows and stored offsets in the data dir, but the broker starts "
@@ -420,6 +429,10 @@ class DevStack:
         env.update(self.service_env())
         if self.settings.metrics_port:  # one endpoint per child: the base port, then the next ones
             env["GRAPHLEDGER_METRICS_PORT"] = str(self.settings.metrics_port + SERVICES.index(name))
+        if name in WORKERS:  # a port of its own, the same one after a restart
+            port = self._health_ports.setdefault(name, free_port())
+            env["GRAPHLEDGER_HEALTH_HOST"] = "127.0.0.1"
+            env["GRAPHLEDGER_HEALTH_PORT"] = str(port)
         env["PYTHONUNBUFFERED"] = "1"  # log lines reach the file as they happen
         if threading.current_thread() is threading.main_thread():
             env[PARENT_PID_ENV] = str(os.getpid())

@@ -14,6 +14,7 @@ import signal
 
 from graphledger.settings import Settings
 from graphledger_server import telemetry
+from graphledger_server.health.server import serving
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.worker import ProjectorWorker
@@ -25,22 +26,24 @@ async def run_projector(settings: Settings, stop: asyncio.Event | None = None, *
     """Consume and apply until `stop` is set (forever without one).
 
     `migrate_first` brings the schema up to date before consuming; migrations are idempotent and
-    serialized across processes, so every replica may do it.
+    serialized across processes, so every replica may do it. The worker's `/livez` and `/readyz` are
+    served from the start (with `GRAPHLEDGER_HEALTH_PORT`), so a migration that hangs shows too.
     """
     stop = stop or asyncio.Event()
-    if migrate_first:
-        applied = await migrate(
-            settings.postgres_dsn, settings.postgres_schema, vectors=VectorIndex.from_settings(settings)
-        )
-        if applied:
-            log.info("migrated schema %s: applied %s", settings.postgres_schema, applied)
     worker = ProjectorWorker(settings)
-    try:
-        await worker.start()
-        await worker.run(stop)
-    finally:
-        await worker.close()
-        log.info("projector stopped after %d batches, %d events", worker.batches, worker.events)
+    with serving(settings, worker.health):
+        if migrate_first:
+            applied = await migrate(
+                settings.postgres_dsn, settings.postgres_schema, vectors=VectorIndex.from_settings(settings)
+            )
+            if applied:
+                log.info("migrated schema %s: applied %s", settings.postgres_schema, applied)
+        try:
+            await worker.start()
+            await worker.run(stop)
+        finally:
+            await worker.close()
+            log.info("projector stopped after %d batches, %d events", worker.batches, worker.events)
 
 
 def main(settings: Settings) -> None:

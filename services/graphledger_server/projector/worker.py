@@ -1,11 +1,13 @@
 """The projector's consumer loop: fetch a batch, apply it in one transaction, repeat.
 
-Progress lives only in Postgres (`graphledger_offsets`, written with the rows): Kafka offsets are
-never committed, and on every assignment the consumer seeks to the stored offsets. A batch that
-fails on an error `driver_errors.verdict_of` calls `RETRY` (connection lost, serialization failure,
-deadlock, Kafka unreachable for a dead letter) is rolled back and retried as is, after a capped
-backoff; it is never skipped.
-A partition whose log lost records the projection applied is stopped, not reset (`log_guard`).
+Progress lives in Postgres (`graphledger_offsets`, written with the rows): on every assignment the
+consumer pauses the new partitions, seeks them to the stored offsets, and only then resumes them. The
+same offsets are also committed to the consumer group in Kafka after each batch, for Kafka's lag tools
+only (`group_offsets`); nothing reads them back. A batch that fails on an error
+`driver_errors.verdict_of` calls `RETRY` (connection lost, serialization failure, deadlock, Kafka
+unreachable for a dead letter) is rolled back and retried as is, after a capped backoff; it is never
+skipped. A partition whose log lost records the projection
+applied is stopped, not reset (`log_guard`). The loop reports its steps to `health` (`/livez`, `/readyz`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from graphledger.client.producer import new_producer
 from graphledger.events.chunks import RECORD_HEADROOM_BYTES
 from graphledger.settings import Settings
 from graphledger_server.driver_errors import Verdict, verdict_of
+from graphledger_server.health.state import WorkerHealth, caught_up
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.store import key_store_for
 from graphledger_server.projection.batch import BatchApplier, BatchResult, TopicProjection
@@ -32,6 +35,7 @@ from graphledger_server.projection.dead_letters import outgoing_records, outstan
 from graphledger_server.projection.offsets import OffsetStatements, stored_offsets
 from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projection.store import StoreProjection
+from graphledger_server.projector.group_offsets import GroupOffsetMirror
 from graphledger_server.projector.log_guard import LogGuard
 from graphledger_server.telemetry.projector import ProjectorTelemetry
 
@@ -90,7 +94,14 @@ class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]
         self.worker.batch_lock.release()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self.worker.seek_to_stored(assigned)
+        # Paused before the first await: the fetcher would otherwise start from the offsets committed
+        # to Kafka (monitoring only) while the stored ones are being read.
+        self.worker.consumer.pause(*assigned)  # type: ignore[union-attr]
+        try:
+            await self.worker.seek_to_stored(assigned)
+        except BaseException as exc:
+            self.worker.assignment_failed = exc  # aiokafka only logs a listener's error: the loop raises it
+            raise
 
 
 class ProjectorWorker:
@@ -122,6 +133,9 @@ class ProjectorWorker:
         self.events = 0
         self.telemetry = ProjectorTelemetry(settings)
         self._dead_letters_counted = -DEAD_LETTER_COUNT_INTERVAL_S
+        self.health = WorkerHealth(settings.health_deadline_s, not_ready_reason="waiting for a partition assignment")
+        self.group_offsets: GroupOffsetMirror | None = None
+        self.assignment_failed: BaseException | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -143,6 +157,7 @@ class ProjectorWorker:
             fetch_max_wait_ms=s.fetch_max_wait_ms,
             max_partition_fetch_bytes=max(1024 * 1024, s.max_message_bytes + RECORD_HEADROOM_BYTES),
         )
+        self.group_offsets = GroupOffsetMirror(self.consumer)
         self.consumer.subscribe(self.topics, listener=_SeekToStored(self))
         await self.consumer.start()
         log.info("projector consuming %s as group %s into schema %s", self.topics, s.projector_group_id,
@@ -151,6 +166,8 @@ class ProjectorWorker:
     async def close(self) -> None:
         """Leave the group (its partitions go to the other workers now), then close the rest."""
         try:
+            if self.group_offsets is not None:
+                await self.group_offsets.close()
             if self.consumer is not None:
                 await self.consumer.stop()
         finally:
@@ -175,8 +192,15 @@ class ProjectorWorker:
             records = await self.next_batch(stop)
             if records and not stop.is_set():  # on stop, a batch not started is left to the next worker
                 result = await self.apply_with_retry(records, stop)
+                if result is not None:
+                    self.commit_to_kafka(result.next_offsets)
                 if result is not None and result.dead_letters:
                     await self.count_dead_letters()
+
+    def commit_to_kafka(self, next_offsets: dict[tuple[str, int], int]) -> None:
+        """Mirror offsets Postgres committed into the group in Kafka, for lag tools (`group_offsets`)."""
+        if self.group_offsets is not None:
+            self.group_offsets.submit(next_offsets)
 
     async def count_dead_letters(self) -> None:
         """Recount the outstanding dead letters for their gauge; a failure only delays the gauge."""
@@ -198,6 +222,8 @@ class ProjectorWorker:
         self.guard.forget(partitions)
         for tp in partitions:
             self._held.pop(tp, None)
+        if self.group_offsets is not None:
+            self.group_offsets.forget(partitions)
         self.telemetry.lost_log = frozenset((tp.topic, tp.partition) for tp in self.guard.stopped)
 
     async def seek_to_stored(self, assigned: set[TopicPartition]) -> None:
@@ -231,6 +257,11 @@ class ProjectorWorker:
                 self.guard.positions[tp] = offset
         if beginning:
             await self.consumer.seek_to_beginning(*beginning)
+        self.consumer.resume(*assigned)
+        self.health.set_not_ready("assigned; nothing applied yet")
+        self.commit_to_kafka(
+            {(tp.topic, tp.partition): o for tp in assigned if (o := stored[tp.topic].get(tp.partition)) is not None}
+        )
         self.telemetry.assigned({(tp.topic, tp.partition): stored[tp.topic].get(tp.partition, 0) for tp in assigned})
         positions = (f"{tp.topic}:{tp.partition}@{stored[tp.topic].get(tp.partition, 0)}" for tp in sorted(assigned))
         log.info("assigned %s", ", ".join(positions))
@@ -267,7 +298,12 @@ class ProjectorWorker:
                 # A fetch raced the assignment's seek to the stored offsets; seek (again) and go on.
                 await self.seek_to_stored({tp for tp in exc.args if isinstance(tp, TopicPartition)})
                 continue
+            if self.assignment_failed is not None:
+                raise self.assignment_failed
             self.telemetry.fetched(self.consumer)  # high watermarks, for the lag gauge
+            self.health.progressed()
+            if not fetched and caught_up(self.consumer.assignment(), self.consumer.paused(), self.telemetry.lag):
+                self.health.set_ready()
             for tp, (position, high) in self.guard.beyond_end(self.consumer).items():
                 self.stop_partition(tp, position, f"the log of the partition now ends at offset {high}")
             if deadline is None and fetched:
@@ -306,6 +342,8 @@ class ProjectorWorker:
             except Exception as exc:
                 if verdict_of(exc) is not Verdict.RETRY:
                     raise
+                self.health.progressed()
+                self.health.set_not_ready(f"a batch keeps failing: {type(exc).__name__}")
                 if stop.is_set():
                     log.warning("abandoning a batch of %d records on stop after: %s", len(records), exc)
                     return None
@@ -314,6 +352,8 @@ class ProjectorWorker:
                 await self.pool.expire_connections()  # the retry gets a fresh connection, not a broken one
                 await _sleep_or_stop(stop, delay)
                 delay = min(delay * 2, self.settings.projector_retry_max_s)
+        self.health.progressed()
+        self.health.set_ready()
         self.batches += 1
         self.events += result.applied
         if result.stopped:

@@ -5,6 +5,10 @@ sweeps (`sweep.py`), the others stand by and take over when it dies. Whatever Po
 outage, a schema not migrated yet) and a broker that is away or slow make the replica stand by and
 retry at the next interval; it never exits on its own for them.
 SIGTERM or SIGINT ends it with exit status 0.
+
+Health (`/livez`, `/readyz` on `GRAPHLEDGER_HEALTH_PORT`): live while tries for the lock and sweep pages
+keep completing; ready once a try reached Postgres, as the active replica or a standby (a standby is
+useful: it takes over), and not ready while the tries fail.
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ from graphledger.event_sealer import EventSealer
 from graphledger.settings import Settings
 from graphledger_server import telemetry
 from graphledger_server.driver_errors import Verdict, is_database_error, verdict_of
+from graphledger_server.health.server import serving
+from graphledger_server.health.state import WorkerHealth
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import check_key_settings, key_store_for
 from graphledger_server.sweeper.leader import AdvisoryLeader
-from graphledger_server.sweeper.sweep import Sweep
+from graphledger_server.sweeper.sweep import Sweep, longest_step_s
 from graphledger_server.telemetry import sweeper as sweeper_telemetry
 
 log = logging.getLogger(__name__)
@@ -44,6 +50,11 @@ class SweeperRunner:
         self.active = False
         self.sweeps = 0
         self.published: dict[str, int] = dict.fromkeys(sweeper_telemetry.KINDS, 0)
+        self.health = WorkerHealth(
+            settings.health_deadline_s,
+            allowance_s=longest_step_s(settings),
+            not_ready_reason="before the first try for the sweeper lock",
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sweep or stand by every interval until `stop` is set; then release the lock."""
@@ -67,6 +78,7 @@ class SweeperRunner:
         try:
             conn = await self.leader.acquire()
             self._set_active(conn is not None)
+            self.health.set_ready()  # Postgres answered: this replica sweeps, or stands by to take over
             if conn is None:
                 return
             if self.publisher is None:
@@ -79,7 +91,7 @@ class SweeperRunner:
                 assert key_store is not None  # check_key_settings at start
                 self.sealer = EventSealer(StoreKeySource(key_store, self.settings), self.settings.key_cache_ttl_s)
             with sweeper_telemetry.sweep() as span:
-                report = await Sweep(self.settings, self.publisher, self.sealer).run(conn)
+                report = await Sweep(self.settings, self.publisher, self.sealer, self.health.progressed).run(conn)
                 for kind, count in report.published.items():
                     span.set_attribute(f"graphledger.sweep.{kind}", count)
                     self.published[kind] += count
@@ -92,6 +104,9 @@ class SweeperRunner:
             log.warning("sweeper: %s: %s; standing by until the next try", type(exc).__name__, exc)
             await self.leader.release()
             self._set_active(False)
+            self.health.set_not_ready(f"the last try failed: {type(exc).__name__}")
+        finally:
+            self.health.progressed()
 
     def _set_active(self, active: bool) -> None:
         if active != self.active:
@@ -101,8 +116,10 @@ class SweeperRunner:
 
 
 async def run_sweeper(settings: Settings, stop: asyncio.Event) -> None:
-    """Run one replica until `stop` is set (for the CLI and tests)."""
-    await SweeperRunner(settings).run(stop)
+    """Run one replica until `stop` is set (for the CLI and tests), its health served meanwhile."""
+    runner = SweeperRunner(settings)
+    with serving(settings, runner.health):
+        await runner.run(stop)
 
 
 def main(settings: Settings) -> None:

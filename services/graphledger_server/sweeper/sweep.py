@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -79,6 +80,12 @@ HAVING count(*) > $2::int
 MIN_SWEEP_WAIT_S = 30.0
 
 
+def longest_step_s(settings: Settings) -> float:
+    """The longest the sweeper legitimately goes between two completed steps: one page (publishing, then
+    waiting for the projector) or the wait between two sweeps."""
+    return settings.produce_timeout_s + max(MIN_SWEEP_WAIT_S, settings.sweeper_interval_s)
+
+
 @dataclass(slots=True)
 class SweepReport:
     """What one sweep published, by kind."""
@@ -89,11 +96,18 @@ class SweepReport:
 class Sweep:
     """The sweep queries of one schema and the publishing of their events."""
 
-    def __init__(self, settings: Settings, publisher: EventPublisher, sealer: EventSealer | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        publisher: EventPublisher,
+        sealer: EventSealer | None = None,
+        progressed: Callable[[], None] = lambda: None,
+    ) -> None:
         self.settings = settings
         self.publisher = publisher
         self.sealer = sealer
         """Seals the events of subjects the projection knows as sealed (None: every event in the clear)."""
+        self._progressed = progressed  # told after each page, so a long sweep is not taken for a frozen one
         schema = settings.postgres_schema
         self._erasure = erasure.ErasureStatements(schema)
         self._expired_items = render(EXPIRED_ITEMS_SQL, schema)
@@ -128,6 +142,7 @@ class Sweep:
             await self._publish(conn, self.settings.store_topic, events, telemetry.STORE_ITEM, report)
             last = rows[-1]
             cursor = (last["expires_at"], last["prefix"], last["key"])
+            self._progressed()
             if len(rows) < batch:
                 return
 
@@ -141,6 +156,7 @@ class Sweep:
             events = [ThreadExpire(r["thread_id"], cutoff_ms) for r in rows]
             await self._publish(conn, self.settings.checkpoint_topic, events, telemetry.IDLE_THREAD, report)
             cursor = (rows[-1]["last_active_at"], rows[-1]["thread_id"])
+            self._progressed()
             if len(rows) < batch:
                 return
 
@@ -159,6 +175,7 @@ class Sweep:
                 events = [ThreadPrune(thread_id, "keep_latest", keep) for thread_id in due]
                 await self._publish(conn, self.settings.checkpoint_topic, events, telemetry.OLD_CHECKPOINTS, report)
             cursor = page[-1]
+            self._progressed()
             if len(page) < batch:
                 return
 

@@ -65,6 +65,12 @@ def _sdk_installed() -> bool:
     )
 
 
+def started() -> None:
+    """Report the consistency timeouts counter at 0, so the first timeout is an increase a rate (the
+    dashboard, GraphledgerConsistencyTimeouts) sees, not the first sample of a new series."""
+    _consistency_timeouts.add(0)
+
+
 @contextmanager
 def consistency_wait(must_wait: bool) -> Iterator[dict[str, bool]]:
     """Measure a read's wait for its consistency token; set `outcome["timed_out"]` before leaving.

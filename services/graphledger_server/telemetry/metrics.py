@@ -188,6 +188,15 @@ PROJECTOR_BATCH_FAILURES = MetricSpec(
     names.PROJECTOR_SCOPE,
     (names.ERROR_TYPE,),
 )
+PROJECTOR_OFFSET_COMMIT_FAILURES = MetricSpec(
+    "graphledger.projector.offset_commit.failures",
+    "counter",
+    "{commit}",
+    "Commits of applied offsets to the consumer group in Kafka that failed, by exception class. Those commits "
+    "are for Kafka's lag tools (and KEDA) only: the projection is not affected, but those tools see stale lag.",
+    names.PROJECTOR_SCOPE,
+    (names.ERROR_TYPE,),
+)
 DEAD_LETTERS_OUTSTANDING = MetricSpec(
     "graphledger.dead_letters.outstanding",
     "observable_gauge",
@@ -310,6 +319,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
     PROJECTOR_FORKS,
     PROJECTOR_ERASED_RECORDS,
     PROJECTOR_BATCH_FAILURES,
+    PROJECTOR_OFFSET_COMMIT_FAILURES,
     DEAD_LETTERS_OUTSTANDING,
     HTTP_SERVER_REQUEST_DURATION,
     HTTP_SERVER_ACTIVE_REQUESTS,

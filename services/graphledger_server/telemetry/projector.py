@@ -61,6 +61,7 @@ _skipped = metrics.instrument(metrics.PROJECTOR_EVENTS_SKIPPED)
 _failures = metrics.instrument(metrics.PROJECTOR_BATCH_FAILURES)
 _forks = metrics.instrument(metrics.PROJECTOR_FORKS)
 _erased = metrics.instrument(metrics.PROJECTOR_ERASED_RECORDS)
+_offset_commit_failures = metrics.instrument(metrics.PROJECTOR_OFFSET_COMMIT_FAILURES)
 
 _workers: weakref.WeakSet[ProjectorTelemetry] = weakref.WeakSet()
 
@@ -68,6 +69,11 @@ _workers: weakref.WeakSet[ProjectorTelemetry] = weakref.WeakSet()
 def event_type_label(event_type: str | None) -> str:
     """The `graphledger.event.type` value for an event type: itself if known, else `other`."""
     return event_type if event_type in KNOWN_EVENT_TYPES else names.OTHER  # type: ignore[return-value]
+
+
+def offset_commit_failed(exc: BaseException) -> None:
+    """A commit of applied offsets to the consumer group in Kafka failed (monitoring only)."""
+    _offset_commit_failures.add(1, {names.ERROR_TYPE: type(exc).__qualname__})
 
 
 def _observe_lag() -> Iterator[tuple[float, dict[str, Any]]]:
@@ -144,6 +150,7 @@ class ProjectorTelemetry:
         self._committed: dict[TopicPartition, int] = {}
         self._consumer: Any = None
         _workers.add(self)
+        _skipped.add(0)  # reported from the start, so a panel or alert on redeliveries has a series before one
         metrics.observe(metrics.PROJECTOR_LAG, _observe_lag)
         metrics.observe(metrics.PROJECTOR_PARTITIONS_STOPPED, _observe_stopped)
         metrics.observe(metrics.DEAD_LETTERS_OUTSTANDING, _observe_dead_letters)

@@ -1,4 +1,4 @@
--- Retention (issue 4): what the sweeper's thread TTL and store refresh need, beside the official layout.
+-- Retention (docs/retention.md): what the sweeper's thread TTL and store refresh need, beside the official layout.
 
 -- A thread's last activity: the newest producer time of its checkpoint puts, writes and copies (the
 -- greatest one, so a replay in any batching writes the same value). Threads projected before this

@@ -1,0 +1,188 @@
+"""Event schema evolution on real Postgres and Kafka: v1 records apply forever, and a record from a newer
+graphledger stops its partition (metric) until an upgraded projector resumes it.
+
+Decoding the v1 fixtures and the upcasters are unit tests (`unit/test_event_versions.py`); the projector's
+"newer version stops only its partition" behaviour (log line, offsets, other partitions going on) is
+tested in `test_projector.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from graphledger.events import envelope, to_envelope
+from graphledger.events.envelope import Envelope
+from graphledger.settings import Settings
+from graphledger.telemetry import names
+from graphledger_server.commands.topics import ensure_topics
+from graphledger_server.projection.batch import BatchApplier
+from graphledger_server.projection.checkpoints import CheckpointProjection
+from graphledger_server.projection.migrate import migrate
+from graphledger_server.projection.records import DeadLetter, SourceRecord
+from graphledger_server.projection.store import StoreProjection
+from graphledger_server.projection.vector_index import VectorIndex
+from graphledger_server.projector.main import run_projector
+from graphledger_server.telemetry.projector import _observe_stopped
+from projection_helpers import put
+from v1_events import CHECKPOINT_ID, CHECKPOINT_TOPIC, PRODUCED_MS, STORE_TOPIC, VECTOR_DIMS, fixture
+
+SCHEMA = "v1"
+WAIT_S = 60.0
+
+
+async def test_v1_records_apply(fresh_database: str) -> None:
+    await migrate(fresh_database, SCHEMA, vectors=VectorIndex(VECTOR_DIMS))
+    projections: dict[str, Any] = {CHECKPOINT_TOPIC: CheckpointProjection(SCHEMA), STORE_TOPIC: StoreProjection(SCHEMA)}
+    dead: list[DeadLetter] = []
+
+    async def sink(letters: Any) -> None:
+        dead.extend(letters)
+
+    applier = BatchApplier(SCHEMA, "g", projections, sink)
+    order = {
+        CHECKPOINT_TOPIC: ["checkpoint.put", "checkpoint.writes", "thread.copy", "thread.prune", "runs.delete",
+                           "thread.delete"],
+        STORE_TOPIC: ["store.put", "store.put-imported", "store.delete"],
+    }  # fmt: skip
+    records = [
+        SourceRecord(topic, 0, offset, b"k", fixture(name))
+        for topic, names_ in order.items()
+        for offset, name in enumerate(names_)
+    ]
+    conn = await asyncpg.connect(fresh_database)
+    try:
+        await projections[STORE_TOPIC].prepare(conn)
+        result = await applier.apply(conn, records)
+        assert (result.applied, dead) == (len(records), [])
+
+        async def rows(sql: str) -> list[tuple[Any, ...]]:
+            return [tuple(r) for r in await conn.fetch(sql.replace("{s}", SCHEMA))]
+
+        assert await rows("SELECT thread_id, checkpoint_id FROM {s}.checkpoints ORDER BY 1") == [
+            ("thread-v1", CHECKPOINT_ID),
+            ("thread-v1-copy", CHECKPOINT_ID),
+        ]
+        assert await rows("SELECT thread_id, channel, type FROM {s}.checkpoint_blobs ORDER BY 1, 2") == [
+            ("thread-v1", "gone", "empty"),
+            ("thread-v1", "messages", "msgpack"),
+            ("thread-v1-copy", "gone", "empty"),
+            ("thread-v1-copy", "messages", "msgpack"),
+        ]
+        assert await rows("SELECT thread_id, idx, channel FROM {s}.checkpoint_writes ORDER BY 1, 2") == [
+            ("thread-v1", 0, "messages"),
+            ("thread-v1", 1, "counter"),
+            ("thread-v1-copy", 0, "messages"),
+            ("thread-v1-copy", 1, "counter"),
+        ]
+        items = await rows(
+            "SELECT key, value->>'text', (extract(epoch FROM created_at) * 1000)::bigint, "
+            "(extract(epoch FROM updated_at) * 1000)::bigint, ttl_minutes FROM {s}.store ORDER BY 1"
+        )
+        assert items == [
+            ("imported", "old", PRODUCED_MS - 86_400_000, PRODUCED_MS, 60),
+            ("profile", "likes pizza", PRODUCED_MS, PRODUCED_MS, None),
+        ]
+        assert await rows("SELECT key, field_name, embedding::text FROM {s}.store_vectors") == [
+            ("profile", "text", "[0.5,-0.25,1]")
+        ]
+    finally:
+        await conn.close()
+
+
+# -- a newer version in the log: the metric, and resuming after an upgrade ---------------------------
+
+
+@pytest.fixture
+async def settings(make_settings: Callable[..., Settings]) -> Settings:
+    s = make_settings(batch_max_wait_ms=20)
+    await ensure_topics(s)
+    await migrate(s.postgres_dsn, s.postgres_schema)
+    return s
+
+
+@pytest.fixture
+async def producer(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
+    p = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+    await p.start()
+    yield p
+    await p.stop()
+
+
+async def _wait(condition: Callable[[], Any], what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while not await condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {WAIT_S:.0f}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def test_a_newer_event_is_counted_stopped_on_and_applied_after_an_upgrade(
+    settings: Settings, producer: AIOKafkaProducer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def send(env: Envelope) -> int:
+        meta = await producer.send_and_wait(
+            settings.checkpoint_topic, envelope.encode(env), key=b"t", headers=envelope.headers_for(env), partition=0
+        )
+        return meta.offset
+
+    newer = to_envelope(put("t", 2))
+    await send(to_envelope(put("t", 1)))
+    upgraded = envelope.SCHEMA_VERSION + 1
+    stop_at = await send(Envelope(newer.type, newer.event_id, newer.produced_ms, newer.payload, version=upgraded))
+    last = await send(to_envelope(put("t", 3)))
+    conn = await asyncpg.connect(settings.postgres_dsn)
+
+    async def next_offset() -> int:
+        return (
+            await conn.fetchval(
+                f"SELECT next_offset FROM {settings.postgres_schema}.graphledger_offsets "
+                "WHERE topic = $1 AND partition = 0",
+                settings.checkpoint_topic,
+            )
+            or 0
+        )
+
+    def stopped_gauge() -> float:
+        return sum(
+            value
+            for value, attributes in _observe_stopped()
+            if attributes[names.MESSAGING_CONSUMER_GROUP_NAME] == settings.projector_group_id
+            and attributes[names.GRAPHLEDGER_STOP_REASON] == "newer_version"
+        )
+
+    async def run_until(condition: Callable[[], Any], what: str) -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_projector(settings, stop, migrate_first=False))
+        try:
+            await _wait(condition, what)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+
+    try:
+
+        async def stopped() -> bool:
+            return await next_offset() == stop_at and stopped_gauge() == 1
+
+        await run_until(stopped, "the partition to stop at the newer event, with the gauge at 1")
+        checkpoints = f"SELECT count(*) FROM {settings.postgres_schema}.checkpoints"
+        assert await conn.fetchval(checkpoints) == 1
+
+        # The operator deploys a projector that knows the newer version; it resumes at the stored offset.
+        monkeypatch.setattr(envelope, "SCHEMA_VERSION", upgraded)
+        monkeypatch.setitem(envelope.UPCASTERS, upgraded - 1, lambda event_type, payload: payload)
+
+        async def resumed() -> bool:
+            return await next_offset() == last + 1
+
+        await run_until(resumed, "the upgraded projector to apply the rest")
+        assert await conn.fetchval(checkpoints) == 3
+        assert await conn.fetchval(f"SELECT count(*) FROM {settings.postgres_schema}.graphledger_dead_letters") == 0
+    finally:
+        await conn.close()

@@ -1,0 +1,350 @@
+"""`graphledger replay` against the real broker and Postgres: rebuild under load, verify, switch, drop.
+
+The live side is real: KafkaSaver/KafkaStore write through the broker, an in-process projector applies,
+an in-process read API (uvicorn on a free port) serves the clients' reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from langgraph.checkpoint.base import empty_checkpoint
+
+from graphledger import KafkaSaver, KafkaStore
+from graphledger.embeddings import HashEmbedder
+from graphledger.errors import LossRefusedError, ReplayVerificationError
+from graphledger.settings import Settings
+from graphledger_server.api.main import server as api_server
+from graphledger_server.cli import main as cli_main
+from graphledger_server.commands.topics import ensure_topics
+from graphledger_server.devstack.ports import free_port
+from graphledger_server.projection.batch import BatchApplier
+from graphledger_server.projection.checkpoints import CheckpointProjection
+from graphledger_server.projection.migrate import migrate
+from graphledger_server.projection.vector_index import VectorIndex
+from graphledger_server.projector.main import run_projector
+from graphledger_server.replay import schemas
+from graphledger_server.replay.indexes import secondary_indexes
+from graphledger_server.replay.run import run_replay
+from projection_helpers import TOPIC, cid, put, record
+
+WAIT_S = 90.0
+DIMS = 8
+
+
+async def wait_for(condition: Callable[[], Awaitable[bool]], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def settings(make_settings: Callable[..., Settings]) -> Settings:
+    s = make_settings(
+        batch_max_wait_ms=20,
+        batch_max_events=500,
+        replay_batch_max_events=500,
+        store_vector_dims=DIMS,
+        store_index="flat",
+        api_port=free_port(),
+        consistency_timeout_s=30,
+    )
+    s = s.model_copy(update={"api_url": f"http://127.0.0.1:{s.api_port}"})
+    await ensure_topics(s)
+    await migrate(s.postgres_dsn, s.postgres_schema, vectors=VectorIndex.from_settings(s))
+    return s
+
+
+@contextlib.asynccontextmanager
+async def live_stack(settings: Settings) -> AsyncIterator[None]:
+    """An in-process projector and read API, stopped gracefully on exit."""
+    stop = asyncio.Event()
+    projector = asyncio.create_task(run_projector(settings, stop, migrate_first=False))
+    api = api_server(settings)
+    serving = asyncio.create_task(api.serve())
+    try:
+        await wait_for(lambda: _started(api, serving), "the read API to listen")
+        yield
+    finally:
+        api.should_exit = True
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(serving, projector), 60)
+
+
+async def _started(api: Any, serving: asyncio.Task[None]) -> bool:
+    if serving.done():
+        serving.result()  # raises what stopped it
+    return bool(api.started)
+
+
+def _index() -> dict[str, Any]:
+    return {"dims": DIMS, "embed": HashEmbedder(DIMS), "fields": ["text"]}
+
+
+async def _put_checkpoint(
+    saver: KafkaSaver, thread_id: str, step: int, parent: dict[str, Any] | None
+) -> dict[str, Any]:
+    config = parent or {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    checkpoint = empty_checkpoint()
+    version = saver.get_next_version(None if step == 0 else str(step), None)
+    checkpoint["channel_values"] = {"messages": [f"message {step} of {thread_id}"], "step": step}
+    checkpoint["channel_versions"] = {"messages": version, "step": version}
+    written = await saver.aput(config, checkpoint, {"source": "loop", "step": step}, {"messages": version})
+    await saver.aput_writes(written, [("messages", f"pending {step}"), ("step", step)], task_id=f"task-{step}")
+    return written
+
+
+async def _write_load(saver: KafkaSaver, store: KafkaStore, tag: str, rounds: int, threads: int) -> dict[str, int]:
+    """`rounds` checkpoints (with writes) on each of `threads` threads and store puts/deletes; returns
+    thread id -> checkpoints written."""
+    heads: dict[str, dict[str, Any] | None] = {f"{tag}-{t}": None for t in range(threads)}
+    for step in range(rounds):
+        heads = dict(
+            zip(
+                heads,
+                await asyncio.gather(*(_put_checkpoint(saver, t, step, head) for t, head in heads.items())),
+                strict=True,
+            )
+        )
+        await asyncio.gather(
+            *(store.aput((tag, "docs"), f"k{t}", {"text": f"doc {t} at {step}", "step": step}) for t in range(threads)),
+            store.aput((tag, "plain"), f"s{step}", {"step": step}, index=False),
+        )
+        if step % 3 == 2:
+            await store.adelete((tag, "plain"), f"s{step - 1}")
+    return {t: rounds for t in heads}
+
+
+async def test_replay_under_load_switches_to_an_identical_schema(settings: Settings, monkeypatch: Any) -> None:
+    live = settings.postgres_schema
+    failures: list[str] = []
+    reads = 0
+    async with (
+        live_stack(settings),
+        KafkaSaver(settings) as saver,
+        KafkaStore(settings, index=_index()) as store,
+        KafkaSaver(settings) as reader,
+        KafkaStore(settings) as store_reader,
+    ):
+        written = await _write_load(saver, store, "before", rounds=6, threads=20)
+        probe = {"configurable": {"thread_id": "before-3", "checkpoint_ns": ""}}
+        assert (await saver.aget_tuple(probe)) is not None  # read-your-writes: applied before the replay
+
+        stop = asyncio.Event()
+
+        async def read_loop() -> None:
+            """Reads of rows written before the replay, without a token, through the API: none may fail."""
+            nonlocal reads
+            while not stop.is_set():
+                try:
+                    got = await reader.aget_tuple(probe)
+                    item = await store_reader.aget(("before", "docs"), "k3")
+                    if got is None or got.checkpoint["channel_values"]["step"] != 5:
+                        failures.append(f"checkpoint read returned {got}")
+                    if item is None or item.value["step"] != 5:
+                        failures.append(f"store read returned {item}")
+                    reads += 1
+                except Exception as exc:  # every failure is recorded, none is expected
+                    failures.append(f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(0.005)
+
+        async def write_loop() -> dict[str, int]:
+            """Keeps writing (with read-your-writes checks through the writer's token) until stopped."""
+            done: dict[str, int] = {}
+            n = 0
+            while not stop.is_set():
+                done.update(await _write_load(saver, store, f"during{n}", rounds=3, threads=5))
+                latest = await saver.aget_tuple({"configurable": {"thread_id": f"during{n}-0", "checkpoint_ns": ""}})
+                if latest is None or latest.checkpoint["channel_values"]["step"] != 2:
+                    failures.append(f"read-your-writes of during{n}-0 returned {latest}")
+                n += 1
+            return done
+
+        readers = asyncio.create_task(read_loop())
+        writers = asyncio.create_task(write_loop())
+        try:
+            report = await run_replay(settings, out=None)
+        finally:
+            stop.set()
+            during = await writers
+            await readers
+        written.update(during)
+
+        assert report.retired is not None and report.retired.startswith(f"{live}_old_")
+        assert all(check.equal for check in report.checks), [c.describe() for c in report.checks]
+        sums = {c.table: c.live for c in report.checks}
+        assert sums["checkpoints"] is not None and sums["checkpoints"].rows >= 120
+        assert sums["store_vectors"] is not None and sums["store_vectors"].rows >= 20
+        assert report.events >= sum(report.offsets.values())
+
+        # After the switch the live projector applies new writes into the new schema, read back through the API.
+        after = await _write_load(saver, store, "after", rounds=3, threads=5)
+        written.update(after)
+        got = await saver.aget_tuple({"configurable": {"thread_id": "after-4", "checkpoint_ns": ""}})
+        assert got is not None and got.checkpoint["channel_values"]["step"] == 2
+        item = await store.aget(("after", "docs"), "k4")
+        assert item is not None and item.value == {"text": "doc 4 at 2", "step": 2}
+
+        conn = await asyncpg.connect(settings.postgres_dsn)
+        try:
+            # Nothing lost, nothing doubled: the (new) live schema holds exactly the checkpoints written.
+            rows = await conn.fetch(f"SELECT thread_id, count(*) AS n FROM {live}.checkpoints GROUP BY thread_id")
+            assert {r["thread_id"]: r["n"] for r in rows} == written
+            # The old schema stopped at the switch; the new one went on.
+            old_count = await conn.fetchval(f"SELECT count(*) FROM {report.retired}.checkpoints")
+            assert old_count == sums["checkpoints"].rows < sum(written.values())
+            # The rebuild loaded without secondary indexes and got the live schema's before the switch.
+            assert set(await secondary_indexes(conn, live)) == set(await secondary_indexes(conn, report.retired))
+            assert "checkpoints_thread_id_idx" in await secondary_indexes(conn, live)
+        finally:
+            await conn.close()
+        assert reads > 0 and failures == []
+
+        # A second rebuild (no switch) of the schema the projector kept writing after the switch equals it.
+        second = await run_replay(settings, switch=False, out=None)
+        assert second.retired is None and all(c.equal for c in second.checks)
+        assert second.offsets == {tp: o for tp, o in (await _live_offsets(settings)).items()}
+
+    # drop-old, through the CLI: the old schema goes, the live one and its rebuild-in-waiting stay.
+    monkeypatch.setenv("GRAPHLEDGER_POSTGRES_DSN", settings.postgres_dsn)
+    monkeypatch.setenv("GRAPHLEDGER_POSTGRES_SCHEMA", live)
+    assert await asyncio.to_thread(cli_main, ["replay", "drop-old", "not_ours"]) == 1
+    assert await asyncio.to_thread(cli_main, ["replay", "drop-old"]) == 0
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        names = {s.name: s.role for s in await schemas.list_schemas(conn, live)}
+        assert names == {live: "live", schemas.rebuild_name(live): "rebuild"}
+    finally:
+        await conn.close()
+
+
+async def _live_offsets(settings: Settings) -> dict[tuple[str, int], int]:
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        rows = await conn.fetch(
+            f"SELECT topic, partition, next_offset FROM {settings.postgres_schema}.graphledger_offsets "
+            "WHERE consumer_group = $1",
+            settings.projector_group_id,
+        )
+        return {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
+    finally:
+        await conn.close()
+
+
+async def test_a_tampered_live_schema_fails_verification_and_nothing_switches(settings: Settings) -> None:
+    async with live_stack(settings), KafkaSaver(settings) as saver, KafkaStore(settings, index=_index()) as store:
+        await _write_load(saver, store, "t", rounds=2, threads=3)
+        assert await saver.aget_tuple({"configurable": {"thread_id": "t-2", "checkpoint_ns": ""}}) is not None
+        conn = await asyncpg.connect(settings.postgres_dsn)
+        try:
+            live = settings.postgres_schema
+            await conn.execute(f"UPDATE {live}.store SET value = '{{\"tampered\": true}}' WHERE key = 'k1'")
+            with pytest.raises(ReplayVerificationError, match="store: DIFFERENT"):
+                await run_replay(settings, out=None)
+            assert [s.role for s in await schemas.list_schemas(conn, live)] == ["live", "rebuild"]
+            assert await conn.fetchval(f"SELECT count(*) FROM {live}.store WHERE value ? 'tampered'") == 1
+        finally:
+            await conn.close()
+
+
+async def test_refuses_finite_retention_unless_loss_is_accepted(
+    make_settings: Callable[..., Settings], monkeypatch: Any
+) -> None:
+    s = make_settings()
+    admin = AIOKafkaAdminClient(**s.kafka_client_options())  # type: ignore[arg-type]
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(s.checkpoint_topic, 2, 1, topic_configs={"retention.ms": "3600000"})])
+    finally:
+        await admin.close()
+    await ensure_topics(s, allow_finite_retention=True)
+    await migrate(s.postgres_dsn, s.postgres_schema)
+
+    with pytest.raises(LossRefusedError, match=rf"{s.checkpoint_topic} has retention.ms=3600000"):
+        await run_replay(s, out=None)
+    for name, value in s.model_dump(mode="json").items():
+        if value is not None and not isinstance(value, dict):
+            monkeypatch.setenv(f"GRAPHLEDGER_{name.upper()}", str(value))
+    assert await asyncio.to_thread(cli_main, ["replay", "run"]) == 1
+    conn = await asyncpg.connect(s.postgres_dsn)
+    try:
+        assert [x.role for x in await schemas.list_schemas(conn, s.postgres_schema)] == ["live"]  # nothing built
+    finally:
+        await conn.close()
+
+    report = await run_replay(s, accept_loss=True, out=None)
+    assert report.retired is not None and report.losses == [
+        f"topic {s.checkpoint_topic} has retention.ms=3600000 (events older than that are deleted)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "lock",
+    [
+        "LOCK TABLE {live}.graphledger_offsets IN EXCLUSIVE MODE",  # what the replay takes
+        "SELECT * FROM {live}.graphledger_offsets FOR UPDATE",  # rows only: the batch locks the old table's
+    ],
+)
+async def test_a_projector_batch_blocked_by_the_switch_lands_in_the_new_schema(
+    fresh_database: str, lock: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The live projector's side of the switch, step by step: its batch waits on the replay's lock, the
+    schemas are renamed, and the batch (statements already prepared on its connection) lands in the
+    schema now carrying the name, continuing from the same offset. Behind a table lock Postgres itself
+    resolves the name again after the wait; behind row locks the batch has locked the old table's rows,
+    and the offsets-table check makes it re-run."""
+    live, group, topic = "live", "g", TOPIC
+    caplog.set_level(logging.INFO, logger="graphledger_server.projection.batch")
+    await migrate(fresh_database, live)
+    await migrate(fresh_database, schemas.rebuild_name(live))
+
+    async def noop(letters: Any) -> None:
+        raise AssertionError(f"no dead letters expected: {letters}")
+
+    def applier(schema: str) -> BatchApplier:
+        return BatchApplier(schema, group, {topic: CheckpointProjection(schema)}, noop)
+
+    first = [record(put("t", 1), 0, 0)]
+    projector_conn = await asyncpg.connect(fresh_database)
+    replay_conn = await asyncpg.connect(fresh_database)
+    try:
+        projector = applier(live)
+        await projector.apply(projector_conn, first)  # prepares the projector's statements on its connection
+        await applier(schemas.rebuild_name(live)).apply(replay_conn, first)
+
+        async with replay_conn.transaction():
+            await replay_conn.execute(lock.format(live=live))
+            blocked = asyncio.create_task(projector.apply(projector_conn, [record(put("t", 2, 1), 0, 1)]))
+            pid = projector_conn.get_server_pid()
+
+            async def waiting() -> bool:
+                state = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1"
+                return await replay_conn.fetchval(state, pid) == "Lock"
+
+            await wait_for(waiting, "the projector's batch to wait on the replay's lock")
+            retired = await schemas.switch(replay_conn, live, datetime.now(UTC))
+        result = await blocked
+
+        assert result.applied == 1 and result.next_offsets == {(topic, 0): 2}
+        reran = any("re-running the batch" in r.getMessage() for r in caplog.records)
+        assert reran == lock.startswith("SELECT")
+        new = await replay_conn.fetch(f"SELECT checkpoint_id FROM {live}.checkpoints ORDER BY 1")
+        old = await replay_conn.fetch(f"SELECT checkpoint_id FROM {retired}.checkpoints ORDER BY 1")
+        assert [r[0] for r in new] == [cid(1), cid(2)] and [r[0] for r in old] == [cid(1)]
+        offsets = "SELECT next_offset FROM {}.graphledger_offsets"
+        assert await replay_conn.fetchval(offsets.format(live)) == 2
+        assert await replay_conn.fetchval(offsets.format(retired)) == 1
+    finally:
+        await projector_conn.close()
+        await replay_conn.close()

@@ -1,0 +1,113 @@
+"""The checkpoint projection's pure half: how a batch is planned, and which events are refused before SQL."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from graphledger.errors import InvalidEventError
+from graphledger.events import to_envelope
+from graphledger.events.checkpoint import RunsDelete, ThreadCopy, ThreadDelete, ThreadExpire, ThreadPrune
+from graphledger_server.projection.checkpoints import (
+    CopyThread,
+    DataRun,
+    DeleteRuns,
+    DeleteThreads,
+    PruneKeepLatest,
+    plan_batch,
+    to_checkpoint_event,
+)
+from projection_helpers import TOPIC, cid, items, put, writes
+
+
+def test_plan_cuts_runs_at_operations_and_merges_consecutive_deletes() -> None:
+    plan = plan_batch(
+        items(
+            [
+                put("a", 1),
+                writes("a", 1, "task", [("x", b"1")]),
+                ThreadDelete("a"),
+                ThreadPrune("b", "delete"),
+                put("a", 2),
+                ThreadCopy("a", "c"),
+                RunsDelete(("r1",)),
+                ThreadPrune("a", "keep_latest"),
+                RunsDelete(()),
+                put("a", 3),
+            ]
+        )
+    )
+    assert [type(s) for s in plan] == [
+        DataRun,
+        DeleteThreads,
+        DataRun,
+        CopyThread,
+        DeleteRuns,
+        PruneKeepLatest,
+        DataRun,
+    ]
+    assert plan[1] == DeleteThreads(("a", "b"))
+    assert plan[3] == CopyThread("a", "c", TOPIC, 0)
+
+
+def test_plan_merges_duplicate_keys_as_sequential_application_would() -> None:
+    (run,) = plan_batch(
+        items(
+            [
+                put("t", 1, parent=0, blobs={"ch": b"first"}),
+                put("t", 1, parent=7, blobs={"ch": b"second"}, metadata={"n": 2}),
+                writes("t", 1, "task", [("x", b"insert-1")]),
+                writes("t", 1, "task", [("x", b"insert-2")]),
+                writes("t", 1, "task", [("__error__", b"up-1")], upsert=True, first_idx=-1),
+                writes("t", 1, "task", [("__error__", b"up-2")], upsert=True, first_idx=-1, task_path="other"),
+                writes("t", 1, "task2", [("__error__", b"up")], upsert=True, first_idx=-1),
+                writes("t", 1, "task2", [("x", b"after-upsert")], first_idx=-1),
+            ]
+        )
+    )
+    assert isinstance(run, DataRun)
+    checkpoints = list(zip(*run.checkpoints, strict=True))
+    assert len(checkpoints) == 1
+    assert checkpoints[0][3] == cid(0)  # the first put's parent: the upsert does not touch it
+    assert '"n": 2' in checkpoints[0][5]  # the last put's metadata
+    assert next(zip(*run.blobs, strict=True))[5] == b"first"
+    assert list(zip(*run.writes_insert, strict=True)) == [("t", "", cid(1), "task", "", 0, "x", "bytes", b"insert-1")]
+    upserts = sorted(zip(*run.writes_upsert, strict=True))
+    assert upserts == [
+        ("t", "", cid(1), "task", "", -1, "__error__", "bytes", b"up-2"),  # task_path stays the first insert's
+        ("t", "", cid(1), "task2", "", -1, "__error__", "bytes", b"up"),  # a later plain insert does nothing
+    ]
+
+
+@pytest.mark.parametrize(
+    ("field", "text", "error"),
+    [
+        ("checkpoint_json", b'{"a": "\\u0000"}', "u0000"),
+        ("metadata_json", b'{"a": "\x00"}', "u0000"),
+        ("checkpoint_json", b'{"a": "\xff"}', "not UTF-8"),
+        ("metadata_json", b'{"a": "\\\\u0000"}', None),  # an escaped backslash, then "u0000": fine
+    ],
+)
+def test_json_postgres_would_refuse_is_an_invalid_event(field: str, text: bytes, error: str | None) -> None:
+    env = to_envelope(dataclasses.replace(put("t", 1), **{field: text}))
+    if error is None:
+        assert to_checkpoint_event(env).thread_id == "t"
+    else:
+        with pytest.raises(InvalidEventError, match=error):
+            to_checkpoint_event(env)
+
+
+def test_a_write_idx_beyond_int4_is_an_invalid_event() -> None:
+    with pytest.raises(InvalidEventError, match="int4"):
+        to_checkpoint_event(to_envelope(writes("t", 1, "task", [("x", b"1")], first_idx=2**31)))
+
+
+def test_a_prune_keep_and_a_thread_expire_are_validated() -> None:
+    assert ThreadPrune.from_payload({"thread_id": "t", "strategy": "keep_latest"}).keep == 1
+    assert ThreadPrune("t", "keep_latest", 4).to_payload()["keep"] == 4
+    for bad in (0, -1, True, 1.5, "2"):
+        with pytest.raises(InvalidEventError, match="prune keep"):
+            ThreadPrune.from_payload({"thread_id": "t", "strategy": "keep_latest", "keep": bad})
+    with pytest.raises(InvalidEventError, match="idle_before_ms"):
+        ThreadExpire.from_payload({"thread_id": "t", "idle_before_ms": -5})
