@@ -22,6 +22,8 @@ OUR_TABLES = (
     "graphledger_dead_letters",
     "graphledger_imports",  # 0005
     "graphledger_forks",  # 0007
+    "graphledger_subjects",  # 0008
+    "graphledger_thread_copies",  # 0008
 )
 # 0002_store: the store projection (its vector table only when configured: test_store_projection.py).
 STORE_TABLES = ("store", "store_migrations", "graphledger_store_index")

@@ -24,7 +24,9 @@ from graphledger_server.commands.topics import ensure_topics
 
 @pytest.fixture
 async def settings(make_settings: Callable[..., Settings]) -> Settings:
-    s = make_settings(postgres_dsn="postgresql://unused/unused")  # writes only: no projection, no read API
+    # Writes only, in the clear: no projection, and no read API to get data keys from (the order of
+    # sealed writes, under keyed-hash record keys, is tested in tests/acceptance/test_erasure.py).
+    s = make_settings(postgres_dsn="postgresql://unused/unused", encrypt_events=False)
     await ensure_topics(s)
     return s
 

@@ -7,8 +7,8 @@ so they continue a LangGraph run the application traces. Their own context, not 
 what travels on: in the record's `traceparent` header, and in the HTTP request's headers.
 
 Attributes follow the messaging (Kafka) and HTTP client semantic conventions. None carries event
-content: a record key only on the checkpoint topic, where it is a thread id; store keys (namespace
-and key, which may name a user) are left out.
+content: a record key only on the checkpoint topic, where it is a thread id (its keyed hash when events
+are sealed); store keys (namespace and key, which may name a user) are left out.
 """
 
 from __future__ import annotations

@@ -219,15 +219,16 @@ SELECT $1::text, $2::text WHERE $1::text <> $2::text
 ON CONFLICT DO NOTHING
 """
 
-# Erasure: everything of the listed threads ($1 -> thread ids), forks and copy lineage included.
+# Erasure: everything of the listed threads ($1 -> thread ids), forks included, and their lineage as
+# copies. Their lineage as sources stays: the eraser reads it once this applied, to erase each copy
+# (whose erasure then drops that row).
 ERASE_THREADS_SQL = """
 WITH c AS (DELETE FROM {schema}.checkpoints WHERE thread_id = ANY($1::text[])),
      b AS (DELETE FROM {schema}.checkpoint_blobs WHERE thread_id = ANY($1::text[])),
      w AS (DELETE FROM {schema}.checkpoint_writes WHERE thread_id = ANY($1::text[])),
      p AS (DELETE FROM {schema}.graphledger_thread_partitions WHERE thread_id = ANY($1::text[])),
      f AS (DELETE FROM {schema}.graphledger_forks WHERE thread_id = ANY($1::text[]))
-DELETE FROM {schema}.graphledger_thread_copies
-WHERE source_thread_id = ANY($1::text[]) OR target_thread_id = ANY($1::text[])
+DELETE FROM {schema}.graphledger_thread_copies WHERE target_thread_id = ANY($1::text[])
 """
 # Erasure of a tenant: every thread whose stored id starts with $1 (`<tenant>/`; starts_with, not
 # LIKE, as a tenant name may hold `_`).

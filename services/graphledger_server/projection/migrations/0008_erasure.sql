@@ -12,7 +12,8 @@ CREATE INDEX IF NOT EXISTS graphledger_subjects_name_idx ON {schema}.graphledger
 CREATE INDEX IF NOT EXISTS graphledger_subjects_tenant_idx ON {schema}.graphledger_subjects (tenant, kind);
 
 -- Which thread was copied into which (`copy_thread`): a copy holds its source's data, so erasing the
--- source erases its copies. Kept when either is deleted, dropped when either is erased.
+-- source erases its copies. Kept when either is deleted; dropped when the copy is erased, which the
+-- eraser does for each row of an erased source once the source's erasure applied.
 CREATE TABLE IF NOT EXISTS {schema}.graphledger_thread_copies (
     source_thread_id TEXT NOT NULL,
     target_thread_id TEXT NOT NULL,

@@ -1,0 +1,452 @@
+"""Erasure end to end (docs/security.md), on a dev stack of its own with two tenants.
+
+- Sentinel strings in graph state, pending writes, metadata, store values and embedded text reach no
+  Kafka record (key, value, header, chunk) of any topic, from the first write on.
+- After `graphledger erase thread|namespace|tenant`, the erased subjects' sentinels are in no row of
+  the projection (dead letters and stored chunks included), their keys are gone, and
+  `graphledger replay` rebuilds exactly the live projection from the same log.
+- Agent processes (separate OS processes, with their own `KafkaSaver`/`KafkaStore`) that hold a
+  subject's key are refused once it is erased; a write racing the erasure is refused or erased,
+  never readable.
+- A tenant's token cannot obtain another tenant's keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from operator import add
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import asyncpg
+import httpx
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from langgraph.graph import START, StateGraph
+from pydantic import SecretStr
+
+from agent_pods import AgentPod
+from graphledger import KafkaSaver, KafkaStore
+from graphledger.embeddings import HashEmbedder
+from graphledger.event_sealer import EventSealer
+from graphledger.events import envelope
+from graphledger.events.chunks import frame
+from graphledger.events.store import NAMESPACE_SEPARATOR, StorePut
+from graphledger.sealing import sealed_ref
+from graphledger.settings import Settings
+from graphledger.tenancy import hash_token, scoped_namespace
+from graphledger_server.devstack.stack import CLIENT_FIELDS, DevStack, settings_to_env
+from graphledger_server.keys.source import StoreKeySource
+from graphledger_server.keys.store import key_store_for
+
+pytestmark = pytest.mark.slow
+
+TENANTS = ("acme", "beta")
+KEY_CACHE_TTL_S = 600.0
+"""Longer than any test: a process that is refused learned of the erasure, its key did not expire."""
+SHORT_KEY_CACHE_TTL_S = 2.0
+WAIT_S = 90.0
+COMMAND_TIMEOUT_S = 180
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[str], add]
+    notes: Annotated[list[str], add]
+
+
+def chat_graph(saver: KafkaSaver) -> Any:
+    """Two nodes in one step, so each step has pending writes of a task another one is waiting for."""
+    builder = StateGraph(Chat)
+    builder.add_node("reply", lambda s: {"messages": [f"reply to {s['messages'][-1]}"]})
+    builder.add_node("note", lambda s: {"notes": [f"note on {s['messages'][-1]}"]})
+    builder.add_edge(START, "reply")
+    builder.add_edge(START, "note")
+    return builder.compile(checkpointer=saver)
+
+
+def sentinel(what: str) -> str:
+    return f"SENTINEL-{what}-{uuid.uuid4().hex}"
+
+
+@dataclass
+class Erasable:
+    dev: DevStack
+    tokens: dict[str, str]
+
+    def client(self, tenant: str, **overrides: Any) -> Settings:
+        return self.dev.settings.model_copy(
+            update={"api_token": SecretStr(self.tokens[tenant]), "key_encryption_keys": None, **overrides}
+        )
+
+    def agent_env(self, tenant: str, **overrides: str) -> dict[str, str]:
+        """An agent pod's environment: the client's settings only (no key-encryption key)."""
+        env = {k: v for k, v in os.environ.items() if not k.upper().startswith("GRAPHLEDGER_")}
+        env.update(settings_to_env(self.client(tenant), CLIENT_FIELDS))
+        env.update({f"GRAPHLEDGER_{k.upper()}": v for k, v in overrides.items()})
+        return env
+
+    def graphledger(self, *args: str) -> str:
+        """The CLI as an operator runs it; its stdout, or the test fails with its stderr."""
+        env = {k: v for k, v in os.environ.items() if not k.upper().startswith("GRAPHLEDGER_")}
+        env.update(self.dev.service_env())
+        done = subprocess.run(
+            [sys.executable, "-m", "graphledger_server", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+        )
+        assert done.returncode == 0, f"graphledger {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def post(self, path: str, body: Any, tenant: str) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.tokens[tenant]}"}
+        return httpx.post(f"{self.dev.settings.api_url}{path}", json=body, headers=headers, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def erasable() -> Iterator[Erasable]:
+    tokens = {tenant: secrets.token_urlsafe(24) for tenant in TENANTS}
+    hashes = ",".join(f"{tenant}:{hash_token(token)}" for tenant, token in tokens.items())
+    base = Settings(api_token_hashes=SecretStr(hashes), key_cache_ttl_s=KEY_CACHE_TTL_S)  # type: ignore[call-arg]
+    with DevStack(partitions=2, base=base) as dev:
+        yield Erasable(dev, tokens)
+
+
+# -- reading back everything ------------------------------------------------------------------------
+
+
+async def kafka_records(settings: Settings) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]:
+    """Every record of every topic of the deployment (checkpoints, store, dead letters), from offset 0
+    up to the high watermark each partition's fetch reports (tansu's listed end offsets run low)."""
+    topics = (settings.checkpoint_topic, settings.store_topic, settings.dead_letter_topic)
+    consumer = AIOKafkaConsumer(**settings.kafka_client_options(), enable_auto_commit=False)
+    await consumer.start()
+    try:
+        partitions = [
+            TopicPartition(topic, p) for topic in topics for p in sorted(consumer.partitions_for_topic(topic) or ())
+        ]
+        if not partitions:
+            await consumer._client.force_metadata_update()
+            partitions = [
+                TopicPartition(topic, p) for topic in topics for p in sorted(consumer.partitions_for_topic(topic) or ())
+            ]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        records = []
+        open_ = set(partitions)
+        deadline = time.monotonic() + WAIT_S
+        while open_:
+            assert time.monotonic() < deadline, f"the log was not read to its end: {sorted(map(str, open_))}"
+            batches = await consumer.getmany(*open_, timeout_ms=500)
+            for batch in batches.values():
+                records.extend((r.key, r.value, list(r.headers)) for r in batch)
+            for tp in list(open_):
+                end = consumer.highwater(tp)
+                if end is not None and await consumer.position(tp) >= end:
+                    open_.discard(tp)
+        return records
+    finally:
+        await consumer.stop()
+
+
+def found_in_log(records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]], text: str) -> bool:
+    needle = text.encode()
+    for key, value, headers in records:
+        parts = [key or b"", value or b""] + [h.encode() for h, _ in headers] + [v or b"" for _, v in headers]
+        if any(needle in part for part in parts):
+            return True
+    return False
+
+
+async def projection_text(settings: Settings) -> str:
+    """Every row of every table of the projection schema as text (bytea as hex), dead letters and
+    stored chunks included."""
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        tables = await conn.fetch(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = $1 AND table_type = 'BASE TABLE'",
+            settings.postgres_schema,
+        )
+        out = []
+        for row in tables:
+            rows = await conn.fetch(f'SELECT t::text AS row FROM {settings.postgres_schema}."{row["table_name"]}" t')
+            out.extend(r["row"] for r in rows)
+        return "\n".join(out)
+    finally:
+        await conn.close()
+
+
+def in_projection(text: str, rows: str) -> bool:
+    """Whether `text` is in the rows, as text (jsonb, text) or inside a bytea (hex)."""
+    return text in rows or text.encode().hex() in rows
+
+
+async def wait_for(condition: Callable[[], Any], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {WAIT_S:.0f}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+# -- the log holds no content -------------------------------------------------------------------------
+
+
+async def test_no_sentinel_reaches_any_kafka_record(erasable: Erasable) -> None:
+    state, metadata, stored, embedded = (sentinel(w) for w in ("state", "metadata", "stored", "embedded"))
+    thread = f"alice@example.com-{uuid.uuid4().hex[:8]}"  # an identifier: not even the record key shows it
+    label = f"bob@example-com-{uuid.uuid4().hex[:8]}"  # namespace labels hold no periods
+    large = " ".join([state] * 40_000)  # beyond max_message_bytes: published as chunks
+    settings = erasable.client("acme")
+    dims = erasable.dev.settings.store_vector_dims
+    assert dims is not None
+    async with (
+        KafkaSaver(settings) as saver,
+        KafkaStore(settings, index={"dims": dims, "embed": HashEmbedder(dims)}) as store,
+    ):
+        graph = chat_graph(saver)
+        config = {"configurable": {"thread_id": thread}, "metadata": {"note": metadata}}
+        await graph.ainvoke({"messages": [state]}, config)
+        await graph.ainvoke({"messages": [large]}, config)
+        await store.aput(("users", label), "profile", {"text": embedded, "secret": stored})
+        # Read back through the projection: the content is there, only the log does not show it.
+        assert (await graph.aget_state(config)).values["messages"][0] == state
+        assert (await store.aget(("users", label), "profile")).value["secret"] == stored  # type: ignore[union-attr]
+        hits = await store.asearch(("users", label), query=embedded)
+        assert [h.key for h in hits] == ["profile"]
+
+    # A control written in the clear by a client with sealing off is found: the scan sees every record.
+    control = sentinel("control")
+    async with KafkaSaver(erasable.client("acme", encrypt_events=False)) as clear:
+        await chat_graph(clear).ainvoke({"messages": [control]}, {"configurable": {"thread_id": f"clear-{control}"}})
+
+    records = await kafka_records(settings)
+    assert found_in_log(records, control)
+    for text in (state, metadata, stored, embedded, thread, label):
+        assert not found_in_log(records, text), f"{text} is in the log"
+    assert any(any(h == "gl-chunk" for h, _ in headers) for _, _, headers in records), "no chunked event was written"
+
+
+# -- erase, then nothing is left and a replay equals the live projection -----------------------------
+
+
+async def seal_and_send(
+    erasable: Erasable, settings: Settings, event: Any, tenant: str, *, only_first_chunk: bool
+) -> str:
+    """Publish `event` sealed as a client would, straight to the store topic, and return its subject's
+    reference: a bad event becomes a dead letter; with `only_first_chunk`, a large one leaves a stored
+    chunk that never completes."""
+    pool = await asyncpg.create_pool(erasable.dev.settings.postgres_dsn, min_size=1, max_size=1)
+    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+    await producer.start()
+    try:
+        key_store = key_store_for(erasable.dev.settings, pool)
+        assert key_store is not None
+        sealer = EventSealer(StoreKeySource(key_store, erasable.dev.settings), KEY_CACHE_TTL_S)
+        key, sealed = await sealer.seal(event, tenant)
+        ref = sealed_ref(sealed)
+        assert ref is not None
+        records = frame(envelope.encode(sealed), envelope.headers_for(sealed), 10_000, sealed.event_id)
+        if only_first_chunk:
+            assert len(records) > 1
+            records = records[:1]
+        for record in records:
+            await producer.send_and_wait(
+                settings.store_topic, record.value, key=key.encode() if key else None, headers=record.headers
+            )
+        return ref
+    finally:
+        await producer.stop()
+        await pool.close()
+
+
+async def test_erasing_a_thread_a_namespace_and_a_tenant_leaves_nothing_and_replay_agrees(erasable: Erasable) -> None:
+    run = uuid.uuid4().hex[:8]
+    erased = {w: sentinel(w) for w in ("thread", "copied", "namespace", "tenant", "tenant-item")}
+    kept = {w: sentinel(w) for w in ("thread", "item", "sibling")}
+    acme, beta = erasable.client("acme"), erasable.client("beta")
+    dims = erasable.dev.settings.store_vector_dims
+    assert dims is not None
+    index = {"dims": dims, "embed": HashEmbedder(dims)}
+    gone_thread, copy, kept_thread, beta_thread = (f"{w}-{run}" for w in ("gone", "copy", "kept", "beta"))
+    gone_ns, kept_ns = ("users", f"42-{run}"), ("users", f"43-{run}")
+    async with KafkaSaver(acme) as saver, KafkaStore(acme, index=index) as store:  # type: ignore[arg-type]
+        graph = chat_graph(saver)
+        await graph.ainvoke({"messages": [erased["thread"]]}, {"configurable": {"thread_id": gone_thread}})
+        await saver.acopy_thread(gone_thread, copy)
+        await graph.ainvoke({"messages": [erased["copied"]]}, {"configurable": {"thread_id": copy}})
+        await graph.ainvoke({"messages": [kept["thread"]]}, {"configurable": {"thread_id": kept_thread}})
+        await store.aput(gone_ns, "a", {"text": erased["namespace"]})
+        await store.aput((*gone_ns, "deeper"), "b", {"text": erased["namespace"]})
+        await store.aput(kept_ns, "a", {"text": kept["item"]})
+        await store.aput(("users",), "sibling", {"text": kept["sibling"]})
+        # A sealed event of the erased namespace that is dead-lettered (its vector has the wrong dims),
+        # and the first chunk of one that never completes.
+        stored_ns = scoped_namespace("acme", gone_ns)
+        bad = StorePut(stored_ns, "bad", json.dumps({"text": erased["namespace"]}).encode(), None, (("text", (1.0,)),))
+        ref = await seal_and_send(erasable, acme, bad, "acme", only_first_chunk=False)
+        big = StorePut(
+            stored_ns, "big", json.dumps({"text": " ".join([erased["namespace"]] * 2000)}).encode(), None, None
+        )
+        assert await seal_and_send(erasable, acme, big, "acme", only_first_chunk=True) == ref
+        assert (await graph.aget_state({"configurable": {"thread_id": copy}})).values["messages"][0] == erased["thread"]
+    async with KafkaSaver(beta) as beta_saver, KafkaStore(beta, index=index) as beta_store:  # type: ignore[arg-type]
+        await chat_graph(beta_saver).ainvoke(
+            {"messages": [erased["tenant"]]}, {"configurable": {"thread_id": beta_thread}}
+        )
+        await beta_store.aput(("users", run), "x", {"text": erased["tenant-item"]})
+
+    settings = erasable.dev.settings
+
+    async def traces(ref: str) -> tuple[int, int]:
+        """The dead letters and stored chunks of the subject `ref` (sealed: no sentinel shows in them)."""
+        conn = await asyncpg.connect(settings.postgres_dsn)
+        try:
+            schema = settings.postgres_schema
+            letters = f"SELECT count(*) FROM {schema}.graphledger_dead_letters WHERE subject_ref = $1"
+            chunks = f"SELECT count(*) FROM {schema}.graphledger_chunks WHERE subject_ref = $1"
+            return await conn.fetchval(letters, ref), await conn.fetchval(chunks, ref)
+        finally:
+            await conn.close()
+
+    async def everything_projected() -> bool:
+        rows = await projection_text(settings)
+        projected = all(in_projection(text, rows) for text in [*erased.values(), *kept.values()])
+        return projected and await traces(ref) == (1, 1)
+
+    await wait_for(everything_projected, "every sentinel to be projected (the check below can fail)")
+
+    erasable.graphledger("erase", "thread", gone_thread, "--tenant", "acme", "--by", "test")
+    erasable.graphledger("erase", "namespace", *gone_ns, "--tenant", "acme", "--by", "test")
+    report = json.loads(erasable.graphledger("erase", "tenant", "beta", "--by", "test", "--json"))
+    assert report["erased"] == [{"kind": "tenant", "ref": "beta"}]
+
+    left: list[str] = []
+
+    async def erased_rows_gone() -> bool:
+        rows = await projection_text(settings)
+        left[:] = [what for what, text in erased.items() if in_projection(text, rows)]
+        if await traces(ref) != (0, 0):
+            left.append("the namespace's dead letter or chunk")
+        return not left
+
+    try:
+        await wait_for(erased_rows_gone, "the erased subjects' rows, dead letters and chunks to be dropped")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; left: {left}") from None
+    rows = await projection_text(settings)
+    assert all(in_projection(text, rows) for text in kept.values()), "an erasure dropped another subject's rows"
+
+    # Their keys are gone (tombstones), and the audit table says who erased what.
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        keys = settings.key_store_schema
+        assert await conn.fetchval(f"SELECT count(*) FROM {keys}.data_keys WHERE wrapped IS NULL") >= 4
+        assert (
+            await conn.fetchval(f"SELECT count(*) FROM {keys}.data_keys WHERE tenant = 'beta' AND wrapped IS NOT NULL")
+            == 0
+        )
+        assert await conn.fetchval(f"SELECT wrapped FROM {keys}.tenant_keys WHERE tenant = 'beta'") is None
+        audit = await conn.fetch(f"SELECT kind, tenant, erased_by FROM {keys}.erasures ORDER BY id")
+        assert {(r["kind"], r["tenant"], r["erased_by"]) for r in audit} >= {
+            ("thread", "acme", "test"),
+            ("namespace", "acme", "test"),
+            ("tenant", "beta", "test"),
+        }
+    finally:
+        await conn.close()
+
+    # Reads answer as for subjects that never existed; the rest reads as before.
+    async with KafkaSaver(acme) as saver, KafkaStore(acme) as store:
+        assert await saver.aget_tuple({"configurable": {"thread_id": gone_thread}}) is None
+        assert await saver.aget_tuple({"configurable": {"thread_id": copy}}) is None
+        kept_state = await chat_graph(saver).aget_state({"configurable": {"thread_id": kept_thread}})
+        assert kept_state.values["messages"][0] == kept["thread"]
+        assert await store.aget(gone_ns, "a") is None
+        assert (await store.aget(kept_ns, "a")).value == {"text": kept["item"]}  # type: ignore[union-attr]
+
+    # The same log rebuilt into a fresh schema equals the live projection, table by table.
+    out = erasable.graphledger("replay", "run", "--no-switch")
+    assert "rebuilt" in out
+
+
+# -- writers that hold a key ---------------------------------------------------------------------------
+
+
+def test_an_agent_holding_the_key_is_refused_after_the_erasure(erasable: Erasable, tmp_path: Path) -> None:
+    run = uuid.uuid4().hex[:8]
+    thread = f"held-{run}"
+    pod = AgentPod("holder", erasable.agent_env("acme"), tmp_path)
+    try:
+        assert pod.call("turn", thread=thread, text="hello")["ok"]
+        erasable.graphledger("erase", "thread", thread, "--tenant", "acme")
+        # Its key is cached for KEY_CACHE_TTL_S, far longer than this test: the turn's read tells it.
+        refused = pod.call("turn", thread=thread, text="again")
+        assert not refused["ok"] and "SubjectErasedError" in refused["error"], refused
+        assert not refused["retryable"]
+        assert pod.call("turn", thread=f"other-{run}", text="hello")["ok"]  # other threads carry on
+    finally:
+        pod.close()
+
+
+async def test_writes_racing_an_erasure_are_refused_or_erased_never_readable(
+    erasable: Erasable, tmp_path: Path
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    thread, namespace = f"racing-{run}", ("users", f"racing-{run}")
+    env = erasable.agent_env("acme", key_cache_ttl_s=str(SHORT_KEY_CACHE_TTL_S))
+    pod = AgentPod("racer", env, tmp_path)
+    try:
+        assert pod.call("turn", thread=thread, text="first")["ok"]
+        assert pod.call("store_put", namespace=list(namespace), key="k0", value={"n": 0})["ok"]
+        turns = [pod.send("turn", thread=thread, text=f"turn {i}") for i in range(20)]
+        puts = [
+            pod.send("store_put", namespace=list(namespace), key=f"k{i + 1}", value={"n": i + 1}) for i in range(20)
+        ]
+        await asyncio.to_thread(erasable.graphledger, "erase", "thread", thread, "--tenant", "acme")
+        await asyncio.to_thread(erasable.graphledger, "erase", "namespace", *namespace, "--tenant", "acme")
+        answers = [await asyncio.to_thread(pod.answer, command) for command in [*turns, *puts]]
+        for answer in answers:
+            assert answer["ok"] or "SubjectErasedError" in answer["error"], answer
+        # Once refused, a writer stays refused: its next turn is refused at once, and its store writes
+        # once its cached key expires (SHORT_KEY_CACHE_TTL_S); until then they are sealed under the
+        # destroyed key.
+        refused = pod.call("turn", thread=thread, text="after")
+        assert not refused["ok"] and "SubjectErasedError" in refused["error"], refused
+
+        async def put_refused() -> bool:
+            answer = await asyncio.to_thread(pod.call, "store_put", namespace=list(namespace), key="late", value={})
+            return not answer["ok"] and "SubjectErasedError" in answer["error"]
+
+        await wait_for(put_refused, "the store write to be refused once the cached key expired")
+    finally:
+        pod.close()
+
+    # Every write above was acknowledged; reads reflect all of them (consistent reads), and none is readable.
+    async with KafkaSaver(erasable.client("acme")) as saver, KafkaStore(erasable.client("acme")) as store:
+        assert await saver.aget_tuple({"configurable": {"thread_id": thread}}) is None
+        assert await store.asearch(namespace, limit=100) == []
+        for i in range(21):
+            assert await store.aget(namespace, f"k{i}") is None
+
+
+def test_a_token_gets_no_key_of_another_tenant(erasable: Erasable) -> None:
+    mine = erasable.post("/v1/keys", {"subjects": [{"kind": "thread", "name": "acme/t"}]}, "acme")
+    assert mine.status_code == 200, mine.text
+    for name in ("beta/t", "t", "acmex/t"):
+        theirs = erasable.post("/v1/keys", {"subjects": [{"kind": "thread", "name": name}]}, "acme")
+        assert theirs.status_code == 403, (name, theirs.text)
+        assert "keys" not in theirs.json()
+    beta_users = NAMESPACE_SEPARATOR.join(("beta", "users", "1"))
+    namespace = erasable.post("/v1/keys", {"subjects": [{"kind": "namespace", "name": beta_users}]}, "acme")
+    assert namespace.status_code == 403, namespace.text
