@@ -50,3 +50,9 @@ def typed(type_: str, data: bytes) -> dict[str, Any]:
 
 def inline(value: Any) -> dict[str, Any]:
     return {"v": value}
+
+
+CLIENT_KEEPALIVE_S = 30.0
+SERVER_KEEPALIVE_S = 75
+"""How long an idle HTTP connection to the read API is kept by the client and by the server: the
+server's is longer, so that a client never sends on a connection the server is closing."""

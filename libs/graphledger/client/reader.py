@@ -22,7 +22,7 @@ from yarl import URL
 from graphledger.errors import ConsistencyTimeoutError, ReadApiError, SubjectErasedError
 from graphledger.settings import Settings
 from graphledger.telemetry.client import http_client_span, redact_url
-from graphledger.wire import MSGPACK
+from graphledger.wire import CLIENT_KEEPALIVE_S, MSGPACK
 
 _CONNECT_TIMEOUT_S = 5.0
 
@@ -77,19 +77,35 @@ class ReadApiClient:
         """Status, content type and body of one request; an unreachable API is a retryable error."""
         if self._session is None:
             self._proxy, self._proxy_auth = _env_proxy(self._base_url)
-            self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
+            connector = aiohttp.TCPConnector(keepalive_timeout=CLIENT_KEEPALIVE_S)
+            self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout, connector=connector)
         try:
-            async with self._session.request(
-                method,
-                self._base_url + path,
-                data=data,
-                headers=headers,
-                proxy=self._proxy,
-                proxy_auth=self._proxy_auth,
-            ) as response:
-                return response.status, response.headers.get("content-type", ""), await response.read()
+            try:
+                return await self._send(method, path, data, headers)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                # A pooled connection closed by the other end (a proxy's idle timeout, a restarted
+                # replica) fails the request that reuses it: send it once more, on a new connection.
+                # Every route the client calls may be repeated (reads; key creation and erasure are
+                # idempotent). A refused connection is the API being down: no second try.
+                if isinstance(exc, aiohttp.ClientConnectorError):
+                    raise
+            return await self._send(method, path, data, headers)
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise ReadApiError(0, "unreachable", f"{path}: {exc or type(exc).__name__}", retryable=True) from exc
+
+    async def _send(
+        self, method: str, path: str, data: bytes | None, headers: dict[str, str] | None
+    ) -> tuple[int, str, bytes]:
+        assert self._session is not None
+        async with self._session.request(
+            method,
+            self._base_url + path,
+            data=data,
+            headers=headers,
+            proxy=self._proxy,
+            proxy_auth=self._proxy_auth,
+        ) as response:
+            return response.status, response.headers.get("content-type", ""), await response.read()
 
 
 def _env_proxy(url: str) -> tuple[URL | None, aiohttp.BasicAuth | None]:

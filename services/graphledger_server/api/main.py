@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import uvicorn
 
 from graphledger.settings import Settings
+from graphledger.wire import SERVER_KEEPALIVE_S
 from graphledger_server import telemetry
 from graphledger_server.api.app import create_app
 from graphledger_server.telemetry import api as api_telemetry
@@ -46,6 +47,9 @@ def server(settings: Settings) -> uvicorn.Server:
         lifespan="on",
         # In-flight reads get to finish: the longest is a consistency wait plus its query.
         timeout_graceful_shutdown=int(settings.consistency_timeout_s) + 5,
+        # Idle connections outlive the client's (`client/reader.py`), so a client never sends on one the
+        # server is closing.
+        timeout_keep_alive=SERVER_KEEPALIVE_S,
         access_log=False,
         log_config=None,  # the process's logging setup, not uvicorn's
     )
