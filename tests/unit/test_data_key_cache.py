@@ -1,6 +1,5 @@
 """The data keys a reader of the log opens sealed events with (`graphledger_server.keys.lookup`),
-against an in-memory key store: fetched once, least recently used out first, erasures final. The
-projector with a real key store is `integration/test_erasure*.py`."""
+against an in-memory key store: fetched once, least recently used out first, erasures final."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The client's sealing of events (`graphledger.event_sealer`) against an in-memory key source: keys
 fetched once per subject and TTL, concurrent fetches coalesced, erased subjects refused, a bounded
-cache. The read API's key source and a real key store are `integration/test_erasure*.py`."""
+cache."""
 
 from __future__ import annotations
 

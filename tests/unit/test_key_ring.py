@@ -1,6 +1,5 @@
 """The key-encryption keys and the wrapping of data keys with them (`graphledger_server.keys.ring`),
-pure: parsing the setting without ever echoing a key, wrapping bound to the key's owner, rotation.
-`graphledger keys rotate` on a real key store is `integration/test_key_store.py`."""
+pure: parsing the setting without ever echoing a key, wrapping bound to the key's owner, rotation."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Sealing an envelope's payload with its subject's data key (`graphledger.sealing`), pure: what opens,
-what does not, and the clear errors of a sealed payload that is not one. Sealed events on the real
-log are `integration/test_erasure*.py`."""
+what does not, and the clear errors of a sealed payload that is not one."""
 
 from __future__ import annotations
 
