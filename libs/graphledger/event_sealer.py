@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,11 +49,12 @@ class _Cached:
 
 
 class EventSealer:
-    """Seals events for one process, caching keys for `ttl_s` seconds. On one event loop."""
+    """Seals events for one process, caching keys for `ttl_s` seconds (of `clock`). On one event loop."""
 
-    def __init__(self, source: KeySource, ttl_s: float) -> None:
+    def __init__(self, source: KeySource, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._source = source
         self._ttl_s = ttl_s
+        self._clock = clock
         self._tenants: dict[str, tuple[TenantKeys, float]] = {}
         self._keys: dict[str, _Cached] = {}
         self._wanted: dict[str, dict[str, Subject]] = {}
@@ -75,10 +76,10 @@ class EventSealer:
 
     async def tenant_keys(self, tenant: str) -> TenantKeys:
         cached = self._tenants.get(tenant)
-        if cached is not None and time.monotonic() < cached[1]:
+        if cached is not None and self._clock() < cached[1]:
             return cached[0]
         keys = await self._source.tenant_keys(tenant)
-        self._tenants[tenant] = (keys, time.monotonic() + self._ttl_s)
+        self._tenants[tenant] = (keys, self._clock() + self._ttl_s)
         return keys
 
     def thread_key(self, tenant: str, stored_thread_id: str) -> bytes | None:
@@ -95,7 +96,7 @@ class EventSealer:
 
     async def _data_key(self, tenant: str, ref: str, subject: Subject) -> DataKey:
         cached = self._keys.get(ref)
-        if cached is None or time.monotonic() >= cached.fresh_until:
+        if cached is None or self._clock() >= cached.fresh_until:
             future = self._pending.get(ref)
             if future is None:
                 loop = asyncio.get_running_loop()
@@ -127,7 +128,7 @@ class EventSealer:
                         future.set_exception(exc)
                         future.exception()  # retrieved: callers re-raise it from their own await
                 continue
-            fresh_until = time.monotonic() + self._ttl_s
+            fresh_until = self._clock() + self._ttl_s
             for ref in subjects:
                 future = self._pending.pop(ref)
                 key = found.get(ref)
@@ -135,6 +136,9 @@ class EventSealer:
                     future.set_exception(RuntimeError(f"the key source returned no key for subject {ref}"))
                     future.exception()
                     continue
+                known = self._keys.get(ref)
+                if known is not None and known.key is ERASED:  # told meanwhile (`erased`): an erasure is final
+                    key = ERASED
                 self._remember(ref, _Cached(key, float("inf") if key is ERASED else fresh_until))
                 future.set_result(key)
 

@@ -84,8 +84,8 @@ def sealed_ref(envelope: Envelope) -> str | None:
 
 
 def unseal(envelope: Envelope, data_key: Cipher) -> tuple[Envelope, SealedSubject]:
-    """The envelope with its payload opened, and its subject; `InvalidEventError` when it does not open
-    with `data_key`."""
+    """The envelope with its payload opened, and its subject; `InvalidEventError` naming what is wrong
+    when it does not open with `data_key` or opens to no payload."""
     ref = sealed_ref(envelope)
     assert ref is not None, "unseal of a payload in the clear"
     sealed: dict[str, Any] = envelope.payload[SEALED]
@@ -96,7 +96,10 @@ def unseal(envelope: Envelope, data_key: Cipher) -> tuple[Envelope, SealedSubjec
         plain = data_key.decrypt(nonce, ciphertext, _associated(envelope.event_id, ref))
     except InvalidTag:
         raise InvalidEventError(f"sealed payload of subject {ref} does not open with its key") from None
-    opened = ormsgpack.unpackb(plain)
+    try:
+        opened = ormsgpack.unpackb(plain)
+    except ormsgpack.MsgpackDecodeError:  # authentic, so written by a broken sealer
+        raise InvalidEventError(f"sealed payload of subject {ref} is not msgpack") from None
     if not isinstance(opened, dict):
         opened = {}
     payload, name, tenant = opened.get("payload"), opened.get("subject"), opened.get("tenant")

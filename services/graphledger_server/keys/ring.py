@@ -63,14 +63,16 @@ class KeyRing:
 def parse_keys(raw: str) -> list[tuple[str, bytes]]:
     """`id:base64,...` as `[(id, key)]`; raises `KeyRingError` naming the entry that is wrong."""
     keys: list[tuple[str, bytes]] = []
-    for entry in filter(None, (part.strip() for part in raw.split(","))):
-        kek_id, _, encoded = entry.partition(":")
+    for position, entry in enumerate(filter(None, (part.strip() for part in raw.split(","))), 1):
+        kek_id, separator, encoded = entry.partition(":")
         try:
             key = base64.b64decode(encoded, validate=True)
         except (binascii.Error, ValueError):
             key = b""
         if not kek_id or len(key) != KEY_BYTES:
-            raise KeyRingError(f"key-encryption key {kek_id or '?'!r} is not `id:` and {KEY_BYTES} bytes in base64")
+            # An entry without `id:` may be a bare key: it is named by its position, never by its text.
+            name = repr(kek_id) if kek_id and separator else f"#{position}"
+            raise KeyRingError(f"key-encryption key {name} is not `id:` and {KEY_BYTES} bytes in base64")
         if any(kek_id == seen for seen, _ in keys):
             raise KeyRingError(f"key-encryption key id {kek_id!r} is given twice")
         keys.append((kek_id, key))

@@ -1,0 +1,219 @@
+"""The client's sealing of events (`graphledger.event_sealer`) against an in-memory key source: keys
+fetched once per subject and TTL, concurrent fetches coalesced, erased subjects refused, a bounded
+cache."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from graphledger import event_sealer
+from graphledger.errors import SubjectErasedError
+from graphledger.event_sealer import EventSealer, TenantKeys
+from graphledger.events.checkpoint import RunsDelete, ThreadDelete
+from graphledger.events.envelope import Envelope
+from graphledger.sealing import ERASED, DataKey, cipher_of, new_data_key, sealed_ref, unseal
+from graphledger.subjects import Subject, record_key, reference, thread_record_key, thread_subject
+
+TENANT = "acme"
+TTL_S = 60.0
+HASH_KEY = b"\x07" * 32
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeKeySource:
+    """Keys made on first use, as the key store does; `gate` holds data-key answers back while clear."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, DataKey] = {}
+        self.erased_tenants: set[str] = set()
+        self.tenant_calls = 0
+        self.data_calls: list[list[str]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.asked = asyncio.Event()
+        """Set once a data-key request came in."""
+        self.failure: Exception | None = None
+
+    async def tenant_keys(self, tenant: str) -> TenantKeys:
+        self.tenant_calls += 1
+        if tenant in self.erased_tenants:
+            raise SubjectErasedError(f"tenant {tenant!r} was erased")
+        return TenantKeys(HASH_KEY, 2)
+
+    async def data_keys(self, tenant: str, subjects: Sequence[tuple[str, Subject]]) -> dict[str, DataKey]:
+        self.data_calls.append([ref for ref, _ in subjects])
+        self.asked.set()
+        await self.gate.wait()
+        if self.failure is not None:
+            raise self.failure
+        return {ref: self.keys.setdefault(ref, cipher_of(new_data_key())) for ref, _ in subjects}
+
+
+def ref_of(thread: str) -> str:
+    return reference(HASH_KEY, thread_subject(TENANT, thread))
+
+
+async def seal(sealer: EventSealer, thread: str) -> Envelope:
+    return (await sealer.seal(ThreadDelete(thread), TENANT))[1]
+
+
+async def asked(source: FakeKeySource) -> None:
+    """Until the source was asked for data keys."""
+    async with asyncio.timeout(5):
+        await source.asked.wait()
+
+
+async def test_a_sealed_event_carries_its_threads_record_key_and_opens_with_its_subjects_key() -> None:
+    source = FakeKeySource()
+    key, sealed = await EventSealer(source, TTL_S).seal(ThreadDelete("acme/t"), TENANT)
+    assert key == thread_record_key(HASH_KEY, "acme/t")
+    assert sealed_ref(sealed) == ref_of("acme/t")
+    opened, subject = unseal(sealed, source.keys[ref_of("acme/t")])  # type: ignore[arg-type]
+    assert opened.payload == {"thread_id": "acme/t"}
+    assert (subject.kind, subject.tenant, subject.name) == ("thread", TENANT, "acme/t")
+
+
+async def test_an_event_of_no_subject_is_left_in_the_clear_without_asking_for_a_key() -> None:
+    source = FakeKeySource()
+    key, env = await EventSealer(source, TTL_S).seal(RunsDelete(("run-1",)), TENANT)
+    assert (key, sealed_ref(env), source.data_calls) == (None, None, [])
+    assert key == record_key(HASH_KEY, RunsDelete(("run-1",)))
+
+
+async def test_keys_are_fetched_once_within_their_ttl_and_again_after_it() -> None:
+    source, clock = FakeKeySource(), Clock()
+    sealer = EventSealer(source, TTL_S, clock)
+    await seal(sealer, "acme/t")
+    clock.now += TTL_S - 1
+    await seal(sealer, "acme/t")
+    assert (source.tenant_calls, len(source.data_calls)) == (1, 1)
+    clock.now += 1
+    await seal(sealer, "acme/t")
+    assert (source.tenant_calls, source.data_calls) == (2, [[ref_of("acme/t")], [ref_of("acme/t")]])
+
+
+async def test_the_subjects_missing_in_one_loop_turn_are_fetched_in_one_request() -> None:
+    source = FakeKeySource()
+    sealer = EventSealer(source, TTL_S)
+    await sealer.tenant_keys(TENANT)
+    threads = ["acme/a"] * 5 + ["acme/b"] * 5
+    sealed = await asyncio.gather(*(seal(sealer, thread) for thread in threads))
+    assert len(source.data_calls) == 1
+    assert sorted(source.data_calls[0]) == sorted({ref_of("acme/a"), ref_of("acme/b")})
+    assert [sealed_ref(env) for env in sealed] == [ref_of(thread) for thread in threads]
+
+
+async def test_a_seal_waiting_for_a_fetch_in_flight_shares_it() -> None:
+    source = FakeKeySource()
+    sealer = EventSealer(source, TTL_S)
+    source.gate.clear()
+    first = asyncio.create_task(seal(sealer, "acme/t"))
+    await asked(source)
+    second = asyncio.create_task(seal(sealer, "acme/t"))
+    await asyncio.sleep(0)  # one loop turn: the second seal runs up to its wait for the key
+    assert not second.done()
+    source.gate.set()
+    await asyncio.gather(first, second)
+    assert source.data_calls == [[ref_of("acme/t")]]
+
+
+async def test_a_failed_fetch_fails_every_waiter_and_the_next_seal_asks_again() -> None:
+    source = FakeKeySource()
+    sealer = EventSealer(source, TTL_S)
+    await sealer.tenant_keys(TENANT)
+    source.failure = ConnectionError("key store down")
+    results = await asyncio.gather(seal(sealer, "acme/t"), seal(sealer, "acme/t"), return_exceptions=True)
+    assert [str(r) for r in results] == ["key store down"] * 2
+    source.failure = None
+    await seal(sealer, "acme/t")
+    assert len(source.data_calls) == 2
+
+
+async def test_a_subject_the_source_answers_erased_is_refused_from_then_on_without_asking() -> None:
+    source, clock = FakeKeySource(), Clock()
+    source.keys[ref_of("acme/t")] = ERASED
+    sealer = EventSealer(source, TTL_S, clock)
+    with pytest.raises(SubjectErasedError, match="thread 'acme/t' was erased"):
+        await seal(sealer, "acme/t")
+    clock.now += 10 * TTL_S
+    with pytest.raises(SubjectErasedError):
+        await seal(sealer, "acme/t")
+    assert len(source.data_calls) == 1
+    await seal(sealer, "acme/other")  # other subjects are unaffected
+
+
+async def test_a_subject_marked_erased_is_refused_although_its_key_is_cached() -> None:
+    source = FakeKeySource()
+    sealer = EventSealer(source, TTL_S)
+    await seal(sealer, "acme/t")
+    sealer.erased(ref_of("acme/t"))
+    with pytest.raises(SubjectErasedError, match="thread 'acme/t' was erased"):
+        await seal(sealer, "acme/t")
+    assert len(source.data_calls) == 1
+
+
+async def test_a_subject_marked_erased_while_its_key_is_fetched_stays_erased() -> None:
+    source = FakeKeySource()
+    sealer = EventSealer(source, TTL_S)
+    source.gate.clear()
+    in_flight = asyncio.create_task(seal(sealer, "acme/t"))
+    await asked(source)
+    sealer.erased(ref_of("acme/t"))  # the key answered next was read before the erasure
+    source.gate.set()
+    with pytest.raises(SubjectErasedError):
+        await in_flight
+    with pytest.raises(SubjectErasedError):
+        await seal(sealer, "acme/t")
+
+
+async def test_a_forgotten_tenant_is_asked_for_again_and_an_erased_one_refused() -> None:
+    source = FakeKeySource()
+    sealer = EventSealer(source, TTL_S)
+    assert sealer.thread_key(TENANT, "acme/t") is None
+    await seal(sealer, "acme/t")
+    assert sealer.thread_key(TENANT, "acme/t") == thread_record_key(HASH_KEY, "acme/t").encode()
+    source.erased_tenants.add(TENANT)
+    await seal(sealer, "acme/t")  # cached: the erasure is learned at the TTL, or told
+    sealer.forget_tenant(TENANT)
+    assert sealer.thread_key(TENANT, "acme/t") is None
+    with pytest.raises(SubjectErasedError, match="tenant 'acme' was erased"):
+        await seal(sealer, "acme/t")
+    assert source.tenant_calls == 2
+
+
+async def test_the_cache_keeps_at_most_max_cached_keys_dropping_the_longest_cached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(event_sealer, "MAX_CACHED_KEYS", 2)
+    source = FakeKeySource()
+    sealer = EventSealer(source, TTL_S)
+    for thread in ("acme/a", "acme/b", "acme/c", "acme/c", "acme/b"):
+        await seal(sealer, thread)
+    assert len(source.data_calls) == 3
+    await seal(sealer, "acme/a")
+    assert source.data_calls[-1] == [ref_of("acme/a")]
+
+
+async def test_a_subject_marked_erased_is_asked_for_again_once_dropped_from_a_full_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(event_sealer, "MAX_CACHED_KEYS", 2)
+    source = FakeKeySource()
+    sealer = EventSealer(source, TTL_S)
+    sealer.erased(ref_of("acme/x"))
+    for thread in ("acme/a", "acme/b"):
+        await seal(sealer, thread)
+    source.keys[ref_of("acme/x")] = ERASED
+    with pytest.raises(SubjectErasedError):
+        await seal(sealer, "acme/x")
+    assert source.data_calls[-1] == [ref_of("acme/x")]

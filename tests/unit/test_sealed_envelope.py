@@ -1,0 +1,48 @@
+"""A sealed envelope on the wire: it encodes and decodes like any other, and its records name the
+subject in the `gl-subject` header so a reader fetches keys before it decodes. v1 records decoding as
+events is `test_event_versions.py`."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphledger.events import envelope, to_envelope
+from graphledger.events.checkpoint import ThreadDelete
+from graphledger.sealing import SealedSubject, cipher_of, new_data_key, seal, sealed_ref, unseal
+from v1_events import EVENTS, fixture
+
+SUBJECT = SealedSubject("0a" * 16, "thread", "acme", "acme/t")
+
+
+def test_a_sealed_envelope_decodes_to_itself_and_still_opens() -> None:
+    key = cipher_of(new_data_key())
+    clear = to_envelope(ThreadDelete("acme/t"))
+    sealed = seal(clear, SUBJECT, key)
+    decoded = envelope.decode(envelope.encode(sealed))
+    assert decoded == sealed
+    assert decoded.version == envelope.SCHEMA_VERSION
+    assert unseal(decoded, key) == (clear, SUBJECT)
+
+
+def test_a_sealed_envelopes_headers_name_its_subject_after_type_and_version() -> None:
+    sealed = seal(to_envelope(ThreadDelete("acme/t")), SUBJECT, cipher_of(new_data_key()))
+    headers = envelope.headers_for(sealed, "00-trace-span-01")
+    assert headers == [
+        (envelope.HEADER_TYPE, b"thread.delete"),
+        (envelope.HEADER_VERSION, str(envelope.SCHEMA_VERSION).encode()),
+        (envelope.HEADER_SUBJECT, SUBJECT.ref.encode()),
+        (envelope.HEADER_TRACEPARENT, b"00-trace-span-01"),
+    ]
+    assert envelope.header(headers, envelope.HEADER_SUBJECT) == SUBJECT.ref.encode()
+
+
+def test_a_clear_envelopes_headers_name_no_subject() -> None:
+    headers = envelope.headers_for(to_envelope(ThreadDelete("acme/t")))
+    assert envelope.header(headers, envelope.HEADER_SUBJECT) is None
+
+
+@pytest.mark.parametrize("name", sorted(EVENTS))
+def test_a_v1_record_is_upcast_to_a_clear_payload(name: str) -> None:
+    decoded = envelope.decode(fixture(name))
+    assert sealed_ref(decoded) is None
+    assert envelope.header(envelope.headers_for(decoded), envelope.HEADER_SUBJECT) is None
