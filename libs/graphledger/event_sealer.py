@@ -60,6 +60,7 @@ class EventSealer:
         self._wanted: dict[str, dict[str, Subject]] = {}
         self._pending: dict[str, asyncio.Future[DataKey]] = {}
         self._flush: asyncio.Handle | None = None
+        self._fetches: set[asyncio.Task[None]] = set()
 
     async def seal(self, event: Event, tenant: str, envelope: Envelope | None = None) -> tuple[str | None, Envelope]:
         """`event`'s record key and sealed envelope (names as stored, of `tenant`); `envelope`: the
@@ -103,7 +104,7 @@ class EventSealer:
                 future = self._pending[ref] = loop.create_future()
                 self._wanted.setdefault(tenant, {})[ref] = subject
                 if self._flush is None:
-                    self._flush = loop.call_soon(lambda: loop.create_task(self._fetch()))
+                    self._flush = loop.call_soon(self._start_fetch, loop)
             key = await asyncio.shield(future)
         else:
             key = cached.key
@@ -111,15 +112,21 @@ class EventSealer:
             raise SubjectErasedError(f"{subject.kind} {subject.name!r} was erased: nothing more is written for it")
         return key
 
+    def _start_fetch(self, loop: asyncio.AbstractEventLoop) -> None:
+        task = loop.create_task(self._fetch())
+        self._fetches.add(task)  # held until done: the loop keeps only a weak reference to a task
+        task.add_done_callback(self._fetches.discard)
+
     async def _fetch(self) -> None:
         self._flush = None
         wanted, self._wanted = self._wanted, {}
-        for tenant, subjects in wanted.items():
+        for i, (tenant, subjects) in enumerate(wanted.items()):
             try:
                 found = await self._source.data_keys(tenant, list(subjects.items()))
             except asyncio.CancelledError:
-                for ref in subjects:
-                    self._pending.pop(ref).cancel()
+                for _, later in list(wanted.items())[i:]:  # this tenant's and those not reached: no waiter hangs
+                    for ref in later:
+                        self._pending.pop(ref).cancel()
                 raise
             except Exception as exc:
                 for ref in subjects:

@@ -24,10 +24,13 @@ from typing import Literal, assert_never
 
 from graphledger.events import Event, checkpoint, erasure, store
 from graphledger.events.store import KEY_SEPARATOR, NAMESPACE_SEPARATOR
+from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH
 
 SubjectKind = Literal["thread", "namespace"]
 
-DEFAULT_NAMESPACE_DEPTH = 2
+LABEL_SEPARATOR = "."
+"""Joins a namespace subject's labels: LangGraph refuses a label holding a period, so the name is
+unambiguous, and it is the item's `store.prefix` as the official store writes it."""
 REFERENCE_BYTES = 16
 """A reference or record key is the first 128 bits of the HMAC, in hex."""
 
@@ -39,7 +42,7 @@ class Subject:
     kind: SubjectKind
     tenant: str
     name: str
-    """The thread id, or the namespace prefix's labels joined by "\\x1f"."""
+    """The thread id, or the namespace prefix's labels joined by `LABEL_SEPARATOR`."""
 
 
 def thread_subject(tenant: str, stored_thread_id: str) -> Subject:
@@ -49,7 +52,13 @@ def thread_subject(tenant: str, stored_thread_id: str) -> Subject:
 def namespace_subject(tenant: str, stored_namespace: tuple[str, ...], depth: int) -> Subject:
     """The subject of an item of `stored_namespace` (which starts with the tenant's label if any)."""
     kept = depth + (1 if tenant else 0)
-    return Subject("namespace", tenant, NAMESPACE_SEPARATOR.join(stored_namespace[:kept]))
+    return Subject("namespace", tenant, LABEL_SEPARATOR.join(stored_namespace[:kept]))
+
+
+def namespace_subject_depth(tenant: str, depth: int) -> int:
+    """Labels of a full-depth namespace subject of `tenant` (its own label included); a shorter
+    subject holds only the items stored right in it."""
+    return depth + (1 if tenant else 0)
 
 
 def subject_of(event: Event, tenant: str, namespace_depth: int) -> Subject | None:
@@ -92,7 +101,7 @@ def record_key(hash_key: bytes, event: Event) -> str | None:
         case checkpoint.ThreadCopy():
             return thread_record_key(hash_key, event.source_thread_id)  # after the source's writes
         case _:
-            subject = subject_of(event, "", DEFAULT_NAMESPACE_DEPTH)
+            subject = subject_of(event, "", DEFAULT_ERASURE_NAMESPACE_DEPTH)  # a thread's: no depth applies
             return None if subject is None else thread_record_key(hash_key, subject.name)
 
 

@@ -380,6 +380,35 @@ async def test_erasing_a_thread_a_namespace_and_a_tenant_leaves_nothing_and_repl
     assert "rebuilt" in out
 
 
+async def test_erasing_a_namespace_shorter_than_the_subjects_erases_the_subjects_below_it(erasable: Erasable) -> None:
+    """With subjects of two labels, `("org",)` is the subject of the items right in it, and erasing it
+    erases `("org", "team")` (and what is below that) too, each under its own key: a replay agrees."""
+    run = uuid.uuid4().hex[:8]
+    org, kept = f"org-{run}", f"keep-{run}"
+    erased = {w: sentinel(w) for w in ("top", "team", "deep")}
+    survivor = sentinel("kept")
+    async with KafkaStore(erasable.client("acme")) as store:
+        await store.aput((org,), "top", {"text": erased["top"]})
+        await store.aput((org, "team"), "x", {"text": erased["team"]})
+        await store.aput((org, "team", "deep"), "y", {"text": erased["deep"]})
+        await store.aput((kept, "team"), "z", {"text": survivor})
+        assert (await store.aget((org, "team", "deep"), "y")) is not None
+    settings = erasable.dev.settings
+    rows = await projection_text(settings)
+    assert all(in_projection(text, rows) for text in [*erased.values(), survivor])
+
+    report = json.loads(erasable.graphledger("erase", "namespace", org, "--tenant", "acme", "--json"))
+    assert len(report["erased"]) == 2  # ("acme", org) and ("acme", org, "team")
+
+    async def gone() -> bool:
+        rows = await projection_text(settings)
+        return not any(in_projection(text, rows) for text in erased.values())
+
+    await wait_for(gone, "the items of the namespace and of those below it to be dropped")
+    assert in_projection(survivor, await projection_text(settings))
+    erasable.graphledger("replay", "run", "--no-switch")
+
+
 # -- writers that hold a key ---------------------------------------------------------------------------
 
 

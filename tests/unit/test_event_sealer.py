@@ -217,3 +217,18 @@ async def test_a_subject_marked_erased_is_asked_for_again_once_dropped_from_a_fu
     with pytest.raises(SubjectErasedError):
         await seal(sealer, "acme/x")
     assert source.data_calls[-1] == [ref_of("acme/x")]
+
+
+async def test_a_cancelled_fetch_fails_every_waiter_of_every_tenant_it_had_not_reached() -> None:
+    source = FakeKeySource()
+    source.gate.clear()
+    sealer = EventSealer(source, TTL_S)
+    first = asyncio.create_task(sealer.seal(ThreadDelete("acme/t"), TENANT))
+    second = asyncio.create_task(sealer.seal(ThreadDelete("beta/t"), "beta"))
+    await asked(source)
+    (fetch,) = sealer._fetches  # noqa: SLF001 - the one fetch in flight, held by the sealer
+    fetch.cancel()
+    async with asyncio.timeout(5):
+        results = await asyncio.gather(first, second, return_exceptions=True)
+    assert all(isinstance(r, asyncio.CancelledError) for r in results), results
+    assert not sealer._fetches  # noqa: SLF001

@@ -35,8 +35,8 @@ from graphledger.subjects import (
 
 HASH_KEY = b"\x01" * 32
 OTHER_HASH_KEY = b"\x02" * 32
-THREAD = "acme/alice@example.com"
-NAMESPACE = ("acme", "users", "alice@example.com", "memories")
+THREAD = "acme/alice@example-com"
+NAMESPACE = ("acme", "users", "alice@example-com", "memories")
 ITEM = "favourite-food"
 HEX_KEY = re.compile(f"[0-9a-f]{{{2 * REFERENCE_BYTES}}}")
 
@@ -77,16 +77,16 @@ def test_run_deletions_and_erasures_carry_no_ones_data(event: Event) -> None:
 
 @pytest.mark.parametrize("event", STORE_EVENTS, ids=lambda e: e.TYPE)
 def test_a_store_event_is_the_data_of_its_namespaces_first_labels_after_the_tenants(event: Event) -> None:
-    assert subject_of(event, "acme", 2) == Subject("namespace", "acme", "acme\x1fusers\x1falice@example.com")
-    assert subject_of(event, "acme", 1) == Subject("namespace", "acme", "acme\x1fusers")
+    assert subject_of(event, "acme", 2) == Subject("namespace", "acme", "acme.users.alice@example-com")
+    assert subject_of(event, "acme", 1) == Subject("namespace", "acme", "acme.users")
 
 
 def test_without_a_tenant_a_store_subject_is_the_namespaces_first_labels() -> None:
-    assert namespace_subject("", ("users", "42", "memories"), 2) == Subject("namespace", "", "users\x1f42")
+    assert namespace_subject("", ("users", "42", "memories"), 2) == Subject("namespace", "", "users.42")
 
 
 def test_a_namespace_shorter_than_the_depth_is_a_subject_of_its_own() -> None:
-    assert namespace_subject("acme", ("acme", "users"), 2) == Subject("namespace", "acme", "acme\x1fusers")
+    assert namespace_subject("acme", ("acme", "users"), 2) == Subject("namespace", "acme", "acme.users")
     assert namespace_subject("", ("users",), 2) == Subject("namespace", "", "users")
 
 

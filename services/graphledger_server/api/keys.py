@@ -13,9 +13,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Request, Response
 from pydantic import Field, StringConstraints, model_validator
 
-from graphledger.events.store import NAMESPACE_SEPARATOR
 from graphledger.sealing import ERASED, Erased
-from graphledger.subjects import Subject, reference
+from graphledger.subjects import LABEL_SEPARATOR, Subject, reference
 from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
@@ -111,7 +110,7 @@ def _subject(tenant: Tenant, named: SubjectName, depth: int) -> Subject:
         if tenant.name and not named.name.startswith(tenant.name + THREAD_SEPARATOR):
             raise ApiError(403, "subject_outside_tenant", "a thread outside the token's tenant")
         return Subject("thread", tenant.name, named.name)
-    labels = named.name.split(NAMESPACE_SEPARATOR)
+    labels = named.name.split(LABEL_SEPARATOR)
     own = 1 if tenant.name else 0
     if tenant.name and labels[0] != tenant.name:
         raise ApiError(403, "subject_outside_tenant", "a namespace outside the token's tenant")

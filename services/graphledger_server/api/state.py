@@ -17,7 +17,7 @@ from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.errors import ApiError, unavailable
 from graphledger_server.api.read_barrier import ReadBarrier
 from graphledger_server.driver_errors import Verdict, verdict_of
-from graphledger_server.keys.erase import CopiesUncheckedError, Eraser, NotASubjectError
+from graphledger_server.keys.erase import Eraser, ErasureIncompleteError, NotASubjectError
 from graphledger_server.keys.source import StoreKeySource
 
 
@@ -64,8 +64,8 @@ async def key_store_answers() -> AsyncIterator[None]:
         raise ApiError(410, "subject_erased", str(exc)) from None
     except NotASubjectError as exc:
         raise ApiError(400, "not_a_subject", str(exc)) from None
-    except CopiesUncheckedError as exc:
-        raise unavailable("copies_unchecked", str(exc)) from None
+    except ErasureIncompleteError as exc:
+        raise unavailable("erasure_incomplete", str(exc)) from None
     except ApiError:
         raise
     except Exception as exc:

@@ -23,9 +23,15 @@ from graphledger.client.publisher import EventPublisher
 from graphledger.errors import GraphledgerError
 from graphledger.events import Event, to_envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
-from graphledger.events.store import NAMESPACE_SEPARATOR
 from graphledger.settings import Settings
-from graphledger.subjects import Subject, namespace_subject, reference, thread_subject
+from graphledger.subjects import (
+    LABEL_SEPARATOR,
+    Subject,
+    namespace_subject,
+    namespace_subject_depth,
+    reference,
+    thread_subject,
+)
 from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import Erasure
@@ -35,13 +41,19 @@ log = logging.getLogger(__name__)
 
 # $1 thread id: the threads copied from it.
 COPIES_SQL = "SELECT target_thread_id FROM {schema}.graphledger_thread_copies WHERE source_thread_id = $1::text"
+# $1 tenant, $2 a namespace subject's name and the label separator: the namespace subjects below it.
+SUBJECTS_BELOW_SQL = """
+SELECT name FROM {schema}.graphledger_subjects
+WHERE kind = 'namespace' AND tenant = $1::text AND starts_with(name, $2::text)
+"""
 
 Position = tuple[str, int, int]
 
 
-class CopiesUncheckedError(GraphledgerError):
-    """A thread was erased, but the projector did not apply its erasure in time to tell which threads
-    were copied from it: erase it again once the projector has caught up."""
+class ErasureIncompleteError(GraphledgerError):
+    """A subject was erased, but the projector did not apply its erasure in time to tell what else
+    must go with it (a thread's copies, the namespaces below a short one): erase it again once the
+    projector has caught up."""
 
     retryable = True
 
@@ -67,6 +79,7 @@ class Eraser:
         self._projection = projection
         self._applied = applied
         self._copies_sql = render(COPIES_SQL, settings.postgres_schema)
+        self._subjects_below_sql = render(SUBJECTS_BELOW_SQL, settings.postgres_schema)
         self._publisher: EventPublisher | None = None
 
     async def close(self) -> None:
@@ -84,31 +97,38 @@ class Eraser:
                 continue
             seen.add(thread_id)
             ref = reference(hash_key, thread_subject(tenant, thread_id))
-            position = await self._erase_subject(Erasure("thread", tenant, ref), ThreadErase(ref), erased_by, report)
-            topic, partition, offset = position
-            missing = await self._applied.wait({(topic, partition): offset}, self._settings.consistency_timeout_s)
-            if missing:
-                raise CopiesUncheckedError(
-                    f"thread {thread_id!r} is erased, but the projector has not applied {topic}:{partition}:{offset} "
-                    f"after {self._settings.consistency_timeout_s:g}s, so its copies are not known yet: erase it again"
-                )
+            positions = await self._erase_subject(Erasure("thread", tenant, ref), ThreadErase(ref), erased_by, report)
+            await self._applied_or_incomplete(positions, f"thread {thread_id!r}", "its copies")
             async with self._projection.acquire() as conn:
                 todo.extend(r["target_thread_id"] for r in await conn.fetch(self._copies_sql, thread_id))
         return report
 
     async def erase_namespace(self, tenant: str, stored_labels: tuple[str, ...], erased_by: str) -> ErasureReport:
         """Erase the store subject `stored_labels` names: at most `erasure_namespace_depth` labels (after the
-        tenant's), as the subjects are; a deeper namespace is refused, since erasing it would erase more."""
+        tenant's), as the subjects are; a deeper namespace is refused, since erasing it would erase more.
+        A shorter one is a subject of its own (the items right in it), and the subjects below it that
+        the projection knows once its erasure applied are erased with it."""
         depth = self._settings.erasure_namespace_depth
         subject = namespace_subject(tenant, stored_labels, depth)
-        if subject.name != NAMESPACE_SEPARATOR.join(stored_labels):
+        if subject.name != LABEL_SEPARATOR.join(stored_labels):
             raise NotASubjectError(
                 f"namespace {stored_labels!r} is deeper than the erasure subjects ({depth} labels, "
                 "GRAPHLEDGER_ERASURE_NAMESPACE_DEPTH): erase its first labels, which erases every namespace below"
             )
         report = ErasureReport()
-        ref = await self._ref(tenant, subject)
-        await self._erase_subject(Erasure("namespace", tenant, ref), NamespaceErase(ref), erased_by, report)
+        names = [subject.name]
+        if len(stored_labels) < namespace_subject_depth(tenant, depth):
+            ref = await self._ref(tenant, subject)
+            positions = await self._erase_subject(
+                Erasure("namespace", tenant, ref), NamespaceErase(ref), erased_by, report
+            )
+            await self._applied_or_incomplete(positions, f"namespace {stored_labels!r}", "the namespaces below it")
+            async with self._projection.acquire() as conn:
+                below = await conn.fetch(self._subjects_below_sql, tenant, subject.name + LABEL_SEPARATOR)
+            names = [r["name"] for r in below]
+        for name in names:
+            ref = await self._ref(tenant, Subject("namespace", tenant, name))
+            await self._erase_subject(Erasure("namespace", tenant, ref), NamespaceErase(ref), erased_by, report)
         return report
 
     async def erase_tenant(self, tenant: str, erased_by: str) -> ErasureReport:
@@ -129,7 +149,7 @@ class Eraser:
 
     async def _erase_subject(
         self, erasure: Erasure, event: ThreadErase | NamespaceErase, erased_by: str, report: ErasureReport
-    ) -> Position:
+    ) -> list[Position]:
         assert erasure.ref is not None
         await self._keys.store.erase(erasure, erased_by)
         report.erased.append((erasure.kind, erasure.ref))
@@ -138,7 +158,18 @@ class Eraser:
         else:
             positions = await self._broadcast(self._settings.store_topic, event)
         report.positions.extend(positions)
-        return positions[-1]
+        return positions
+
+    async def _applied_or_incomplete(self, positions: list[Position], erased: str, cascade: str) -> None:
+        """Wait until the projector applied the erasure events at `positions`, or raise
+        `ErasureIncompleteError` naming what could not be looked up yet."""
+        wanted = {(topic, partition): offset for topic, partition, offset in positions}
+        timeout_s = self._settings.consistency_timeout_s
+        if await self._applied.wait(wanted, timeout_s):
+            raise ErasureIncompleteError(
+                f"{erased} is erased, but the projector has not applied its erasure after {timeout_s:g}s, so "
+                f"{cascade} are not known yet: erase it again"
+            )
 
     async def _publish(self, topic: str, event: Event, key: str | None, partition: int | None = None) -> list[Position]:
         publisher = await self._started()

@@ -49,6 +49,9 @@ class DataKeyCache:
 
     def erase(self, ref: str) -> None:
         self._keys[ref] = ERASED
+        self._keys.move_to_end(ref)
+        while len(self._keys) > self._capacity:
+            self._keys.popitem(last=False)
 
     def erase_tenant(self, tenant: str) -> None:
         self._erased_tenants.add(tenant)

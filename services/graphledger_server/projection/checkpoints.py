@@ -595,7 +595,7 @@ async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps
         elif isinstance(step, EraseThread):
             names = await erasure.names_of(conn, sql.erasure, "thread", [step.ref])
             if names:
-                await conn.execute(sql.erase_threads, names)
+                await conn.execute(sql.erase_threads, [name for name, _ in names])
             await erasure.delete_traces(conn, sql.erasure, [step.ref])
         elif isinstance(step, EraseTenant):
             await conn.execute(sql.erase_tenant_threads, step.tenant + THREAD_SEPARATOR)

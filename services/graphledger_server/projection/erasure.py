@@ -22,7 +22,7 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])
 ON CONFLICT (ref) DO NOTHING
 """
 # $1 kind, $2 -> refs.
-NAMES_SQL = "SELECT name FROM {schema}.graphledger_subjects WHERE kind = $1::text AND ref = ANY($2::text[])"
+NAMES_SQL = "SELECT name, tenant FROM {schema}.graphledger_subjects WHERE kind = $1::text AND ref = ANY($2::text[])"
 # $1 kind, $2 -> names: the tenant of each subject recorded under one of the names.
 TENANTS_SQL = "SELECT name, tenant FROM {schema}.graphledger_subjects WHERE kind = $1::text AND name = ANY($2::text[])"
 # $1 kind, $2 tenant.
@@ -57,9 +57,11 @@ async def record_subjects(conn: asyncpg.Connection, sql: ErasureStatements, subj
         )
 
 
-async def names_of(conn: asyncpg.Connection, sql: ErasureStatements, kind: str, refs: Sequence[str]) -> list[str]:
-    """The names of the subjects of `kind` behind `refs` (an unknown reference: nothing to erase)."""
-    return [r["name"] for r in await conn.fetch(sql.names, kind, list(refs))]
+async def names_of(
+    conn: asyncpg.Connection, sql: ErasureStatements, kind: str, refs: Sequence[str]
+) -> list[tuple[str, str]]:
+    """The name and tenant of the subjects of `kind` behind `refs` (an unknown reference: nothing to erase)."""
+    return [(r["name"], r["tenant"]) for r in await conn.fetch(sql.names, kind, list(refs))]
 
 
 async def tenants_of(

@@ -40,13 +40,14 @@ from graphledger.events.envelope import MAX_EPOCH_MS, Envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase
 from graphledger.events.store import (
     MAX_TTL_MINUTES,
-    NAMESPACE_SEPARATOR,
     StoreDelete,
     StoreEvent,
     StoreExpire,
     StorePut,
     Vector,
 )
+from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH
+from graphledger.subjects import LABEL_SEPARATOR, namespace_subject_depth
 from graphledger_server.projection import erasure
 from graphledger_server.projection.sql import render
 from graphledger_server.projection.vector_index import (
@@ -147,12 +148,13 @@ ON CONFLICT (prefix, key, field_name) DO UPDATE SET
 """
 
 
-# Erasure: the items of every listed namespace prefix ($1 -> prefixes as `store.prefix` holds them) and of
-# the namespaces below it; their vectors go by cascade.
+# Erasure ($1, $2 -> prefixes as `store.prefix` holds them): the items of each $1 prefix and of the
+# namespaces below it (a full-depth subject, a tenant), and the items right in each $2 prefix (a shorter
+# subject: those below are subjects of their own). Their vectors go by cascade.
 ERASE_PREFIXES_SQL = """
 DELETE FROM {schema}.store s
-USING unnest($1::text[]) AS e(prefix)
-WHERE s.prefix = e.prefix OR starts_with(s.prefix, e.prefix || '.')
+WHERE s.prefix = ANY($1::text[]) OR s.prefix = ANY($2::text[])
+   OR EXISTS (SELECT 1 FROM unnest($1::text[]) AS e(prefix) WHERE starts_with(s.prefix, e.prefix || '.'))
 """
 
 
@@ -319,8 +321,10 @@ class StoreProjection:
     table, which `to_event` checks every put against.
     """
 
-    def __init__(self, schema: str) -> None:
+    def __init__(self, schema: str, namespace_depth: int = DEFAULT_ERASURE_NAMESPACE_DEPTH) -> None:
         self.schema = schema
+        self.namespace_depth = namespace_depth
+        """Labels of a namespace subject (`GRAPHLEDGER_ERASURE_NAMESPACE_DEPTH`): what a namespace erasure drops."""
         self.apply_items_sql = render(APPLY_ITEMS_SQL, schema)
         self.refresh_sql = render(REFRESH_SQL, schema)
         self.expire_sql = render(EXPIRE_SQL, schema)
@@ -404,15 +408,18 @@ async def apply_erasure(
     conn: asyncpg.Connection, projection: StoreProjection, event: NamespaceErase | TenantErase
 ) -> None:
     sql = projection.erasure
+    subtrees: list[str] = []
+    exact: list[str] = []
     if isinstance(event, NamespaceErase):
         refs = [event.ref]
-        names = await erasure.names_of(conn, sql, "namespace", refs)
-        prefixes = [prefix_of(name.split(NAMESPACE_SEPARATOR)) for name in names]
+        for name, tenant in await erasure.names_of(conn, sql, "namespace", refs):  # names are store prefixes
+            full = len(name.split(LABEL_SEPARATOR)) == namespace_subject_depth(tenant, projection.namespace_depth)
+            (subtrees if full else exact).append(name)
     else:
         refs = await erasure.tenant_refs(conn, sql, "namespace", event.tenant)
-        prefixes = [event.tenant]
-    if prefixes:
-        await conn.execute(projection.erase_prefixes_sql, prefixes)
+        subtrees.append(event.tenant)
+    if subtrees or exact:
+        await conn.execute(projection.erase_prefixes_sql, subtrees, exact)
     await erasure.delete_traces(conn, sql, refs)
 
 

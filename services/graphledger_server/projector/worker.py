@@ -58,7 +58,7 @@ def projections_for(settings: Settings) -> dict[str, TopicProjection]:
     """The topics the projector consumes and each one's projection."""
     return {
         settings.checkpoint_topic: CheckpointProjection(settings.postgres_schema),
-        settings.store_topic: StoreProjection(settings.postgres_schema),
+        settings.store_topic: StoreProjection(settings.postgres_schema, settings.erasure_namespace_depth),
     }
 
 

@@ -30,8 +30,9 @@ from graphledger.event_sealer import EventSealer
 from graphledger.events import Event, to_envelope
 from graphledger.events.checkpoint import ThreadExpire, ThreadPrune
 from graphledger.events.envelope import Envelope
-from graphledger.events.store import NAMESPACE_SEPARATOR, StoreExpire
+from graphledger.events.store import StoreExpire
 from graphledger.settings import Settings
+from graphledger.subjects import LABEL_SEPARATOR
 from graphledger_server.projection import erasure, prune
 from graphledger_server.projection.offsets import OffsetStatements, all_applied
 from graphledger_server.projection.sql import render
@@ -210,8 +211,8 @@ class Sweep:
         for i, e in enumerate(events):
             if isinstance(e, StoreExpire):
                 names[i] = [
-                    NAMESPACE_SEPARATOR.join(e.namespace[: depth + 1]),
-                    NAMESPACE_SEPARATOR.join(e.namespace[:depth]),
+                    LABEL_SEPARATOR.join(e.namespace[: depth + 1]),
+                    LABEL_SEPARATOR.join(e.namespace[:depth]),
                 ]
             else:
                 names[i] = [e.thread_id]  # type: ignore[union-attr]

@@ -1,7 +1,7 @@
 -- Erasure (docs/security.md): what the projector needs to drop an erased subject's rows.
 
 -- Each subject a sealed event named, by its reference (what an erasure event names it by), with its
--- tenant and its name as stored: a thread id, or a namespace prefix's labels joined by U+001F.
+-- tenant and its name as stored: a thread id, or a namespace prefix as `store.prefix` holds it.
 CREATE TABLE IF NOT EXISTS {schema}.graphledger_subjects (
     ref TEXT PRIMARY KEY,
     kind TEXT NOT NULL,
