@@ -64,9 +64,10 @@ def saver(stack: Any) -> Iterator[KafkaSaver]:
         yield s
 
 
-async def _records(settings: Any, thread: str) -> list[Any]:
-    """Every raw record of the checkpoint topic, read until the thread's last event has been seen
-    (tansu's end offsets are unreliable, so the stop is: the thread's records seen, then a quiet poll)."""
+async def _records(settings: Any, key: bytes) -> list[Any]:
+    """Every raw record of the checkpoint topic, read until the thread's last event (record `key`) has
+    been seen (tansu's end offsets are unreliable, so the stop is: the thread's records seen, then a
+    quiet poll)."""
     consumer = AIOKafkaConsumer(
         settings.checkpoint_topic, **settings.kafka_client_options(), auto_offset_reset="earliest", group_id=None
     )
@@ -78,7 +79,7 @@ async def _records(settings: Any, thread: str) -> list[Any]:
             batch = await consumer.getmany(timeout_ms=1000)
             fresh = [r for rs in batch.values() for r in rs]
             records.extend(fresh)
-            if not fresh and any(r.key == thread.encode() for r in records):
+            if not fresh and any(r.key == key for r in records):
                 return records
         raise AssertionError("timed out reading the checkpoint topic")
     finally:
@@ -118,8 +119,10 @@ def test_no_plaintext_state_in_kafka_or_postgres_and_state_round_trips(stack: An
     history = list(graph.get_state_history(config))
     assert any(w[1] == "__resume__" for s in history for w in (saver.get_tuple(s.config).pending_writes or []))
 
-    records = asyncio.run(_records(stack.settings, thread))
-    ours = [r for r in records if r.key == thread.encode()]
+    key = saver._runtime.thread_key(thread)
+    assert key is not None and key != thread.encode()
+    records = asyncio.run(_records(stack.settings, key))
+    ours = [r for r in records if r.key == key]
     assert len(ours) >= 4  # puts and writes of both runs reached the topic
     for r in records:
         raw = b"".join([r.key or b"", r.value or b"", *(v for _, v in r.headers)])

@@ -259,6 +259,7 @@ def test_writes_to_a_down_or_hung_broker_fail_after_the_deadline_and_the_same_sa
         topic_partitions=2,
         topic_replication_factor=1,
         produce_timeout_s=PRODUCE_TIMEOUT_S,
+        encrypt_events=False,  # the broker alone: no read API to get data keys from
     )
     saver = KafkaSaver(settings)
     calls = ThreadPoolExecutor(1)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -184,7 +185,9 @@ def test_one_trace_from_the_agent_span_to_the_projection_and_the_read(
         assert span.attributes["messaging.system"] == "kafka"
         assert span.attributes["messaging.destination.name"] == checkpoint_topic
         assert span.attributes["messaging.operation.type"] == "send"
-        assert span.attributes["messaging.kafka.message.key"] == workload.thread_id
+        # The thread's record key: its keyed hash (events are sealed), the same on every record of it.
+        assert span.attributes["messaging.kafka.message.key"] == sent[0].attributes["messaging.kafka.message.key"]
+        assert re.fullmatch("[0-9a-f]{32}", span.attributes["messaging.kafka.message.key"])
         assert int(span.attributes["messaging.destination.partition.id"]) in range(observed.partitions)
         assert isinstance(span.attributes["messaging.kafka.offset"], int)
     store_sends = [s for s in _by_kind(spans, AGENT_SERVICE, KIND_PRODUCER) if s.name == f"send {settings.store_topic}"]
@@ -365,7 +368,8 @@ def test_no_checkpoint_or_store_value_is_exported_or_logged(
     scraped = "".join(httpx.get(url, timeout=5).text for url in observed.metrics_urls().values())
     logs = {name: (observed.log_dir / f"{name}.log").read_text() for name in ("projector", "api", "sweeper")}
     # The searches can see: ids, topics and names do appear where values must not.
-    assert workload.thread_id.encode() in exported and observed.settings.checkpoint_topic in scraped
+    assert observed.settings.checkpoint_topic.encode() in exported and observed.settings.checkpoint_topic in scraped
+    assert workload.thread_id.encode() not in exported  # record keys are keyed hashes of the thread id
     assert observed.settings.checkpoint_topic in logs["projector"]
     for sentinel in SENTINELS:
         assert sentinel.encode() not in exported, f"{sentinel} in an OTLP export"

@@ -226,9 +226,9 @@ async def test_a_cancelled_fetch_fails_every_waiter_of_every_tenant_it_had_not_r
     first = asyncio.create_task(sealer.seal(ThreadDelete("acme/t"), TENANT))
     second = asyncio.create_task(sealer.seal(ThreadDelete("beta/t"), "beta"))
     await asked(source)
-    (fetch,) = sealer._fetches  # noqa: SLF001 - the one fetch in flight, held by the sealer
+    (fetch,) = sealer._fetches
     fetch.cancel()
     async with asyncio.timeout(5):
         results = await asyncio.gather(first, second, return_exceptions=True)
     assert all(isinstance(r, asyncio.CancelledError) for r in results), results
-    assert not sealer._fetches  # noqa: SLF001
+    assert not sealer._fetches
