@@ -151,6 +151,7 @@ class ProjectorTelemetry:
         self._consumer: Any = None
         _workers.add(self)
         _skipped.add(0)  # reported from the start, so a panel or alert on redeliveries has a series before one
+        _forks.add(0)  # likewise for forks
         metrics.observe(metrics.PROJECTOR_LAG, _observe_lag)
         metrics.observe(metrics.PROJECTOR_PARTITIONS_STOPPED, _observe_stopped)
         metrics.observe(metrics.DEAD_LETTERS_OUTSTANDING, _observe_dead_letters)
