@@ -7,8 +7,7 @@ import asyncio
 import json
 import os
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +27,11 @@ from graphledger_server.projector.main import run_projector
 from graphledger_server.telemetry.projector import _observe_dead_letters
 from projection_helpers import put as checkpoint_put
 from store_helpers import put as store_put
+from worker_helpers import wait_for
 
 DIMS = 4
 WAIT_S = 60.0
 COMMAND_TIMEOUT_S = 120
-
-
-async def wait_for(condition: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S:.0f}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture

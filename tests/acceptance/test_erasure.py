@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from operator import add
 from pathlib import Path
@@ -47,6 +47,7 @@ from graphledger.tenancy import hash_token, scoped_namespace
 from graphledger_server.devstack.stack import CLIENT_FIELDS, DevStack, settings_to_env
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import key_store_for
+from worker_helpers import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -191,14 +192,6 @@ def in_projection(text: str, rows: str) -> bool:
     return text in rows or text.encode().hex() in rows
 
 
-async def wait_for(condition: Callable[[], Any], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S:.0f}s waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
 # -- the log holds no content -------------------------------------------------------------------------
 
 
@@ -324,7 +317,7 @@ async def test_erasing_a_thread_a_namespace_and_a_tenant_leaves_nothing_and_repl
         projected = all(in_projection(text, rows) for text in [*erased.values(), *kept.values()])
         return projected and await traces(ref) == (1, 1)
 
-    await wait_for(everything_projected, "every sentinel to be projected (the check below can fail)")
+    await wait_for(everything_projected, "every sentinel to be projected (the check below can fail)", timeout_s=WAIT_S)
 
     erasable.graphledger("erase", "thread", gone_thread, "--tenant", "acme", "--by", "test")
     erasable.graphledger("erase", "namespace", *gone_ns, "--tenant", "acme", "--by", "test")
@@ -341,7 +334,9 @@ async def test_erasing_a_thread_a_namespace_and_a_tenant_leaves_nothing_and_repl
         return not left
 
     try:
-        await wait_for(erased_rows_gone, "the erased subjects' rows, dead letters and chunks to be dropped")
+        await wait_for(
+            erased_rows_gone, "the erased subjects' rows, dead letters and chunks to be dropped", timeout_s=WAIT_S
+        )
     except AssertionError as exc:
         raise AssertionError(f"{exc}; left: {left}") from None
     rows = await projection_text(settings)
@@ -404,7 +399,7 @@ async def test_erasing_a_namespace_shorter_than_the_subjects_erases_the_subjects
         rows = await projection_text(settings)
         return not any(in_projection(text, rows) for text in erased.values())
 
-    await wait_for(gone, "the items of the namespace and of those below it to be dropped")
+    await wait_for(gone, "the items of the namespace and of those below it to be dropped", timeout_s=WAIT_S)
     assert in_projection(survivor, await projection_text(settings))
     erasable.graphledger("replay", "run", "--no-switch")
 
@@ -457,7 +452,7 @@ async def test_writes_racing_an_erasure_are_refused_or_erased_never_readable(
             answer = await asyncio.to_thread(pod.call, "store_put", namespace=list(namespace), key="late", value={})
             return not answer["ok"] and "SubjectErasedError" in answer["error"]
 
-        await wait_for(put_refused, "the store write to be refused once the cached key expired")
+        await wait_for(put_refused, "the store write to be refused once the cached key expired", timeout_s=WAIT_S)
     finally:
         pod.close()
 

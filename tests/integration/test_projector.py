@@ -36,18 +36,9 @@ from graphledger_server.projection.offsets import APPLIED_CHANNEL
 from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projector.main import run_projector
 from projection_helpers import TOPIC, cid, put, record, writes
+from worker_helpers import wait_for
 
 WAIT_S = 60.0
-POLL_S = 0.02
-
-
-async def wait_for(condition: Callable[[], Awaitable[bool]], what: str, timeout_s: float = WAIT_S) -> None:
-    """Poll an async condition until it holds; fail naming `what` after the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        await asyncio.sleep(POLL_S)
 
 
 @pytest.fixture
