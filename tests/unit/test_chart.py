@@ -499,7 +499,7 @@ def test_secrets_are_mounted_and_referenced_only_where_needed(rendered) -> None:
     needs = {  # component: (Kafka, Postgres, API token, key-encryption keys)
         "projector": (True, True, False, True),
         "sweeper": (True, True, False, True),
-        "api": (False, True, True, True),
+        "api": (True, True, True, True),  # consistent reads ask Kafka where the log ends; erasures publish
         "migrate": (False, True, False, False),
         "test": (False, False, False, False),
     }

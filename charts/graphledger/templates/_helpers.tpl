@@ -274,7 +274,7 @@ dict "root" $ "kafka" true "postgres" true "apiToken" false "kek" false
 {{- end }}
 
 {{/* Env of a service container: the ConfigMap, its service name, its secrets, its extraEnv.
-dict "root" $ "component" "api" "kafka" false "postgres" true "apiToken" true "kek" true "extraEnv" list */}}
+dict "root" $ "component" "api" "kafka" true "postgres" true "apiToken" true "kek" true "extraEnv" list */}}
 {{- define "graphledger.serviceEnv" -}}
 envFrom:
   - configMapRef:
