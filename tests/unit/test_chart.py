@@ -8,11 +8,14 @@ deliberately broken copy of the chart at the end of this module.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
 import shutil
+import threading
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,8 @@ import yaml
 
 from graphledger.settings import Settings
 from graphledger_server.cli import build_parser
+from graphledger_server.keys.ring import KEY_BYTES, KeyRing, KeyRingError, new_key_entry, parse_keys
+from graphledger_server.keys.store import check_key_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "graphledger"
@@ -41,6 +46,9 @@ SETTING_VARIABLES = {f"{PREFIX}{name}".upper() for name in Settings.model_fields
 SECRET_VARIABLES = {
     f"{PREFIX}{name}".upper() for name, field in Settings.model_fields.items() if "SecretStr" in str(field.annotation)
 } | {f"{PREFIX}POSTGRES_DSN"}
+KEK_VARIABLE = f"{PREFIX}KEY_ENCRYPTION_KEYS"
+# The pods that seal or open events: the projector, the read API (clients' keys) and the sweeper.
+KEK_COMPONENTS = frozenset({"projector", "api", "sweeper"})
 
 Manifest = dict[str, Any]
 
@@ -281,6 +289,31 @@ def checksum_problems(docs: list[Manifest], rendered: dict[str, str]) -> list[st
     return problems
 
 
+def kek_problems(docs: list[Manifest]) -> list[str]:
+    """The key-encryption keys reach the projector, the read API and the sweeper, from a key the Secret
+    holds, whenever events are sealed; never another pod (hooks, `helm test`)."""
+    problems = []
+    [configmap] = of_kind(docs, "ConfigMap")
+    sealed = configmap["data"][f"{PREFIX}ENCRYPT_EVENTS"] == "true"
+    secrets = {doc["metadata"]["name"]: doc for doc in of_kind(docs, "Secret")}
+    for doc in workloads(docs):
+        where = f"{doc['kind']}/{doc['metadata']['name']}"
+        for container in pod_spec(doc)["containers"]:
+            entry = env_of(container).get(KEK_VARIABLE)
+            if component(doc) not in KEK_COMPONENTS:
+                if entry is not None:
+                    problems.append(f"{where} must not get {KEK_VARIABLE}")
+            elif entry is None:
+                if sealed:
+                    problems.append(f"{where} seals or opens events but gets no {KEK_VARIABLE}")
+            else:
+                ref = entry.get("valueFrom", {}).get("secretKeyRef", {})
+                secret = secrets.get(ref.get("name"))
+                if secret is not None and ref.get("key") not in secret.get("data", {}):
+                    problems.append(f"{where}: {KEK_VARIABLE} names key {ref.get('key')} that {ref['name']} lacks")
+    return problems
+
+
 def label_problems(docs: list[Manifest]) -> list[str]:
     """Recommended labels everywhere; selectors select their own pods."""
     required = {
@@ -308,6 +341,7 @@ ALL_CHECKS: dict[str, Callable[[list[Manifest]], list[str]]] = {
     "probes": probe_problems,
     "hooks": hook_problems,
     "config": config_problems,
+    "kek": kek_problems,
     "labels": label_problems,
 }
 
@@ -364,7 +398,7 @@ def test_config_change_rolls_the_pods(rendered, value_set: str) -> None:
 def test_default_install(rendered) -> None:
     docs = docs_of(rendered, "default")
     kinds = sorted(doc["kind"] for doc in docs)
-    expected = ["ConfigMap", "ServiceAccount", "Service", "HorizontalPodAutoscaler"]
+    expected = ["ConfigMap", "ServiceAccount", "Service", "HorizontalPodAutoscaler", "Secret"]  # the KEK's
     expected += ["Deployment"] * 3 + ["Job"] * 2 + ["PodDisruptionBudget"] * 2 + ["Pod"]  # `helm test`
     assert kinds == sorted(expected)
     # The projector and the sweeper are probed on their health port (probe_problems checks how).
@@ -462,16 +496,16 @@ def test_secrets_are_mounted_and_referenced_only_where_needed(rendered) -> None:
     assert data["GRAPHLEDGER_KAFKA_SSL_CERTFILE"] == f"{mount_path}/client.crt"
     assert data["GRAPHLEDGER_KAFKA_SSL_KEYFILE"] == f"{mount_path}/client.key"
     assert data["GRAPHLEDGER_BATCH_MAX_EVENTS"] == "2000"  # from `config`
-    needs = {  # component: (Kafka, Postgres, API token)
-        "projector": (True, True, False),
-        "sweeper": (True, True, False),
-        "api": (False, True, True),
-        "migrate": (False, True, False),
-        "test": (False, False, False),
+    needs = {  # component: (Kafka, Postgres, API token, key-encryption keys)
+        "projector": (True, True, False, True),
+        "sweeper": (True, True, False, True),
+        "api": (True, True, True, True),  # consistent reads ask Kafka where the log ends; erasures publish
+        "migrate": (False, True, False, False),
+        "test": (False, False, False, False),
     }
     seen = set()
     for doc in workloads(docs):
-        kafka, postgres, token = needs[component(doc)]
+        kafka, postgres, token, kek = needs[component(doc)]
         seen.add(component(doc))
         spec = pod_spec(doc)
         [container] = spec["containers"]
@@ -479,6 +513,12 @@ def test_secrets_are_mounted_and_referenced_only_where_needed(rendered) -> None:
         assert ("GRAPHLEDGER_KAFKA_SASL_PASSWORD" in env) == kafka, doc["metadata"]["name"]
         assert ("GRAPHLEDGER_POSTGRES_DSN" in env) == postgres, doc["metadata"]["name"]
         assert ("GRAPHLEDGER_API_TOKEN" in env) == token, doc["metadata"]["name"]
+        assert (KEK_VARIABLE in env) == kek, doc["metadata"]["name"]
+        if kek:  # the Secret named in the values, none of the chart's
+            assert env[KEK_VARIABLE]["valueFrom"]["secretKeyRef"] == {
+                "name": "graphledger-kek",
+                "key": "key-encryption-keys",
+            }
         mounts = {m["name"]: m for m in container["volumeMounts"]}
         assert ("kafka-tls" in mounts) == kafka
         if kafka:
@@ -499,6 +539,7 @@ def test_secrets_are_mounted_and_referenced_only_where_needed(rendered) -> None:
         assert container["image"] == f"{values['image']['repository']}@{values['image']['digest']}"
     assert seen == set(needs)  # topics ensure is off in this set
     assert not of_kind(docs, "ServiceAccount")  # serviceAccount.create false
+    assert not of_kind(docs, "Secret")  # erasure.keyEncryptionKeys.existingSecret is named
     policies = {doc["metadata"]["name"].removeprefix(f"{RELEASE}-"): doc for doc in of_kind(docs, "NetworkPolicy")}
     assert set(policies) == {"api", "workers", "egress"}
     assert policies["workers"]["spec"]["ingress"] == []
@@ -563,6 +604,182 @@ def test_notes_tell_an_agent_what_to_set(rendered) -> None:
     assert "Metrics are off" in notes(rendered["default"]) and "Metrics are off" not in notes(rendered["keda"])
 
 
+# -- erasure's key-encryption keys ---------------------------------------------------------------------
+
+MANAGED_KEK_SECRET = f"{RELEASE}-key-encryption-keys"
+
+
+def managed_secret(docs: list[Manifest]) -> Manifest:
+    return named(docs, "Secret", "-key-encryption-keys")
+
+
+def kek_value(secret: Manifest) -> str:
+    return base64.b64decode(secret["data"]["keys"]).decode()
+
+
+def components_with_kek(docs: list[Manifest]) -> set[str]:
+    return {component(doc) for doc in workloads(docs) if KEK_VARIABLE in env_of(pod_spec(doc)["containers"][0])}
+
+
+def settings_of(data: dict[str, str], kek: str | None) -> Settings:
+    """A service's settings: the ConfigMap's, and the key-encryption keys when its pod gets them."""
+    values = {key.removeprefix(PREFIX).lower(): value for key, value in data.items() if key.startswith(PREFIX)}
+    return Settings(**values, key_encryption_keys=kek)
+
+
+def secret_manifest(name: str, data: dict[str, str]) -> Manifest:
+    encoded = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NAMESPACE}, "data": encoded}
+
+
+@pytest.fixture
+def cluster() -> Iterator[Callable[[dict[str, Any], list[Manifest]], dict[str, str]]]:
+    """Renders as `helm upgrade` does, against a stand-in Kubernetes API that holds the given Secrets:
+    Helm's `lookup` of a Secret asks the core group's discovery, then GETs the Secret (404: none)."""
+    held: dict[str, Manifest] = {}
+    discovery = {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": "v1",
+        "resources": [
+            {"name": "secrets", "singularName": "secret", "namespaced": True, "kind": "Secret", "verbs": ["get"]}
+        ],
+    }
+    not_found = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}
+    secrets_path = f"/api/v1/namespaces/{NAMESPACE}/secrets/"
+
+    class Api(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.partition("?")[0]
+            if path == "/api/v1":
+                self.answer(200, discovery)
+            elif path.startswith(secrets_path) and path.removeprefix(secrets_path) in held:
+                self.answer(200, held[path.removeprefix(secrets_path)])
+            else:
+                self.answer(404, not_found)
+
+        def answer(self, status: int, body: dict[str, Any]) -> None:
+            payload = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Quiet: pytest shows what a failing test needs."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    api = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def render_in_cluster(values: dict[str, Any], secrets: list[Manifest]) -> dict[str, str]:
+        held.clear()
+        held.update({secret["metadata"]["name"]: secret for secret in secrets})
+        with (
+            helm.Config(kube_apiserver=api, kube_token="test", namespace=NAMESPACE) as config,
+            helm.Chart.load(CHART) as chart,
+        ):
+            return config.render(chart, values, name=RELEASE, namespace=NAMESPACE, is_upgrade=True)
+
+    try:
+        yield render_in_cluster
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_the_chart_makes_a_key_encryption_key_the_services_accept(rendered) -> None:
+    """Without a Secret named, the release has one: `id:base64(32 random bytes)`, the format the
+    services parse, kept on uninstall (losing it makes every sealed event unreadable)."""
+    docs = docs_of(rendered, "default")
+    secret = managed_secret(docs)
+    assert secret["metadata"]["name"] == MANAGED_KEK_SECRET
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    value = kek_value(secret)
+    [(kek_id, key)] = parse_keys(value)
+    assert re.fullmatch(r"kek-[0-9]+", kek_id) and len(key) == KEY_BYTES
+    ring = KeyRing.from_settings(Settings(key_encryption_keys=value))
+    assert ring.unwrap(ring.wrap(b"d" * KEY_BYTES, "owner"), "owner") == b"d" * KEY_BYTES
+    # A service of this release passes its start-up check; without the key it would not.
+    data = of_kind(docs, "ConfigMap")[0]["data"]
+    check_key_settings(settings_of(data, value))
+    with pytest.raises(KeyRingError, match=KEK_VARIABLE):
+        check_key_settings(settings_of(data, None))
+    # Generated per render where no cluster can be asked for the kept one: never a key in the chart.
+    assert parse_keys(kek_value(managed_secret(manifests(render(load_values("default"))))))[0][1] != key
+    # The chart's default agrees with the agents' own.
+    chart_values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert chart_values["erasure"]["encryptEvents"] is Settings.model_fields["encrypt_events"].default
+
+
+def test_the_key_encryption_keys_reach_exactly_the_services(rendered) -> None:
+    for value_set in VALUE_SETS:
+        docs = docs_of(rendered, value_set)
+        assert components_with_kek(docs) == KEK_COMPONENTS & {component(doc) for doc in workloads(docs)}, value_set
+        text = notes(rendered[value_set])
+        agent_variables = re.findall(rf"^  ({PREFIX}[A-Z_]+)=", text, re.MULTILINE)
+        assert f"{PREFIX}ENCRYPT_EVENTS" in agent_variables and KEK_VARIABLE not in agent_variables
+        # NOTES.txt's backup command reads the key the pods read.
+        [(secret, key)] = re.findall(r"get secret (\S+) -o jsonpath='\{\.data\.(.+?)\}'", text)
+        ref = env_of(pod_spec(named(docs, "Deployment", "-projector"))["containers"][0])[KEK_VARIABLE]
+        assert ref["valueFrom"]["secretKeyRef"] == {"name": secret, "key": key.replace("\\.", ".")}, value_set
+    docs = docs_of(rendered, "default")
+    for doc in workloads(docs):
+        env = env_of(pod_spec(doc)["containers"][0])
+        if component(doc) in KEK_COMPONENTS:
+            assert env[KEK_VARIABLE]["valueFrom"]["secretKeyRef"] == {"name": MANAGED_KEK_SECRET, "key": "keys"}
+    assert kek_value(managed_secret(docs)) not in notes(rendered["default"])
+
+
+def test_encryption_off_needs_no_key_encryption_key() -> None:
+    values = merge(load_values("default"), {"erasure": {"encryptEvents": False}})
+    off = render(values)
+    docs = manifests(off)
+    assert not of_kind(docs, "Secret") and not components_with_kek(docs)
+    assert kek_problems(docs) == []
+    data = of_kind(docs, "ConfigMap")[0]["data"]
+    assert data[f"{PREFIX}ENCRYPT_EVENTS"] == "false"
+    check_key_settings(settings_of(data, None))  # the services start without one
+    assert f"{PREFIX}ENCRYPT_EVENTS=false" in notes(off) and "Encryption is off" in notes(off)
+    # A Secret named still reaches the services: events sealed before encryption was turned off open.
+    named_secret = merge(values, {"erasure": {"keyEncryptionKeys": {"existingSecret": "graphledger-kek"}}})
+    assert components_with_kek(manifests(render(named_secret))) == KEK_COMPONENTS
+
+
+def test_upgrades_keep_the_key_encryption_keys_the_cluster_holds(cluster) -> None:
+    """An upgrade renders the release's Secret as the cluster holds it (the first install's key, or a
+    rotation made with kubectl), whether encryption is on or off; a first install generates one."""
+    values = load_values("default")
+    off = merge(values, {"erasure": {"encryptEvents": False}})
+    keys = f"{new_key_entry('kek-new')},{new_key_entry('kek-old')}"  # mid-rotation
+    held = [secret_manifest(MANAGED_KEK_SECRET, {"keys": keys})]
+    for value_set in (values, off):
+        docs = manifests(cluster(value_set, held))
+        assert kek_value(managed_secret(docs)) == keys
+        assert components_with_kek(docs) == KEK_COMPONENTS and kek_problems(docs) == []
+    first = kek_value(managed_secret(manifests(cluster(values, []))))
+    assert first != keys and len(parse_keys(first)) == 1
+    assert not of_kind(manifests(cluster(off, [])), "Secret")  # nothing was ever sealed with one
+
+
+def test_a_kept_secret_without_its_key_stops_the_upgrade(cluster) -> None:
+    """A fresh key would open none of the key store's keys: the release refuses to make one."""
+    held = [secret_manifest(MANAGED_KEK_SECRET, {"other": "x"})]
+    with pytest.raises(
+        helm.HelmRenderError, match=re.escape(f'Secret {MANAGED_KEK_SECRET} exists without its key "keys"')
+    ):
+        cluster(load_values("default"), held)
+
+
+def test_the_kek_check_catches_a_key_the_secret_lacks(rendered) -> None:
+    docs = docs_of(rendered, "default")
+    managed_secret(docs)["data"] = {"renamed": "eA=="}
+    assert any("names key keys" in problem for problem in kek_problems(docs))
+
+
 # -- values that must not install ------------------------------------------------------------------------
 
 
@@ -578,6 +795,15 @@ BAD_TYPES = {
     "setting with its own value in config": {"config": {"GRAPHLEDGER_TOPIC_PREFIX": "x"}},
     "misspelled setting in config": {"config": {"GRAPHLEDGER_BATCH_MAX_EVENT": "10"}},
     "schema name that is not an identifier": {"postgres": {"schema": "Graph-Ledger"}},
+    "key store schema that is not an identifier": {"postgres": {"keyStoreSchema": "Keys"}},
+    "encryptEvents as a word": {"erasure": {"encryptEvents": "yes"}},
+    "key-encryption keys' Secret that is no Secret name": {
+        "erasure": {"keyEncryptionKeys": {"existingSecret": "My_Keys"}}
+    },
+    "key-encryption keys' Secret without a key": {"erasure": {"keyEncryptionKeys": {"key": ""}}},
+    "unknown erasure value": {"erasure": {"keys": "kek-1:AAAA"}},
+    "key-encryption keys in config": {"config": {"GRAPHLEDGER_KEY_ENCRYPTION_KEYS": "kek-1:AAAA"}},
+    "encryption in config": {"config": {"GRAPHLEDGER_ENCRYPT_EVENTS": "false"}},
 }
 
 
@@ -608,6 +834,15 @@ BAD_COMBINATIONS = {
     "exclude each other": {"projector": {"keda": {"enabled": True}, "autoscaling": {"enabled": True}}},
     "needs metrics.enabled": {"metrics": {"serviceMonitor": {"enabled": True}}},
     "metrics.prometheusRule.enabled needs metrics.enabled": {"metrics": {"prometheusRule": {"enabled": True}}},
+    "postgres.keyStoreSchema graphledger is postgres.schema graphledger": {
+        "postgres": {"keyStoreSchema": "graphledger"}
+    },
+    "postgres.keyStoreSchema graphledger_rebuild is postgres.schema": {
+        "postgres": {"keyStoreSchema": "graphledger_rebuild"}
+    },
+    "postgres.keyStoreSchema graphledger_old_1 is postgres.schema": {
+        "postgres": {"keyStoreSchema": "graphledger_old_1"}
+    },
 }
 
 
@@ -728,6 +963,16 @@ def test_an_unknown_kind_is_not_skipped() -> None:
             "GRAPHLEDGER_API_TOKEN must come from a secretKeyRef",
         ),
         ("_helpers.tpl", "GRAPHLEDGER_PROJECTOR_GROUP_ID:", "GRAPHLEDGER_PROJECTOR_GROUP:", "config", "not a setting"),
+        (
+            "_helpers.tpl",
+            "- name: GRAPHLEDGER_KEY_ENCRYPTION_KEYS\n  valueFrom:\n    secretKeyRef:\n      name: {{ . | quote }}\n"
+            '      key: {{ include "graphledger.kekSecretKey" $.root | quote }}',
+            "- name: GRAPHLEDGER_KEY_ENCRYPTION_KEYS\n  value: {{ . | quote }}",
+            "config",
+            "GRAPHLEDGER_KEY_ENCRYPTION_KEYS must come from a secretKeyRef",
+        ),
+        ("hook-jobs.yaml", '"kek" false', '"kek" true', "kek", "must not get GRAPHLEDGER_KEY_ENCRYPTION_KEYS"),
+        ("sweeper-deployment.yaml", '"kek" true', '"kek" false', "kek", "gets no GRAPHLEDGER_KEY_ENCRYPTION_KEYS"),
         ("_helpers.tpl", "helm.sh/chart:", "chart:", "labels", "helm.sh/chart"),
     ],
 )

@@ -1,10 +1,12 @@
-"""docker/compose.yaml, checked without Docker: its structure as `docker compose config` would read it,
-and every command, variable, port and dependency cross-checked against the CLI and the settings."""
+"""docker/compose.yaml, checked without Docker: its structure as `docker compose config` would read it
+(variables interpolated as Compose does), and every command, variable, port and dependency
+cross-checked against the CLI and the settings."""
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -14,6 +16,8 @@ import yaml
 
 from graphledger.settings import Settings
 from graphledger_server.cli import build_parser
+from graphledger_server.keys.ring import KEY_BYTES, parse_keys
+from graphledger_server.keys.store import check_key_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -23,6 +27,9 @@ SETTING_VARIABLES = {f"{PREFIX}{name}".upper() for name in Settings.model_fields
 OUR_SERVICES = {"topics", "migrate", "projector", "api", "sweeper"}
 ONE_SHOT = {"topics", "migrate"}
 LONG_RUNNING = OUR_SERVICES - ONE_SHOT
+KEK_VARIABLE = f"{PREFIX}KEY_ENCRYPTION_KEYS"
+# `${NAME}`, `${NAME:-default}` (unset or empty), `${NAME-default}` (unset), and `$$` for a dollar sign.
+INTERPOLATION = re.compile(r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?-)(?P<default>[^}]*))?\}")
 OBSERVABILITY = {"otel-collector", "jaeger", "prometheus", "grafana"}
 
 # The Compose Specification's top-level and service keys this file may use (a subset of the spec).
@@ -46,11 +53,27 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return compose["services"]
 
 
-def env_of(service: dict[str, Any]) -> dict[str, str]:
+def interpolate(value: str, environ: Mapping[str, str]) -> str:
+    """`value` as Compose passes it to the container, with `environ` the shell's (and --env-file's)."""
+
+    def substitute(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, op = match.group("name"), match.group("op")
+        if name in environ and (environ[name] or op != ":-"):
+            return environ[name]
+        return (match.group("default") or "") if op else ""
+
+    assert "$" not in INTERPOLATION.sub("", value), f"a form of interpolation not handled: {value}"
+    return INTERPOLATION.sub(substitute, value)
+
+
+def env_of(service: dict[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The service's variables, interpolated from `environ` (default: none of them set)."""
     env = service.get("environment", {})
     if isinstance(env, list):
         env = dict(item.split("=", 1) for item in env)
-    return {key: str(value) for key, value in env.items()}
+    return {key: interpolate(str(value), environ or {}) for key, value in env.items()}
 
 
 def published(service: dict[str, Any]) -> dict[int, int]:
@@ -130,6 +153,32 @@ def test_every_variable_is_a_setting_and_the_settings_validate(services, monkeyp
         assert settings.topic_replication_factor == 1  # one broker
         if name in LONG_RUNNING:
             assert env["OTEL_SERVICE_NAME"] == f"graphledger-{name}"
+            check_key_settings(settings)  # what the services check at start: they seal, with a key
+
+
+def test_the_services_that_seal_get_a_key_encryption_key(services) -> None:
+    """The projector, the read API and the sweeper get GRAPHLEDGER_KEY_ENCRYPTION_KEYS (the one-shots do
+    not): by default a public key labelled dev-only, in the format the services parse, and the one in
+    the environment when it is set."""
+    assert {name for name in OUR_SERVICES if KEK_VARIABLE in env_of(services[name])} == LONG_RUNNING
+    defaults = {env_of(services[name])[KEK_VARIABLE] for name in LONG_RUNNING}
+    [default] = defaults  # one key for all three
+    [(kek_id, key)] = parse_keys(default)
+    assert kek_id == "compose-dev-only" and len(key) == KEY_BYTES
+    header = COMPOSE.read_text().partition("\nname:")[0]
+    assert KEK_VARIABLE in header and "--env-file" in header  # how to give your own
+    own = "kek-1:" + "A" * 43 + "="
+    for name in LONG_RUNNING:
+        assert env_of(services[name], {KEK_VARIABLE: own})[KEK_VARIABLE] == own
+        assert env_of(services[name], {KEK_VARIABLE: ""})[KEK_VARIABLE] == default  # `:-`: empty is unset
+
+
+def test_interpolation_is_read_as_compose_reads_it() -> None:
+    assert interpolate("${A:-x}", {}) == "x" and interpolate("${A:-x}", {"A": ""}) == "x"
+    assert interpolate("${A-x}", {"A": ""}) == "" and interpolate("${A-x}", {}) == "x"
+    assert interpolate("${A}", {"A": "a"}) == "a" and interpolate("a$$b", {}) == "a$b"
+    with pytest.raises(AssertionError, match="not handled"):
+        interpolate("${A:?required}", {})
 
 
 def test_kafka_listeners_match_the_bootstrap_servers(services) -> None:

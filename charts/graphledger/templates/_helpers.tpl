@@ -112,6 +112,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and (include "graphledger.kafkaTlsFiles" .) (not (include "graphledger.kafkaUsesTls" .)) }}
 {{- fail (printf "kafka.tls secrets are set but kafka.securityProtocol is %s: use SSL or SASL_SSL" $k.securityProtocol) }}
 {{- end }}
+{{- $projection := .Values.postgres.schema }}
+{{- $keyStore := .Values.postgres.keyStoreSchema }}
+{{- if or (eq $keyStore $projection) (eq $keyStore (printf "%s_rebuild" $projection)) (hasPrefix (printf "%s_old_" $projection) $keyStore) }}
+{{- fail (printf "postgres.keyStoreSchema %s is postgres.schema %s or one of its replay schemas, which a replay renames and drops with the keys in them: give the key store a schema of its own" $keyStore $projection) }}
+{{- end }}
 {{- if and .Values.projector.keda.enabled .Values.projector.autoscaling.enabled }}
 {{- fail "projector.keda.enabled and projector.autoscaling.enabled exclude each other: pick one" }}
 {{- end }}
@@ -120,6 +125,45 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- if and .Values.metrics.prometheusRule.enabled (not .Values.metrics.enabled) }}
 {{- fail "metrics.prometheusRule.enabled needs metrics.enabled: the alerts query the services' metrics" }}
+{{- end }}
+{{- end }}
+
+{{/* Key-encryption keys ---------------------------------------------------------------------------- */}}
+
+{{/* The Secret the chart makes when erasure.keyEncryptionKeys.existingSecret names none. */}}
+{{- define "graphledger.managedKekSecretName" -}}
+{{- printf "%s-key-encryption-keys" (include "graphledger.fullname" .) }}
+{{- end }}
+
+{{/* The key of that Secret holding GRAPHLEDGER_KEY_ENCRYPTION_KEYS; fixed, so no value can orphan it. */}}
+{{- define "graphledger.managedKekKey" -}}
+keys
+{{- end }}
+
+{{/*
+"true" when the release owns the key-encryption keys' Secret: no existing Secret is named, and events
+are sealed or the Secret already exists (a log once sealed needs its keys after encryption is off).
+*/}}
+{{- define "graphledger.managesKek" -}}
+{{- if not .Values.erasure.keyEncryptionKeys.existingSecret }}
+{{- if or .Values.erasure.encryptEvents (lookup "v1" "Secret" .Release.Namespace (include "graphledger.managedKekSecretName" .)) }}true{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret the services read GRAPHLEDGER_KEY_ENCRYPTION_KEYS from; empty when they get none. */}}
+{{- define "graphledger.kekSecretName" -}}
+{{- if .Values.erasure.keyEncryptionKeys.existingSecret }}
+{{- .Values.erasure.keyEncryptionKeys.existingSecret }}
+{{- else if include "graphledger.managesKek" . }}
+{{- include "graphledger.managedKekSecretName" . }}
+{{- end }}
+{{- end }}
+
+{{- define "graphledger.kekSecretKey" -}}
+{{- if .Values.erasure.keyEncryptionKeys.existingSecret }}
+{{- .Values.erasure.keyEncryptionKeys.key }}
+{{- else }}
+{{- include "graphledger.managedKekKey" . }}
 {{- end }}
 {{- end }}
 
@@ -149,11 +193,13 @@ GRAPHLEDGER_TOPIC_PREFIX: {{ .Values.topics.prefix | quote }}
 GRAPHLEDGER_TOPIC_PARTITIONS: {{ .Values.topics.partitions | toString | quote }}
 GRAPHLEDGER_TOPIC_REPLICATION_FACTOR: {{ .Values.topics.replicationFactor | toString | quote }}
 GRAPHLEDGER_POSTGRES_SCHEMA: {{ .Values.postgres.schema | quote }}
+GRAPHLEDGER_KEY_STORE_SCHEMA: {{ .Values.postgres.keyStoreSchema | quote }}
 GRAPHLEDGER_PROJECTOR_GROUP_ID: {{ .Values.projector.groupId | quote }}
 GRAPHLEDGER_API_HOST: {{ .Values.api.host | quote }}
 GRAPHLEDGER_API_PORT: {{ .Values.api.port | toString | quote }}
 GRAPHLEDGER_HEALTH_HOST: "0.0.0.0"
 GRAPHLEDGER_HEALTH_PORT: {{ .Values.health.port | toString | quote }}
+GRAPHLEDGER_ENCRYPT_EVENTS: {{ .Values.erasure.encryptEvents | toString | quote }}
 {{- range $key, $value := .Values.config }}
 {{ $key }}: {{ $value | toString | quote }}
 {{- end }}
@@ -176,7 +222,7 @@ OTEL_EXPORTER_PROMETHEUS_PORT: {{ .Values.metrics.port | toString | quote }}
 
 {{/*
 Secret variables by reference, each only where it is needed.
-dict "root" $ "kafka" true "postgres" true "apiToken" false
+dict "root" $ "kafka" true "postgres" true "apiToken" false "kek" false
 */}}
 {{- define "graphledger.secretEnv" -}}
 {{- $v := .root.Values }}
@@ -216,10 +262,19 @@ dict "root" $ "kafka" true "postgres" true "apiToken" false
       key: {{ $v.auth.tokenKey | quote }}
 {{- end }}
 {{- end }}
+{{- if .kek }}
+{{- with include "graphledger.kekSecretName" .root }}
+- name: GRAPHLEDGER_KEY_ENCRYPTION_KEYS
+  valueFrom:
+    secretKeyRef:
+      name: {{ . | quote }}
+      key: {{ include "graphledger.kekSecretKey" $.root | quote }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* Env of a service container: the ConfigMap, its service name, its secrets, its extraEnv.
-dict "root" $ "component" "api" "kafka" false "postgres" true "apiToken" true "extraEnv" list */}}
+dict "root" $ "component" "api" "kafka" true "postgres" true "apiToken" true "kek" true "extraEnv" list */}}
 {{- define "graphledger.serviceEnv" -}}
 envFrom:
   - configMapRef:
