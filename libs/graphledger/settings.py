@@ -310,6 +310,18 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _key_store_outlives_replays(self) -> Settings:
+        # A replay renames the projection schema away, then drops it: keys there would go with it.
+        projection = self.postgres_schema
+        store = self.key_store_schema
+        if store in (projection, f"{projection}_rebuild") or store.startswith(f"{projection}_old_"):
+            raise ValueError(
+                f"key_store_schema {store!r} is a schema a replay of postgres_schema {projection!r} renames or "
+                "drops: the keys must live in a schema of their own"
+            )
+        return self
+
     @property
     def checkpoint_topic(self) -> str:
         return f"{self.topic_prefix}.checkpoints"
