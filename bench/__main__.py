@@ -2,8 +2,9 @@
 
 Both write to the same embedded Postgres (the official saver in its own schema). Printed: throughput
 of raw `aput` and of whole graph invocations at concurrency 1, 16 and 64, with ratios; projector apply
-rate; write-to-visible latency at a steady 500 checkpoints/s; the store rows (bench/store.py) and the replay
-rebuild rate (bench/rebuild.py). Numbers, not assertions: tests never time.
+rate; write-to-visible latency at a steady 500 checkpoints/s; the conversation rows (bench/conversations.py),
+the cost of sealing events (on against off, alternating rounds), the store rows (bench/store.py) and the
+replay rebuild rate (bench/rebuild.py). Numbers, not assertions: tests never time.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ from bench import conversations as conversation_bench
 from bench import rebuild as rebuild_bench
 from bench import store as store_bench
 from bench.official import official_savers
-from graphledger import KafkaSaver
+from graphledger import KafkaSaver, KafkaStore
 from graphledger.settings import DEFAULT_PARTITIONS
 from graphledger_server.commands.demo import build_graph
 from graphledger_server.devstack.stack import DevStack
 from graphledger_server.projection.offsets import OffsetStatements, group_offsets
 
 CONCURRENCY = (1, 16, 64)
+SEALING_ROUNDS = 6
 
 
 def _message_history(i: int) -> list[dict[str, str]]:
@@ -113,6 +115,47 @@ async def _projector_rate(stack: DevStack, saver: KafkaSaver, total: int) -> flo
         await conn.close()
 
 
+async def _sealing(stack: DevStack, total: int, backlog: int) -> list[str]:
+    """What sealing costs: `aput` and store `aput` at concurrency 64 and the projector's apply rate, with
+    `encrypt_events` on and off on the same stack, in alternating rounds (the machine is noisy)."""
+    sealed = stack.settings
+    clear = sealed.model_copy(update={"encrypt_events": False})
+    dims = sealed.store_vector_dims or 0
+    rates: dict[str, dict[str, list[float]]] = {row: {"on": [], "off": []} for row in ("aput", "store", "apply")}
+    async with (
+        KafkaSaver(sealed) as sealed_saver,
+        KafkaSaver(clear) as clear_saver,
+        KafkaStore(sealed, index=store_bench.index_config(dims)) as sealed_store,
+        KafkaStore(clear, index=store_bench.index_config(dims)) as clear_store,
+    ):
+        sides = {"on": (sealed_saver, sealed_store), "off": (clear_saver, clear_store)}
+        for r in range(SEALING_ROUNDS):
+            for side in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                saver, store = sides[side]
+                rates["aput"][side].append(await _run_puts(saver, 64, total))
+                rates["store"][side].append(await store_bench.puts(store, f"sealing-{side}-{r}", 64, total // 4))
+                if r < 2:  # each apply row is a backlog: two rounds of it
+                    rates["apply"][side].append(await _projector_rate(stack, saver, backlog // 2))
+    lines = [
+        "| sealing (docs/security.md) | concurrency | sealed | clear | ratio (median; spread over rounds) |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for row, label, concurrency in (
+        ("aput", "aput", "64"),
+        ("store", "store aput", "64"),
+        ("apply", "projector apply", "–"),
+    ):
+        on, off = rates[row]["on"], rates[row]["off"]
+        ratios = [a / b for a, b in zip(on, off, strict=True) if a and b]  # 0: a backlog applied in one batch
+        spread = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "–"
+        lines.append(
+            f"| {label} | {concurrency} | {statistics.median(on):,.0f}/s | {statistics.median(off):,.0f}/s | {spread} |"
+        )
+    for line in lines:
+        print(line, flush=True)
+    return lines
+
+
 async def _write_to_visible(stack: DevStack, saver: KafkaSaver, rate: int, seconds: float) -> list[float]:
     """Milliseconds from calling `aput` to its row being in Postgres, at a steady `rate` puts per second.
 
@@ -160,12 +203,19 @@ async def main(args: argparse.Namespace) -> None:
     ) as stack:
         settings = stack.settings
         dsn = settings.postgres_dsn
+        print(f"graphledger bench — {args.total} ops per row, Postgres and broker embedded, 2 cores", flush=True)
+        # First, on empty topics: a read of a thread fetches its partition's tail, and tansu's fetch time
+        # grows with every record a partition holds (a real broker's does not).
+        conversation_rows: list[str] = []
+        if args.conversation_turns:
+            print("conversations (reads consistent across processes; see README, Performance)", flush=True)
+            async with KafkaSaver(settings) as first, KafkaSaver(settings) as second, official_savers(dsn) as official:
+                conversation_rows = await conversation_bench.run([first, second], official, args.conversation_turns)
         async with (
             KafkaSaver(settings) as ours,
             AsyncPostgresSaver.from_conn_string(dsn) as official,
         ):
             await official.setup()
-            print(f"graphledger bench — {args.total} ops per row, Postgres and broker embedded, 2 cores", flush=True)
             rows = await _side_by_side("aput", _run_puts, ours, official, args.total)
             rows += await _side_by_side("graph.ainvoke", _run_graphs, ours, official, args.total // 8)
             rate = await _projector_rate(stack, ours, args.backlog)
@@ -174,11 +224,7 @@ async def main(args: argparse.Namespace) -> None:
             p50 = statistics.median(latencies)
             p99 = latencies[int(len(latencies) * 0.99) - 1]
             print(f"  write-to-visible   p50 {p50:6.1f} ms  p99 {p99:6.1f} ms at 500 checkpoints/s", flush=True)
-        conversation_rows: list[str] = []
-        if args.conversation_turns:
-            print("\nconversations (reads consistent across processes; see README, Performance)", flush=True)
-            async with KafkaSaver(settings) as first, KafkaSaver(settings) as second, official_savers(dsn) as official:
-                conversation_rows = await conversation_bench.run([first, second], official, args.conversation_turns)
+        sealing_rows = await _sealing(stack, args.total, args.backlog) if args.sealing else []
         store_rows = await store_bench.run(stack, args.total, args.recall_items) if args.store else []
         rebuild_rows = await rebuild_bench.run(settings, args.rebuild_events) if args.rebuild_events else []
 
@@ -188,7 +234,7 @@ async def main(args: argparse.Namespace) -> None:
             print(f"| {name} | {concurrency} | {mine:,.0f} | {theirs:,.0f} | {mine / theirs:.2f}x |")
         print(f"| projector apply (backlog {args.backlog:,}) | – | {rate:,.0f} checkpoints/s | – | – |")
         print(f"| write-to-visible at 500/s | – | p50 {p50:.1f} ms, p99 {p99:.1f} ms | – | – |")
-        print("\n".join(["", *conversation_rows, "", *store_rows, *rebuild_rows]))
+        print("\n".join(["", *conversation_rows, "", *sealing_rows, "", *store_rows, *rebuild_rows]))
 
 
 if __name__ == "__main__":
@@ -198,6 +244,7 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of the write-to-visible run")
     parser.add_argument("--recall-items", type=int, default=20000, help="items for the HNSW recall@10 row")
     parser.add_argument("--no-store", dest="store", action="store_false", help="skip the store rows")
+    parser.add_argument("--no-sealing", dest="sealing", action="store_false", help="skip the sealing rows")
     parser.add_argument(
         "--conversation-turns",
         type=int,

@@ -34,11 +34,11 @@ RECALL_QUERIES = 50
 VECTOR_INDEX = "store_vectors_embedding_idx"
 
 
-def _index(dims: int) -> dict[str, Any]:
+def index_config(dims: int) -> dict[str, Any]:
     return {"dims": dims, "embed": HashEmbedder(dims), "fields": ["text"]}
 
 
-async def _puts(store: Any, root: str, concurrency: int, total: int) -> float:
+async def puts(store: Any, root: str, concurrency: int, total: int) -> float:
     rng = random.Random(concurrency)
     per_worker = max(1, total // concurrency)
 
@@ -201,15 +201,15 @@ async def run(stack: DevStack, total: int, recall_items: int) -> list[str]:
     dims = settings.store_vector_dims or 256
     rows: list[str] = []
     async with (
-        KafkaStore(settings, index=_index(dims)) as ours,
-        AsyncPostgresStore.from_conn_string(settings.postgres_dsn, index=_index(dims)) as official,
+        KafkaStore(settings, index=index_config(dims)) as ours,
+        AsyncPostgresStore.from_conn_string(settings.postgres_dsn, index=index_config(dims)) as official,
     ):
         await official.setup()
         root = f"bench-{uuid.uuid4().hex[:8]}"
         for concurrency in CONCURRENCY:
             n = total if concurrency > 1 else total // 4
-            theirs = await _puts(official, root, concurrency, n)
-            mine = await _puts(ours, root, concurrency, n)
+            theirs = await puts(official, root, concurrency, n)
+            mine = await puts(ours, root, concurrency, n)
             print(
                 f"  store.aput         c={concurrency:<3} KafkaStore {mine:9.0f}/s  AsyncPostgresStore "
                 f"{theirs:9.0f}/s  ratio {mine / theirs:5.2f}x",
