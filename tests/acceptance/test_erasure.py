@@ -40,9 +40,10 @@ from graphledger.embeddings import HashEmbedder
 from graphledger.event_sealer import EventSealer
 from graphledger.events import envelope
 from graphledger.events.chunks import frame
-from graphledger.events.store import NAMESPACE_SEPARATOR, StorePut
+from graphledger.events.store import StorePut
 from graphledger.sealing import sealed_ref
 from graphledger.settings import Settings
+from graphledger.subjects import LABEL_SEPARATOR
 from graphledger.tenancy import hash_token, scoped_namespace
 from graphledger_server.devstack.stack import CLIENT_FIELDS, DevStack, settings_to_env
 from graphledger_server.keys.source import StoreKeySource
@@ -471,6 +472,6 @@ def test_a_token_gets_no_key_of_another_tenant(erasable: Erasable) -> None:
         theirs = erasable.post("/v1/keys", {"subjects": [{"kind": "thread", "name": name}]}, "acme")
         assert theirs.status_code == 403, (name, theirs.text)
         assert "keys" not in theirs.json()
-    beta_users = NAMESPACE_SEPARATOR.join(("beta", "users", "1"))
+    beta_users = LABEL_SEPARATOR.join(("beta", "users", "1"))
     namespace = erasable.post("/v1/keys", {"subjects": [{"kind": "namespace", "name": beta_users}]}, "acme")
     assert namespace.status_code == 403, namespace.text

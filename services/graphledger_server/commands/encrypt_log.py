@@ -73,11 +73,10 @@ from graphledger.events.envelope import (
     header,
     headers_for,
 )
-from graphledger.events.store import NAMESPACE_SEPARATOR
 from graphledger.log_tail import LogTail
 from graphledger.sealing import ERASED, SealedSubject, seal, sealed_ref, unseal
-from graphledger.settings import Settings
-from graphledger.subjects import DEFAULT_NAMESPACE_DEPTH, subject_of
+from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH, Settings
+from graphledger.subjects import LABEL_SEPARATOR, subject_of
 from graphledger.tenancy import THREAD_SEPARATOR, check_tenant_name
 from graphledger_server.commands.topics import ensure_topics, source_topics
 from graphledger_server.replay.preflight import inspect_sources, refuse_losses
@@ -343,10 +342,10 @@ def partition_of(key: bytes, partitions: int) -> int:
 
 def tenant_of(event: Event, tenants: frozenset[str]) -> str:
     """The tenant whose prefix the event's subject carries ("" for the unnamed tenant or no subject)."""
-    subject = subject_of(event, "", DEFAULT_NAMESPACE_DEPTH)
+    subject = subject_of(event, "", DEFAULT_ERASURE_NAMESPACE_DEPTH)  # the first label: any depth
     if subject is None or not tenants:
         return ""
-    separator = THREAD_SEPARATOR if subject.kind == "thread" else NAMESPACE_SEPARATOR
+    separator = THREAD_SEPARATOR if subject.kind == "thread" else LABEL_SEPARATOR
     first, found, _ = subject.name.partition(separator)
     return first if found and first in tenants else ""
 
