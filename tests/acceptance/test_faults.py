@@ -212,6 +212,12 @@ def test_postgres_outage_agents_keep_writing_reads_fail_fast_and_all_is_projecte
                 gate.set()
                 for run in runs:
                     assert run.result(WAIT_S)["n"] == OUTAGE_STEPS
+                # Those writes sealed with the data keys the agents hold. A write that needs a new one
+                # (a process that never wrote) asks the key store, in Postgres: it fails fast, retryably.
+                fresh = {"configurable": {"thread_id": f"outage-new-{uuid.uuid4().hex[:6]}", "checkpoint_ns": ""}}
+                with KafkaSaver(settings) as newcomer, pytest.raises(ReadApiError) as no_key:
+                    newcomer.put(fresh, empty_checkpoint(), {"source": "input", "step": -1}, {})
+                assert no_key.value.status == 503 and no_key.value.retryable, no_key.value
 
                 # The projector retries the same batch, backing off to the cap, without exiting.
                 def delays() -> list[float]:
