@@ -33,9 +33,7 @@ class DataKeyCache:
         missing = {ref for ref in refs if ref not in self._keys}
         if missing and self._store is not None:
             for ref, key in (await self._store.find(missing)).items():
-                self._keys[ref] = ERASED if isinstance(key, Erased) else cipher_of(key)
-            while len(self._keys) > self._capacity:
-                self._keys.popitem(last=False)
+                self._hold(ref, ERASED if isinstance(key, Erased) else cipher_of(key))
 
     def get(self, ref: str) -> DataKey | None:
         key = self._keys.get(ref)
@@ -48,7 +46,11 @@ class DataKeyCache:
         return self._keys.get(subject.ref) is ERASED or subject.tenant in self._erased_tenants
 
     def erase(self, ref: str) -> None:
-        self._keys[ref] = ERASED
+        self._hold(ref, ERASED)
+
+    def _hold(self, ref: str, key: DataKey) -> None:
+        """Keep `key` as the most recently used, forgetting the least recently used beyond the capacity."""
+        self._keys[ref] = key
         self._keys.move_to_end(ref)
         while len(self._keys) > self._capacity:
             self._keys.popitem(last=False)
