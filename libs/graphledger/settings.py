@@ -35,6 +35,7 @@ DEFAULT_API_MAX_RESULT_ITEMS = 10_000
 DEFAULT_API_MAX_CONSISTENCY_WAITS = 1_000
 DEFAULT_ERASURE_NAMESPACE_DEPTH = 2
 DEFAULT_KEY_CACHE_TTL_S = 60.0
+DEFAULT_CLIENT_THREAD_MEMORY_BYTES = 64 * 1024 * 1024
 DEFAULT_HEALTH_DEADLINE_S = 60.0
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -98,6 +99,13 @@ class Settings(BaseSettings):
         description="A client reading its own thread from the newest checkpoint it holds first checks the thread's "
         "partition in Kafka itself (needs READ on the checkpoint topic); off, or with a tenant token: it asks the read "
         "API, which checks the same.",
+    )
+    client_thread_memory_bytes: int = Field(
+        DEFAULT_CLIENT_THREAD_MEMORY_BYTES,
+        ge=0,
+        description="Bytes of thread state a client holds (the newest checkpoint of each thread it wrote or read, "
+        "and its own records the projection may lack); beyond, the least recently used threads are forgotten and "
+        "their next read goes to the read API.",
     )
 
     # Erasure (docs/security.md): user content sealed with per-subject data keys held outside the log.

@@ -17,6 +17,7 @@ hashing key.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 from dataclasses import dataclass
@@ -114,6 +115,8 @@ def item_record_key(hash_key: bytes, stored_namespace: tuple[str, ...], item_key
     return _hash(hash_key, "item", NAMESPACE_SEPARATOR.join(stored_namespace) + KEY_SEPARATOR + item_key)
 
 
+@functools.lru_cache(maxsize=16384)
 def _hash(hash_key: bytes, kind: str, name: str) -> str:
+    """Cached: a thread's writes hash the same name for every event (two HMACs each)."""
     message = kind.encode() + b"\x00" + name.encode("utf-8", "surrogatepass")
     return hmac.new(hash_key, message, hashlib.sha256).digest()[:REFERENCE_BYTES].hex()

@@ -9,7 +9,7 @@ import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from graphledger.client.jsonb import jsonb_value
+from graphledger.jsonb import jsonb_value
 
 _keys = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=6)
 _scalars = (

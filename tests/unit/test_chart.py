@@ -865,7 +865,11 @@ def test_every_setting_has_a_way_into_the_chart() -> None:
     allowed = set(schema["properties"]["config"]["propertyNames"]["enum"])
     data = of_kind(manifests(render(load_values("secure"))), "ConfigMap")[0]["data"]
     own_value = {key for key in data if key.startswith(PREFIX)} - allowed
-    client_only = {f"{PREFIX}API_URL", f"{PREFIX}CLIENT_LOG_READS"}  # agents' settings; the services never read them
+    client_only = {
+        f"{PREFIX}API_URL",
+        f"{PREFIX}CLIENT_LOG_READS",
+        f"{PREFIX}CLIENT_THREAD_MEMORY_BYTES",
+    }  # agents' settings; the services never read them
     assert allowed <= SETTING_VARIABLES, f"stale names in values.schema.json config: {allowed - SETTING_VARIABLES}"
     assert not allowed & (own_value | SECRET_VARIABLES)
     missing = SETTING_VARIABLES - allowed - own_value - SECRET_VARIABLES - client_only

@@ -18,16 +18,17 @@ from typing import Any, Self, TypeVar
 from opentelemetry.context import Context
 
 from graphledger.client.keys import ApiKeySource
-from graphledger.client.latest import LatestCheckpoints
 from graphledger.client.loop import BackgroundLoop, HomeLoop
-from graphledger.client.own_writes import OwnWrites
 from graphledger.client.publisher import EventPublisher
+from graphledger.client.put_riders import PutRiders
 from graphledger.client.reader import ReadApiClient
 from graphledger.client.tenant import scope_event
+from graphledger.client.thread_reads import ThreadReads
+from graphledger.client.threads import HeldThreads
 from graphledger.client.tokens import AckedOffsets
 from graphledger.event_sealer import EventSealer
-from graphledger.events import Event, to_envelope
-from graphledger.events.checkpoint import CheckpointPut, CheckpointWrites, ThreadCopy, ThreadCopyBarrier
+from graphledger.events import Event, checkpoint, to_envelope
+from graphledger.events.checkpoint import ThreadCopy, ThreadCopyBarrier
 from graphledger.events.envelope import Envelope
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
@@ -47,14 +48,12 @@ class ClientRuntime:
         self._loop: BackgroundLoop | HomeLoop | None = None
         self.publisher = EventPublisher(settings)
         self.acked = AckedOffsets()
-        self.own_writes = OwnWrites()
-        """The client's checkpoint puts and writes a get may add to the projection's answer."""
-        self.latest = LatestCheckpoints()
-        """The newest checkpoint of each thread namespace read, as of a log position."""
+        self.threads = HeldThreads(settings.client_thread_memory_bytes)
+        """What this process holds of each thread (on the runtime's loop)."""
+        self._riders = PutRiders(self.threads)
         self.log: LogTail | None = None
         """The client's own look at the log's tail (`client_log_reads`), on the producer's connection."""
-        self._puts_in_flight: dict[tuple[str, str, str], asyncio.Future[None]] = {}
-        """Checkpoint puts sent and not acknowledged yet (on the runtime's loop), by checkpoint."""
+        self.thread_reads: ThreadReads | None = None
         self._reader: ReadApiClient | None = None
         self.sealer: EventSealer | None = None
         """Hashes record keys and seals events with their subjects' keys (`encrypt_events`)."""
@@ -89,6 +88,16 @@ class ClientRuntime:
             # With a tenant, the partition's records of other tenants are not this client's to fetch.
             if self._settings.client_log_reads and not self.tenant:
                 self.log = LogTail(self._settings, self.publisher.kafka_client)
+            self.thread_reads = ThreadReads(
+                self.threads,
+                self._settings.checkpoint_topic,
+                self._reader.call,
+                lambda: self.log,
+                self.thread_key,
+                self._settings.consistency_timeout_s,
+                self.thread_erased,
+                self._log_denied,
+            )
         except BaseException:
             await self._reader.close()
             raise
@@ -151,31 +160,48 @@ class ClientRuntime:
 
     def thread_erased(self, thread_id: str) -> None:
         """A read found the thread erased: its writes are refused from now on."""
+        self.threads.erased(thread_id)
         key = self.thread_key(thread_id) if self.sealer is not None else None
         if self.sealer is not None and key is not None:
             self.sealer.erased(key.decode())  # a thread's reference is its record key
 
+    def _log_denied(self) -> None:
+        self.log = None
+
     async def _publish(self, topic: str, event: Event, context: Context) -> list[tuple[str, int, int]]:
-        if isinstance(event, CheckpointWrites) and (put := self._puts_in_flight.get(_checkpoint_of(event))):
-            # A checkpoint's writes follow its put in the log, so a read adding own writes finds the put first.
-            await asyncio.wait([put])
-        if not isinstance(event, CheckpointPut):
-            key, envelope = await self._envelope(event)
-            acked = await self.publisher.publish(topic, key, envelope, context=context)
-        else:
-            checkpoint = _checkpoint_of(event)
-            in_flight = self._puts_in_flight[checkpoint] = asyncio.get_running_loop().create_future()
+        key, envelope = await self._envelope(event)
+        if isinstance(event, checkpoint.CheckpointPut):
+            put = await self._riders.before_put(event)
             try:
-                key, envelope = await self._envelope(event)
                 acked = await self.publisher.publish(topic, key, envelope, context=context)
             finally:
-                in_flight.set_result(None)
-                if self._puts_in_flight.get(checkpoint) is in_flight:
-                    del self._puts_in_flight[checkpoint]
+                self._riders.put_done(put)
+        else:
+            if isinstance(event, checkpoint.CheckpointWrites):
+                await self._riders.before_writes(event)
+            acked = await self.publisher.publish(topic, key, envelope, context=context)
         self.acked.record(acked)
-        if isinstance(event, CheckpointPut | CheckpointWrites):
-            self.own_writes.record(event.thread_id, acked, event)  # reads name the thread as the caller does
+        self._held(event, acked)
         return acked
+
+    def _held(self, event: Event, acked: Sequence[tuple[str, int, int]]) -> None:
+        """Fold an acknowledged event of this process into the thread it is a record of (threads are
+        named as the caller names them; the event is still unscoped here)."""
+        _, partition, _ = acked[0]
+        offsets = tuple(offset for _, _, offset in acked)
+        match event:
+            case checkpoint.CheckpointPut() | checkpoint.CheckpointWrites() | checkpoint.ThreadDelete():
+                self.threads.acked(event.thread_id, partition, offsets, event)
+            case checkpoint.ThreadPrune() | checkpoint.ThreadExpire():
+                self.threads.acked(event.thread_id, partition, offsets, event)
+            case checkpoint.ThreadCopy():
+                self.threads.acked(event.source_thread_id, partition, offsets, event)
+            case checkpoint.ThreadCopyBarrier():
+                self.threads.acked(event.target_thread_id, partition, offsets, event)
+            case checkpoint.RunsDelete():
+                self.threads.acked_everywhere(partition, offsets[-1], event)
+            case _:
+                pass  # store events and erasures are no thread's records here
 
     async def _publish_copy(self, topic: str, copy: ThreadCopy, context: Context) -> None:
         """The copy, then, once acknowledged, the barrier that orders the target's events after it."""
@@ -191,7 +217,9 @@ class ClientRuntime:
         # One copy per partition, so the event takes its place among every thread's writes.
         for partition in await self.publisher.partitions(topic):
             _, envelope = await self._envelope(event)
-            self.acked.record(await self.publisher.publish(topic, None, envelope, context=context, partition=partition))
+            acked = await self.publisher.publish(topic, None, envelope, context=context, partition=partition)
+            self.acked.record(acked)
+            self._held(event, acked)
 
     async def _read(self, path: str, body: dict[str, Any], headers: Headers, context: Context) -> Any:
         assert self._reader is not None
@@ -229,6 +257,10 @@ class ClientRuntime:
         and this client's next reads wait for the erasure events."""
         assert self._reader is not None
         answer = await self._reader.call(ERASE_PATH, body, None, context)
+        if "thread_id" in body:
+            self.threads.erased(body["thread_id"])
+        if body.get("tenant"):
+            self.threads.clear()
         if self.sealer is not None:
             for erased in answer.get("erased", ()):
                 self.sealer.erased(erased["ref"])
@@ -264,10 +296,6 @@ class ClientRuntime:
             coro.close()
             raise
         return await loop.arun(coro)
-
-
-def _checkpoint_of(event: CheckpointPut | CheckpointWrites) -> tuple[str, str, str]:
-    return event.thread_id, event.checkpoint_ns, event.checkpoint_id
 
 
 class ClientLifecycle:

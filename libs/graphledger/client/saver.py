@@ -13,11 +13,8 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import TopicPartition
-from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -33,8 +30,6 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
-from graphledger.client.latest import Kept
-from graphledger.client.own_writes import Named, Underivable, with_own_writes
 from graphledger.client.runtime import ClientLifecycle, ClientRuntime
 from graphledger.client.values import (
     decode_delta_history,
@@ -44,7 +39,7 @@ from graphledger.client.values import (
     require_key_fits,
     split_channel_values,
 )
-from graphledger.errors import InvalidInputError, LogUnavailableError
+from graphledger.errors import InvalidInputError
 from graphledger.events.checkpoint import (
     PRUNE_STRATEGIES,
     Blob,
@@ -58,7 +53,6 @@ from graphledger.events.checkpoint import (
     Write,
 )
 from graphledger.settings import Settings
-from graphledger.wire import CACHED_THROUGH_HEADER, OWN_WRITES_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -168,96 +162,15 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
     # -- reads: one read API call each, with the consistency token --------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        body = _get_body(config)
-        ask = self._ask(body)
-        wire = self._runtime.call(self._from_kept(body, ask)) if ask.local else _ASK_AGAIN
-        if wire is _ASK_AGAIN:
-            wire = self._up_to_date(self._runtime.read(GET_PATH, body, ask.headers), body, ask)
-        if wire is _ASK_AGAIN:
-            wire = self._runtime.read(GET_PATH, body).get("tuple")
-        return decode_tuple(wire, self.serde)
+        return decode_tuple(self._runtime.call(self._get(_get_body(config))), self.serde)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        body = _get_body(config)
-        ask = self._ask(body)
-        wire = await self._runtime.acall(self._from_kept(body, ask)) if ask.local else _ASK_AGAIN
-        if wire is _ASK_AGAIN:
-            wire = self._up_to_date(await self._runtime.aread(GET_PATH, body, ask.headers), body, ask)
-        if wire is _ASK_AGAIN:
-            wire = (await self._runtime.aread(GET_PATH, body)).get("tuple")
-        return decode_tuple(wire, self.serde)
+        return decode_tuple(await self._runtime.acall(self._get(_get_body(config))), self.serde)
 
-    async def _from_kept(self, body: dict[str, Any], ask: _Ask) -> Any:
-        """The kept newest checkpoint with this saver's own writes added, when the log shows no other
-        record of the thread since it was kept; else `_ASK_AGAIN` (the read API decides). On the
-        client's loop."""
-        assert self._runtime.log is not None and ask.kept is not None and ask.named is not None
-        thread_id = body["thread_id"]
-        tp = TopicPartition(self.settings.checkpoint_topic, ask.kept.partition)
-        try:
-            tail = (await self._runtime.log.tails({tp: ask.kept.through}, self.settings.consistency_timeout_s))[tp]
-        except LogUnavailableError as exc:
-            if isinstance(exc.__cause__, TopicAuthorizationFailedError | ClusterAuthorizationFailedError):
-                log.warning("no READ on %s for this client (%s): reads go to the read API", tp.topic, exc.__cause__)
-                self._runtime.log = None
-            return _ASK_AGAIN
-        key = self._runtime.thread_key(thread_id)
-        if key is None or not tail.complete:
-            return _ASK_AGAIN
-        if any((k == key or k is None) and o not in ask.named.offsets for o, k in tail.keys):
-            return _ASK_AGAIN
-        recent = self._runtime.own_writes.since(thread_id, None, ask.named).from_offset(ask.kept.through)
-        wire = ask.kept.tuple()
-        if recent.events:
-            try:
-                wire = with_own_writes(wire, recent, thread_id, body["checkpoint_ns"], None)
-            except Underivable:
-                self._runtime.latest.forget(thread_id, body["checkpoint_ns"])
-                return _ASK_AGAIN
-        self._runtime.latest.put(thread_id, body["checkpoint_ns"], Kept.of(tp.partition, tail.end, wire))
-        return wire
-
-    def _ask(self, body: dict[str, Any]) -> _Ask:
-        """What a get names: this saver's own records of the thread, and the newest checkpoint it keeps."""
-        kept = (
-            self._runtime.latest.get(body["thread_id"], body["checkpoint_ns"])
-            if body["checkpoint_id"] is None
-            else None
-        )
-        named = self._runtime.own_writes.named(body["thread_id"], kept.partition if kept is not None else None)
-        headers: dict[str, str] = {}
-        if named is not None:
-            headers[OWN_WRITES_HEADER] = named.header
-            if kept is not None and kept.partition == named.partition:
-                headers[CACHED_THROUGH_HEADER] = str(kept.through)
-        local = self._runtime.log is not None and kept is not None and named is not None
-        return _Ask(headers or None, named, kept, local)
-
-    def _up_to_date(self, answer: dict[str, Any], body: dict[str, Any], ask: _Ask) -> Any:
-        """The answer's tuple (or the kept one, when `current`) with this saver's own writes the
-        projection may lack; `_ASK_AGAIN` when they cannot be added here. Keeps a newest checkpoint."""
-        thread_id, checkpoint_ns, checkpoint_id = body["thread_id"], body["checkpoint_ns"], body["checkpoint_id"]
-        if answer.get("erased"):
-            self._runtime.thread_erased(thread_id)
-        start = answer.get("own_writes_from")
-        wire = answer.get("tuple")
-        if ask.named is not None and start is not None:
-            if answer.get("current") and ask.kept is not None:
-                recent = self._runtime.own_writes.since(thread_id, min(start, ask.kept.through), ask.named)
-                recent, wire = recent.from_offset(ask.kept.through), ask.kept.tuple()
-            else:
-                recent = self._runtime.own_writes.since(thread_id, start, ask.named)
-            if recent.events:
-                try:
-                    wire = with_own_writes(wire, recent, thread_id, checkpoint_ns, checkpoint_id)
-                except Underivable:
-                    self._runtime.latest.forget(thread_id, checkpoint_ns)
-                    return _ASK_AGAIN
-        if checkpoint_id is None and "log_end" in answer:
-            self._runtime.latest.put(
-                thread_id, checkpoint_ns, Kept.of(answer["log_partition"], answer["log_end"], wire)
-            )
-        return wire
+    async def _get(self, body: dict[str, Any]) -> Any:
+        reads = self._runtime.thread_reads
+        assert reads is not None, "runtime not started"
+        return await reads.get(body["thread_id"], body["checkpoint_ns"], body["checkpoint_id"])
 
     def list(
         self,
@@ -384,20 +297,6 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
                 for idx, (channel, value) in enumerate(writes)
             ),
         )
-
-
-GET_PATH = "/v1/checkpoints/get"
-_ASK_AGAIN = object()
-"""The own writes could not be added to the answer: ask again without naming them."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Ask:
-    headers: dict[str, str] | None
-    named: Named | None
-    kept: Kept | None
-    local: bool
-    """Whether the client may look at the log itself first (`_from_kept`)."""
 
 
 def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:

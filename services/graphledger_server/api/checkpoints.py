@@ -42,6 +42,22 @@ from graphledger_server.api.tenant import Tenant
 
 router = APIRouter(prefix="/v1/checkpoints", tags=["checkpoints"])
 
+# Every namespace of a thread, by a skip scan of the checkpoints' primary key: one index probe per
+# namespace, however many checkpoints each holds. %(thread)s -> the stored thread id.
+THREAD_NAMESPACES_SQL = """
+WITH RECURSIVE ns AS (
+    (SELECT checkpoint_ns FROM checkpoints WHERE thread_id = %(thread)s ORDER BY checkpoint_ns LIMIT 1)
+    UNION ALL
+    SELECT (SELECT c.checkpoint_ns FROM checkpoints c
+            WHERE c.thread_id = %(thread)s AND c.checkpoint_ns > ns.checkpoint_ns
+            ORDER BY c.checkpoint_ns LIMIT 1)
+    FROM ns WHERE ns.checkpoint_ns IS NOT NULL
+)
+SELECT checkpoint_ns FROM ns WHERE checkpoint_ns IS NOT NULL LIMIT %(most)s
+"""
+MAX_NAMESPACES = 1000
+"""Most namespaces a get names; a thread with more answers without the list (the client then asks for each)."""
+
 
 def _doc(request_model: type[BaseModel], response_model: type[BaseModel]) -> dict[str, Any]:
     """OpenAPI for a route that parses its own body (to accept msgpack as well as JSON)."""
@@ -188,7 +204,21 @@ async def get_tuple(request: Request) -> Response:
         answer["tuple"] = _tuple(found, tenant) if found else None
         if found is None and await _erased(request, tenant, body.thread_id):
             answer["erased"] = True
+        elif (
+            body.checkpoint_id is None
+            and (namespaces := await _namespaces(request, tenant.thread(body.thread_id))) is not None
+        ):
+            answer["namespaces"] = namespaces
     return _answer(request, answer)
+
+
+async def _namespaces(request: Request, stored_thread_id: str) -> list[str] | None:
+    """Every namespace the thread has a checkpoint in (None: more than `MAX_NAMESPACES`)."""
+    async with api_state(request).pool.connection() as conn:
+        cursor = await conn.execute(THREAD_NAMESPACES_SQL, {"thread": stored_thread_id, "most": MAX_NAMESPACES + 1})
+        rows = await cursor.fetchall()
+    names = [row["checkpoint_ns"] for row in rows]
+    return names if len(names) <= MAX_NAMESPACES else None
 
 
 async def _erased(request: Request, tenant: Tenant, thread_id: str) -> bool:

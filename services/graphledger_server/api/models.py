@@ -160,6 +160,12 @@ class GetResponse(BaseModel):
         description=f"With {CACHED_THROUGH_HEADER}: no record of the thread but the named ones came since that "
         "offset, so the client's kept answer, with its own writes added, is the answer (`tuple` is null).",
     )
+    namespaces: list[str] | None = Field(
+        None,
+        description="A get of the newest checkpoint: every namespace of the thread with a checkpoint in the "
+        "answer's projection (absent: too many to list); a client knows the others are empty.",
+    )
+    erased: bool = Field(False, description="The thread was erased: it has no checkpoint, and never will.")
 
 
 class ListResponse(BaseModel):

@@ -1,0 +1,185 @@
+"""How a client answers a read of one thread: from what it holds when the log allows, else the read API.
+
+A read reflects every write to the thread acknowledged to any process before it began
+(docs/architecture.md, "Consistency"). The client takes the thread's snapshot (`threads.Held`) and
+asks the log, with a fetch sent after the read began, for the thread's partition from the
+snapshot's `through`: when every record of the thread there is its own, the snapshot is the answer
+(no HTTP, no Postgres). Otherwise, or when it holds no view of what is asked, the read API answers
+(it waits for, or folds, every record the client does not name as its own) and the client folds its
+named records onto that answer. When the fold cannot derive the answer, the client asks once more
+naming nothing, and the read API then waits for every record of the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, assert_never
+
+from aiokafka import TopicPartition
+from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
+
+from graphledger import fold
+from graphledger.client.threads import Held, HeldThreads
+from graphledger.errors import LogUnavailableError
+from graphledger.events.checkpoint import (
+    CheckpointPut,
+    CheckpointWrites,
+    RunsDelete,
+    ThreadCopy,
+    ThreadCopyBarrier,
+    ThreadDelete,
+    ThreadExpire,
+    ThreadPrune,
+)
+from graphledger.events.erasure import TenantErase, ThreadErase
+from graphledger.log_tail import LogTail
+from graphledger.wire import CACHED_THROUGH_HEADER, OWN_WRITES_HEADER
+
+log = logging.getLogger(__name__)
+
+GET_PATH = "/v1/checkpoints/get"
+
+Read = Callable[[str, dict[str, Any], Mapping[str, str] | None], Awaitable[Any]]
+"""A read API call: path, body, extra headers."""
+
+
+class ThreadReads:
+    """Answers `get_tuple` for one client; on the client's event loop."""
+
+    def __init__(
+        self,
+        threads: HeldThreads,
+        topic: str,
+        read: Read,
+        log_tail: Callable[[], LogTail | None],
+        thread_key: Callable[[str], bytes | None],
+        timeout_s: float,
+        on_erased: Callable[[str], None],
+        on_log_denied: Callable[[], None],
+    ) -> None:
+        self._threads = threads
+        self._topic = topic
+        self._read = read
+        self._log_tail = log_tail
+        self._thread_key = thread_key
+        self._timeout_s = timeout_s
+        self._on_erased = on_erased
+        self._on_log_denied = on_log_denied
+        self.answered: Counter[str] = Counter()
+        """Reads answered from what the process holds (`held`) and by the read API (`read_api`)."""
+
+    async def get(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> dict[str, Any] | None:
+        """The read API's get answer (wire form) for the thread namespace's newest checkpoint, or for
+        `checkpoint_id`."""
+        held = self._threads.get(thread_id)
+        if held is not None and held.view.erased:
+            return None
+        if held is not None and held.local:
+            try:
+                answer = held.view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, checkpoint_id)
+            except fold.Underivable:
+                pass
+            else:
+                if await self._unchanged_since(thread_id, held):
+                    self.answered["held"] += 1
+                    return answer
+        self.answered["read_api"] += 1
+        return await self._from_api(thread_id, checkpoint_ns, checkpoint_id, held)
+
+    async def _unchanged_since(self, thread_id: str, held: Held) -> bool:
+        """Whether the log holds no record of the thread since the snapshot's `through` but its own; if
+        so, the thread is held as current through the log's end."""
+        log_tail, key = self._log_tail(), self._thread_key(thread_id)
+        if log_tail is None or key is None or held.through is None:
+            return False
+        tp = TopicPartition(self._topic, held.partition)
+        try:
+            tail = (await log_tail.tails({tp: held.through}, self._timeout_s))[tp]
+        except LogUnavailableError as exc:
+            if isinstance(exc.__cause__, TopicAuthorizationFailedError | ClusterAuthorizationFailedError):
+                log.warning("no READ on %s for this client (%s): reads go to the read API", tp.topic, exc.__cause__)
+                self._on_log_denied()
+            return False
+        if not tail.complete:
+            return False
+        own = {o for offsets, _ in held.own for o in offsets}
+        if any((k == key or k is None) and o not in own for o, k in tail.keys):
+            return False
+        self._threads.advance(thread_id, held, tail.end)
+        return True
+
+    async def _from_api(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, held: Held | None
+    ) -> dict[str, Any] | None:
+        body = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
+        named = held.named() if held is not None else None
+        headers: dict[str, str] = {}
+        if held is not None and named is not None:
+            headers[OWN_WRITES_HEADER] = f"{held.partition}:{','.join(map(str, sorted(named)))}"
+            if held.local and checkpoint_id is None and self._log_tail() is None:
+                headers[CACHED_THROUGH_HEADER] = str(held.through)  # the read API looks at the log instead
+        answer = await self._read(GET_PATH, body, headers or None)
+        try:
+            return self._answered(thread_id, checkpoint_ns, checkpoint_id, held if headers else None, answer)
+        except fold.Underivable:
+            answer = await self._read(GET_PATH, body, None)
+            return self._answered(thread_id, checkpoint_ns, checkpoint_id, None, answer)
+
+    def _answered(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str | None,
+        named: Held | None,
+        answer: dict[str, Any],
+    ) -> dict[str, Any] | None:
+        """The read API's `answer` with the named own records it lacks folded in; holds the thread when
+        the answer is of its newest checkpoint. Raises `fold.Underivable`."""
+        if answer.get("erased"):
+            self._on_erased(thread_id)
+            self._threads.erased(thread_id)
+            return None
+        partition, end = answer["log_partition"], answer["log_end"]
+        if named is not None and named.partition != partition:
+            named = None  # named on another partition: the read API heeded none of them
+        if answer.get("current") and named is not None:
+            self._threads.advance(thread_id, named, end)
+            return named.view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, checkpoint_id)
+        # Naming nothing, the answer holds every record of the thread below the log's end.
+        applied = answer.get("own_writes_from", end) if named is not None else end
+        if checkpoint_id is not None:
+            return _older(named, answer["tuple"], thread_id, checkpoint_ns, checkpoint_id, applied)
+        view = fold.from_answer(checkpoint_ns, answer["tuple"], answer.get("namespaces"))
+        view = self._threads.install(thread_id, named, partition, view, applied, end)
+        return view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, None)
+
+
+def _older(
+    named: Held | None,
+    tuple_: dict[str, Any] | None,
+    thread_id: str,
+    checkpoint_ns: str,
+    checkpoint_id: str,
+    applied: int,
+) -> dict[str, Any] | None:
+    """The answer for one checkpoint (not the thread's newest), with the named own records of it the
+    read API's answer lacks: its writes, a repeated put of it, a delete of the thread."""
+    view = fold.from_answer(checkpoint_ns, tuple_)
+    for _, event in named.own_since(applied) if named is not None else ():
+        match event:
+            case CheckpointPut() | CheckpointWrites():
+                if (event.checkpoint_ns, event.checkpoint_id) == (checkpoint_ns, checkpoint_id):
+                    view = fold.apply(view, event)
+            case ThreadDelete():
+                view = fold.NEW
+            case ThreadPrune() if event.strategy == "delete":
+                view = fold.NEW
+            case ThreadPrune() | RunsDelete() | ThreadCopyBarrier() | ThreadExpire():
+                raise fold.Underivable(f"a {event.TYPE} may have dropped checkpoint {checkpoint_id}")
+            case ThreadCopy() | ThreadErase() | TenantErase():
+                pass  # a copy from the thread changes nothing; an erasure is not published here
+            case _:
+                assert_never(event)
+    return view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, checkpoint_id)

@@ -1,0 +1,223 @@
+"""What a client process holds of each thread: one owner, one immutable snapshot per read.
+
+A thread is held once a read of it came back from the read API, or once this process wrote to it.
+What is held (`Held`) is a `fold.View` of the thread and the log position it is current through:
+the view reflects every record of the thread below `through` on its partition, and this process's
+own records since, folded in as each was acknowledged. The own records at or after `through` are
+kept too, because a read that has to ask the read API names them and folds them onto its answer.
+
+A read takes the thread's `Held` as it is when the read begins and never sees it change: a new
+acknowledgement, an eviction or another read replaces the entry, never the object. So a read cannot
+see half an eviction or half a trim (docs/architecture.md, "Consistency"). Its answer is:
+- local, when the log shows no record of the thread since `through` but this process's own
+  (`advance`): the view is then current through the log's end, and the own records below it are
+  forgotten, so a conversation of any length holds one turn's records;
+- the read API's, otherwise: the read API answers at the log's end, waiting for (or folding) every
+  other record, and the client folds its own records the answer lacks (`install`).
+
+Bounded by bytes: beyond `max_bytes` the least recently used threads are forgotten whole; a thread
+not held is read from the read API, which then waits for the thread's records like any other
+process's. A snapshot taken before an eviction stays whole; the read that holds it simply does not
+put its result back.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from graphledger import fold
+from graphledger.events.checkpoint import CheckpointEvent, CheckpointPut, CheckpointWrites
+
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+"""Most bytes of thread state a client holds (the `client_thread_memory_bytes` setting's default)."""
+MAX_NAMED_RECORDS = 256
+"""Most own records a read names to the read API; with more, the read waits for the projection."""
+_OWN_RECORD_BYTES = 64
+"""What one own record counts against the bound besides its event's values."""
+
+Own = tuple[tuple[int, ...], CheckpointEvent]
+"""One own event: the offsets of its records (more than one when chunked) and the event."""
+
+_epochs = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One thread as this process holds it. Immutable: a read's snapshot."""
+
+    epoch: int
+    """Which holding this is: a thread forgotten and held again gets a new epoch."""
+    partition: int
+    through: int | None
+    """The view reflects every record of the thread below this offset of `partition`; None: only the
+    own records since the thread was held are known (the view is `fold.UNKNOWN` for others)."""
+    view: fold.View
+    own: tuple[Own, ...]
+    """Own records at or after `through` (all since the thread was held, when `through` is None)."""
+    own_size: int
+    """What `own` counts against the bound."""
+
+    @property
+    def size(self) -> int:
+        return self.view.size + self.own_size
+
+    @property
+    def local(self) -> bool:
+        """Whether a look at the log since `through` can decide a read."""
+        return self.through is not None
+
+    def named(self) -> frozenset[int] | None:
+        """The own records a read of the read API names (None: too many to name)."""
+        offsets = frozenset(o for offsets, _ in self.own for o in offsets)
+        return offsets if len(offsets) <= MAX_NAMED_RECORDS else None
+
+    def own_since(self, offset: int) -> list[Own]:
+        return [own for own in self.own if own[0][-1] >= offset]
+
+
+class HeldThreads:
+    """Every thread a client holds, least recently used first. On the client's event loop only."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self._threads: OrderedDict[str, Held] = OrderedDict()
+        self._size = 0
+        self.max_bytes = max_bytes
+
+    def __len__(self) -> int:
+        return len(self._threads)
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def get(self, thread_id: str) -> Held | None:
+        """The thread's snapshot, marked as recently used."""
+        held = self._threads.get(thread_id)
+        if held is not None:
+            self._threads.move_to_end(thread_id)
+        return held
+
+    def before_newest(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
+        """Whether `checkpoint_id` is newer than the namespace's newest checkpoint held (not held: False)."""
+        held = self._threads.get(thread_id)
+        if held is None or held.view.erased:
+            return False
+        ns = held.view.namespaces.get(checkpoint_ns, fold.EMPTY if held.view.complete else None)
+        if ns is None:
+            return False
+        return ns.newest is None or checkpoint_id > ns.newest.checkpoint_id
+
+    def clear(self) -> None:
+        self._threads.clear()
+        self._size = 0
+
+    def forget(self, thread_id: str) -> None:
+        held = self._threads.pop(thread_id, None)
+        if held is not None:
+            self._size -= held.size
+
+    def acked(self, thread_id: str, partition: int, offsets: tuple[int, ...], event: CheckpointEvent) -> None:
+        """This process's event of the thread, acknowledged at `offsets` of `partition`."""
+        held = self._threads.get(thread_id)
+        own: Own = (offsets, event)
+        if held is None or held.partition != partition:
+            view = fold.apply(fold.UNKNOWN, event)
+            # A delete or an erasure leaves nothing of what came before: the view is then whole.
+            if view is fold.NEW or view is fold.ERASED:
+                self._put(thread_id, _held(next(_epochs), partition, offsets[-1] + 1, view, ()))
+            else:
+                self._put(thread_id, _held(next(_epochs), partition, None, view, (own,)))
+        else:
+            own_size = held.own_size + _own_size(event)
+            entry = _held(held.epoch, partition, held.through, fold.apply(held.view, event), (*held.own, own), own_size)
+            self._put(thread_id, entry)
+
+    def acked_everywhere(self, partition: int, offset: int, event: CheckpointEvent) -> None:
+        """This process's event published to every partition (`runs.delete`): its copy on `partition`
+        at `offset` is a record of every thread held there."""
+        for thread_id, held in list(self._threads.items()):
+            if held.partition == partition:
+                own = (*held.own, ((offset,), event))
+                entry = _held(held.epoch, partition, held.through, fold.apply(held.view, event), own)
+                self._put(thread_id, entry, touch=False)
+
+    def advance(self, thread_id: str, snapshot: Held, end: int) -> None:
+        """A read found no record of the thread but own ones from the snapshot's `through` up to `end`:
+        the thread's view is current through `end` (if it is still the same holding)."""
+        held = self._threads.get(thread_id)
+        if held is None or held.epoch != snapshot.epoch or held.through is None or held.through >= end:
+            return
+        self._put(thread_id, _held(held.epoch, held.partition, end, held.view, tuple(held.own_since(end))), touch=False)
+
+    def install(
+        self,
+        thread_id: str,
+        snapshot: Held | None,
+        partition: int,
+        answer: fold.View,
+        applied: int | None,
+        end: int,
+    ) -> fold.View:
+        """The read API answered the thread as of `end` (the log's end when it read), holding every
+        record below `applied` (None: every record not named); returns the answer with the own records
+        it lacks folded in, and holds that when nothing replaced the snapshot meanwhile."""
+        held = self._threads.get(thread_id)
+        current = held if held is not None and held.partition == partition else None
+        named = snapshot.own if snapshot is not None and snapshot.partition == partition else ()
+        mine = named if current is None else _merged(named, current.own)
+        view = answer
+        if applied is not None:
+            for _, event in (own for own in mine if own[0][-1] >= applied):
+                view = fold.apply(view, event)
+        if current is not None and snapshot is not None and current.epoch != snapshot.epoch:
+            return view  # held anew meanwhile: keep what is held
+        if current is None and snapshot is not None:
+            return view  # forgotten meanwhile: do not hold it again behind the bound's back
+        epoch = current.epoch if current is not None else next(_epochs)
+        own = tuple(o for o in mine if o[0][-1] >= end)
+        self._put(thread_id, _held(epoch, partition, end, view, own))
+        return view
+
+    def erased(self, thread_id: str) -> None:
+        """The thread was erased: it reads as empty from now on."""
+        held = self._threads.get(thread_id)
+        if held is not None:
+            self._put(thread_id, _held(held.epoch, held.partition, held.through, fold.ERASED, ()))
+
+    def _put(self, thread_id: str, entry: Held, *, touch: bool = True) -> None:
+        previous = self._threads.get(thread_id)
+        if previous is not None:
+            self._size -= previous.size
+        self._threads[thread_id] = entry
+        if touch:
+            self._threads.move_to_end(thread_id)
+        self._size += entry.size
+        while self._size > self.max_bytes and self._threads:
+            _, forgotten = self._threads.popitem(last=False)
+            self._size -= forgotten.size
+
+
+def _held(
+    epoch: int, partition: int, through: int | None, view: fold.View, own: tuple[Own, ...], own_size: int | None = None
+) -> Held:
+    if own_size is None:
+        own_size = sum(_own_size(event) for _, event in own)
+    return Held(epoch, partition, through, view, own, own_size)
+
+
+def _merged(first: Iterable[Own], second: Iterable[Own]) -> list[Own]:
+    """Own records of both, once each, in log order."""
+    by_offset = {own[0][-1]: own for own in (*first, *second)}
+    return [by_offset[offset] for offset in sorted(by_offset)]
+
+
+def _own_size(event: CheckpointEvent) -> int:
+    if isinstance(event, CheckpointPut):
+        data = len(event.checkpoint_json) + len(event.metadata_json) + sum(len(b.data or b"") for b in event.blobs)
+        return data + _OWN_RECORD_BYTES
+    if isinstance(event, CheckpointWrites):
+        return sum(len(w.data) for w in event.writes) + _OWN_RECORD_BYTES
+    return _OWN_RECORD_BYTES

@@ -1,0 +1,372 @@
+"""The fold of a thread's events into what a read of its checkpoints answers, as the projection would.
+
+The projector applies events with set-based SQL; a process that holds a thread (the client's own
+writes, `client/threads.py`) answers reads without the projection by folding the same events in
+Python. One fold, written down once, with the projection's rules:
+- a put upserts its checkpoint: a repeated put replaces checkpoint and metadata and keeps the first
+  parent; a blob `(channel, version)` keeps its first value;
+- writes merge by `(task_id, idx)`: special writes (`upsert`) replace channel, type and value and keep
+  the row's task path, others never replace; they sort as the official saver sorts them;
+- the newest checkpoint of a namespace is the one with the greatest id (the official saver's order);
+- `thread.delete` and prune `delete` empty the thread; prune `keep_latest` leaves every newest
+  checkpoint and its writes as they are; `runs.delete` leaves a namespace whose newest checkpoint it
+  does not name as it is;
+- an erasure ends the thread for good: nothing after it counts.
+Whatever needs rows the view does not hold raises `Underivable`, and the reader asks the read API:
+a put whose channel values come from a checkpoint the view never saw (a fork from an older
+checkpoint), a copy onto the thread, an expiry (it depends on the thread's activity time), a
+`runs.delete` naming a newest checkpoint, a read of a checkpoint older than the newest.
+
+A view holds per namespace the newest checkpoint, the writes of it and of any newer checkpoint whose
+put has not come yet (writes can reach the log before their put), and what is known of the channel
+versions it references. Views are immutable: applying an event returns a new view, so a reader's
+snapshot never changes under it. Values stay opaque, in the read API's wire form (`wire.py`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, assert_never
+
+import ormsgpack
+from langgraph.checkpoint.base import writes_sort_key
+from langgraph.checkpoint.serde.types import TASKS
+
+from graphledger.events.checkpoint import (
+    CheckpointEvent,
+    CheckpointPut,
+    CheckpointWrites,
+    RunsDelete,
+    ThreadCopy,
+    ThreadCopyBarrier,
+    ThreadDelete,
+    ThreadExpire,
+    ThreadPrune,
+)
+from graphledger.events.erasure import TenantErase, ThreadErase
+from graphledger.jsonb import jsonb_value
+from graphledger.wire import typed
+
+
+class Underivable(Exception):
+    """The view cannot answer as the projection would: ask the read API."""
+
+
+NO_BLOB: Final = "no-blob"
+"""A channel version without a blob row: its value is inline in the checkpoint, or absent."""
+EMPTY_BLOB: Final = "empty-blob"
+"""A blob row of type `empty`: the version has a row, and no value."""
+
+WriteRow = tuple[str, str, dict[str, Any], str, int]
+"""`(task_id, channel, wire value, task_path, idx)`: one row of `checkpoint_writes`."""
+
+MAX_PENDING_CHECKPOINTS = 64
+"""Most checkpoints ahead of the newest whose writes a namespace view holds before their put."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Row:
+    """One checkpoint as the projection holds it: from a put event, or from a read API answer."""
+
+    checkpoint_id: str
+    parent_id: str | None
+    versions: Mapping[str, str]
+    """Its `channel_versions`, as strings."""
+    run_id: Any
+    """Its metadata's `run_id` (what `runs.delete` matches)."""
+    legacy: bool = False
+    """A checkpoint before format 4: the official saver reads it with its parent's pending sends."""
+    put: CheckpointPut | None = None
+    answer: Mapping[str, Any] | None = None
+    """A read API answer's tuple (wire form), when the row came from one."""
+    _packed: list[bytes] = field(default_factory=list)
+    """The answer without its writes, packed once (an unpack is a cheap deep copy for each reader)."""
+
+    def wire(self, thread_id: str, checkpoint_ns: str, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The tuple the read API answers for this checkpoint, less its pending writes (a fresh object)."""
+        if not self._packed:
+            self._packed.append(ormsgpack.packb(self._build(thread_id, checkpoint_ns, values)))
+        return ormsgpack.unpackb(self._packed[0])  # type: ignore[no-any-return]
+
+    def _build(self, thread_id: str, checkpoint_ns: str, values: Mapping[str, Any]) -> dict[str, Any]:
+        if self.answer is not None:
+            return {**self.answer, "pending_writes": []}
+        assert self.put is not None
+        checkpoint = jsonb_value(self.put.checkpoint_json)
+        channel_values = {channel: {"v": value} for channel, value in (checkpoint.get("channel_values") or {}).items()}
+        for channel, version in self.versions.items():
+            value = values.get((channel, version))
+            if isinstance(value, dict):
+                channel_values[channel] = value
+        checkpoint["channel_values"] = channel_values
+        config = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": self.checkpoint_id}
+        return {
+            "config": config,
+            "checkpoint": checkpoint,
+            "metadata": jsonb_value(self.put.metadata_json),
+            "parent_config": {**config, "checkpoint_id": self.parent_id} if self.parent_id else None,
+            "pending_writes": [],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """What one thread namespace's reads need: its newest checkpoint (None: it has none), the writes
+    of that checkpoint and of newer ones not put yet, and the blobs of the versions it references.
+    Make one with `namespace`, which sizes it."""
+
+    newest: Row | None
+    writes: Mapping[str, tuple[WriteRow, ...]]
+    blobs: Mapping[tuple[str, str], Any]
+    """`(channel, version)` -> wire value, or `NO_BLOB` / `EMPTY_BLOB`."""
+    size: int
+    """Roughly the bytes it holds."""
+
+    def answer(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> dict[str, Any] | None:
+        """The read API's tuple for the newest checkpoint or for `checkpoint_id` (which must be it)."""
+        newest = self.newest
+        if newest is None:
+            return None
+        if checkpoint_id is not None and checkpoint_id != newest.checkpoint_id:
+            raise Underivable(f"checkpoint {checkpoint_id} is older than the newest held")
+        wire = newest.wire(thread_id, checkpoint_ns, self.blobs)
+        wire["pending_writes"] = [list(row) for row in self.writes.get(newest.checkpoint_id, ())]
+        return wire
+
+
+def namespace(
+    newest: Row | None, writes: Mapping[str, tuple[WriteRow, ...]], blobs: Mapping[tuple[str, str], Any]
+) -> Namespace:
+    size = 200
+    if newest is not None and newest.put is not None:
+        size += len(newest.put.checkpoint_json) + len(newest.put.metadata_json)
+    elif newest is not None and newest.answer is not None:
+        size += 500 + sum(_wire_size(v) for v in newest.answer["checkpoint"]["channel_values"].values())
+    size += sum(_wire_size(v) for v in blobs.values())
+    size += sum(_wire_size(row[2]) + 64 for rows in writes.values() for row in rows)
+    return Namespace(newest, writes, blobs, size)
+
+
+def _wire_size(value: Any) -> int:
+    return len(value.get("b") or b"") + 32 if isinstance(value, dict) else 32
+
+
+EMPTY: Final = namespace(None, {}, {})
+
+MAX_NAMESPACES = 256
+"""Most namespaces a view knows of; beyond, it forgets those not held and no longer claims the rest empty."""
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """What a process knows of one thread: per namespace, `Namespace` or `None` for one that exists
+    but is not held; a namespace missing from `namespaces` has no checkpoint when `complete`, and is
+    not known otherwise. `erased`: the thread was erased; it reads as empty for ever. Make one with
+    `view`, which sizes it."""
+
+    namespaces: Mapping[str, Namespace | None]
+    complete: bool
+    erased: bool
+    size: int
+
+    def namespace(self, checkpoint_ns: str) -> Namespace:
+        """The namespace's view; raises `Underivable` when it is not held."""
+        if self.erased:
+            return EMPTY
+        held = self.namespaces.get(checkpoint_ns, EMPTY if self.complete else None)
+        if held is None:
+            raise Underivable(f"namespace {checkpoint_ns!r} is not held")
+        return held
+
+
+def view(namespaces: dict[str, Namespace | None], complete: bool, *, erased: bool = False) -> View:
+    if len(namespaces) > MAX_NAMESPACES:
+        namespaces = {name: ns for name, ns in namespaces.items() if ns is not None}
+        complete = False
+        while len(namespaces) > MAX_NAMESPACES:
+            del namespaces[next(iter(namespaces))]  # the least recently changed
+    size = 100 + sum(ns.size for ns in namespaces.values() if ns is not None)
+    return View(namespaces, complete, erased, size)
+
+
+UNKNOWN: Final = view({}, False)
+"""Nothing known of the thread."""
+NEW: Final = view({}, True)
+"""A thread with no checkpoint in any namespace."""
+ERASED: Final = view({}, True, erased=True)
+
+
+def from_answer(checkpoint_ns: str, answer: Mapping[str, Any] | None, namespaces: Iterable[str] | None = None) -> View:
+    """The view a read API answer gives: the namespace's newest checkpoint (`answer`, None: none) and,
+    with `namespaces` (every namespace of the thread), that the others exist but are not held."""
+    held: dict[str, Namespace | None] = dict.fromkeys(namespaces or (), None)
+    held[checkpoint_ns] = namespace_of(answer)
+    return view(held, namespaces is not None)
+
+
+def namespace_of(answer: Mapping[str, Any] | None) -> Namespace:
+    """A namespace whose newest checkpoint is the read API's `answer` (a get of the newest)."""
+    if answer is None:
+        return EMPTY
+    checkpoint = answer["checkpoint"]
+    versions = {channel: str(v) for channel, v in (checkpoint.get("channel_versions") or {}).items()}
+    cid = answer["config"]["checkpoint_id"]
+    parent = answer.get("parent_config")
+    row = Row(
+        cid,
+        parent["checkpoint_id"] if parent else None,
+        versions,
+        (answer.get("metadata") or {}).get("run_id"),
+        legacy=not isinstance(checkpoint.get("v"), int) or checkpoint["v"] < 4,
+        answer={k: v for k, v in answer.items() if k != "pending_writes"},
+    )
+    values = checkpoint.get("channel_values") or {}
+    blobs = {
+        (channel, version): value if isinstance(value, dict) and "t" in value else NO_BLOB
+        for channel, version in versions.items()
+        for value in (values.get(channel),)
+    }
+    writes = tuple(_write_row(w) for w in answer.get("pending_writes") or ())
+    return namespace(row, {cid: writes} if writes else {}, blobs)
+
+
+def _write_row(raw: Any) -> WriteRow:
+    task_id, channel, value, task_path, idx = raw
+    return (task_id, channel, value, task_path, int(idx))
+
+
+def apply(held: View, event: CheckpointEvent) -> View:
+    """`view` after the projection applies `event`, one of the thread's records. What the view cannot
+    follow becomes not held: the namespace (a put it cannot derive), or the whole thread."""
+    if held.erased:
+        return held
+    match event:
+        case CheckpointPut():
+            return _in_namespace(held, event.checkpoint_ns, lambda ns: _put(ns, event))
+        case CheckpointWrites():
+            return _in_namespace(held, event.checkpoint_ns, lambda ns: _writes(ns, event))
+        case ThreadDelete():
+            return NEW
+        case ThreadPrune():
+            return NEW if event.strategy == "delete" else _pruned(held)
+        case RunsDelete():
+            return _runs_deleted(held, frozenset(event.run_ids))
+        case ThreadCopy():
+            return held  # keyed by its source, which it does not change
+        case ThreadCopyBarrier() | ThreadExpire():
+            # A copy onto the thread needs the source's rows; an expiry, the thread's activity time.
+            return UNKNOWN
+        case ThreadErase() | TenantErase():
+            return ERASED
+        case _:
+            assert_never(event)
+
+
+def _in_namespace(held: View, checkpoint_ns: str, change: Callable[[Namespace], Namespace]) -> View:
+    ns = held.namespaces.get(checkpoint_ns, EMPTY if held.complete else None)
+    if ns is None:
+        return held  # not held: it stays so
+    try:
+        changed: Namespace | None = change(ns)
+    except Underivable:
+        changed = None
+    namespaces = {name: other for name, other in held.namespaces.items() if name != checkpoint_ns}
+    namespaces[checkpoint_ns] = changed  # last: the most recently changed
+    return view(namespaces, held.complete)
+
+
+def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
+    newest = ns.newest
+    if newest is not None and event.checkpoint_id < newest.checkpoint_id:
+        return ns  # not the newest: a read of the newest is unchanged
+    checkpoint = json.loads(event.checkpoint_json)
+    legacy = not isinstance(checkpoint.get("v"), int) or checkpoint["v"] < 4
+    if legacy and event.parent_checkpoint_id and _sends_of(ns, event.parent_checkpoint_id):
+        raise Underivable("a checkpoint before format 4 is read with its parent's pending sends")
+    versions = {channel: str(v) for channel, v in (checkpoint.get("channel_versions") or {}).items()}
+    inline = checkpoint.get("channel_values") or {}
+    repeated = newest is not None and event.checkpoint_id == newest.checkpoint_id
+    parent_id = newest.parent_id if repeated and newest is not None else event.parent_checkpoint_id
+    parent_versions = (
+        newest.versions if newest is not None and newest.checkpoint_id == event.parent_checkpoint_id else None
+    )
+    new = {(b.channel, b.version): b for b in event.blobs}
+    blobs: dict[tuple[str, str], Any] = {}
+    for channel, version in versions.items():
+        key = (channel, version)
+        known, blob = ns.blobs.get(key), new.get(key)
+        if known is not None and known is not NO_BLOB:
+            blobs[key] = known  # a blob row is never replaced
+        elif blob is not None:
+            blobs[key] = typed(blob.type, blob.data or b"") if blob.type != "empty" else EMPTY_BLOB
+        elif known is not None:
+            blobs[key] = known
+        elif event.parent_checkpoint_id is None or (
+            parent_versions is not None and parent_versions.get(channel) != version
+        ):
+            blobs[key] = NO_BLOB  # the version is this put's own, written without a blob: inline or absent
+        elif channel in inline and inline[channel] is not True:
+            blobs[key] = NO_BLOB  # a primitive: inline, never a blob (True marks a DeltaChannel snapshot)
+        else:
+            raise Underivable(f"the value of channel {channel!r} at version {version} is not held")
+    run_id = json.loads(event.metadata_json).get("run_id")
+    row = Row(event.checkpoint_id, parent_id, versions, run_id, legacy=legacy, put=event)
+    writes = {cid: rows for cid, rows in ns.writes.items() if cid >= event.checkpoint_id}
+    return namespace(row, writes, blobs)
+
+
+def _sends_of(ns: Namespace, parent_id: str) -> bool:
+    """Whether the official saver's migration of a pre-format-4 checkpoint would add its parent's pending
+    sends (writes to `TASKS`): unknown unless the parent is the newest held."""
+    if ns.newest is None or ns.newest.checkpoint_id != parent_id:
+        return True
+    return any(row[1] == TASKS for row in ns.writes.get(parent_id, ()))
+
+
+def _writes(ns: Namespace, event: CheckpointWrites) -> Namespace:
+    cid = event.checkpoint_id
+    newest = ns.newest
+    if newest is not None and cid < newest.checkpoint_id:
+        if newest.legacy and cid == newest.parent_id and any(w.channel == TASKS for w in event.writes):
+            raise Underivable("a pending send of the parent of a checkpoint before format 4 changes its read")
+        return ns  # writes of an older checkpoint: no read of the newest shows them
+    rows = {(row[0], row[4]): row for row in ns.writes.get(cid, ())}
+    for write in event.writes:
+        key = (event.task_id, write.idx)
+        row: WriteRow = (event.task_id, write.channel, typed(write.type, write.data), event.task_path, write.idx)
+        held = rows.get(key)
+        if held is None:
+            rows[key] = row
+        elif event.upsert:  # the row keeps its task path; channel, type and value are replaced
+            rows[key] = (row[0], row[1], row[2], held[3], row[4])
+    ordered = tuple(sorted(rows.values(), key=lambda r: writes_sort_key(r[3], r[0], r[4])))
+    writes = {**ns.writes, cid: ordered}
+    if len(writes) > MAX_PENDING_CHECKPOINTS + 1:
+        raise Underivable(f"writes of more than {MAX_PENDING_CHECKPOINTS} checkpoints wait for their puts")
+    return namespace(ns.newest, writes, ns.blobs)
+
+
+def _pruned(held: View) -> View:
+    """Prune `keep_latest`: each namespace keeps its newest checkpoint and that one's writes."""
+    namespaces: dict[str, Namespace | None] = {}
+    for name, ns in held.namespaces.items():
+        if ns is not None and ns.newest is not None:
+            newest = ns.newest.checkpoint_id
+            ns = namespace(ns.newest, {cid: rows for cid, rows in ns.writes.items() if cid == newest}, ns.blobs)
+        namespaces[name] = ns
+    return view(namespaces, held.complete)
+
+
+def _runs_deleted(held: View, run_ids: frozenset[str]) -> View:
+    """`runs.delete` drops the checkpoints whose metadata `run_id` it lists, with their writes: a
+    namespace whose newest checkpoint it names is no longer held (its next newest is not)."""
+    if not any(ns is not None and ns.newest is not None and ns.newest.run_id in run_ids
+               for ns in held.namespaces.values()):  # fmt: skip
+        return held
+    namespaces = {
+        name: None if ns is not None and ns.newest is not None and ns.newest.run_id in run_ids else ns
+        for name, ns in held.namespaces.items()
+    }
+    return view(namespaces, held.complete)

@@ -1,0 +1,126 @@
+"""What a process holds of a thread answers its reads as the projection would, without waiting for it.
+
+Regressions of the client's fast path: a read racing an eviction, long conversations, code that drives
+the saver directly, graphs with DeltaChannel state. The projector is stopped (SIGSTOP) where a test
+says so: a read that waited for it would fail with `consistency_timeout` instead of answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from operator import add
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.graph import START, StateGraph
+
+from graphledger import KafkaSaver
+from graphledger_server.devstack.stack import DevStack
+
+LONG_CONVERSATION_TURNS = int(os.environ.get("GRAPHLEDGER_LONG_CONVERSATION_TURNS", "150"))
+"""Turns of the long conversation (`make soak` runs 2,000)."""
+SMALL_BOUND = 256 * 1024
+"""A client memory bound a long conversation's whole history would exceed many times over."""
+
+
+@contextmanager
+def projector_stopped(stack: DevStack) -> Iterator[None]:
+    pid = stack.pids()["projector"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def count_reads(saver: KafkaSaver) -> Counter[str]:
+    """The saver's reads from now on, by who answered them (`held`, `read_api`)."""
+    reads = saver._runtime.thread_reads
+    assert reads is not None
+    reads.answered.clear()
+    return reads.answered
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[str], add]
+
+
+def chat(saver: KafkaSaver) -> Any:
+    builder = StateGraph(Chat)
+    builder.add_node("reply", lambda state: {"messages": [f"reply to {state['messages'][-1]}"]})
+    builder.add_edge(START, "reply")
+    return builder.compile(checkpointer=saver)
+
+
+@pytest.fixture
+async def saver(stack: DevStack) -> AsyncIterator[KafkaSaver]:
+    async with KafkaSaver(stack.settings) as opened:
+        yield opened
+
+
+def thread() -> dict[str, Any]:
+    return {"configurable": {"thread_id": f"t-{uuid.uuid4().hex[:8]}", "checkpoint_ns": ""}}
+
+
+async def test_a_read_racing_an_eviction_returns_every_acknowledged_write(stack: DevStack) -> None:
+    """With the memory bound full, another thread's acknowledgement evicts the read thread while its
+    read is in flight: the read still answers the newest checkpoint, and so does the next one."""
+    settings = stack.settings.model_copy(update={"client_thread_memory_bytes": 4096})
+    async with KafkaSaver(settings) as saver:
+        graph = chat(saver)
+        config = thread()
+        for turn in range(10):
+            others = [graph.ainvoke({"messages": [f"other {turn}.{i}"]}, thread()) for i in range(3)]
+            state, *_ = await asyncio.gather(graph.aget_state(config), *others)
+            assert len(state.values.get("messages", [])) == 2 * turn
+            await graph.ainvoke({"messages": [f"turn {turn}"]}, config)
+            assert len((await graph.aget_state(config)).values["messages"]) == 2 * turn + 2
+
+
+async def test_a_long_conversation_never_reaches_the_read_api_once_held(stack: DevStack) -> None:
+    """After the first turn, every read of the conversation is answered from what the process holds,
+    with the projector stopped, and the process's memory stays within its bound."""
+    settings = stack.settings.model_copy(update={"client_thread_memory_bytes": SMALL_BOUND})
+    async with KafkaSaver(settings) as saver:
+        graph = chat(saver)
+        config = thread()
+        await graph.ainvoke({"messages": ["hello"]}, config)
+        calls = count_reads(saver)
+        with projector_stopped(stack):
+            for turn in range(LONG_CONVERSATION_TURNS):
+                await graph.ainvoke({"messages": [f"turn {turn} " + "x" * 200]}, config)
+                assert saver._runtime.threads.size <= SMALL_BOUND
+            state = await graph.aget_state(config)
+        assert len(state.values["messages"]) == 2 * LONG_CONVERSATION_TURNS + 2
+        assert calls["read_api"] == 0 and calls["held"] == LONG_CONVERSATION_TURNS + 1, dict(calls)
+
+
+async def test_code_that_calls_the_saver_itself_never_waits_for_the_projector(
+    saver: KafkaSaver, stack: DevStack
+) -> None:
+    """`aput` then `aget_tuple` of a new thread, with the projector stopped: the first read asks the
+    read API (which does not wait for this process's own records), the later ones nothing."""
+    config = thread()
+    calls = count_reads(saver)
+    with projector_stopped(stack):
+        for step in range(5):
+            checkpoint = empty_checkpoint()
+            checkpoint["channel_values"] = {"step": step, "note": "x" * 2048}
+            checkpoint["channel_versions"] = {"step": str(step + 1), "note": str(step + 1)}
+            config = await saver.aput(config, checkpoint, {"source": "loop", "step": step}, {"step": str(step + 1)})
+            await saver.aput_writes(config, [("step", step + 1)], task_id=f"task-{step}")
+            found = await saver.aget_tuple({"configurable": {**config["configurable"], "checkpoint_id": None}})
+            assert found is not None
+            assert found.checkpoint["id"] == checkpoint["id"]
+            assert found.checkpoint["channel_values"] == {"step": step, "note": "x" * 2048}
+            assert [(task, channel, value) for task, channel, value in found.pending_writes] == [
+                (f"task-{step}", "step", step + 1)
+            ]
+    assert calls == {"read_api": 1, "held": 4}

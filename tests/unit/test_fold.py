@@ -1,0 +1,131 @@
+"""The fold of a thread's events into what its reads answer, as the projection applies them."""
+
+from __future__ import annotations
+
+from checkpoint_builders import FIRST, SAVER, SECOND, folded, newest, put, values, writes
+from graphledger import fold
+from graphledger.events.checkpoint import (
+    RunsDelete,
+    ThreadCopyBarrier,
+    ThreadDelete,
+    ThreadPrune,
+)
+from graphledger.events.erasure import ThreadErase
+
+
+def test_a_put_is_the_newest_with_every_channel_value_and_jsonb_metadata() -> None:
+    answer = newest(folded(FIRST, SECOND))
+    assert answer is not None
+    assert answer["config"] == {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "02"}
+    assert answer["parent_config"]["checkpoint_id"] == "01"
+    # The blob of the unchanged channel comes from the parent, the primitive inline from the put.
+    assert values(answer) == {"msgs": ["a"], "n": 2}
+    # Metadata as jsonb returns it: keys by length, then bytes, and 1e16 an integer.
+    assert list(answer["metadata"]) == ["step", "score", "run_id", "source"]
+    assert answer["metadata"]["score"] == 10**16
+    assert answer["pending_writes"] == []
+
+
+def test_each_answer_is_a_fresh_object() -> None:
+    view = folded(FIRST)
+    first = newest(view)
+    assert first is not None
+    first["checkpoint"]["channel_values"].clear()
+    assert values(newest(view)) == {"msgs": ["a"], "n": 1}  # type: ignore[arg-type]
+
+
+def test_writes_merge_as_the_projection_applies_them_in_the_savers_order() -> None:
+    view = folded(
+        FIRST,
+        writes("01", "task-b", [("msgs", ["b"])], path="~b"),
+        writes("01", "task-a", [("msgs", ["a2"])], path="~a"),
+        writes("01", "task-a", [("msgs", ["never"])], path="~a"),  # a regular write never overwrites
+        writes("01", "task-b", [("__error__", ValueError("x"))], path="~b"),
+        writes("01", "task-b", [("__error__", ValueError("y"))], path="~b"),  # a special write replaces
+    )
+    answer = newest(view)
+    assert answer is not None
+    rows = [(task, channel, path, idx) for task, channel, _, path, idx in answer["pending_writes"]]
+    assert rows == [("task-a", "msgs", "~a", 0), ("task-b", "__error__", "~b", -1), ("task-b", "msgs", "~b", 0)]
+    error = answer["pending_writes"][1][2]
+    assert "'y'" in str(SAVER.serde.loads_typed((error["t"], error["b"])))
+
+
+def test_writes_that_reach_the_log_before_their_put_wait_for_it() -> None:
+    view = folded(FIRST, writes("02", "task", [("n", 5)]))
+    assert newest(view)["config"]["checkpoint_id"] == "01"  # type: ignore[index]
+    assert newest(view)["pending_writes"] == []  # type: ignore[index]
+    answer = newest(fold.apply(view, SECOND))
+    assert answer is not None and [(w[0], w[1]) for w in answer["pending_writes"]] == [("task", "n")]
+
+
+def test_a_repeated_put_replaces_checkpoint_and_metadata_and_keeps_parent_and_writes() -> None:
+    again = put("02", "99", {"msgs": ["a"], "n": 3}, {"msgs": "1", "n": "2"}, {})
+    answer = newest(folded(FIRST, SECOND, writes("02", "task", [("n", 7)]), again))
+    assert answer is not None
+    assert answer["parent_config"]["checkpoint_id"] == "01"
+    assert values(answer)["n"] == 3
+    assert len(answer["pending_writes"]) == 1
+
+
+def test_an_older_put_leaves_the_newest_as_it_is() -> None:
+    older = put("00", None, {"n": 0}, {"n": "0"}, {"n": "0"})
+    view = folded(FIRST, SECOND)
+    assert newest(fold.apply(view, older)) == newest(view)
+
+
+def test_a_fork_from_a_checkpoint_not_held_leaves_the_namespace_not_held() -> None:
+    view = folded(put("05", None, {"msgs": ["x"]}, {"msgs": "5"}, {"msgs": "5"}))
+    forked = fold.apply(view, put("06", "03", {"msgs": ["old"]}, {"msgs": "3"}, {}))
+    assert forked.namespaces[""] is None
+    try:
+        newest(forked)
+    except fold.Underivable:
+        pass
+    else:
+        raise AssertionError("a namespace not held answered")
+
+
+def test_an_older_checkpoint_is_not_answered_from_the_newest() -> None:
+    view = folded(FIRST, SECOND)
+    assert newest(view, cid="02") == newest(view)
+    try:
+        newest(view, cid="01")
+    except fold.Underivable:
+        pass
+    else:
+        raise AssertionError("an older checkpoint was answered")
+
+
+def test_namespaces_are_apart_and_a_complete_view_knows_new_ones_are_empty() -> None:
+    sub = put("03", None, {"x": "s"}, {"x": "1"}, {"x": "1"}, ns="child:1")
+    view = folded(FIRST, sub)
+    assert values(newest(view)) == {"msgs": ["a"], "n": 1}  # type: ignore[arg-type]
+    assert values(newest(view, "child:1")) == {"x": "s"}  # type: ignore[arg-type]
+    assert newest(view, "other:2") is None
+    answered = fold.from_answer("", newest(view), namespaces=["", "child:1"])
+    assert newest(answered, "other:2") is None
+    try:
+        newest(answered, "child:1")  # exists, not held
+    except fold.Underivable:
+        pass
+    else:
+        raise AssertionError("a namespace not held answered")
+
+
+def test_an_answer_folds_like_the_events_it_came_from() -> None:
+    answer = newest(folded(FIRST))
+    from_answer = fold.from_answer("", answer, namespaces=[""])
+    assert newest(fold.apply(from_answer, SECOND)) == newest(folded(FIRST, SECOND))
+
+
+def test_delete_prune_runs_copy_and_erasure() -> None:
+    view = folded(FIRST, SECOND, writes("02", "task", [("n", 7)]))
+    assert newest(fold.apply(view, ThreadDelete("t"))) is None
+    assert newest(fold.apply(view, ThreadPrune("t", "delete"))) is None
+    assert newest(fold.apply(view, ThreadPrune("t", "keep_latest"))) == newest(view)
+    assert newest(fold.apply(view, RunsDelete(("other-run",)))) == newest(view)
+    assert fold.apply(view, RunsDelete(("run-1",))).namespaces[""] is None  # its next newest is not held
+    assert fold.apply(view, ThreadCopyBarrier("t", 1, 5)) is fold.UNKNOWN
+    erased = fold.apply(view, ThreadErase("ref"))
+    assert newest(erased) is None and newest(fold.apply(erased, FIRST)) is None
