@@ -8,19 +8,22 @@ Python. One fold, written down once, with the projection's rules:
 - writes merge by `(task_id, idx)`: special writes (`upsert`) replace channel, type and value and keep
   the row's task path, others never replace; they sort as the official saver sorts them;
 - the newest checkpoint of a namespace is the one with the greatest id (the official saver's order);
-- `thread.delete` and prune `delete` empty the thread; prune `keep_latest` leaves every newest
-  checkpoint and its writes as they are; `runs.delete` leaves a namespace whose newest checkpoint it
-  does not name as it is;
+- `thread.delete` and prune `delete` empty the thread; `runs.delete` leaves a namespace whose newest
+  checkpoint it does not name as it is;
 - an erasure ends the thread for good: nothing after it counts.
 Whatever needs rows the view does not hold raises `Underivable`, and the reader asks the read API:
 a put whose channel values come from a checkpoint the view never saw (a fork from an older
-checkpoint), a copy onto the thread, an expiry (it depends on the thread's activity time), a
-`runs.delete` naming a newest checkpoint, a read of a checkpoint older than the newest.
+checkpoint), a copy onto the thread, an expiry (it depends on the thread's activity time), a prune
+`keep_latest` (it unlinks parents and drops subgraph namespaces), a `runs.delete` naming a newest
+checkpoint, a read of a checkpoint older than the newest.
 
 A view holds per namespace the newest checkpoint, the writes of it and of any newer checkpoint whose
-put has not come yet (writes can reach the log before their put), and what is known of the channel
-versions it references. Views are immutable: applying an event returns a new view, so a reader's
-snapshot never changes under it. Values stay opaque, in the read API's wire form (`wire.py`).
+put has not come yet (writes can reach the log before their put), what is known of the channel
+versions it references, and the DeltaChannel history of the newest checkpoint: per channel, the seed
+and writes `get_delta_channel_history` walks to from its parent, carried forward put by put (a
+channel the parent stores starts again from that value) and learned from the read API where unknown.
+Views are immutable: applying an event returns a new view, so a reader's snapshot never changes
+under it. Values stay opaque, in the read API's wire form (`wire.py`).
 """
 
 from __future__ import annotations
@@ -61,6 +64,12 @@ EMPTY_BLOB: Final = "empty-blob"
 
 WriteRow = tuple[str, str, dict[str, Any], str, int]
 """`(task_id, channel, wire value, task_path, idx)`: one row of `checkpoint_writes`."""
+History = tuple[Any, tuple[tuple[str, str, Any], ...]]
+"""One channel's DeltaChannel history: its seed (wire form; None: none) and its writes
+`(task_id, channel, wire value)`, oldest first."""
+MAX_HISTORY_WRITES = 256
+"""Most writes a view holds of one channel's history; a channel with more is no longer held (a
+channel that never stores a value, such as a branch trigger, would otherwise grow for ever)."""
 
 MAX_PENDING_CHECKPOINTS = 64
 """Most checkpoints ahead of the newest whose writes a namespace view holds before their put."""
@@ -78,6 +87,9 @@ class Row:
     """Its metadata's `run_id` (what `runs.delete` matches)."""
     legacy: bool = False
     """A checkpoint before format 4: the official saver reads it with its parent's pending sends."""
+    stored: Mapping[str, Any] = field(default_factory=dict)
+    """The channels with a stored value (a blob that is not empty, or an inline value that is not null),
+    in wire form: where a DeltaChannel's history walk stops (its seed)."""
     put: CheckpointPut | None = None
     answer: Mapping[str, Any] | None = None
     """A read API answer's tuple (wire form), when the row came from one."""
@@ -121,8 +133,32 @@ class Namespace:
     writes: Mapping[str, tuple[WriteRow, ...]]
     blobs: Mapping[tuple[str, str], Any]
     """`(channel, version)` -> wire value, or `NO_BLOB` / `EMPTY_BLOB`."""
+    history: Mapping[str, History] | None
+    """The DeltaChannel history of the newest checkpoint per channel (None: not known); with
+    `history_complete`, a channel missing from it has none (no seed, no writes)."""
+    history_complete: bool
     size: int
     """Roughly the bytes it holds."""
+
+    def delta_history(self, checkpoint_id: str | None, channels: Iterable[str]) -> dict[str, Any]:
+        """`get_delta_channel_history` of the newest checkpoint (or `checkpoint_id`, which must be it),
+        in the read API's wire form; raises `Underivable`."""
+        newest = self.newest
+        if newest is None:
+            return {channel: {"writes": []} for channel in channels}
+        if checkpoint_id is not None and checkpoint_id != newest.checkpoint_id:
+            raise Underivable(f"the history of checkpoint {checkpoint_id} is not held")
+        answer: dict[str, Any] = {}
+        for channel in channels:
+            known = self.history.get(channel) if self.history is not None else None
+            if known is None and not (self.history is not None and self.history_complete):
+                raise Underivable(f"the history of channel {channel!r} is not held")
+            seed, writes = known if known is not None else (None, ())
+            entry: dict[str, Any] = {"writes": [list(w) for w in writes]}
+            if seed is not None:
+                entry["seed"] = seed
+            answer[channel] = entry
+        return answer
 
     def answer(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> dict[str, Any] | None:
         """The read API's tuple for the newest checkpoint or for `checkpoint_id` (which must be it)."""
@@ -137,7 +173,11 @@ class Namespace:
 
 
 def namespace(
-    newest: Row | None, writes: Mapping[str, tuple[WriteRow, ...]], blobs: Mapping[tuple[str, str], Any]
+    newest: Row | None,
+    writes: Mapping[str, tuple[WriteRow, ...]],
+    blobs: Mapping[tuple[str, str], Any],
+    history: Mapping[str, History] | None = None,
+    history_complete: bool = False,
 ) -> Namespace:
     size = 200
     if newest is not None and newest.put is not None:
@@ -146,14 +186,17 @@ def namespace(
         size += 500 + sum(_wire_size(v) for v in newest.answer["checkpoint"]["channel_values"].values())
     size += sum(_wire_size(v) for v in blobs.values())
     size += sum(_wire_size(row[2]) + 64 for rows in writes.values() for row in rows)
-    return Namespace(newest, writes, blobs, size)
+    if history:
+        size += sum(_wire_size(w[2]) + 48 for _, ws in history.values() for w in ws)
+    return Namespace(newest, writes, blobs, history, history_complete, size)
 
 
 def _wire_size(value: Any) -> int:
     return len(value.get("b") or b"") + 32 if isinstance(value, dict) else 32
 
 
-EMPTY: Final = namespace(None, {}, {})
+EMPTY: Final = namespace(None, {}, {}, {}, True)
+"""A namespace with no checkpoint (its history, when one comes, starts at the root)."""
 
 MAX_NAMESPACES = 256
 """Most namespaces a view knows of; beyond, it forgets those not held and no longer claims the rest empty."""
@@ -214,11 +257,17 @@ def namespace_of(answer: Mapping[str, Any] | None) -> Namespace:
     versions = {channel: str(v) for channel, v in (checkpoint.get("channel_versions") or {}).items()}
     cid = answer["config"]["checkpoint_id"]
     parent = answer.get("parent_config")
+    stored = {
+        channel: value
+        for channel, value in (checkpoint.get("channel_values") or {}).items()
+        if isinstance(value, dict) and ("t" in value or value.get("v") is not None)
+    }
     row = Row(
         cid,
         parent["checkpoint_id"] if parent else None,
         versions,
         (answer.get("metadata") or {}).get("run_id"),
+        stored=stored,
         legacy=not isinstance(checkpoint.get("v"), int) or checkpoint["v"] < 4,
         answer={k: v for k, v in answer.items() if k != "pending_writes"},
     )
@@ -230,6 +279,18 @@ def namespace_of(answer: Mapping[str, Any] | None) -> Namespace:
     }
     writes = tuple(_write_row(w) for w in answer.get("pending_writes") or ())
     return namespace(row, {cid: writes} if writes else {}, blobs)
+
+
+def with_history(ns: Namespace, checkpoint_id: str, answered: Mapping[str, Any]) -> Namespace:
+    """`ns` knowing the read API's DeltaChannel history of its newest checkpoint for some channels."""
+    if ns.newest is None or ns.newest.checkpoint_id != checkpoint_id:
+        return ns
+    history = dict(ns.history or {})
+    for channel, entry in answered.items():
+        writes = tuple((w[0], w[1], w[2]) for w in entry.get("writes") or ())
+        history[channel] = (entry.get("seed"), writes)
+    complete = ns.history is not None and ns.history_complete
+    return namespace(ns.newest, ns.writes, ns.blobs, history, complete)
 
 
 def _write_row(raw: Any) -> WriteRow:
@@ -250,7 +311,9 @@ def apply(held: View, event: CheckpointEvent) -> View:
         case ThreadDelete():
             return NEW
         case ThreadPrune():
-            return NEW if event.strategy == "delete" else _pruned(held)
+            # keep_latest unlinks kept checkpoints from their dropped parents and drops whole subgraph
+            # namespaces (projection/prune.py): the view does not follow it.
+            return NEW if event.strategy == "delete" else UNKNOWN
         case RunsDelete():
             return _runs_deleted(held, frozenset(event.run_ids))
         case ThreadCopy():
@@ -311,10 +374,53 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
             blobs[key] = NO_BLOB  # a primitive: inline, never a blob (True marks a DeltaChannel snapshot)
         else:
             raise Underivable(f"the value of channel {channel!r} at version {version} is not held")
+    stored = {
+        channel: _jsonb_inline(value) for channel, value in inline.items() if value is not None and value is not True
+    }
+    for (channel, _), value in blobs.items():
+        if isinstance(value, dict):
+            stored[channel] = value  # a blob wins over the inline marker
     run_id = json.loads(event.metadata_json).get("run_id")
-    row = Row(event.checkpoint_id, parent_id, versions, run_id, legacy=legacy, put=event)
+    row = Row(event.checkpoint_id, parent_id, versions, run_id, legacy=legacy, stored=stored, put=event)
     writes = {cid: rows for cid, rows in ns.writes.items() if cid >= event.checkpoint_id}
-    return namespace(row, writes, blobs)
+    if repeated:
+        return namespace(row, writes, blobs, ns.history, ns.history_complete)
+    history, complete = _child_history(ns, event.parent_checkpoint_id)
+    return namespace(row, writes, blobs, history, complete)
+
+
+def _jsonb_inline(value: Any) -> dict[str, Any]:
+    """An inline value as a read of its jsonb gives it back."""
+    return {"v": jsonb_value(json.dumps(value)) if isinstance(value, float) else value}
+
+
+def _child_history(ns: Namespace, parent_id: str | None) -> tuple[dict[str, History] | None, bool]:
+    """The DeltaChannel history of a new newest checkpoint whose parent is `parent_id`: the walk from
+    its parent stops there for the channels the parent stores, and goes on into the parent's own
+    history for the others."""
+    parent = ns.newest
+    if parent is None:
+        return ({}, True) if parent_id is None and ns.history_complete else (None, False)
+    if parent.checkpoint_id != parent_id or ns.history is None:
+        return None, False
+    written: dict[str, list[tuple[str, str, Any]]] = {}
+    for task_id, channel, value, _, _ in ns.writes.get(parent.checkpoint_id, ()):
+        written.setdefault(channel, []).append((task_id, channel, value))
+    complete = ns.history_complete
+    history: dict[str, History] = {}
+    for channel in {*ns.history, *parent.stored, *written}:
+        own = tuple(written.get(channel, ()))
+        if channel in parent.stored:
+            history[channel] = (parent.stored[channel], own)
+        elif channel in ns.history:
+            seed, earlier = ns.history[channel]
+            history[channel] = (seed, earlier + own)
+        elif complete:
+            history[channel] = (None, own)
+        if len(history.get(channel, (None, ()))[1]) > MAX_HISTORY_WRITES:
+            del history[channel]
+            complete = False
+    return history, complete
 
 
 def _sends_of(ns: Namespace, parent_id: str) -> bool:
@@ -331,6 +437,11 @@ def _writes(ns: Namespace, event: CheckpointWrites) -> Namespace:
     if newest is not None and cid < newest.checkpoint_id:
         if newest.legacy and cid == newest.parent_id and any(w.channel == TASKS for w in event.writes):
             raise Underivable("a pending send of the parent of a checkpoint before format 4 changes its read")
+        if cid == newest.parent_id and ns.history is not None:
+            # A late write of the parent is in the newest's DeltaChannel history: no longer held.
+            late = {w.channel for w in event.writes}
+            history = {channel: h for channel, h in ns.history.items() if channel not in late}
+            return namespace(newest, ns.writes, ns.blobs, history, False)
         return ns  # writes of an older checkpoint: no read of the newest shows them
     rows = {(row[0], row[4]): row for row in ns.writes.get(cid, ())}
     for write in event.writes:
@@ -345,28 +456,19 @@ def _writes(ns: Namespace, event: CheckpointWrites) -> Namespace:
     writes = {**ns.writes, cid: ordered}
     if len(writes) > MAX_PENDING_CHECKPOINTS + 1:
         raise Underivable(f"writes of more than {MAX_PENDING_CHECKPOINTS} checkpoints wait for their puts")
-    return namespace(ns.newest, writes, ns.blobs)
-
-
-def _pruned(held: View) -> View:
-    """Prune `keep_latest`: each namespace keeps its newest checkpoint and that one's writes."""
-    namespaces: dict[str, Namespace | None] = {}
-    for name, ns in held.namespaces.items():
-        if ns is not None and ns.newest is not None:
-            newest = ns.newest.checkpoint_id
-            ns = namespace(ns.newest, {cid: rows for cid, rows in ns.writes.items() if cid == newest}, ns.blobs)
-        namespaces[name] = ns
-    return view(namespaces, held.complete)
+    return namespace(ns.newest, writes, ns.blobs, ns.history, ns.history_complete)
 
 
 def _runs_deleted(held: View, run_ids: frozenset[str]) -> View:
     """`runs.delete` drops the checkpoints whose metadata `run_id` it lists, with their writes: a
-    namespace whose newest checkpoint it names is no longer held (its next newest is not)."""
-    if not any(ns is not None and ns.newest is not None and ns.newest.run_id in run_ids
-               for ns in held.namespaces.values()):  # fmt: skip
-        return held
-    namespaces = {
-        name: None if ns is not None and ns.newest is not None and ns.newest.run_id in run_ids else ns
-        for name, ns in held.namespaces.items()
-    }
+    namespace whose newest checkpoint it names is no longer held (its next newest is not), and one whose
+    ancestors it may have dropped no longer knows its DeltaChannel history (the walk stops at a gap)."""
+    namespaces: dict[str, Namespace | None] = {}
+    for name, ns in held.namespaces.items():
+        if ns is not None and ns.newest is not None and ns.newest.run_id in run_ids:
+            namespaces[name] = None
+        elif ns is not None and ns.history is not None:
+            namespaces[name] = namespace(ns.newest, ns.writes, ns.blobs)
+        else:
+            namespaces[name] = ns
     return view(namespaces, held.complete)

@@ -18,7 +18,9 @@ from operator import add
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 
 from graphledger import KafkaSaver
@@ -124,3 +126,35 @@ async def test_code_that_calls_the_saver_itself_never_waits_for_the_projector(
                 (f"task-{step}", "step", step + 1)
             ]
     assert calls == {"read_api": 1, "held": 4}
+
+
+def _extend(state: list[str], batches: Any) -> list[str]:
+    return [*state, *(message for batch in batches for message in batch)]
+
+
+class DeltaChat(TypedDict):
+    messages: Annotated[list[str], DeltaChannel(_extend, snapshot_frequency=4)]
+
+
+def delta_chat(saver: Any) -> Any:
+    builder = StateGraph(DeltaChat)
+    builder.add_node("reply", lambda state: {"messages": [f"reply to {state['messages'][-1]}"]})
+    builder.add_edge(START, "reply")
+    return builder.compile(checkpointer=saver)
+
+
+async def test_a_delta_channel_conversation_is_read_from_what_the_process_holds(stack: DevStack) -> None:
+    """A DeltaChannel state is rebuilt from its history at every turn: the history comes from the
+    process's own writes, with the projector stopped, and equals InMemorySaver's."""
+    async with KafkaSaver(stack.settings) as saver:
+        graph, reference = delta_chat(saver), delta_chat(InMemorySaver())
+        config = thread()
+        await graph.ainvoke({"messages": ["hello"]}, config)
+        await reference.ainvoke({"messages": ["hello"]}, config)
+        calls = count_reads(saver)
+        with projector_stopped(stack):
+            for turn in range(12):  # several snapshots (every 4 updates)
+                mine = await graph.ainvoke({"messages": [f"turn {turn}"]}, config)
+                theirs = await reference.ainvoke({"messages": [f"turn {turn}"]}, config)
+                assert mine == theirs
+        assert calls["read_api"] == 0 and calls["held"] > 12, dict(calls)  # gets and histories alike

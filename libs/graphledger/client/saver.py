@@ -203,18 +203,20 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
     ) -> Mapping[str, DeltaChannelHistory]:
         if not channels:
             return {}
-        body = _delta_body(config, channels)
-        answer = self._runtime.read("/v1/checkpoints/delta-history", body)
-        return decode_delta_history(answer["history"], self.serde)
+        return decode_delta_history(self._runtime.call(self._history(config, channels)), self.serde)
 
     async def aget_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
         if not channels:
             return {}
-        body = _delta_body(config, channels)
-        answer = await self._runtime.aread("/v1/checkpoints/delta-history", body)
-        return decode_delta_history(answer["history"], self.serde)
+        return decode_delta_history(await self._runtime.acall(self._history(config, channels)), self.serde)
+
+    async def _history(self, config: RunnableConfig, channels: Sequence[str]) -> Any:
+        body = _get_body(config)
+        reads = self._runtime.thread_reads
+        assert reads is not None, "runtime not started"
+        return await reads.history(body["thread_id"], body["checkpoint_ns"], body["checkpoint_id"], list(channels))
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         """Same version format as PostgresSaver: zero-padded counter plus a random tiebreak."""
@@ -351,7 +353,3 @@ def _list_body(
     if filter is not None and not isinstance(filter, dict):
         raise InvalidInputError(f"filter must be a dict, not {type(filter).__name__}")
     return body
-
-
-def _delta_body(config: RunnableConfig, channels: Sequence[str]) -> dict[str, Any]:
-    return {**_get_body(config), "channels": list(channels)}

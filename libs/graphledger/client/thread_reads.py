@@ -40,6 +40,7 @@ from graphledger.wire import CACHED_THROUGH_HEADER, OWN_WRITES_HEADER
 log = logging.getLogger(__name__)
 
 GET_PATH = "/v1/checkpoints/get"
+DELTA_PATH = "/v1/checkpoints/delta-history"
 
 Read = Callable[[str, dict[str, Any], Mapping[str, str] | None], Awaitable[Any]]
 """A read API call: path, body, extra headers."""
@@ -87,6 +88,35 @@ class ThreadReads:
                     return answer
         self.answered["read_api"] += 1
         return await self._from_api(thread_id, checkpoint_ns, checkpoint_id, held)
+
+    async def history(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, channels: list[str]
+    ) -> dict[str, Any]:
+        """`get_delta_channel_history` in the read API's wire form: from what the process holds when the
+        log allows, else the read API's, which the process then holds (when its view is current)."""
+        held = self._threads.get(thread_id)
+        if held is not None and held.view.erased:
+            return {channel: {"writes": []} for channel in channels}
+        ns = _namespace(held, checkpoint_ns)
+        current = ns is not None and held is not None and held.local and await self._unchanged_since(thread_id, held)
+        if current and ns is not None:
+            try:
+                answer = ns.delta_history(checkpoint_id, channels)
+            except fold.Underivable:
+                pass
+            else:
+                self.answered["held"] += 1
+                return answer
+        self.answered["read_api"] += 1
+        body = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
+        body["channels"] = channels
+        newest = ns.newest.checkpoint_id if current and ns is not None and ns.newest is not None else None
+        if held is not None and newest is not None and checkpoint_id in (None, newest):
+            # The view is current: ask for its newest checkpoint by id, and hold the answer.
+            answered = (await self._read(DELTA_PATH, {**body, "checkpoint_id": newest}, None))["history"]
+            self._threads.learn_history(thread_id, held, checkpoint_ns, newest, answered)
+            return answered  # type: ignore[no-any-return]
+        return (await self._read(DELTA_PATH, body, None))["history"]  # type: ignore[no-any-return]
 
     async def _unchanged_since(self, thread_id: str, held: Held) -> bool:
         """Whether the log holds no record of the thread since the snapshot's `through` but its own; if
@@ -154,6 +184,16 @@ class ThreadReads:
         view = fold.from_answer(checkpoint_ns, answer["tuple"], answer.get("namespaces"))
         view = self._threads.install(thread_id, named, partition, view, applied, end)
         return view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, None)
+
+
+def _namespace(held: Held | None, checkpoint_ns: str) -> fold.Namespace | None:
+    """The namespace as held (None: not held)."""
+    if held is None:
+        return None
+    try:
+        return held.view.namespace(checkpoint_ns)
+    except fold.Underivable:
+        return None
 
 
 def _older(

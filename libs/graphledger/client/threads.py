@@ -27,6 +27,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from graphledger import fold
 from graphledger.events.checkpoint import CheckpointEvent, CheckpointPut, CheckpointWrites
@@ -180,6 +181,24 @@ class HeldThreads:
         own = tuple(o for o in mine if o[0][-1] >= end)
         self._put(thread_id, _held(epoch, partition, end, view, own))
         return view
+
+    def learn_history(
+        self, thread_id: str, snapshot: Held, checkpoint_ns: str, checkpoint_id: str, answered: dict[str, Any]
+    ) -> None:
+        """The read API's DeltaChannel history of the namespace's newest checkpoint, held from now on if
+        the thread is still held as the snapshot was."""
+        held = self._threads.get(thread_id)
+        if held is None or held.epoch != snapshot.epoch:
+            return
+        ns = held.view.namespaces.get(checkpoint_ns, fold.EMPTY if held.view.complete else None)
+        if ns is None:
+            return
+        namespaces = dict(held.view.namespaces)
+        namespaces[checkpoint_ns] = fold.with_history(ns, checkpoint_id, answered)
+        view = fold.view(namespaces, held.view.complete)
+        self._put(
+            thread_id, _held(held.epoch, held.partition, held.through, view, held.own, held.own_size), touch=False
+        )
 
     def erased(self, thread_id: str) -> None:
         """The thread was erased: it reads as empty from now on."""
