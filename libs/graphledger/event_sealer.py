@@ -1,24 +1,32 @@
 """Events made ready for the log: record keys hashed and user content sealed with its subject's data
 key (`subjects.py`, `sealing.py`), the keys fetched once and cached.
 
-Clients fetch keys through the read API, services from the key store (`KeySource`). A key is used for
-`ttl_s` and then fetched again, which is when a writer learns of an erasure it did not see otherwise;
-a subject known to be erased is refused at once (`SubjectErasedError`). Concurrent fetches are
+Clients fetch keys through the read API, services from the key store (`KeySource`). A key is asked
+for again after `ttl_s`, which is when a writer learns of an erasure it did not see otherwise; a
+subject known to be erased is refused at once (`SubjectErasedError`). Concurrent fetches are
 coalesced: the subjects missing in one loop turn go out in one request.
+
+With a `KeyPool` (a client's), keys are off the write path: a new subject takes a fresh key from the
+pool, and a key (or the tenant's hashing key) older than `ttl_s` stays in use while it is asked for
+again in the background, so writes go on through an outage of the read API and Postgres. What a
+writer publishes for a subject erased meanwhile is never readable (the projector skips it, and an
+erasure destroys every key bound to the subject); it learns of the erasure at its next read of the
+subject, or when the read API answers again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from graphledger.errors import SubjectErasedError
 from graphledger.events import Event, to_envelope
 from graphledger.events.envelope import Envelope
-from graphledger.sealing import ERASED, DataKey, SealedSubject, seal
+from graphledger.key_pool import KeyPool
+from graphledger.sealing import ERASED, Cipher, DataKey, Erased, SealedSubject, seal
 from graphledger.subjects import Subject, record_key, reference, subject_of, thread_record_key
 
 MAX_CACHED_KEYS = 100_000
@@ -46,13 +54,27 @@ class KeySource(Protocol):
 class _Cached:
     key: DataKey
     fresh_until: float
+    key_id: str | None = None
+    """A fresh key from the pool, bound to the subject here (None: the subject's own key)."""
+
+
+RECHECK_S = 5.0
+"""After a failed check of a key past its `ttl_s`, how long it is used before the next check."""
 
 
 class EventSealer:
     """Seals events for one process, caching keys for `ttl_s` seconds (of `clock`). On one event loop."""
 
-    def __init__(self, source: KeySource, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        source: KeySource,
+        ttl_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        pool: KeyPool | None = None,
+    ) -> None:
         self._source = source
+        self.pool = pool
         self._ttl_s = ttl_s
         self._clock = clock
         self._tenants: dict[str, tuple[TenantKeys, float]] = {}
@@ -71,17 +93,35 @@ class EventSealer:
         if subject is None:
             return record_key(keys.hash_key, event), envelope
         ref = reference(keys.hash_key, subject)
-        data_key = await self._data_key(tenant, ref, subject)
-        sealed = seal(envelope, SealedSubject(ref, subject.kind, tenant, subject.name), data_key)
+        data_key, key_id = await self._data_key(tenant, ref, subject)
+        sealed = seal(envelope, SealedSubject(ref, subject.kind, tenant, subject.name), data_key, key_id)
         return record_key(keys.hash_key, event), sealed
 
     async def tenant_keys(self, tenant: str) -> TenantKeys:
         cached = self._tenants.get(tenant)
         if cached is not None and self._clock() < cached[1]:
             return cached[0]
+        if cached is not None and self.pool is not None:
+            self._recheck_tenant(tenant, cached[0])  # in use meanwhile: keys are off the write path
+            return cached[0]
         keys = await self._source.tenant_keys(tenant)
         self._tenants[tenant] = (keys, self._clock() + self._ttl_s)
         return keys
+
+    def _recheck_tenant(self, tenant: str, keys: TenantKeys) -> None:
+        self._tenants[tenant] = (keys, self._clock() + RECHECK_S)  # one check at a time
+
+        async def recheck() -> None:
+            try:
+                fresh = await self._source.tenant_keys(tenant)
+            except SubjectErasedError:
+                self._tenants.pop(tenant, None)  # the next seal asks, and is refused
+            except Exception:  # the read API away: go on with the key held, ask again later
+                pass
+            else:
+                self._tenants[tenant] = (fresh, self._clock() + self._ttl_s)
+
+        self._background(recheck())
 
     def thread_key(self, tenant: str, stored_thread_id: str) -> bytes | None:
         """The record key of a thread's records, if the tenant's hashing key is at hand."""
@@ -95,25 +135,44 @@ class EventSealer:
     def forget_tenant(self, tenant: str) -> None:
         self._tenants.pop(tenant, None)
 
-    async def _data_key(self, tenant: str, ref: str, subject: Subject) -> DataKey:
+    async def _data_key(self, tenant: str, ref: str, subject: Subject) -> tuple[Cipher, str | None]:
+        """The key to seal the subject's event with, and the id of the fresh key it is (None: its own)."""
         cached = self._keys.get(ref)
-        if cached is None or self._clock() >= cached.fresh_until:
-            future = self._pending.get(ref)
-            if future is None:
-                loop = asyncio.get_running_loop()
-                future = self._pending[ref] = loop.create_future()
-                self._wanted.setdefault(tenant, {})[ref] = subject
-                if self._flush is None:
-                    self._flush = loop.call_soon(self._start_fetch, loop)
-            key = await asyncio.shield(future)
+        now = self._clock()
+        if cached is not None and cached.key is not ERASED and self.pool is not None:
+            if now >= cached.fresh_until:
+                cached.fresh_until = now + RECHECK_S  # one check at a time; in use meanwhile
+                self._asked(tenant, ref, subject)
+            return cached.key, cached.key_id
+        if cached is None and self.pool is not None and (fresh := self.pool.take()) is not None:
+            key_id, key = fresh
+            self._remember(ref, _Cached(key, now + self._ttl_s, key_id))
+            return key, key_id
+        if cached is None or now >= cached.fresh_until:
+            fetched = await asyncio.shield(self._asked(tenant, ref, subject))
         else:
-            key = cached.key
-        if key is ERASED:
+            fetched = cached.key
+        if fetched is ERASED or isinstance(fetched, Erased):
             raise SubjectErasedError(f"{subject.kind} {subject.name!r} was erased: nothing more is written for it")
-        return key
+        held = self._keys.get(ref)
+        return fetched, held.key_id if held is not None and held.key is fetched else None
+
+    def _asked(self, tenant: str, ref: str, subject: Subject) -> asyncio.Future[DataKey]:
+        """The subject's key, asked for in this loop turn's request (coalesced)."""
+        future = self._pending.get(ref)
+        if future is None:
+            loop = asyncio.get_running_loop()
+            future = self._pending[ref] = loop.create_future()
+            self._wanted.setdefault(tenant, {})[ref] = subject
+            if self._flush is None:
+                self._flush = loop.call_soon(self._start_fetch, loop)
+        return future
 
     def _start_fetch(self, loop: asyncio.AbstractEventLoop) -> None:
-        task = loop.create_task(self._fetch())
+        self._background(self._fetch())
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
         self._fetches.add(task)  # held until done: the loop keeps only a weak reference to a task
         task.add_done_callback(self._fetches.discard)
 
@@ -146,7 +205,13 @@ class EventSealer:
                 known = self._keys.get(ref)
                 if known is not None and known.key is ERASED:  # told meanwhile (`erased`): an erasure is final
                     key = ERASED
-                self._remember(ref, _Cached(key, float("inf") if key is ERASED else fresh_until))
+                if key is ERASED:
+                    self._remember(ref, _Cached(ERASED, float("inf")))
+                elif known is not None and known.key_id is not None:
+                    known.fresh_until = fresh_until  # checked: the fresh key bound here stays in use
+                    key = known.key
+                else:
+                    self._remember(ref, _Cached(key, fresh_until))
                 future.set_result(key)
 
     def _remember(self, ref: str, cached: _Cached) -> None:

@@ -64,13 +64,17 @@ class SealedSubject:
     name: str
 
 
-def seal(envelope: Envelope, subject: SealedSubject, data_key: Cipher) -> Envelope:
-    """`envelope` with its payload sealed under `data_key`, the subject's."""
+def seal(envelope: Envelope, subject: SealedSubject, data_key: Cipher, key_id: str | None = None) -> Envelope:
+    """`envelope` with its payload sealed under `data_key`, the subject's: its own (`key_id` None), or a
+    fresh key the writer bound to it (`key_pool.py`), named by `key_id`."""
     ref, kind = subject.ref, subject.kind
     nonce = os.urandom(NONCE_BYTES)
     plain = ormsgpack.packb({"payload": envelope.payload, "subject": subject.name, "tenant": subject.tenant})
-    sealed = data_key.encrypt(nonce, plain, _associated(envelope.event_id, ref))
-    return replace(envelope, payload={SEALED: {"ref": ref, "kind": kind, "nonce": nonce, "ct": sealed}})
+    sealed = data_key.encrypt(nonce, plain, _associated(envelope.event_id, ref, key_id))
+    fields: dict[str, Any] = {"ref": ref, "kind": kind, "nonce": nonce, "ct": sealed}
+    if key_id is not None:
+        fields["kid"] = key_id
+    return replace(envelope, payload={SEALED: fields})
 
 
 def sealed_ref(envelope: Envelope) -> str | None:
@@ -83,6 +87,15 @@ def sealed_ref(envelope: Envelope) -> str | None:
     return ref
 
 
+def sealed_key_id(envelope: Envelope) -> str | None:
+    """The fresh key a sealed envelope names (`key_pool.py`), or None: sealed with its subject's own."""
+    sealed = envelope.payload.get(SEALED)
+    key_id = sealed.get("kid") if isinstance(sealed, dict) else None
+    if key_id is not None and (not isinstance(key_id, str) or not key_id):
+        raise InvalidEventError("sealed payload with a key id that is not a string")
+    return key_id
+
+
 def unseal(envelope: Envelope, data_key: Cipher) -> tuple[Envelope, SealedSubject]:
     """The envelope with its payload opened, and its subject; `InvalidEventError` naming what is wrong
     when it does not open with `data_key` or opens to no payload."""
@@ -93,7 +106,7 @@ def unseal(envelope: Envelope, data_key: Cipher) -> tuple[Envelope, SealedSubjec
     if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES or not isinstance(ciphertext, bytes):
         raise InvalidEventError("sealed payload without a 12-byte nonce and a ciphertext")
     try:
-        plain = data_key.decrypt(nonce, ciphertext, _associated(envelope.event_id, ref))
+        plain = data_key.decrypt(nonce, ciphertext, _associated(envelope.event_id, ref, sealed_key_id(envelope)))
     except InvalidTag:
         raise InvalidEventError(f"sealed payload of subject {ref} does not open with its key") from None
     try:
@@ -110,5 +123,7 @@ def unseal(envelope: Envelope, data_key: Cipher) -> tuple[Envelope, SealedSubjec
     return replace(envelope, payload=payload), subject
 
 
-def _associated(event_id: str, ref: str) -> bytes:
-    return event_id.encode() + b"\x00" + ref.encode()
+def _associated(event_id: str, ref: str, key_id: str | None) -> bytes:
+    """Binds the ciphertext to its event, its subject and the key it names."""
+    bound = event_id.encode() + b"\x00" + ref.encode()
+    return bound if key_id is None else bound + b"\x00" + key_id.encode()

@@ -2,7 +2,8 @@
 
 The client names its subjects as stored (its writes' names, under its tenant's prefix); the read API
 refuses a name outside the token's tenant, derives the references itself with the tenant's hashing
-key, and answers each subject's data key (created on first use) or that it was erased.
+key, and answers each subject's data key (created on first use) or that it was erased. It also hands
+out fresh keys bound to no subject yet (`fresh`), which the client's `KeyPool` holds ahead of use.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from graphledger.client.reader import ReadApiClient
 from graphledger.errors import ReadApiError
 from graphledger.event_sealer import TenantKeys
-from graphledger.sealing import ERASED, DataKey, cipher_of
+from graphledger.sealing import ERASED, Cipher, DataKey, cipher_of
 from graphledger.subjects import Subject
 
 KEYS_PATH = "/v1/keys"
@@ -40,6 +41,19 @@ class ApiKeySource:
                 raise ReadApiError(200, "bad_answer", f"{KEYS_PATH} answered another reference for {subject.kind}")
             found[ref] = ERASED if entry.get("erased") else cipher_of(_bytes(entry, "key"))
         return found
+
+    async def fresh_keys(self, tenant: str, count: int) -> list[tuple[str, Cipher]]:
+        answer = await self._reader.call(KEYS_PATH, {"subjects": [], "fresh": count})
+        fresh = answer.get("fresh") if isinstance(answer, dict) else None
+        if not isinstance(fresh, list) or len(fresh) > count:
+            raise ReadApiError(200, "bad_answer", f"{KEYS_PATH} answered no list of at most {count} fresh keys")
+        keys = []
+        for entry in fresh:
+            key_id = entry.get("id") if isinstance(entry, dict) else None
+            if not isinstance(key_id, str) or not key_id:
+                raise ReadApiError(200, "bad_answer", f"{KEYS_PATH} answered a fresh key without an id")
+            keys.append((key_id, cipher_of(_bytes(entry, "key"))))
+        return keys
 
 
 def _bytes(answer: Any, field: str) -> bytes:

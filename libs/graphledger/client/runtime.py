@@ -11,6 +11,7 @@ context is captured in the caller's thread, before any hop, so the producer and 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, Self, TypeVar
@@ -26,15 +27,18 @@ from graphledger.client.tenant import scope_event
 from graphledger.client.thread_reads import ThreadReads
 from graphledger.client.threads import HeldThreads
 from graphledger.client.tokens import AckedOffsets
+from graphledger.errors import ReadApiError, SubjectErasedError
 from graphledger.event_sealer import EventSealer
 from graphledger.events import Event, checkpoint, to_envelope
 from graphledger.events.checkpoint import ThreadCopy, ThreadCopyBarrier
 from graphledger.events.envelope import Envelope
+from graphledger.key_pool import KeyPool
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger.telemetry.propagation import caller_context
 from graphledger.tenancy import scoped_thread
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 ERASE_PATH = "/v1/erase"
 Headers = Mapping[str, str] | None
@@ -79,11 +83,14 @@ class ClientRuntime:
 
     async def _start(self) -> None:
         self._reader = ReadApiClient(self._settings)
-        if self._settings.encrypt_events:
-            self.sealer = EventSealer(ApiKeySource(self._reader), self._settings.key_cache_ttl_s)
         try:
             if self._settings.api_token is not None:
                 self.tenant = await self._reader.whoami()
+            if self._settings.encrypt_events:
+                keys = ApiKeySource(self._reader)
+                pool = KeyPool(keys, self.tenant)
+                self.sealer = EventSealer(keys, self._settings.key_cache_ttl_s, pool=pool)
+                await self._prefetch_keys(self.sealer, pool)
             await self.publisher.start()
             # With a tenant, the partition's records of other tenants are not this client's to fetch.
             if self._settings.client_log_reads and not self.tenant:
@@ -101,6 +108,16 @@ class ClientRuntime:
         except BaseException:
             await self._reader.close()
             raise
+
+    async def _prefetch_keys(self, sealer: EventSealer, pool: KeyPool) -> None:
+        """The tenant's hashing key and a batch of fresh keys, so that no write waits for a key. A client
+        started while the read API is away still starts: its writes then wait for the read API."""
+        try:
+            await sealer.tenant_keys(self.tenant)
+        except (ReadApiError, SubjectErasedError) as exc:
+            log.warning("no keys from the read API at start (%s): writes and reads wait for it", exc)
+            return
+        await pool.fill()
 
     def ensure_started(self) -> None:
         self._started_loop()
@@ -139,6 +156,8 @@ class ClientRuntime:
             await asyncio.to_thread(self.close)
 
     async def _stop(self) -> None:
+        if self.sealer is not None and self.sealer.pool is not None:
+            await self.sealer.pool.close()
         await self.publisher.stop()
         if self._reader is not None:
             await self._reader.close()

@@ -33,6 +33,8 @@ HEADER_VERSION = "gl-version"
 HEADER_CHUNK = "gl-chunk"
 HEADER_SUBJECT = "gl-subject"
 """On a sealed event's records: its subject's reference, so keys are fetched before anything is decoded."""
+HEADER_KEY = "gl-key"
+"""On an event sealed with a fresh key a writer bound to its subject (`key_pool.py`): the key's id."""
 SEALED_PAYLOAD = "sealed"
 """The one key of a sealed payload (`graphledger.sealing`)."""
 HEADER_TRACEPARENT = "traceparent"
@@ -81,6 +83,8 @@ def headers_for(envelope: Envelope, traceparent: str | None = None) -> list[tupl
     sealed = envelope.payload.get(SEALED_PAYLOAD)
     if isinstance(sealed, dict) and isinstance(ref := sealed.get("ref"), str):
         headers.append((HEADER_SUBJECT, ref.encode()))
+        if isinstance(key_id := sealed.get("kid"), str):
+            headers.append((HEADER_KEY, key_id.encode()))
     if traceparent:
         headers.append((HEADER_TRACEPARENT, traceparent.encode()))
     return headers

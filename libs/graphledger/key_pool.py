@@ -1,0 +1,88 @@
+"""Fresh data keys a client holds ahead of use, so a new subject's first write waits on no key round
+trip (docs/security.md, "Keys off the write path").
+
+The key store issues keys that belong to no subject yet (`POST /v1/keys` with `fresh`); the client
+binds one to a subject the first time it seals for it, and names the key in the sealed payload
+(`sealing.py`). The projector binds the key to that subject in the key store when it first applies a
+record sealed with it, refuses a record that names a key bound to another subject, and destroys the
+key when the subject is erased, so an erasure reaches keys bound after it too. The pool refills in the
+background when it runs low; when the read API is away it waits and tries again, and a subject that
+finds the pool empty fetches its own key as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from graphledger.sealing import Cipher
+
+log = logging.getLogger(__name__)
+
+LOW = 16
+"""Keys left when the pool asks for more."""
+BATCH = 64
+"""Keys one request asks for."""
+RETRY_MIN_S = 0.5
+RETRY_MAX_S = 30.0
+
+
+class FreshKeySource(Protocol):
+    async def fresh_keys(self, tenant: str, count: int) -> list[tuple[str, Cipher]]:
+        """`count` new data keys of the tenant bound to no subject, as `(key id, key)`."""
+        ...
+
+
+class KeyPool:
+    """One tenant's fresh keys, on the client's event loop."""
+
+    def __init__(self, source: FreshKeySource, tenant: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._source = source
+        self._tenant = tenant
+        self._clock = clock
+        self._keys: deque[tuple[str, Cipher]] = deque()
+        self._refill: asyncio.Task[None] | None = None
+        self._retry_s = RETRY_MIN_S
+        self._next_try = 0.0
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def take(self) -> tuple[str, Cipher] | None:
+        """A fresh key, or None when the pool is empty; asks for more when it runs low."""
+        key = self._keys.popleft() if self._keys else None
+        if len(self._keys) < LOW:
+            self._start_refill()
+        return key
+
+    async def fill(self) -> None:
+        """Ask for a batch now (a client's start); a failure is logged and retried later."""
+        self._start_refill()
+        if self._refill is not None:
+            await asyncio.shield(self._refill)
+
+    async def close(self) -> None:
+        if self._refill is not None:
+            self._refill.cancel()
+            await asyncio.gather(self._refill, return_exceptions=True)
+
+    def _start_refill(self) -> None:
+        if (self._refill is not None and not self._refill.done()) or self._clock() < self._next_try:
+            return
+        self._refill = asyncio.get_running_loop().create_task(self._ask())
+
+    async def _ask(self) -> None:
+        try:
+            fresh = await self._source.fresh_keys(self._tenant, BATCH)
+        except Exception as exc:  # the read API or the key store away: writes fetch their own keys meanwhile
+            if self._retry_s == RETRY_MIN_S:
+                log.warning("no fresh data keys from the read API (%s); retrying, new subjects fetch their own", exc)
+            self._next_try = self._clock() + self._retry_s
+            self._retry_s = min(self._retry_s * 2, RETRY_MAX_S)
+            return
+        self._keys.extend(fresh)
+        self._retry_s = RETRY_MIN_S
