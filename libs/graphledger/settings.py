@@ -169,13 +169,17 @@ class Settings(BaseSettings):
     )
 
     # Read API server.
-    api_host: str = Field("127.0.0.1", description="Address the read API listens on.")
+    api_host: str = Field(
+        "127.0.0.1",
+        description="Address the read API listens on. With no token configured, it hands out data keys and "
+        "erases only while this is a loopback address.",
+    )
     api_port: int = Field(DEFAULT_API_PORT, ge=0, le=65535, description="Port the read API listens on.")
     api_token_hashes: SecretStr | None = Field(
         None,
-        description="The read API's tokens, hashed: comma-separated `tenant:sha256hex` entries "
-        "(`graphledger token hash`). Set: each token reads only its tenant's data; `api_token` is then "
-        "only what a client sends.",
+        description="The read API's tokens, hashed: comma-separated `tenant:sha256hex` entries, `:erase` appended "
+        "for a token that may erase (`graphledger token new`). Set: each token reads only its tenant's data; "
+        "`api_token` is then only what a client sends.",
     )
     api_max_body_bytes: int = Field(
         DEFAULT_API_MAX_BODY_BYTES, ge=1024, description="Largest read request body; larger is a 413."

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger_server.api import checkpoints, handlers, health, keys, store
-from graphledger_server.api.auth import TenantAuth, document_bearer_auth, token_entries, whoami_router
+from graphledger_server.api.auth import AccessPolicy, TenantAuth, document_bearer_auth, whoami_router
 from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.db import open_pool, open_store_pool
 from graphledger_server.api.read_barrier import ReadBarrier
@@ -28,7 +28,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     A bad `api_token_hashes` or missing key-encryption keys fail here, before the server listens.
     """
-    entries = token_entries(settings)
+    policy = AccessPolicy(settings)
     check_key_settings(settings)
 
     @asynccontextmanager
@@ -64,7 +64,7 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     handlers.install(app)
-    app.add_middleware(TenantAuth, entries=entries)  # every /v1 route: 401 or request.state.tenant
+    app.add_middleware(TenantAuth, policy=policy)  # every /v1 route: 401, 403 or request.state.caller
     # Server spans continuing the caller's trace, HTTP server metrics; outside the auth, so refused
     # requests are traced too.
     telemetry.instrument_app(app)
