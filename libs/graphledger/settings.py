@@ -33,6 +33,7 @@ DEFAULT_API_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_API_MAX_RESPONSE_BYTES = 128 * 1024 * 1024  # above a 50 MB checkpoint as base64 JSON
 DEFAULT_API_MAX_RESULT_ITEMS = 10_000
 DEFAULT_API_MAX_CONSISTENCY_WAITS = 1_000
+DEFAULT_API_MAX_KEY_CREATIONS_PER_MINUTE = 6_000
 DEFAULT_ERASURE_NAMESPACE_DEPTH = 2
 DEFAULT_KEY_CACHE_TTL_S = 60.0
 DEFAULT_HEALTH_DEADLINE_S = 60.0
@@ -196,6 +197,12 @@ class Settings(BaseSettings):
         DEFAULT_API_MAX_CONSISTENCY_WAITS,
         ge=1,
         description="Most reads one API process holds waiting for the projection; beyond: 503 + Retry-After.",
+    )
+    api_max_key_creations_per_minute: int = Field(
+        DEFAULT_API_MAX_KEY_CREATIONS_PER_MINUTE,
+        ge=1,
+        description="Most data keys one token creates per minute on one read API process (new subjects; fetching "
+        "existing keys is free); beyond: 429 + Retry-After.",
     )
     api_pool_size: int = Field(
         10,

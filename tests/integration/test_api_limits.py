@@ -17,11 +17,13 @@ import asyncpg
 import httpx
 import ormsgpack
 import pytest
+from pydantic import SecretStr
 
 from graphledger.events.store import StorePut
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER, MSGPACK
 from graphledger_server.api.app import create_app
+from graphledger_server.api.credentials import token_entry
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
@@ -76,7 +78,7 @@ def _empty_log(empty_log: dict[str, Any]) -> None:
 @asynccontextmanager
 async def running(dsn: str, **overrides: Any) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
     values: dict[str, Any] = {**LOG, "postgres_dsn": dsn, "postgres_schema": SCHEMA}
-    settings = Settings(**values, projector_group_id=f"g{uuid.uuid4().hex[:8]}", **overrides)
+    settings = Settings(**{**values, "projector_group_id": f"g{uuid.uuid4().hex[:8]}", **overrides})
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
@@ -202,3 +204,28 @@ async def test_consistency_waits_beyond_the_limit_are_503_with_retry_after(proje
             await conn.close()
         assert [r.status_code for r in await asyncio.gather(*waiting)] == [200, 200]
         assert offsets.waiting == 0
+
+
+async def test_a_token_creates_a_bounded_number_of_data_keys_per_minute(projection: str) -> None:
+    """Creating keys for new subjects spends the token's quota; fetching existing ones does not; beyond
+    it the answer is a 429 saying when to retry, and a request larger than the quota can never pass."""
+    hashes = SecretStr(token_entry("acme", "acme-token"))
+    run = uuid.uuid4().hex[:8]
+    auth = {"Authorization": "Bearer acme-token"}
+
+    def subjects(*numbers: int) -> dict[str, Any]:
+        return {"subjects": [{"kind": "thread", "name": f"acme/{run}-{n}"} for n in numbers]}
+
+    async with running(projection, api_max_key_creations_per_minute=3, api_token_hashes=hashes) as (_, client):
+        created = await post(client, "/v1/keys", subjects(0, 1, 2), auth)
+        assert created.status_code == 200, error(created)
+        fetched = await post(client, "/v1/keys", subjects(0, 1, 2), auth)
+        assert fetched.status_code == 200 and error(fetched)["keys"] == error(created)["keys"]
+        refused = await post(client, "/v1/keys", subjects(2, 3), auth)
+        body = error(refused)
+        assert refused.status_code == 429 and body["error"] == "too_many_new_keys" and body["retryable"] is True
+        assert int(refused.headers["retry-after"]) >= 1
+        assert "GRAPHLEDGER_API_MAX_KEY_CREATIONS_PER_MINUTE" in body["message"]
+        never = await post(client, "/v1/keys", subjects(*range(10, 14)), auth)
+        assert never.status_code == 429 and error(never)["retryable"] is False
+        assert "name fewer new subjects per request" in error(never)["message"]

@@ -15,6 +15,7 @@ from graphledger_server.api import checkpoints, handlers, health, keys, store
 from graphledger_server.api.auth import AccessPolicy, TenantAuth, document_bearer_auth, whoami_router
 from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.db import open_pool, open_store_pool
+from graphledger_server.api.key_quota import KeyCreationQuota
 from graphledger_server.api.read_barrier import ReadBarrier
 from graphledger_server.api.state import ApiState
 from graphledger_server.keys.erase import Eraser
@@ -46,7 +47,8 @@ def create_app(settings: Settings) -> FastAPI:
         source = StoreKeySource(key_store, settings) if key_store is not None and settings.encrypt_events else None
         eraser = Eraser(settings, source, store_pool, offsets) if source is not None else None
         barrier = ReadBarrier(settings, log, offsets)
-        app.state.api = ApiState(settings, pool, store_pool, offsets, barrier, source, eraser)
+        quota = KeyCreationQuota(settings.api_max_key_creations_per_minute)
+        app.state.api = ApiState(settings, pool, store_pool, offsets, barrier, quota, source, eraser)
         try:
             yield
         finally:

@@ -15,6 +15,7 @@ from graphledger.events.store import store_key
 from graphledger.settings import Settings
 from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.errors import ApiError, unavailable
+from graphledger_server.api.key_quota import KeyCreationQuota
 from graphledger_server.api.read_barrier import ReadBarrier
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.erase import Eraser, ErasureIncompleteError, NotASubjectError
@@ -31,6 +32,8 @@ class ApiState:
     offsets: AppliedOffsets
     barrier: ReadBarrier
     """What each read waits for: the log's end, from the broker, against the applied offsets."""
+    key_quota: KeyCreationQuota
+    """How many data keys each token may still create."""
     keys: StoreKeySource | None = None
     """The key store, with encryption on: record keys are hashes, and clients get their data keys here."""
     eraser: Eraser | None = None
