@@ -196,7 +196,8 @@ class Settings(BaseSettings):
     api_max_consistency_waits: int = Field(
         DEFAULT_API_MAX_CONSISTENCY_WAITS,
         ge=1,
-        description="Most reads one API process holds waiting for the projection; beyond: 503 + Retry-After.",
+        description="Most reads one API process holds waiting for the projection, shared fairly between tenants "
+        "(a tenant takes one only while it holds fewer than are free); beyond: 503 + Retry-After.",
     )
     api_max_key_creations_per_minute: int = Field(
         DEFAULT_API_MAX_KEY_CREATIONS_PER_MINUTE,

@@ -18,6 +18,7 @@ from graphledger_server.api.db import open_pool, open_store_pool
 from graphledger_server.api.key_quota import KeyCreationQuota
 from graphledger_server.api.read_barrier import ReadBarrier
 from graphledger_server.api.state import ApiState
+from graphledger_server.api.wait_slots import WaitSlots
 from graphledger_server.keys.erase import Eraser
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import check_key_settings, key_store_for
@@ -46,7 +47,8 @@ def create_app(settings: Settings) -> FastAPI:
         key_store = key_store_for(settings, store_pool, settings.api_pool_timeout_s)
         source = StoreKeySource(key_store, settings) if key_store is not None and settings.encrypt_events else None
         eraser = Eraser(settings, source, store_pool, offsets) if source is not None else None
-        barrier = ReadBarrier(settings, log, offsets)
+        slots = WaitSlots(settings.api_max_consistency_waits, policy.tenant_count)
+        barrier = ReadBarrier(settings, log, offsets, slots)
         quota = KeyCreationQuota(settings.api_max_key_creations_per_minute)
         app.state.api = ApiState(settings, pool, store_pool, offsets, barrier, quota, source, eraser)
         try:

@@ -59,6 +59,11 @@ class AccessPolicy:
         anonymous = EVERYTHING if listens_on_loopback(self.host) else frozenset({Permission.READ})
         self.anonymous = Caller(Tenant(""), anonymous, None)
 
+    @property
+    def tenant_count(self) -> int:
+        """How many tenants can call: those the tokens name, or the one unprefixed tenant."""
+        return len({entry.tenant for entry in self.entries}) if self.entries is not None else 1
+
     def caller(self, authorization: str) -> Caller | None:
         """The caller an `Authorization` header names; None: a missing or wrong token."""
         if self.entries is None:
