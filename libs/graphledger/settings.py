@@ -7,6 +7,7 @@ read-API part, the services the rest. Defaults are named constants with their un
 from __future__ import annotations
 
 import re
+import ssl
 from typing import Literal
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
@@ -82,6 +83,11 @@ class Settings(BaseSettings):
 
     # Read API, for the client.
     api_url: str = Field(f"http://127.0.0.1:{DEFAULT_API_PORT}", description="Base URL of the read API.")
+    api_ca_file: str | None = Field(
+        None,
+        description="CA bundle (PEM) the client verifies an `https://` read API's certificate with, instead of the "
+        "system CAs.",
+    )
     api_token: SecretStr | None = Field(
         None,
         description="Bearer token the client sends to the read API. On the server, without `api_token_hashes`: "
@@ -176,6 +182,10 @@ class Settings(BaseSettings):
         "erases only while this is a loopback address.",
     )
     api_port: int = Field(DEFAULT_API_PORT, ge=0, le=65535, description="Port the read API listens on.")
+    api_tls_certfile: str | None = Field(
+        None, description="Certificate chain (PEM) the read API serves HTTPS with; set with `api_tls_keyfile`."
+    )
+    api_tls_keyfile: str | None = Field(None, description="Private key (PEM) of `api_tls_certfile`.")
     api_token_hashes: SecretStr | None = Field(
         None,
         description="The read API's tokens, hashed: comma-separated `tenant:sha256hex` entries, `:erase` appended "
@@ -313,6 +323,22 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _tls_files_come_in_pairs(self) -> Settings:
+        if (self.api_tls_certfile is None) != (self.api_tls_keyfile is None):
+            given = "api_tls_certfile" if self.api_tls_keyfile is None else "api_tls_keyfile"
+            raise ValueError(f"{given} is set without its pair: set both api_tls_certfile and api_tls_keyfile")
+        return self
+
+    @model_validator(mode="after")
+    def _ca_file_needs_https(self) -> Settings:
+        # A CA that verifies nothing would look like protection while tokens and keys cross in clear.
+        if self.api_ca_file is not None and not self.api_url.lower().startswith("https://"):
+            raise ValueError(
+                f"api_ca_file is set but api_url {self.api_url!r} is not https://: the read API's answers are keys"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _health_deadline_outlasts_backoff(self) -> Settings:
         # A projector waiting out its backoff is not frozen; with a shorter deadline /livez would say it is.
         if self.health_deadline_s <= self.projector_retry_max_s:
@@ -345,6 +371,16 @@ class Settings(BaseSettings):
     @property
     def dead_letter_topic(self) -> str:
         return f"{self.topic_prefix}.dead-letters"
+
+    def api_ssl_context(self) -> ssl.SSLContext | None:
+        """The context verifying the read API's certificate against `api_ca_file` alone; None: the system CAs.
+        A file that is missing or holds no certificate fails here, naming the setting."""
+        if self.api_ca_file is None:
+            return None
+        try:
+            return ssl.create_default_context(cafile=self.api_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"api_ca_file {self.api_ca_file!r}: {exc.strerror or exc}") from None
 
     def kafka_client_options(self) -> dict[str, object]:
         """Connection options shared by every aiokafka client (producer, consumer, admin)."""
