@@ -391,7 +391,7 @@ ALL_CHECKS: dict[str, Callable[[list[Manifest]], list[str]]] = {
 
 
 def test_every_value_set_is_here() -> None:
-    assert set(VALUE_SETS) >= {"default", "ingress", "keda", "secure"}
+    assert set(VALUE_SETS) >= {"default", "ingress", "keda", "secure", "anonymous"}
 
 
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
@@ -676,7 +676,7 @@ def test_notes_tell_an_agent_what_to_set(rendered) -> None:
     for value_set in VALUE_SETS:
         mentioned = {word.split("=")[0] for word in notes(rendered[value_set]).split() if word.startswith(PREFIX)}
         assert mentioned <= SETTING_VARIABLES, mentioned - SETTING_VARIABLES
-    assert "WARNING" in notes(rendered["default"])  # no API token
+    assert "allowAnonymous is on" in notes(rendered["anonymous"]) and "allowAnonymous" not in notes(rendered["default"])
     assert "Metrics are off" in notes(rendered["default"]) and "Metrics are off" not in notes(rendered["keda"])
 
 
@@ -863,6 +863,7 @@ def test_the_kek_check_catches_a_key_the_secret_lacks(rendered) -> None:
 
 
 BAD_TYPES = {
+    "allowAnonymous as a word": {"auth": {"allowAnonymous": "yes"}},
     "read API TLS Secret that is no Secret name": {"api": {"tls": {"existingSecret": "TLS_Secret"}}},
     "TLS files mounted at a relative path": {"api": {"tls": {"mountPath": "tls"}}},
     "replica count as a word": {"api": {"replicaCount": "two"}},
@@ -931,6 +932,25 @@ BAD_COMBINATIONS = {
 def test_values_that_cannot_work_fail_the_render_with_the_value_to_fix(message: str) -> None:
     with pytest.raises(helm.HelmRenderError, match=re.escape(message)):
         render(merge(load_values("default"), BAD_COMBINATIONS[message]))
+
+
+def test_without_a_token_the_chart_does_not_render_unless_told_in_so_many_words() -> None:
+    """The smallest values less the token fail naming both ways out; allowAnonymous renders an API that
+    reads without a token, but never behind an Ingress, and never while agents would need data keys."""
+    smallest = load_values("default")
+    tokenless = {**smallest, "auth": {}}
+    with pytest.raises(helm.HelmRenderError) as refused:
+        render(tokenless)
+    assert "auth.existingSecret" in str(refused.value) and "auth.allowAnonymous" in str(refused.value)
+    anonymous = merge(tokenless, {"auth": {"allowAnonymous": True}, "erasure": {"encryptEvents": False}})
+    configmap = of_kind(manifests(render(anonymous)), "ConfigMap")[0]["data"]
+    assert not {f"{PREFIX}API_TOKEN", f"{PREFIX}API_TOKEN_HASHES"} & set(configmap)
+    with pytest.raises(helm.HelmRenderError, match=re.escape("auth.allowAnonymous needs erasure.encryptEvents false")):
+        render(merge(anonymous, {"erasure": {"encryptEvents": True}}))
+    behind_ingress = merge(anonymous, {"api": {"ingress": {"enabled": True}}})
+    with pytest.raises(helm.HelmRenderError, match=re.escape("api.ingress.enabled needs auth.existingSecret")):
+        render(behind_ingress)
+    assert of_kind(manifests(render(merge(behind_ingress, {"auth": {"existingSecret": "t"}}))), "Ingress")
 
 
 def test_chart_defaults_alone_do_not_install() -> None:

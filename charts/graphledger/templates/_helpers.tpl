@@ -120,6 +120,17 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and (include "graphledger.kafkaTlsFiles" .) (not (include "graphledger.kafkaUsesTls" .)) }}
 {{- fail (printf "kafka.tls secrets are set but kafka.securityProtocol is %s: use SSL or SASL_SSL" $k.securityProtocol) }}
 {{- end }}
+{{- if not .Values.auth.existingSecret }}
+{{- if .Values.api.ingress.enabled }}
+{{- fail "api.ingress.enabled needs auth.existingSecret: an Ingress never exposes a read API without a token (auth.allowAnonymous does not apply to it)" }}
+{{- end }}
+{{- if not .Values.auth.allowAnonymous }}
+{{- fail "auth.existingSecret is required: the Secret holding the read API's token (key auth.tokenKey) or token hashes (key auth.tokenHashesKey). To serve reads without any token, set auth.allowAnonymous: true" }}
+{{- end }}
+{{- if .Values.erasure.encryptEvents }}
+{{- fail "auth.allowAnonymous needs erasure.encryptEvents false: agents seal events with data keys from the read API, which hands them only to a token; name auth.existingSecret instead" }}
+{{- end }}
+{{- end }}
 {{- $projection := .Values.postgres.schema }}
 {{- $keyStore := .Values.postgres.keyStoreSchema }}
 {{- if or (eq $keyStore $projection) (eq $keyStore (printf "%s_rebuild" $projection)) (hasPrefix (printf "%s_old_" $projection) $keyStore) }}
