@@ -821,6 +821,23 @@ async def test_unreachable_postgres_is_a_retryable_503_not_a_500() -> None:
             assert "select" not in body["message"].lower()
 
 
+async def test_error_bodies_name_the_failure_not_the_internal_addresses(projection: str) -> None:
+    """An unreachable broker or key store is a retryable 503 whose body says which failed; the address
+    the driver's message names stays in the log."""
+    broker = f"127.0.0.1:{free_port()}"
+    database = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres?connect_timeout=1"
+    no_broker = settings_for(projection, kafka_bootstrap_servers=broker, consistency_timeout_s=1)
+    no_database = settings_for(database, api_pool_timeout_s=0.5)
+    async with running(no_broker) as api:
+        log = await call(api.client, GET, {"thread_id": "direct"})
+    async with running(no_database) as api:
+        keys = await call(api.client, "/v1/keys", {"subjects": [{"kind": "thread", "name": "t"}]})
+    for response, code in ((log, "log_unavailable"), (keys, "key_store_unavailable")):
+        body = answer(response)
+        assert response.status_code == 503 and body["error"] == code and body["retryable"] is True, body
+        assert "127.0.0.1" not in body["message"] and broker.split(":")[1] not in body["message"], body
+
+
 # -- the process ------------------------------------------------------------------------------------
 
 
