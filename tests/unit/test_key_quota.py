@@ -6,18 +6,11 @@ from __future__ import annotations
 import math
 
 from graphledger_server.api.key_quota import KeyCreationQuota
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from manual_clock import ManualClock
 
 
 def test_a_token_creates_its_minute_at_once_then_at_the_rate() -> None:
-    clock = Clock()
+    clock = ManualClock()
     quota = KeyCreationQuota(60, clock)  # one a second
     assert quota.take(b"a", 60) is None
     assert quota.take(b"a", 1) == 1.0  # empty: one more in a second
@@ -31,7 +24,7 @@ def test_a_token_creates_its_minute_at_once_then_at_the_rate() -> None:
 
 
 def test_each_token_has_its_own_bucket() -> None:
-    quota = KeyCreationQuota(10, Clock())
+    quota = KeyCreationQuota(10, ManualClock())
     assert quota.take(b"a", 10) is None
     assert quota.take(b"a", 1) is not None
     assert quota.take(b"b", 10) is None
