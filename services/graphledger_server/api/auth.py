@@ -91,13 +91,13 @@ class AccessPolicy:
                 "(GRAPHLEDGER_API_HOST), which is not loopback. Configure tokens (GRAPHLEDGER_API_TOKEN_HASHES, "
                 "made by `graphledger token new`), or listen on 127.0.0.1",
             )
-        return ApiError(
-            403,
-            "permission_denied",
-            f"this token may not {needed.value}: grant it with `:{needed.value}` after the token's hash in "
-            f"GRAPHLEDGER_API_TOKEN_HASHES (`graphledger token new TENANT --{needed.value}`)"
-            + (", or run `graphledger erase` with the database" if needed is Permission.ERASE else ""),
+        grant = (
+            f"grant it with `:{needed.value}` after the token's hash in GRAPHLEDGER_API_TOKEN_HASHES "
+            f"(`graphledger token new TENANT --{needed.value}`)"
         )
+        if needed is Permission.ERASE:
+            grant += ", or run `graphledger erase` with the database"
+        return ApiError(403, "permission_denied", f"this token may not {needed.value}: {grant}")
 
 
 class TenantAuth:
