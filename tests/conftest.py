@@ -38,7 +38,7 @@ from graphledger_server.keys.ring import new_key_entry
 os.environ.setdefault("GRAPHLEDGER_KEY_ENCRYPTION_KEYS", new_key_entry("test"))
 
 KINDS = ("unit", "integration", "acceptance")
-SERVER_FIXTURES = frozenset({"pg", "broker", "stack", "fresh_database", "make_settings", "empty_log"})
+SERVER_FIXTURES = frozenset({"pg", "broker", "stack", "fresh_database", "make_settings", "empty_log", "filled_log"})
 """The fixtures that start the session's Postgres, broker or dev stack, or need one of them."""
 
 
@@ -164,6 +164,19 @@ def empty_log(broker: EmbeddedBroker) -> dict[str, object]:
         "topic_replication_factor": 1,
     }
     asyncio.run(ensure_topics(Settings(**values)))  # type: ignore[arg-type]
+    return values
+
+
+@pytest.fixture(scope="session")
+def filled_log(empty_log: dict[str, object]) -> dict[str, object]:
+    """Kafka settings naming topics that hold records (`filled_log.py`): consistency tokens can name
+    offsets within the log."""
+    import asyncio
+
+    from filled_log import fill_topics
+
+    values = {**empty_log, "topic_prefix": f"t{uuid.uuid4().hex[:10]}"}
+    asyncio.run(fill_topics(Settings(**values)))  # type: ignore[arg-type]
     return values
 
 

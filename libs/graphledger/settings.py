@@ -7,6 +7,7 @@ read-API part, the services the rest. Defaults are named constants with their un
 from __future__ import annotations
 
 import re
+import ssl
 from typing import Literal
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
@@ -33,6 +34,7 @@ DEFAULT_API_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_API_MAX_RESPONSE_BYTES = 128 * 1024 * 1024  # above a 50 MB checkpoint as base64 JSON
 DEFAULT_API_MAX_RESULT_ITEMS = 10_000
 DEFAULT_API_MAX_CONSISTENCY_WAITS = 1_000
+DEFAULT_API_MAX_KEY_CREATIONS_PER_MINUTE = 6_000
 DEFAULT_ERASURE_NAMESPACE_DEPTH = 2
 DEFAULT_KEY_CACHE_TTL_S = 60.0
 DEFAULT_CLIENT_THREAD_MEMORY_BYTES = 64 * 1024 * 1024
@@ -82,6 +84,11 @@ class Settings(BaseSettings):
 
     # Read API, for the client.
     api_url: str = Field(f"http://127.0.0.1:{DEFAULT_API_PORT}", description="Base URL of the read API.")
+    api_ca_file: str | None = Field(
+        None,
+        description="CA bundle (PEM) the client verifies an `https://` read API's certificate with, instead of the "
+        "system CAs.",
+    )
     api_token: SecretStr | None = Field(
         None,
         description="Bearer token the client sends to the read API. On the server, without `api_token_hashes`: "
@@ -177,13 +184,21 @@ class Settings(BaseSettings):
     )
 
     # Read API server.
-    api_host: str = Field("127.0.0.1", description="Address the read API listens on.")
+    api_host: str = Field(
+        "127.0.0.1",
+        description="Address the read API listens on. With no token configured, it hands out data keys and "
+        "erases only while this is a loopback address.",
+    )
     api_port: int = Field(DEFAULT_API_PORT, ge=0, le=65535, description="Port the read API listens on.")
+    api_tls_certfile: str | None = Field(
+        None, description="Certificate chain (PEM) the read API serves HTTPS with; set with `api_tls_keyfile`."
+    )
+    api_tls_keyfile: str | None = Field(None, description="Private key (PEM) of `api_tls_certfile`.")
     api_token_hashes: SecretStr | None = Field(
         None,
-        description="The read API's tokens, hashed: comma-separated `tenant:sha256hex` entries "
-        "(`graphledger token hash`). Set: each token reads only its tenant's data; `api_token` is then "
-        "only what a client sends.",
+        description="The read API's tokens, hashed: comma-separated `tenant:sha256hex` entries, `:erase` appended "
+        "for a token that may erase (`graphledger token new`). Set: each token reads only its tenant's data; "
+        "`api_token` is then only what a client sends.",
     )
     api_max_body_bytes: int = Field(
         DEFAULT_API_MAX_BODY_BYTES, ge=1024, description="Largest read request body; larger is a 413."
@@ -199,7 +214,14 @@ class Settings(BaseSettings):
     api_max_consistency_waits: int = Field(
         DEFAULT_API_MAX_CONSISTENCY_WAITS,
         ge=1,
-        description="Most reads one API process holds waiting for the projection; beyond: 503 + Retry-After.",
+        description="Most reads one API process holds waiting for the projection, shared fairly between tenants "
+        "(a tenant takes one only while it holds fewer than are free); beyond: 503 + Retry-After.",
+    )
+    api_max_key_creations_per_minute: int = Field(
+        DEFAULT_API_MAX_KEY_CREATIONS_PER_MINUTE,
+        ge=1,
+        description="Most data keys one token creates per minute on one read API process (new subjects; fetching "
+        "existing keys is free); beyond: 429 + Retry-After.",
     )
     api_pool_size: int = Field(
         10,
@@ -309,6 +331,22 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _tls_files_come_in_pairs(self) -> Settings:
+        if (self.api_tls_certfile is None) != (self.api_tls_keyfile is None):
+            given = "api_tls_certfile" if self.api_tls_keyfile is None else "api_tls_keyfile"
+            raise ValueError(f"{given} is set without its pair: set both api_tls_certfile and api_tls_keyfile")
+        return self
+
+    @model_validator(mode="after")
+    def _ca_file_needs_https(self) -> Settings:
+        # A CA that verifies nothing would look like protection while tokens and keys cross in clear.
+        if self.api_ca_file is not None and not self.api_url.lower().startswith("https://"):
+            raise ValueError(
+                f"api_ca_file is set but api_url {self.api_url!r} is not https://: the read API's answers are keys"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _health_deadline_outlasts_backoff(self) -> Settings:
         # A projector waiting out its backoff is not frozen; with a shorter deadline /livez would say it is.
         if self.health_deadline_s <= self.projector_retry_max_s:
@@ -341,6 +379,16 @@ class Settings(BaseSettings):
     @property
     def dead_letter_topic(self) -> str:
         return f"{self.topic_prefix}.dead-letters"
+
+    def api_ssl_context(self) -> ssl.SSLContext | None:
+        """The context verifying the read API's certificate against `api_ca_file` alone; None: the system CAs.
+        A file that is missing or holds no certificate fails here, naming the setting."""
+        if self.api_ca_file is None:
+            return None
+        try:
+            return ssl.create_default_context(cafile=self.api_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"api_ca_file {self.api_ca_file!r}: {exc.strerror or exc}") from None
 
     def kafka_client_options(self) -> dict[str, object]:
         """Connection options shared by every aiokafka client (producer, consumer, admin)."""

@@ -77,9 +77,10 @@ def _targets_up(server: PrometheusServer, count: int) -> bool:
     return len(active) == count and all(target["health"] == "up" for target in active)
 
 
-async def _produce(settings: Settings) -> None:
+async def _produce(settings: Settings) -> str:
     """A record that cannot be decoded (dead-lettered), then an event from a newer graphledger on
-    partition 1 (which stops that partition)."""
+    partition 1 (which stops that partition); returns a consistency token naming that event, which the
+    projection never reaches."""
     producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False)  # type: ignore[arg-type]
     await producer.start()
     try:
@@ -89,7 +90,7 @@ async def _produce(settings: Settings) -> None:
         )
         current = to_envelope(put(f"newer-{RUN}", 1))
         newer = Envelope(current.type, current.event_id, current.produced_ms, current.payload, version=99)
-        await producer.send_and_wait(
+        stopped = await producer.send_and_wait(
             settings.checkpoint_topic,
             envelope.encode(newer),
             key=b"newer",
@@ -98,10 +99,11 @@ async def _produce(settings: Settings) -> None:
         )
     finally:
         await producer.stop()
+    return f"{settings.checkpoint_topic}:1:{stopped.offset}"
 
 
 @pytest.fixture(scope="module")
-def workload(observed: DevStack, prometheus: PrometheusServer) -> None:
+def workload(observed: DevStack, prometheus: PrometheusServer) -> str:
     """What agents and faults do once: graph runs, a store put, a dead letter, a stopped partition."""
     settings = observed.settings
     with KafkaSaver(settings) as saver:
@@ -112,7 +114,7 @@ def workload(observed: DevStack, prometheus: PrometheusServer) -> None:
             assert graph.get_state(config).values
     with _store(settings) as store:
         store.put(("dash", RUN), "note", {"text": "a note for the dashboard", "kind": "note"})
-    asyncio.run(_produce(settings))
+    return asyncio.run(_produce(settings))
 
 
 def _store(settings: Settings) -> KafkaStore:
@@ -120,7 +122,7 @@ def _store(settings: Settings) -> KafkaStore:
     return KafkaStore(settings, index={"dims": dims, "embed": HashEmbedder(dims), "fields": ["text"]})
 
 
-def _traffic_round(settings: Settings, saver: KafkaSaver, store: KafkaStore, round_: int) -> None:
+def _traffic_round(settings: Settings, saver: KafkaSaver, store: KafkaStore, round_: int, stuck: str) -> None:
     """One round of traffic: a store put (a projector batch), state reads, both kinds of store search,
     and a read whose consistency token the projection never reaches (503 after consistency_timeout_s).
     A rate needs a series to grow between two scrapes, so the test repeats rounds until every panel
@@ -130,9 +132,8 @@ def _traffic_round(settings: Settings, saver: KafkaSaver, store: KafkaStore, rou
         assert saver.get_tuple({"configurable": {"thread_id": f"dash-{RUN}-{n}"}}) is not None
     assert store.search(("dash", RUN), query="note")
     assert store.search(("dash", RUN), filter={"kind": "note"})
-    token = f"{settings.checkpoint_topic}:0:{10**9}"
     body = {"thread_id": f"dash-{RUN}-0"}
-    response = httpx.post(f"{settings.api_url}/v1/checkpoints/get", json=body, headers={CONSISTENCY_HEADER: token})
+    response = httpx.post(f"{settings.api_url}/v1/checkpoints/get", json=body, headers={CONSISTENCY_HEADER: stuck})
     assert response.status_code == 503 and response.json()["error"] == "consistency_timeout"
 
 
@@ -157,7 +158,7 @@ def _has_data(result: list[dict[str, Any]]) -> bool:
     return any(math.isfinite(float(sample["value"][1])) for sample in result)
 
 
-def test_every_dashboard_query_returns_data(observed: DevStack, prometheus: PrometheusServer, workload: None) -> None:
+def test_every_dashboard_query_returns_data(observed: DevStack, prometheus: PrometheusServer, workload: str) -> None:
     targets = _targets()
     assert targets and DASHBOARDS
     required = [(name, panel, expr) for name, panel, expr in targets if not MAY_BE_EMPTY.search(panel["description"])]
@@ -168,7 +169,7 @@ def test_every_dashboard_query_returns_data(observed: DevStack, prometheus: Prom
         rounds = iter(range(10**6))
 
         def all_have_data() -> bool:
-            _traffic_round(settings, saver, store, next(rounds))
+            _traffic_round(settings, saver, store, next(rounds), workload)
             missing[:] = [
                 f"{name} {panel['title']!r}: {expr}"
                 for name, panel, expr in required
@@ -198,7 +199,7 @@ def test_every_panel_that_may_be_empty_says_when(prometheus: PrometheusServer) -
 
 
 def test_the_alert_rules_evaluate_and_the_workload_raises_its_alerts(
-    prometheus: PrometheusServer, workload: None
+    prometheus: PrometheusServer, workload: str
 ) -> None:
     def evaluated() -> bool:
         rules = [rule for group in prometheus.api("rules")["groups"] for rule in group["rules"]]

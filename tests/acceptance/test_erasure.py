@@ -231,6 +231,29 @@ async def test_no_sentinel_reaches_any_kafka_record(erasable: Erasable) -> None:
     assert any(any(h == "gl-chunk" for h, _ in headers) for _, _, headers in records), "no chunked event was written"
 
 
+async def test_a_sealed_event_refused_for_its_content_leaves_that_content_in_no_log_file(erasable: Erasable) -> None:
+    """Its dead-letter reason quotes the bad value; the reason stays in Postgres (where an erasure drops
+    it), and the services' log files, like the dead-letter topic, only name the subject."""
+    secret = sentinel("reason")
+    settings = erasable.client("acme")
+    bad = StorePut(scoped_namespace("acme", ("users", f"has.{secret}")), "k", b"{}", None, None)  # '.' is refused
+    ref = await seal_and_send(erasable, settings, bad, "acme", only_first_chunk=False)
+    query = f"SELECT reason FROM {settings.postgres_schema}.graphledger_dead_letters WHERE subject_ref = $1"
+
+    async def dead_lettered() -> bool:
+        conn = await asyncpg.connect(settings.postgres_dsn)
+        try:
+            return secret in (await conn.fetchval(query, ref) or "")
+        finally:
+            await conn.close()
+
+    await wait_for(dead_lettered, "the sealed event to be dead-lettered with its reason", timeout_s=WAIT_S)
+    logs = {path.name: path.read_text(errors="replace") for path in erasable.dev.log_dir.glob("*.log")}
+    assert [name for name, text in logs.items() if secret in text] == []
+    assert "projector.log" in logs and ref in logs["projector.log"], "the refusal was not logged"
+    assert not found_in_log(await kafka_records(settings), secret)
+
+
 # -- erase, then nothing is left and a replay equals the live projection -----------------------------
 
 

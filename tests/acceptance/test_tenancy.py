@@ -38,6 +38,9 @@ TENANTS = ("acme", "globex")
 class TenantApi:
     url: str
     tokens: dict[str, str]
+    """Each tenant's agent token."""
+    operator: str
+    """acme's operator token, granted erasure."""
     base: Settings
 
     def settings(self, tenant: str | None) -> Settings:
@@ -55,13 +58,15 @@ class TenantApi:
 def tenant_api(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TenantApi]:
     """A second read API process on the stack's projection, knowing two tenants by their tokens' hashes."""
     tokens = {tenant: secrets.token_urlsafe(24) for tenant in TENANTS}
+    operator = secrets.token_urlsafe(24)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("GRAPHLEDGER_")}
     env.update(settings_to_env(stack.settings))
     env.pop("GRAPHLEDGER_METRICS_PORT", None)
     env.pop("GRAPHLEDGER_API_TOKEN", None)
     env["GRAPHLEDGER_API_PORT"] = str(port)
-    env["GRAPHLEDGER_API_TOKEN_HASHES"] = ",".join(f"{t}:{hash_token(tok)}" for t, tok in tokens.items())
+    entries = [f"{t}:{hash_token(tok)}" for t, tok in tokens.items()] + [f"acme:{hash_token(operator)}:erase"]
+    env["GRAPHLEDGER_API_TOKEN_HASHES"] = ",".join(entries)
     log_path = tmp_path_factory.mktemp("tenant-api") / "api.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
@@ -80,7 +85,7 @@ def tenant_api(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
     try:
         wait_until(ready, 60, "the tenant read API")
-        yield TenantApi(url, tokens, stack.settings)
+        yield TenantApi(url, tokens, operator, stack.settings)
     finally:
         process.terminate()
         process.wait(30)
@@ -251,14 +256,40 @@ def test_a_tenants_reads_refresh_the_ttl_of_its_own_items_and_no_one_elses(tenan
     assert after["globex"] == before["globex"] and after[""] == before[""]
 
 
-def test_token_hash_command_prints_the_entry() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "graphledger_server", "token", "hash", "acme"],
-        input="s3cret\n", capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert result.stdout.strip() == f"acme:{hash_token('s3cret')}"
-    assert "s3cret" not in result.stdout
-    refused = subprocess.run(
-        [sys.executable, "-m", "graphledger_server", "token", "hash", "no/slash"], input=b"x\n", capture_output=True
+def test_only_a_token_granted_erase_erases(tenant_api: TenantApi) -> None:
+    """An agent's token reads its tenant but gets a 403 from /v1/erase (through the client too) and
+    nothing is erased; acme's operator token, whose entry ends in `:erase`, erases the thread."""
+    thread = f"kept-{uuid.uuid4().hex[:8]}"
+    config = {"configurable": {"thread_id": thread}}
+    with KafkaSaver(tenant_api.settings("acme")) as saver:
+        _graph(saver, "precious").invoke({"said": []}, config)
+        refused = tenant_api.post("/v1/erase", {"thread_id": thread}, tenant_api.tokens["acme"])
+        assert refused.status_code == 403, refused.content
+        body = ormsgpack.unpackb(refused.content)
+        assert body["error"] == "permission_denied" and ":erase" in body["message"]
+        with pytest.raises(ReadApiError) as refused_client:
+            saver.erase_thread(thread)
+        assert refused_client.value.status == 403 and refused_client.value.code == "permission_denied"
+        assert saver.get_tuple(config) is not None
+    erased = tenant_api.post("/v1/erase", {"thread_id": thread}, tenant_api.operator)
+    assert erased.status_code == 200, erased.content
+    assert [e["kind"] for e in ormsgpack.unpackb(erased.content)["erased"]] == ["thread"]
+    with KafkaSaver(tenant_api.settings("acme")) as saver:
+        assert saver.get_tuple(config) is None
+
+
+def graphledger_token(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "graphledger_server", "token", *args], input=stdin, capture_output=True, text=True
     )
-    assert refused.returncode == 2
+
+
+def test_token_commands_print_an_agents_or_an_operators_entry() -> None:
+    for args, suffix in (((), ""), (("--erase",), ":erase")):
+        hashed = graphledger_token("hash", "acme", *args, stdin="s3cret\n")
+        assert hashed.returncode == 0 and hashed.stdout == f"acme:{hash_token('s3cret')}{suffix}\n"
+        made = graphledger_token("new", "acme", *args)
+        token, entry = made.stdout.splitlines()
+        assert len(token) >= 40 and entry == f"acme:{hash_token(token)}{suffix}"
+    assert graphledger_token("hash", "acme", stdin="").returncode == 2
+    assert graphledger_token("new", "no/slash").returncode == 2

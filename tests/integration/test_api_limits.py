@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,11 +16,13 @@ import asyncpg
 import httpx
 import ormsgpack
 import pytest
+from pydantic import SecretStr
 
 from graphledger.events.store import StorePut
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER, MSGPACK
 from graphledger_server.api.app import create_app
+from graphledger_server.api.credentials import token_entry
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
@@ -29,6 +30,7 @@ from graphledger_server.projection.store import StoreProjection
 from projection_helpers import TOPIC, put, record
 from store_helpers import STORE_TOPIC
 from store_helpers import record as store_record
+from worker_helpers import wait_for
 
 SCHEMA = "limits"
 THREAD = "many"
@@ -76,7 +78,7 @@ def _empty_log(empty_log: dict[str, Any]) -> None:
 @asynccontextmanager
 async def running(dsn: str, **overrides: Any) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
     values: dict[str, Any] = {**LOG, "postgres_dsn": dsn, "postgres_schema": SCHEMA}
-    settings = Settings(**values, projector_group_id=f"g{uuid.uuid4().hex[:8]}", **overrides)
+    settings = Settings(**{**values, "projector_group_id": f"g{uuid.uuid4().hex[:8]}", **overrides})
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
@@ -167,18 +169,18 @@ async def test_an_answer_over_the_response_limit_is_a_413(projection: str) -> No
         assert (await post(client, "/v1/checkpoints/get", {"thread_id": THREAD})).status_code == 200
 
 
-async def test_consistency_waits_beyond_the_limit_are_503_with_retry_after(projection: str) -> None:
-    topic = f"t{uuid.uuid4().hex[:8]}.checkpoints"
-    ahead = {CONSISTENCY_HEADER: f"{topic}:0:41"}  # the projector has not applied this yet
-    async with running(projection, api_max_consistency_waits=2, consistency_timeout_s=60) as (app, client):
+async def test_consistency_waits_beyond_the_limit_are_503_with_retry_after(
+    projection: str, filled_log: dict[str, Any]
+) -> None:
+    limits = {"api_max_consistency_waits": 2, "consistency_timeout_s": 60, **filled_log}
+    async with running(projection, **limits) as (app, client):
+        topic = app.state.api.settings.checkpoint_topic
+        ahead = {CONSISTENCY_HEADER: f"{topic}:0:5"}  # in the log; the projector has not applied it
         offsets = app.state.api.offsets
         waiting = [
             asyncio.create_task(post(client, "/v1/checkpoints/get", {"thread_id": THREAD}, ahead)) for _ in range(2)
         ]
-        deadline = time.monotonic() + 30
-        while offsets.waiting < 2:
-            assert time.monotonic() < deadline, "the two reads never started waiting"
-            await asyncio.sleep(0.01)
+        await until_waiting(app, 2)
         refused = await post(client, "/v1/checkpoints/get", {"thread_id": THREAD}, ahead)
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         body = error(refused)
@@ -189,16 +191,80 @@ async def test_consistency_waits_beyond_the_limit_are_503_with_retry_after(proje
         # A read that needs no wait still runs while the waits are full.
         assert (await post(client, "/v1/checkpoints/get", {"thread_id": THREAD})).status_code == 200
         # The projector reaching the token releases the waiting reads.
-        conn = await asyncpg.connect(projection)
-        try:
-            await conn.execute(
-                f"INSERT INTO {SCHEMA}.graphledger_offsets (consumer_group, topic, partition, next_offset) "
-                "VALUES ($1, $2, 0, 42)",
-                app.state.api.settings.projector_group_id,
-                topic,
-            )
-            await conn.execute("SELECT pg_notify('graphledger_applied', $1)", SCHEMA)
-        finally:
-            await conn.close()
+        await apply_through(projection, app, topic, 5)
         assert [r.status_code for r in await asyncio.gather(*waiting)] == [200, 200]
         assert offsets.waiting == 0
+
+
+async def apply_through(dsn: str, app: Any, topic: str, offset: int) -> None:
+    """What the projector does once it applied partition 0 of `topic` through `offset`."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            f"INSERT INTO {SCHEMA}.graphledger_offsets (consumer_group, topic, partition, next_offset) "
+            "VALUES ($1, $2, 0, $3)",
+            app.state.api.settings.projector_group_id,
+            topic,
+            offset + 1,
+        )
+        await conn.execute("SELECT pg_notify('graphledger_applied', $1)", SCHEMA)
+    finally:
+        await conn.close()
+
+
+async def until_waiting(app: Any, count: int) -> None:
+    async def waiting() -> bool:
+        return app.state.api.offsets.waiting == count
+
+    await wait_for(waiting, f"{count} reads to wait for the projection", timeout_s=30)
+
+
+async def test_a_tenant_holding_all_its_wait_slots_does_not_stop_another_tenants_read(
+    projection: str, filled_log: dict[str, Any]
+) -> None:
+    """Four slots, two tenants: acme's reads ahead of the projection take two (then as many are free
+    as it holds) and its next is refused; beta's read still gets a slot and is answered."""
+    tokens = {"acme": "acme-token", "beta": "beta-token"}
+    hashes = SecretStr(",".join(token_entry(tenant, token) for tenant, token in tokens.items()))
+    limits = {"api_max_consistency_waits": 4, "consistency_timeout_s": 60, "api_token_hashes": hashes}
+    async with running(projection, **limits, **filled_log) as (app, client):
+        topic = app.state.api.settings.checkpoint_topic
+
+        def read(tenant: str) -> Any:
+            headers = {"Authorization": f"Bearer {tokens[tenant]}", CONSISTENCY_HEADER: f"{topic}:0:5"}
+            return post(client, "/v1/checkpoints/get", {"thread_id": THREAD}, headers)
+
+        acme = [asyncio.create_task(read("acme")) for _ in range(2)]
+        await until_waiting(app, 2)
+        refused = await read("acme")
+        assert refused.status_code == 503 and error(refused)["error"] == "too_many_waits"
+        assert "2 of them this tenant's" in error(refused)["message"]
+        beta = asyncio.create_task(read("beta"))
+        await until_waiting(app, 3)  # beta's read waits in a slot of its own
+        await apply_through(projection, app, topic, 5)
+        assert [r.status_code for r in await asyncio.gather(*acme, beta)] == [200, 200, 200]
+
+
+async def test_a_token_creates_a_bounded_number_of_data_keys_per_minute(projection: str) -> None:
+    """Creating keys for new subjects spends the token's quota; fetching existing ones does not; beyond
+    it the answer is a 429 saying when to retry, and a request larger than the quota can never pass."""
+    hashes = SecretStr(token_entry("acme", "acme-token"))
+    run = uuid.uuid4().hex[:8]
+    auth = {"Authorization": "Bearer acme-token"}
+
+    def subjects(*numbers: int) -> dict[str, Any]:
+        return {"subjects": [{"kind": "thread", "name": f"acme/{run}-{n}"} for n in numbers]}
+
+    async with running(projection, api_max_key_creations_per_minute=3, api_token_hashes=hashes) as (_, client):
+        created = await post(client, "/v1/keys", subjects(0, 1, 2), auth)
+        assert created.status_code == 200, error(created)
+        fetched = await post(client, "/v1/keys", subjects(0, 1, 2), auth)
+        assert fetched.status_code == 200 and error(fetched)["keys"] == error(created)["keys"]
+        refused = await post(client, "/v1/keys", subjects(2, 3), auth)
+        body = error(refused)
+        assert refused.status_code == 429 and body["error"] == "too_many_new_keys" and body["retryable"] is True
+        assert int(refused.headers["retry-after"]) >= 1
+        assert "GRAPHLEDGER_API_MAX_KEY_CREATIONS_PER_MINUTE" in body["message"]
+        never = await post(client, "/v1/keys", subjects(*range(10, 14)), auth)
+        assert never.status_code == 429 and error(never)["retryable"] is False
+        assert "name fewer new subjects per request" in error(never)["message"]

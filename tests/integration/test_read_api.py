@@ -38,6 +38,7 @@ from langgraph.types import Command, Send, interrupt
 from psycopg.rows import dict_row
 from typing_extensions import TypedDict
 
+from filled_log import FILLER_RECORDS
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK
 from graphledger_server.api.app import create_app
@@ -493,23 +494,23 @@ async def until(condition: Callable[[], bool], what: str) -> None:
     await asyncio.to_thread(wait_until, condition, 10, what, 0.005)
 
 
-async def test_read_waits_for_its_token_and_answers_once_notified(projection: str) -> None:
-    settings = settings_for(projection)
-    group = settings.projector_group_id
-    await set_applied(projection, group, "t.checkpoints", 1, 5, notify=False)
+async def test_read_waits_for_its_token_and_answers_once_notified(projection: str, filled_log: dict[str, Any]) -> None:
+    settings = settings_for(projection, **filled_log)
+    group, topic = settings.projector_group_id, settings.checkpoint_topic
+    await set_applied(projection, group, topic, 1, 5, notify=False)
     async with running(settings) as waiting:
-        token = "t.checkpoints:1:7,t.checkpoints:2:0"
+        token = f"{topic}:1:7,{topic}:2:0"
         request = asyncio.create_task(
             call(waiting.client, GET, {"thread_id": "direct"}, headers={CONSISTENCY_HEADER: token})
         )
         await until(lambda: waiting.offsets.waiting == 1, "the read to wait for its token")
 
-        await set_applied(projection, group, "t.checkpoints", 1, 8, notify=True)
-        parsed = {("t.checkpoints", 1): 7, ("t.checkpoints", 2): 0}
-        await until(lambda: waiting.offsets.missing(parsed) == {("t.checkpoints", 2): 0}, "partition 1 to be seen")
+        await set_applied(projection, group, topic, 1, 8, notify=True)
+        parsed = {(topic, 1): 7, (topic, 2): 0}
+        await until(lambda: waiting.offsets.missing(parsed) == {(topic, 2): 0}, "partition 1 to be seen")
         assert not request.done(), "answered before every partition of the token was applied"
 
-        await set_applied(projection, group, "t.checkpoints", 2, 1, notify=True)
+        await set_applied(projection, group, topic, 2, 1, notify=True)
         response = await asyncio.wait_for(request, 10)
         assert response.status_code == 200
         assert answer(response)["tuple"]["config"]["thread_id"] == "direct"
@@ -585,17 +586,53 @@ async def test_a_watcher_whose_connection_is_cut_listens_again_on_a_new_one(proj
         await offsets.stop()
 
 
-async def test_a_token_never_reached_times_out_with_a_retryable_503(projection: str) -> None:
-    async with running(settings_for(projection, consistency_timeout_s=0.2)) as timing_out:
-        response = await call(
-            timing_out.client, GET, {"thread_id": "direct"}, headers={CONSISTENCY_HEADER: "t.checkpoints:3:100"}
-        )
+async def test_a_token_never_reached_times_out_with_a_retryable_503(
+    projection: str, filled_log: dict[str, Any]
+) -> None:
+    settings = settings_for(projection, consistency_timeout_s=0.2, **filled_log)
+    last = f"{settings.checkpoint_topic}:3:{FILLER_RECORDS - 1}"  # the partition's last record
+    async with running(settings) as timing_out:
+        response = await call(timing_out.client, GET, {"thread_id": "direct"}, headers={CONSISTENCY_HEADER: last})
         assert timing_out.offsets.waiting == 0
     assert response.status_code == 503
     assert response.headers["retry-after"] == "1"
     body = answer(response)
     assert body["error"] == "consistency_timeout" and body["retryable"] is True
-    assert "t.checkpoints:3:100" in body["message"]
+    assert last in body["message"]
+
+
+BAD_PARTS = {
+    "elsewhere.checkpoints:0:0": "is not one of graphledger's",
+    "{checkpoints}:4:0": "has no partition 4 (it has 4)",
+    "{checkpoints}:0:{end}": f"beyond the log's end ({FILLER_RECORDS})",
+    "{store}:2:999999999": f"beyond the log's end ({FILLER_RECORDS})",
+}
+TOKENED_READS = {
+    "checkpoint get": (GET, {"thread_id": "direct"}),
+    "checkpoint list": (LIST, {}),
+    "store get": ("/v1/store/batch", {"ops": [{"op": "get", "namespace": ["docs"], "key": "k"}]}),
+    "store search": ("/v1/store/batch", {"ops": [{"op": "search", "namespace_prefix": ["docs"]}]}),
+}
+
+
+@pytest.mark.parametrize("part", sorted(BAD_PARTS))
+@pytest.mark.parametrize("read", sorted(TOKENED_READS))
+async def test_a_token_naming_what_no_write_was_acknowledged_at_is_a_400_at_once(
+    projection: str, filled_log: dict[str, Any], part: str, read: str
+) -> None:
+    """A topic not graphledger's, a partition its topic lacks, an offset at or past a partition's end:
+    no client was ever acknowledged there, and waiting for it would only hold a wait slot. Reads of one
+    thread or item and reads of a whole topic refuse alike, without waiting."""
+    settings = settings_for(projection, consistency_timeout_s=30, **filled_log)
+    token = part.format(checkpoints=settings.checkpoint_topic, store=settings.store_topic, end=FILLER_RECORDS)
+    path, body = TOKENED_READS[read]
+    async with running(settings) as guarded:
+        started = time.monotonic()
+        response = await call(guarded.client, path, body, headers={CONSISTENCY_HEADER: token})
+        assert time.monotonic() - started < 10, "the read waited before it was refused"
+    assert response.status_code == 400, answer(response)
+    assert answer(response)["error"] == "invalid_consistency_token" and answer(response)["retryable"] is False
+    assert BAD_PARTS[part] in answer(response)["message"]
 
 
 @pytest.mark.parametrize("token", ["nonsense", "t:1", "t:x:1", "t:1:-1", ":1:1"])
@@ -674,6 +711,27 @@ async def test_bearer_token_guards_reads_but_not_health(projection: str) -> None
         assert right.status_code == 200
         assert (await guarded.client.get("/healthz")).status_code == 200
         assert (await guarded.client.get("/readyz")).status_code == 200
+
+
+@pytest.mark.parametrize(("host", "keys_status"), [("127.0.0.1", 200), ("0.0.0.0", 403)])
+async def test_without_a_token_keys_and_erasure_need_a_loopback_api(
+    projection: str, host: str, keys_status: int
+) -> None:
+    """No token configured: everyone reads; keys and erasure only where nobody but this host can ask
+    (`graphledger dev`). On every address they are refused, saying what to configure."""
+    async with running(settings_for(projection, api_host=host)) as anonymous:
+        assert (await call(anonymous.client, GET, {"thread_id": "direct"})).status_code == 200
+        keys = await call(anonymous.client, "/v1/keys", {"subjects": [{"kind": "thread", "name": "anonymous-t"}]})
+        # A body naming nothing: past the permission check it is a 422, and erases nothing in the shared log.
+        erase = await call(anonymous.client, "/v1/erase", {})
+    assert keys.status_code == keys_status, answer(keys)
+    if keys_status == 200:
+        assert len(answer(keys)["keys"][0]["key"]) == 32
+        assert erase.status_code == 422 and answer(erase)["error"] == "invalid_request", answer(erase)
+        return
+    for refused in (keys, erase):
+        assert refused.status_code == 403 and answer(refused)["error"] == "token_required"
+        assert "GRAPHLEDGER_API_HOST" in answer(refused)["message"]
 
 
 async def test_openapi_documents_the_three_reads(api: Api) -> None:
@@ -761,6 +819,23 @@ async def test_unreachable_postgres_is_a_retryable_503_not_a_500() -> None:
             body = answer(response)
             assert body["retryable"] is True
             assert "select" not in body["message"].lower()
+
+
+async def test_error_bodies_name_the_failure_not_the_internal_addresses(projection: str) -> None:
+    """An unreachable broker or key store is a retryable 503 whose body says which failed; the address
+    the driver's message names stays in the log."""
+    broker = f"127.0.0.1:{free_port()}"
+    database = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres?connect_timeout=1"
+    no_broker = settings_for(projection, kafka_bootstrap_servers=broker, consistency_timeout_s=1)
+    no_database = settings_for(database, api_pool_timeout_s=0.5)
+    async with running(no_broker) as api:
+        log = await call(api.client, GET, {"thread_id": "direct"})
+    async with running(no_database) as api:
+        keys = await call(api.client, "/v1/keys", {"subjects": [{"kind": "thread", "name": "t"}]})
+    for response, code in ((log, "log_unavailable"), (keys, "key_store_unavailable")):
+        body = answer(response)
+        assert response.status_code == 503 and body["error"] == code and body["retryable"] is True, body
+        assert "127.0.0.1" not in body["message"] and broker.split(":")[1] not in body["message"], body
 
 
 # -- the process ------------------------------------------------------------------------------------

@@ -539,26 +539,28 @@ async def test_json_and_msgpack_answer_the_same(api: httpx.AsyncClient) -> None:
     assert as_msgpack == as_json
 
 
-async def test_the_consistency_header_is_honoured(projection: str) -> None:
-    settings = settings_for(projection, consistency_timeout_s=0.5)
+async def test_the_consistency_header_is_honoured(projection: str, filled_log: dict[str, Any]) -> None:
+    settings = settings_for(projection, consistency_timeout_s=0.5, **filled_log)
+    token = {CONSISTENCY_HEADER: f"{settings.store_topic}:0:5"}
     async with running(settings) as client:
         op = {"op": "get", "namespace": ["docs"], "key": "k"}
         status, body = await batch(client, op, **{CONSISTENCY_HEADER: "nonsense"})
         assert status == 400 and body["error"] == "invalid_consistency_token"
-        status, body = await batch(client, op, **{CONSISTENCY_HEADER: "t.store:0:5"})
+        status, body = await batch(client, op, **token)
         assert status == 503 and body["error"] == "consistency_timeout" and body["retryable"]
         conn = await asyncpg.connect(projection)
         try:
             # The projector's progress for that partition, as a batch commit writes and announces it.
             await conn.execute(
                 f"INSERT INTO {SCHEMA}.graphledger_offsets (consumer_group, topic, partition, next_offset) "
-                "VALUES ($1, 't.store', 0, 6)",
+                "VALUES ($1, $2, 0, 6)",
                 settings.projector_group_id,
+                settings.store_topic,
             )
             await conn.execute("SELECT pg_notify('graphledger_applied', $1)", SCHEMA)
         finally:
             await conn.close()
-        status, body = await batch(client, op, **{CONSISTENCY_HEADER: "t.store:0:5"})
+        status, body = await batch(client, op, **token)
         assert status == 200, body
 
 

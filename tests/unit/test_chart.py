@@ -314,6 +314,46 @@ def kek_problems(docs: list[Manifest]) -> list[str]:
     return problems
 
 
+def mounted_files(doc: Manifest) -> dict[str, tuple[str, str]]:
+    """Every file a workload's first container mounts from a Secret: path -> (Secret, key)."""
+    spec = pod_spec(doc)
+    sources: dict[str, list[dict[str, Any]]] = {}
+    for volume in spec.get("volumes", []):
+        if "secret" in volume:
+            sources[volume["name"]] = [volume["secret"]]
+        elif "projected" in volume:
+            sources[volume["name"]] = [s["secret"] for s in volume["projected"]["sources"] if "secret" in s]
+    files = {}
+    for mount in spec["containers"][0].get("volumeMounts", []):
+        for secret in sources.get(mount["name"], []):
+            name = secret.get("secretName", secret.get("name"))
+            for item in secret.get("items", []):
+                files[f"{mount['mountPath']}/{item['path']}"] = (name, item["key"])
+    return files
+
+
+def api_tls_problems(docs: list[Manifest]) -> list[str]:
+    """With GRAPHLEDGER_API_TLS_* in the ConfigMap, the read API's pods hold those files (mounted from a
+    Secret) and no other pod holds its key; its probes ask over HTTPS exactly then."""
+    problems = []
+    data = of_kind(docs, "ConfigMap")[0]["data"]
+    certfile, keyfile = data.get(f"{PREFIX}API_TLS_CERTFILE"), data.get(f"{PREFIX}API_TLS_KEYFILE")
+    api = named(docs, "Deployment", "-api")
+    scheme = "HTTPS" if certfile else "HTTP"
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        get = pod_spec(api)["containers"][0].get(probe, {}).get("httpGet")
+        if get is not None and get.get("scheme", "HTTP") != scheme:
+            problems.append(f"api {probe} must ask over {scheme}, not {get.get('scheme', 'HTTP')}")
+    files = mounted_files(api)
+    for variable, path in (("API_TLS_CERTFILE", certfile), ("API_TLS_KEYFILE", keyfile)):
+        if path is not None and path not in files:
+            problems.append(f"api: {PREFIX}{variable} {path} is no file mounted from a Secret")
+    for doc in workloads(docs):
+        if component(doc) != "api" and keyfile is not None and files.get(keyfile) in mounted_files(doc).values():
+            problems.append(f"{doc['metadata']['name']} must not mount the read API's private key")
+    return problems
+
+
 def label_problems(docs: list[Manifest]) -> list[str]:
     """Recommended labels everywhere; selectors select their own pods."""
     required = {
@@ -343,6 +383,7 @@ ALL_CHECKS: dict[str, Callable[[list[Manifest]], list[str]]] = {
     "config": config_problems,
     "kek": kek_problems,
     "labels": label_problems,
+    "api-tls": api_tls_problems,
 }
 
 
@@ -350,7 +391,7 @@ ALL_CHECKS: dict[str, Callable[[list[Manifest]], list[str]]] = {
 
 
 def test_every_value_set_is_here() -> None:
-    assert set(VALUE_SETS) >= {"default", "ingress", "keda", "secure"}
+    assert set(VALUE_SETS) >= {"default", "ingress", "keda", "secure", "anonymous"}
 
 
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
@@ -570,9 +611,44 @@ def test_helm_test_asks_the_read_api_service_for_readyz(rendered) -> None:
     pod = named(docs, "Pod", "-test-readyz")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     [service] = of_kind(docs, "Service")
-    url = pod["spec"]["containers"][0]["command"][-1]
+    url, ca_file = pod["spec"]["containers"][0]["command"][-2:]
     port = service["spec"]["ports"][0]["port"]
     assert url == f"http://{service['metadata']['name']}.{NAMESPACE}.svc.cluster.local:{port}/readyz"
+    assert ca_file == ""  # plain HTTP: nothing to verify
+
+
+def test_the_read_api_serves_tls_from_its_secret_and_everyone_verifies_it(rendered) -> None:
+    """api.tls.existingSecret: the certificate and key reach the read API (and nothing else), its probes
+    ask over HTTPS, and agents and `helm test` get an https:// URL and the CA that signed it."""
+    docs = docs_of(rendered, "secure")
+    secret = load_values("secure")["api"]["tls"]["existingSecret"]
+    data = of_kind(docs, "ConfigMap")[0]["data"]
+    api = named(docs, "Deployment", "-api")
+    assert (
+        mounted_files(api).items()
+        >= {
+            data[f"{PREFIX}API_TLS_CERTFILE"]: (secret, "tls.crt"),
+            data[f"{PREFIX}API_TLS_KEYFILE"]: (secret, "tls.key"),
+        }.items()
+    )
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert pod_spec(api)["containers"][0][probe]["httpGet"]["scheme"] == "HTTPS"
+    [service] = of_kind(docs, "Service")
+    assert service["spec"]["ports"][0]["appProtocol"] == "https"
+    url = f"https://{service['metadata']['name']}.{NAMESPACE}.svc.cluster.local:{service['spec']['ports'][0]['port']}"
+    pod = named(docs, "Pod", "-test-readyz")
+    test_url, ca_file = pod["spec"]["containers"][0]["command"][-2:]
+    assert test_url == f"{url}/readyz" and mounted_files(pod) == {ca_file: (secret, "ca.crt")}
+    text = notes(rendered["secure"])
+    assert f"GRAPHLEDGER_API_URL={url}\n" in text
+    assert f"GRAPHLEDGER_API_CA_FILE=<path of the CA mounted from key ca.crt of Secret {secret}>" in text
+    assert "plain HTTP" not in text and "plain HTTP" in notes(rendered["default"])
+    # The services accept the paths the ConfigMap gives them; the probes are plain where TLS is off.
+    settings_of(data, None)
+    assert all("scheme" not in (probe.get("httpGet") or {}) for probe in (
+        pod_spec(named(docs_of(rendered, "default"), "Deployment", "-api"))["containers"][0][name]
+        for name in ("startupProbe", "livenessProbe", "readinessProbe")
+    ))  # fmt: skip
 
 
 def test_service_links_cannot_shadow_a_setting(rendered) -> None:
@@ -591,7 +667,7 @@ def test_service_links_cannot_shadow_a_setting(rendered) -> None:
 def test_notes_tell_an_agent_what_to_set(rendered) -> None:
     text = notes(rendered["secure"])
     service = of_kind(docs_of(rendered, "secure"), "Service")[0]["metadata"]["name"]
-    assert f"GRAPHLEDGER_API_URL=http://{service}.{NAMESPACE}.svc.cluster.local:8080" in text
+    assert f"GRAPHLEDGER_API_URL=https://{service}.{NAMESPACE}.svc.cluster.local:8080" in text
     assert "GRAPHLEDGER_KAFKA_BOOTSTRAP_SERVERS=my-cluster-kafka-bootstrap.kafka:9093" in text
     assert "GRAPHLEDGER_TOPIC_PREFIX=prod-graphledger" in text
     assert "GRAPHLEDGER_API_TOKEN=<key token of Secret graphledger-api-token>" in text
@@ -600,7 +676,7 @@ def test_notes_tell_an_agent_what_to_set(rendered) -> None:
     for value_set in VALUE_SETS:
         mentioned = {word.split("=")[0] for word in notes(rendered[value_set]).split() if word.startswith(PREFIX)}
         assert mentioned <= SETTING_VARIABLES, mentioned - SETTING_VARIABLES
-    assert "WARNING" in notes(rendered["default"])  # no API token
+    assert "allowAnonymous is on" in notes(rendered["anonymous"]) and "allowAnonymous" not in notes(rendered["default"])
     assert "Metrics are off" in notes(rendered["default"]) and "Metrics are off" not in notes(rendered["keda"])
 
 
@@ -718,6 +794,9 @@ def test_the_chart_makes_a_key_encryption_key_the_services_accept(rendered) -> N
 def test_the_key_encryption_keys_reach_exactly_the_services(rendered) -> None:
     for value_set in VALUE_SETS:
         docs = docs_of(rendered, value_set)
+        if not load_values(value_set).get("erasure", {}).get("encryptEvents", True):
+            assert not components_with_kek(docs), value_set  # nothing sealed, no Secret of keys yet
+            continue
         assert components_with_kek(docs) == KEK_COMPONENTS & {component(doc) for doc in workloads(docs)}, value_set
         text = notes(rendered[value_set])
         agent_variables = re.findall(rf"^  ({PREFIX}[A-Z_]+)=", text, re.MULTILINE)
@@ -784,6 +863,9 @@ def test_the_kek_check_catches_a_key_the_secret_lacks(rendered) -> None:
 
 
 BAD_TYPES = {
+    "allowAnonymous as a word": {"auth": {"allowAnonymous": "yes"}},
+    "read API TLS Secret that is no Secret name": {"api": {"tls": {"existingSecret": "TLS_Secret"}}},
+    "TLS files mounted at a relative path": {"api": {"tls": {"mountPath": "tls"}}},
     "replica count as a word": {"api": {"replicaCount": "two"}},
     "unknown top-level value": {"replicaCount": 2},
     "port as a string": {"api": {"port": "8080"}},
@@ -852,6 +934,25 @@ def test_values_that_cannot_work_fail_the_render_with_the_value_to_fix(message: 
         render(merge(load_values("default"), BAD_COMBINATIONS[message]))
 
 
+def test_without_a_token_the_chart_does_not_render_unless_told_in_so_many_words() -> None:
+    """The smallest values less the token fail naming both ways out; allowAnonymous renders an API that
+    reads without a token, but never behind an Ingress, and never while agents would need data keys."""
+    smallest = load_values("default")
+    tokenless = {**smallest, "auth": {}}
+    with pytest.raises(helm.HelmRenderError) as refused:
+        render(tokenless)
+    assert "auth.existingSecret" in str(refused.value) and "auth.allowAnonymous" in str(refused.value)
+    anonymous = merge(tokenless, {"auth": {"allowAnonymous": True}, "erasure": {"encryptEvents": False}})
+    configmap = of_kind(manifests(render(anonymous)), "ConfigMap")[0]["data"]
+    assert not {f"{PREFIX}API_TOKEN", f"{PREFIX}API_TOKEN_HASHES"} & set(configmap)
+    with pytest.raises(helm.HelmRenderError, match=re.escape("auth.allowAnonymous needs erasure.encryptEvents false")):
+        render(merge(anonymous, {"erasure": {"encryptEvents": True}}))
+    behind_ingress = merge(anonymous, {"api": {"ingress": {"enabled": True}}})
+    with pytest.raises(helm.HelmRenderError, match=re.escape("api.ingress.enabled needs auth.existingSecret")):
+        render(behind_ingress)
+    assert of_kind(manifests(render(merge(behind_ingress, {"auth": {"existingSecret": "t"}}))), "Ingress")
+
+
 def test_chart_defaults_alone_do_not_install() -> None:
     """No Kafka or Postgres to default to: an install without them stops before touching the cluster."""
     with pytest.raises(helm.HelmRenderError, match=r"kafka\.bootstrapServers is required"):
@@ -865,11 +966,12 @@ def test_every_setting_has_a_way_into_the_chart() -> None:
     allowed = set(schema["properties"]["config"]["propertyNames"]["enum"])
     data = of_kind(manifests(render(load_values("secure"))), "ConfigMap")[0]["data"]
     own_value = {key for key in data if key.startswith(PREFIX)} - allowed
-    client_only = {
+    client_only = {  # agents' settings; the services never read them
         f"{PREFIX}API_URL",
+        f"{PREFIX}API_CA_FILE",
         f"{PREFIX}CLIENT_LOG_READS",
         f"{PREFIX}CLIENT_THREAD_MEMORY_BYTES",
-    }  # agents' settings; the services never read them
+    }
     assert allowed <= SETTING_VARIABLES, f"stale names in values.schema.json config: {allowed - SETTING_VARIABLES}"
     assert not allowed & (own_value | SECRET_VARIABLES)
     missing = SETTING_VARIABLES - allowed - own_value - SECRET_VARIABLES - client_only
@@ -978,6 +1080,9 @@ def test_an_unknown_kind_is_not_skipped() -> None:
         ("hook-jobs.yaml", '"kek" false', '"kek" true', "kek", "must not get GRAPHLEDGER_KEY_ENCRYPTION_KEYS"),
         ("sweeper-deployment.yaml", '"kek" true', '"kek" false', "kek", "gets no GRAPHLEDGER_KEY_ENCRYPTION_KEYS"),
         ("_helpers.tpl", "helm.sh/chart:", "chart:", "labels", "helm.sh/chart"),
+        ("_helpers.tpl", '"scheme" "HTTPS"', '"scheme" "HTTP"', "api-tls", "must ask over HTTPS"),
+        ("_helpers.tpl", "path: tls.key", "path: server.key", "api-tls", "is no file mounted from a Secret"),
+        ("tests/readyz-test.yaml", '"apiTls" "ca"', '"apiTls" "server"', "api-tls", "must not mount the read API's"),
     ],
 )
 def test_the_checks_catch_a_regression(broken_chart, template, old, new, check, expected) -> None:

@@ -80,9 +80,33 @@ def published(service: dict[str, Any]) -> dict[int, int]:
     """container port -> host port."""
     ports = {}
     for entry in service.get("ports", []):
-        host, _, container = str(entry).rpartition(":")
+        _, host, container = str(entry).split(":")
         ports[int(container)] = int(host)
     return ports
+
+
+def test_every_port_is_published_on_loopback_only(services) -> None:
+    """Postgres with its well-known password, Kafka without auth, the read API with a public token: none
+    may be reachable from another machine. A port without an address would bind every interface."""
+    entries = [(name, str(entry)) for name, service in services.items() for entry in service.get("ports", [])]
+    assert {name for name, _ in entries} >= {"kafka", "postgres", "api"}
+    for name, entry in entries:
+        assert entry.startswith("127.0.0.1:") and entry.count(":") == 2, (name, entry)
+
+
+def test_the_read_api_hands_out_keys_only_to_a_token_agents_are_told(services) -> None:
+    """It listens on every address of its container, so without a token it would refuse the host's
+    agents their data keys (`api/auth.py`): it gets a public dev-only token, or the environment's."""
+    from graphledger_server.api.auth import listens_on_loopback
+
+    api = env_of(services["api"])
+    assert not listens_on_loopback(api["GRAPHLEDGER_API_HOST"])
+    default = api["GRAPHLEDGER_API_TOKEN"]
+    assert "dev-only" in default
+    header = COMPOSE.read_text().partition("\nname:")[0]
+    assert f"GRAPHLEDGER_API_TOKEN={default}" in header and "graphledger erase" in header
+    assert env_of(services["api"], {"GRAPHLEDGER_API_TOKEN": "mine"})["GRAPHLEDGER_API_TOKEN"] == "mine"
+    assert all("GRAPHLEDGER_API_TOKEN" not in env_of(services[name]) for name in OUR_SERVICES - {"api"})
 
 
 def test_the_file_has_the_compose_structure(compose, services) -> None:

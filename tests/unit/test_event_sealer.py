@@ -16,18 +16,11 @@ from graphledger.events.checkpoint import RunsDelete, ThreadDelete
 from graphledger.events.envelope import Envelope
 from graphledger.sealing import ERASED, DataKey, cipher_of, new_data_key, sealed_ref, unseal
 from graphledger.subjects import Subject, record_key, reference, thread_record_key, thread_subject
+from manual_clock import ManualClock
 
 TENANT = "acme"
 TTL_S = 60.0
 HASH_KEY = b"\x07" * 32
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakeKeySource:
@@ -91,7 +84,7 @@ async def test_an_event_of_no_subject_is_left_in_the_clear_without_asking_for_a_
 
 
 async def test_keys_are_fetched_once_within_their_ttl_and_again_after_it() -> None:
-    source, clock = FakeKeySource(), Clock()
+    source, clock = FakeKeySource(), ManualClock()
     sealer = EventSealer(source, TTL_S, clock)
     await seal(sealer, "acme/t")
     clock.now += TTL_S - 1
@@ -140,7 +133,7 @@ async def test_a_failed_fetch_fails_every_waiter_and_the_next_seal_asks_again() 
 
 
 async def test_a_subject_the_source_answers_erased_is_refused_from_then_on_without_asking() -> None:
-    source, clock = FakeKeySource(), Clock()
+    source, clock = FakeKeySource(), ManualClock()
     source.keys[ref_of("acme/t")] = ERASED
     sealer = EventSealer(source, TTL_S, clock)
     with pytest.raises(SubjectErasedError, match="thread 'acme/t' was erased"):

@@ -16,18 +16,11 @@ from graphledger_server.devstack.ports import free_port
 from graphledger_server.health.server import HealthServer, serving
 from graphledger_server.health.state import WorkerHealth, caught_up
 from graphledger_server.sweeper.sweep import MIN_SWEEP_WAIT_S, longest_step_s
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from manual_clock import ManualClock
 
 
 def test_live_until_no_step_completes_for_longer_than_the_deadline() -> None:
-    clock = Clock()
+    clock = ManualClock()
     health = WorkerHealth(10.0, clock=clock)
     assert health.liveness().ok
     clock.now += 10.0
@@ -42,7 +35,7 @@ def test_live_until_no_step_completes_for_longer_than_the_deadline() -> None:
 
 
 def test_the_allowance_covers_a_legitimate_wait_between_steps() -> None:
-    clock = Clock()
+    clock = ManualClock()
     health = WorkerHealth(10.0, allowance_s=60.0, clock=clock)
     clock.now += 69.0
     assert health.liveness().ok
@@ -51,7 +44,7 @@ def test_the_allowance_covers_a_legitimate_wait_between_steps() -> None:
 
 
 def test_ready_only_when_told_and_live() -> None:
-    clock = Clock()
+    clock = ManualClock()
     health = WorkerHealth(5.0, not_ready_reason="waiting for a partition assignment", clock=clock)
     verdict = health.readiness()
     assert not verdict.ok and verdict.detail == {"reason": "waiting for a partition assignment"}
@@ -90,7 +83,7 @@ def _get(url: str) -> tuple[int, dict[str, Any]]:
 
 
 def test_the_server_answers_200_or_503_with_the_reason() -> None:
-    clock = Clock()
+    clock = ManualClock()
     health = WorkerHealth(5.0, not_ready_reason="before the first try for the sweeper lock", clock=clock)
     server = HealthServer(health, "127.0.0.1", 0)
     base = f"http://127.0.0.1:{server.address[1]}"

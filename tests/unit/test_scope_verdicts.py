@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 from graphledger_server.api.scope_verdicts import ScopeVerdicts, scope_key
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from manual_clock import ManualClock
 
 
 def test_a_verdict_lasts_its_ttl_then_is_counted_again() -> None:
-    clock = _Clock()
+    clock = ManualClock(0.0)
     verdicts = ScopeVerdicts(ttl_s=10.0, clock=clock)
     key = scope_key(["users", "u1"], None)
     assert verdicts.get(key) is None

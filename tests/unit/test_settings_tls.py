@@ -6,114 +6,28 @@ the services alike. The TLS path is exercised for real: a throwaway CA, server a
 from __future__ import annotations
 
 import ast
-import datetime
-import ipaddress
 import os
+import re
 import socket
 import ssl
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from graphledger.settings import Settings
 from graphledger_server.keys.ring import new_key_entry
+from pki import Pki, make_pki
 
 ROOT = Path(__file__).resolve().parents[2]
 KAFKA_CLIENTS = {"AIOKafkaProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient"}
 HANDSHAKE_TIMEOUT_S = 10
 
 
-# -- a throwaway PKI -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Pki:
-    ca: Path
-    other_ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-    other_key: Path
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _issue(
-    subject: str,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
-    *,
-    server: bool = False,
-) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(subject))
-        .issuer_name(issuer[0].subject if issuer else _name(subject))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-    )
-    if issuer is None:  # a CA
-        builder = builder.add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        builder = builder.add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
-        )
-        builder = builder.add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-    else:
-        builder = builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        builder = builder.add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer[1].public_key()), critical=False
-        )
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        if server:
-            names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-    return builder.sign(issuer[1] if issuer else key, hashes.SHA256())
-
-
-def _write(path: Path, *items: x509.Certificate | ec.EllipticCurvePrivateKey) -> Path:
-    chunks = []
-    for item in items:
-        if isinstance(item, x509.Certificate):
-            chunks.append(item.public_bytes(serialization.Encoding.PEM))
-        else:
-            chunks.append(
-                item.private_bytes(
-                    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-                )
-            )
-    path.write_bytes(b"".join(chunks))
-    return path
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    d = tmp_path_factory.mktemp("pki")
-    ca_key, other_key, server_key, client_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(4))
-    ca = _issue("graphledger test CA", ca_key, None)
-    other_ca = _issue("some other CA", other_key, None)
-    return Pki(
-        ca=_write(d / "ca.crt", ca),
-        other_ca=_write(d / "other-ca.crt", other_ca),
-        server_cert=_write(d / "server.crt", _issue("localhost", server_key, (ca, ca_key), server=True)),
-        server_key=_write(d / "server.key", server_key),
-        client_cert=_write(d / "client.crt", _issue("graphledger-agent", client_key, (ca, ca_key))),
-        client_key=_write(d / "client.key", client_key),
-        other_key=_write(d / "other.key", other_key),
-    )
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture
@@ -414,3 +328,42 @@ async def test_aiokafka_accepts_the_options(pki, clean_env) -> None:
         await producer.stop()
         await consumer.stop()
         await admin.close()
+
+
+# -- the read API's TLS ----------------------------------------------------------------------------------
+
+
+def test_the_read_apis_certificate_and_key_come_in_pairs(pki) -> None:
+    for given in ({"api_tls_certfile": str(pki.server_cert)}, {"api_tls_keyfile": str(pki.server_key)}):
+        with pytest.raises(ValueError, match=f"{next(iter(given))} is set without its pair"):
+            Settings(**given)  # type: ignore[arg-type]
+
+
+def test_the_read_api_checks_its_certificate_and_key_before_it_listens(pki) -> None:
+    from graphledger_server.api.main import tls_options
+
+    assert tls_options(Settings()) == {}
+    good = Settings(api_tls_certfile=str(pki.server_cert), api_tls_keyfile=str(pki.server_key))
+    assert tls_options(good) == {"ssl_certfile": str(pki.server_cert), "ssl_keyfile": str(pki.server_key)}
+    for certfile, keyfile in ((pki.server_cert, pki.other_key), (pki.server_cert.with_suffix(".gone"), pki.server_key)):
+        bad = Settings(api_tls_certfile=str(certfile), api_tls_keyfile=str(keyfile))
+        with pytest.raises(
+            ValueError, match=re.escape(f"api_tls_certfile '{certfile}' with api_tls_keyfile '{keyfile}'")
+        ):
+            tls_options(bad)
+
+
+def test_the_client_trusts_exactly_the_ca_file_for_an_https_read_api(pki) -> None:
+    assert Settings().api_ssl_context() is None  # the system CAs
+    context = Settings(api_url="https://api.example:8443", api_ca_file=str(pki.ca)).api_ssl_context()
+    assert context is not None and context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    assert [dict(part[0] for part in ca["subject"])["commonName"] for ca in context.get_ca_certs()] == [
+        "graphledger test CA"
+    ]
+    missing = Settings(api_url="https://api.example:8443", api_ca_file=str(pki.ca) + ".gone")
+    with pytest.raises(ValueError, match=r"api_ca_file '.*\.gone': No such file"):
+        missing.api_ssl_context()
+    with pytest.raises(
+        ValueError, match=re.escape("api_ca_file is set but api_url 'http://127.0.0.1:8080' is not https")
+    ):
+        Settings(api_ca_file=str(pki.ca))

@@ -32,7 +32,15 @@ The read API's Service. Not "<fullname>-api": Kubernetes gives every pod in the 
 {{- end }}
 
 {{- define "graphledger.apiUrl" -}}
-{{- printf "http://%s.%s.svc.%s:%v" (include "graphledger.apiServiceName" .) .Release.Namespace .Values.clusterDomain .Values.api.service.port }}
+{{- $scheme := ternary "https" "http" (not (empty .Values.api.tls.existingSecret)) }}
+{{- printf "%s://%s.%s.svc.%s:%v" $scheme (include "graphledger.apiServiceName" .) .Release.Namespace .Values.clusterDomain .Values.api.service.port }}
+{{- end }}
+
+{{/* Where the pods that verify the read API's certificate find its CA (empty: the system CAs). */}}
+{{- define "graphledger.apiCaFile" -}}
+{{- if and .Values.api.tls.existingSecret .Values.api.tls.caKey }}
+{{- printf "%s/ca.crt" .Values.api.tls.mountPath }}
+{{- end }}
 {{- end }}
 
 {{- define "graphledger.serviceAccountName" -}}
@@ -111,6 +119,17 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- if and (include "graphledger.kafkaTlsFiles" .) (not (include "graphledger.kafkaUsesTls" .)) }}
 {{- fail (printf "kafka.tls secrets are set but kafka.securityProtocol is %s: use SSL or SASL_SSL" $k.securityProtocol) }}
+{{- end }}
+{{- if not .Values.auth.existingSecret }}
+{{- if .Values.api.ingress.enabled }}
+{{- fail "api.ingress.enabled needs auth.existingSecret: an Ingress never exposes a read API without a token (auth.allowAnonymous does not apply to it)" }}
+{{- end }}
+{{- if not .Values.auth.allowAnonymous }}
+{{- fail "auth.existingSecret is required: the Secret holding the read API's token (key auth.tokenKey) or token hashes (key auth.tokenHashesKey). To serve reads without any token, set auth.allowAnonymous: true" }}
+{{- end }}
+{{- if .Values.erasure.encryptEvents }}
+{{- fail "auth.allowAnonymous needs erasure.encryptEvents false: agents seal events with data keys from the read API, which hands them only to a token; name auth.existingSecret instead" }}
+{{- end }}
 {{- end }}
 {{- $projection := .Values.postgres.schema }}
 {{- $keyStore := .Values.postgres.keyStoreSchema }}
@@ -197,6 +216,10 @@ GRAPHLEDGER_KEY_STORE_SCHEMA: {{ .Values.postgres.keyStoreSchema | quote }}
 GRAPHLEDGER_PROJECTOR_GROUP_ID: {{ .Values.projector.groupId | quote }}
 GRAPHLEDGER_API_HOST: {{ .Values.api.host | quote }}
 GRAPHLEDGER_API_PORT: {{ .Values.api.port | toString | quote }}
+{{- if .Values.api.tls.existingSecret }}
+GRAPHLEDGER_API_TLS_CERTFILE: {{ printf "%s/tls.crt" .Values.api.tls.mountPath | quote }}
+GRAPHLEDGER_API_TLS_KEYFILE: {{ printf "%s/tls.key" .Values.api.tls.mountPath | quote }}
+{{- end }}
 GRAPHLEDGER_HEALTH_HOST: "0.0.0.0"
 GRAPHLEDGER_HEALTH_PORT: {{ .Values.health.port | toString | quote }}
 GRAPHLEDGER_ENCRYPT_EVENTS: {{ .Values.erasure.encryptEvents | toString | quote }}
@@ -288,11 +311,22 @@ env:
   {{- end }}
 {{- end }}
 
-{{/* Volumes: /tmp always, the Kafka TLS files for pods that talk to Kafka. dict "root" $ "kafka" true */}}
+{{/*
+Volumes: /tmp always, the Kafka TLS files for pods that talk to Kafka, the read API's certificate and key
+("apiTls" "server") or only its CA ("apiTls" "ca"). dict "root" $ "kafka" true "apiTls" "server"
+*/}}
 {{- define "graphledger.volumes" -}}
 - name: tmp
   emptyDir:
     sizeLimit: {{ .root.Values.tmpSizeLimit }}
+{{- with include "graphledger.apiTlsItems" . }}
+- name: api-tls
+  secret:
+    secretName: {{ $.root.Values.api.tls.existingSecret | quote }}
+    defaultMode: 0440
+    items:
+      {{- . | nindent 6 }}
+{{- end }}
 {{- $tls := .root.Values.kafka.tls }}
 {{- if and .kafka (include "graphledger.kafkaTlsFiles" .root) }}
 - name: kafka-tls
@@ -318,9 +352,29 @@ env:
 {{- end }}
 {{- end }}
 
+{{/* The files of the read API's TLS Secret a pod mounts (see graphledger.volumes); empty: none. */}}
+{{- define "graphledger.apiTlsItems" -}}
+{{- $tls := .root.Values.api.tls }}
+{{- if and $tls.existingSecret (eq (default "" .apiTls) "server") }}
+- key: {{ $tls.certKey | quote }}
+  path: tls.crt
+- key: {{ $tls.keyKey | quote }}
+  path: tls.key
+{{- end }}
+{{- if and $tls.existingSecret $tls.caKey (eq (default "" .apiTls) "ca") }}
+- key: {{ $tls.caKey | quote }}
+  path: ca.crt
+{{- end }}
+{{- end }}
+
 {{- define "graphledger.volumeMounts" -}}
 - name: tmp
   mountPath: /tmp
+{{- if include "graphledger.apiTlsItems" . }}
+- name: api-tls
+  mountPath: {{ .root.Values.api.tls.mountPath }}
+  readOnly: true
+{{- end }}
 {{- if and .kafka (include "graphledger.kafkaTlsFiles" .root) }}
 - name: kafka-tls
   mountPath: {{ .root.Values.kafka.tls.mountPath }}
@@ -388,6 +442,15 @@ metadata:
     {{- with .values.podAnnotations }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
+{{- end }}
+
+{{/* A read API probe from its values: its httpGet over HTTPS when the read API serves TLS. */}}
+{{- define "graphledger.apiProbe" -}}
+{{- $probe := deepCopy .probe }}
+{{- if and .root.Values.api.tls.existingSecret (hasKey $probe "httpGet") }}
+{{- $_ := set $probe.httpGet "scheme" "HTTPS" }}
+{{- end }}
+{{- toYaml $probe }}
 {{- end }}
 
 {{/* The container port of a worker's /livez and /readyz (the projector, the sweeper). */}}

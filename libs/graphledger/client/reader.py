@@ -39,6 +39,7 @@ class ReadApiClient:
             total=None, sock_connect=_CONNECT_TIMEOUT_S, sock_read=settings.consistency_timeout_s + 30.0
         )
         self._base_url = settings.api_url.rstrip("/")
+        self._ssl = settings.api_ssl_context()  # a bad GRAPHLEDGER_API_CA_FILE fails here, before any request
         self._traced_url = redact_url(settings.api_url)
         self._session: aiohttp.ClientSession | None = None
         self._proxy: URL | None = None
@@ -77,7 +78,7 @@ class ReadApiClient:
         """Status, content type and body of one request; an unreachable API is a retryable error."""
         if self._session is None:
             self._proxy, self._proxy_auth = _env_proxy(self._base_url)
-            connector = aiohttp.TCPConnector(keepalive_timeout=CLIENT_KEEPALIVE_S)
+            connector = aiohttp.TCPConnector(keepalive_timeout=CLIENT_KEEPALIVE_S, ssl=self._ssl or True)
             self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout, connector=connector)
         try:
             try:
@@ -90,6 +91,8 @@ class ReadApiClient:
                 if isinstance(exc, aiohttp.ClientConnectorError):
                     raise
             return await self._send(method, path, data, headers)
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise ReadApiError(0, "untrusted_certificate", f"{path}: {_untrusted(exc)}") from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise ReadApiError(0, "unreachable", f"{path}: {exc or type(exc).__name__}", retryable=True) from exc
 
@@ -106,6 +109,14 @@ class ReadApiClient:
             proxy_auth=self._proxy_auth,
         ) as response:
             return response.status, response.headers.get("content-type", ""), await response.read()
+
+
+def _untrusted(exc: aiohttp.ClientConnectorCertificateError) -> str:
+    """Why the read API's certificate was refused, and which setting decides whom the client trusts."""
+    return (
+        f"the read API's certificate is not trusted ({exc.certificate_error}): its CA must be in "
+        "GRAPHLEDGER_API_CA_FILE (or the system CAs, without it)"
+    )
 
 
 def _env_proxy(url: str) -> tuple[URL | None, aiohttp.BasicAuth | None]:

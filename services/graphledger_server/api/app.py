@@ -12,11 +12,13 @@ from fastapi import FastAPI
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger_server.api import checkpoints, handlers, health, keys, store
-from graphledger_server.api.auth import TenantAuth, document_bearer_auth, token_entries, whoami_router
+from graphledger_server.api.auth import AccessPolicy, TenantAuth, document_bearer_auth, whoami_router
 from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.db import open_pool, open_store_pool
+from graphledger_server.api.key_quota import KeyCreationQuota
 from graphledger_server.api.read_barrier import ReadBarrier
 from graphledger_server.api.state import ApiState
+from graphledger_server.api.wait_slots import WaitSlots
 from graphledger_server.keys.erase import Eraser
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import check_key_settings, key_store_for
@@ -28,7 +30,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     A bad `api_token_hashes` or missing key-encryption keys fail here, before the server listens.
     """
-    entries = token_entries(settings)
+    policy = AccessPolicy(settings)
     check_key_settings(settings)
 
     @asynccontextmanager
@@ -45,8 +47,10 @@ def create_app(settings: Settings) -> FastAPI:
         key_store = key_store_for(settings, store_pool, settings.api_pool_timeout_s)
         source = StoreKeySource(key_store, settings) if key_store is not None and settings.encrypt_events else None
         eraser = Eraser(settings, source, store_pool, offsets) if source is not None else None
-        barrier = ReadBarrier(settings, log, offsets)
-        app.state.api = ApiState(settings, pool, store_pool, offsets, barrier, source, eraser)
+        slots = WaitSlots(settings.api_max_consistency_waits, policy.tenant_count)
+        barrier = ReadBarrier(settings, log, offsets, slots)
+        quota = KeyCreationQuota(settings.api_max_key_creations_per_minute)
+        app.state.api = ApiState(settings, pool, store_pool, offsets, barrier, quota, source, eraser)
         try:
             yield
         finally:
@@ -64,7 +68,7 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     handlers.install(app)
-    app.add_middleware(TenantAuth, entries=entries)  # every /v1 route: 401 or request.state.tenant
+    app.add_middleware(TenantAuth, policy=policy)  # every /v1 route: 401, 403 or request.state.caller
     # Server spans continuing the caller's trace, HTTP server metrics; outside the auth, so refused
     # requests are traced too.
     telemetry.instrument_app(app)

@@ -134,10 +134,11 @@ async def _settle_thread(
 ) -> Settled:
     """Wait until the projection reflects the thread as the log holds it now (less `own`)."""
     state = api_state(request)
-    key = await state.thread_key(tenant_of(request).name, thread_id)
+    tenant = tenant_of(request).name
+    key = await state.thread_key(tenant, thread_id)
     read = KeyedRead(state.settings.checkpoint_topic, key, own, cached_through)
     token = token_of(request.headers.get(CONSISTENCY_HEADER))
-    return (await state.barrier.before_keyed([read], token))[read]
+    return (await state.barrier.before_keyed([read], token, tenant=tenant))[read]
 
 
 def _own_writes(request: Request) -> OwnWrites | None:
@@ -243,7 +244,7 @@ async def list_tuples(request: Request) -> Response:
         await _settle_thread(request, tenant.thread(body.thread_id))
     else:
         token = token_of(request.headers.get(CONSISTENCY_HEADER))
-        await api_state(request).barrier.before_topic(settings.checkpoint_topic, token)
+        await api_state(request).barrier.before_topic(settings.checkpoint_topic, token, tenant=tenant.name)
     saver = _saver(request, tenant)
     found = [
         t async for t in saver.alist(body.config(tenant.thread), filter=body.filter, before=body.before(), limit=limit)

@@ -8,8 +8,9 @@ however many there are, the database sees one reader, not one polling loop per r
 notification is missed (reconnect, a projector that does not notify), the table is also re-read
 every `FALLBACK_REFRESH_S` while anyone waits. A lost connection is noticed when it closes and
 re-made with a capped backoff; until then `unreachable` says why, and reads with a token fail fast.
-At most `api_max_consistency_waits` reads wait at once; one more that would have to wait is a 503
-with `Retry-After` at once, so a burst of reads ahead of the projector cannot pile up without bound.
+At most `api_max_consistency_waits` reads wait at once, shared fairly between tenants (`wait_slots`);
+one more that would have to wait is a 503 with `Retry-After` at once, so a burst of reads ahead of the
+projector cannot pile up without bound, and one tenant's cannot crowd out another's.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import asyncpg
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER, parse_token
 from graphledger_server.api.errors import ApiError, unavailable
+from graphledger_server.api.wait_slots import WaitSlots, WaitSlotsFull
 from graphledger_server.driver_errors import is_database_error
 from graphledger_server.projection.offsets import APPLIED_CHANNEL, OffsetStatements, group_offsets
 from graphledger_server.telemetry import api as telemetry
@@ -186,8 +188,11 @@ def token_of(header: str | None) -> Token:
         raise ApiError(400, "invalid_consistency_token", f"{CONSISTENCY_HEADER}: {exc}") from None
 
 
-async def await_applied(token: Token, offsets: AppliedOffsets, settings: Settings, timeout_s: float) -> None:
-    """Return once the projection applied every `topic:partition:offset` of `token`; else a 503."""
+async def await_applied(
+    token: Token, offsets: AppliedOffsets, settings: Settings, timeout_s: float, slots: WaitSlots, tenant: str
+) -> None:
+    """Return once the projection applied every `topic:partition:offset` of `token`, waiting in one of
+    `tenant`'s wait slots; else a 503."""
     if not token:
         return
     if offsets.missing(token) and not await offsets.reachable(min(PROBE_S, timeout_s)):
@@ -196,16 +201,17 @@ async def await_applied(token: Token, offsets: AppliedOffsets, settings: Setting
             "postgres_unavailable", f"the projection database is unreachable ({offsets.unreachable}); retry"
         )
     behind = bool(offsets.missing(token))
-    limit = settings.api_max_consistency_waits
-    # No await between this check and `wait` counting the read: the bound is exact.
-    if behind and offsets.waiting >= limit:
+    try:
+        # No await between the check and taking the slot: the bound is exact.
+        with slots.slot(tenant) if behind else contextlib.nullcontext(), telemetry.consistency_wait(behind) as outcome:
+            missing = await offsets.wait(token, timeout_s)
+            outcome["timed_out"] = bool(missing)
+    except WaitSlotsFull:
         raise unavailable(
             "too_many_waits",
-            f"{limit} reads already wait for the projection (GRAPHLEDGER_API_MAX_CONSISTENCY_WAITS); retry shortly",
-        )
-    with telemetry.consistency_wait(behind) as outcome:
-        missing = await offsets.wait(token, timeout_s)
-        outcome["timed_out"] = bool(missing)
+            f"{slots.waiting} reads already wait for the projection, {slots.held_by(tenant)} of them this tenant's "
+            f"(GRAPHLEDGER_API_MAX_CONSISTENCY_WAITS {slots.limit}, shared fairly between tenants); retry shortly",
+        ) from None
     if missing:
         behind_at = ", ".join(f"{topic}:{partition}:{offset}" for (topic, partition), offset in sorted(missing.items()))
         raise unavailable(

@@ -1,5 +1,8 @@
 """Exception handlers: every failure becomes `{"error", "message", "retryable"}` in the negotiated format.
 
+A body names the failure, never a driver's or the broker's message, which can name internal hosts and
+addresses: those go to the log.
+
 Database failures of either driver are answered here, as `driver_errors` classifies them, so a route
 never returns SQL text or a bare 500 for an outage: a schema that is not migrated yet and an
 unreachable Postgres (`RETRY`, which includes the pool's `PoolTimeout`) are 503s the client retries;
@@ -70,8 +73,9 @@ async def _reencode_refused(request: Request, exc: Exception) -> Response:
 
 
 async def _log_unavailable(request: Request, exc: Exception) -> Response:
+    # Kafka's error names brokers' addresses: the log gets it, the caller only the failure.
     log.warning("cannot learn the log's end for %s: %s", request.url.path, exc)
-    return _send(request, unavailable("log_unavailable", f"{exc}"))
+    return _send(request, unavailable("log_unavailable", "Kafka did not tell where the log ends in time; retry"))
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -1,13 +1,14 @@
 """`/v1/keys` and `/v1/erase`: the data keys a client seals its writes with, and erasure
-(docs/security.md). Both are the token's tenant's only.
+(docs/security.md). Both are the token's tenant's only, and each needs its permission (`auth.py`).
 
 A client names its subjects as stored (under its tenant's prefix); a name outside the tenant is a 403,
 so a token can never obtain another tenant's keys. References are derived here, with the tenant's
-hashing key, never taken from the client.
+hashing key, never taken from the client. The keys a token creates are bounded per minute (`key_quota.py`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
@@ -16,7 +17,7 @@ from pydantic import Field, StringConstraints, model_validator
 from graphledger.sealing import ERASED, Erased
 from graphledger.subjects import LABEL_SEPARATOR, Subject, reference
 from graphledger.tenancy import THREAD_SEPARATOR
-from graphledger_server.api.auth import tenant_of
+from graphledger_server.api.auth import Caller, caller_of, tenant_of
 from graphledger_server.api.codec import decode, respond
 from graphledger_server.api.errors import ApiError
 from graphledger_server.api.models import Text, _Request
@@ -24,6 +25,7 @@ from graphledger_server.api.state import ApiState, api_state, key_store_answers
 from graphledger_server.api.tenant import Tenant
 from graphledger_server.keys.erase import ErasureReport
 from graphledger_server.keys.source import StoreKeySource
+from graphledger_server.keys.store import RawKey
 
 router = APIRouter(prefix="/v1", tags=["erasure"])
 
@@ -58,7 +60,8 @@ class EraseRequest(_Request):
 async def keys(request: Request) -> Response:
     """The tenant's hashing key and namespace depth, and the data key of every subject named (created on
     first use), or `erased: true`."""
-    tenant = tenant_of(request)
+    caller = caller_of(request)
+    tenant = caller.tenant
     state = api_state(request)
     body = await decode(request, KeysRequest, state.settings.api_max_body_bytes)
     source = _source(state)
@@ -66,7 +69,7 @@ async def keys(request: Request) -> Response:
     async with key_store_answers():
         tenant_keys = await source.tenant_keys(tenant.name)
         named = [(reference(tenant_keys.hash_key, s), s) for s in subjects]
-        found = await source.store.data_keys(named) if named else {}
+        found = await _data_keys(state, caller, named)
     answer = {
         "hash_key": tenant_keys.hash_key,
         "namespace_depth": tenant_keys.namespace_depth,
@@ -96,6 +99,37 @@ async def erase(request: Request) -> Response:
         else:
             report = await state.eraser.erase_tenant(tenant.name, who)
     return respond(request, _report(report))
+
+
+async def _data_keys(state: ApiState, caller: Caller, named: list[tuple[str, Subject]]) -> dict[str, RawKey]:
+    """The named subjects' keys; those to create are charged to the caller's token first (a 429 when it
+    holds too few). No token: only a loopback read API hands out keys (`auth.py`), unbounded."""
+    store = _source(state).store
+    if not named:
+        return {}
+    if caller.token is None:
+        return await store.data_keys(named)
+    found = await store.find([ref for ref, _ in named])
+    missing = list({ref: subject for ref, subject in named if ref not in found}.items())
+    wait_s = state.key_quota.take(caller.token, len(missing))
+    if wait_s is not None:
+        per_minute = state.settings.api_max_key_creations_per_minute
+        if math.isinf(wait_s):
+            raise ApiError(
+                429,
+                "too_many_new_keys",
+                f"the request creates {len(missing)} data keys, more than a token may per minute "
+                f"({per_minute}, GRAPHLEDGER_API_MAX_KEY_CREATIONS_PER_MINUTE): name fewer new subjects per request",
+            )
+        raise ApiError(
+            429,
+            "too_many_new_keys",
+            f"this token created its {per_minute} data keys of the minute "
+            f"(GRAPHLEDGER_API_MAX_KEY_CREATIONS_PER_MINUTE); retry in {math.ceil(wait_s)}s",
+            retryable=True,
+            headers={"Retry-After": str(math.ceil(wait_s))},
+        )
+    return found | (await store.data_keys(missing) if missing else {})
 
 
 def _source(state: ApiState) -> StoreKeySource:

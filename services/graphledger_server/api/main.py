@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import ssl
 import threading
 from collections.abc import Iterator
 
@@ -39,11 +40,13 @@ class _Server(uvicorn.Server):
 
 
 def server(settings: Settings) -> uvicorn.Server:
-    """A uvicorn server for the read API on `settings.api_host:settings.api_port`."""
+    """A uvicorn server for the read API on `settings.api_host:settings.api_port`, over HTTPS when
+    `api_tls_certfile` and `api_tls_keyfile` are set."""
     config = uvicorn.Config(
         create_app(settings),
         host=settings.api_host,
         port=settings.api_port,
+        **tls_options(settings),
         lifespan="on",
         # In-flight reads get to finish: the longest is a consistency wait plus its query.
         timeout_graceful_shutdown=int(settings.consistency_timeout_s) + 5,
@@ -54,6 +57,20 @@ def server(settings: Settings) -> uvicorn.Server:
         log_config=None,  # the process's logging setup, not uvicorn's
     )
     return _Server(config)
+
+
+def tls_options(settings: Settings) -> dict[str, str]:
+    """uvicorn's certificate options, checked first: a file that is missing, unreadable or not the
+    key of its certificate stops the start with a message naming the settings."""
+    if settings.api_tls_certfile is None or settings.api_tls_keyfile is None:
+        return {}
+    certfile, keyfile = settings.api_tls_certfile, settings.api_tls_keyfile
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValueError(f"api_tls_certfile {certfile!r} with api_tls_keyfile {keyfile!r}: {reason}") from None
+    return {"ssl_certfile": certfile, "ssl_keyfile": keyfile}
 
 
 def main(settings: Settings) -> None:

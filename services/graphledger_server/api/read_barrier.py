@@ -11,15 +11,16 @@ each partition's log ends with a fetch sent after the read arrived (`log_tail`),
   the client's own writes (`own_writes_from`);
 - a read across threads, or a store search or listing, waits until the projection has reached the end
   of every partition of the topic.
-When the projection cannot get there within `consistency_timeout_s` the read fails with a retryable
-503, never with an older answer.
+A consistency token the read also carries must name offsets within the log (`token_bounds`). When the
+projection cannot get there within `consistency_timeout_s` the read fails with a retryable 503, never
+with an older answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -29,6 +30,8 @@ from graphledger.errors import LogUnavailableError
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger_server.api.consistency import AppliedOffsets, await_applied
+from graphledger_server.api.token_bounds import check_within_log, unapplied_parts
+from graphledger_server.api.wait_slots import WaitSlots
 
 Token = dict[tuple[str, int], int]
 
@@ -81,24 +84,33 @@ class Settled:
 class ReadBarrier:
     """Holds reads until the projection reflects what the log held when they began."""
 
-    def __init__(self, settings: Settings, log: LogTail, offsets: AppliedOffsets) -> None:
+    def __init__(self, settings: Settings, log: LogTail, offsets: AppliedOffsets, slots: WaitSlots) -> None:
         self._settings = settings
         self._log = log
         self._offsets = offsets
+        self._slots = slots
 
-    async def before_keyed(self, reads: list[KeyedRead], token: Token | None = None) -> dict[KeyedRead, Settled]:
-        """Wait until the projection reflects every record of the reads' keys now in the log (less each
-        read's `own`); returns where each read's partition stood then."""
+    async def before_keyed(
+        self, reads: list[KeyedRead], token: Token | None = None, *, tenant: str
+    ) -> dict[KeyedRead, Settled]:
+        """Wait, in one of `tenant`'s wait slots, until the projection reflects every record of the reads'
+        keys now in the log (less each read's `own`); returns where each read's partition stood then."""
         deadline = time.monotonic() + self._settings.consistency_timeout_s
         async with _log_deadline(deadline):
             partitions = {read: TopicPartition(read.topic, await self._log.partition_of(read.topic, read.key))
                           for read in reads}  # fmt: skip
-            applied = {tp: self._offsets.applied(tp.topic, tp.partition) for tp in partitions.values()}
+            applied = self._positions(partitions.values())
             starts = dict(applied)
             for read, tp in partitions.items():
                 if read.cached_through is not None:
                     starts[tp] = min(starts[tp], read.cached_through)
-            tails = await self._log.tails(starts, self._remaining(deadline))
+            pending = await unapplied_parts(token or {}, self._settings, self._offsets, self._log)
+            # The token's other partitions' ends come in the same fetch round as the tails.
+            tails, other_ends = await asyncio.gather(
+                self._log.tails(starts, self._remaining(deadline)),
+                self._log.ends(self._positions(pending.keys() - starts.keys()), self._remaining(deadline)),
+            )
+        check_within_log(pending, {**{tp: tail.end for tp, tail in tails.items()}, **other_ends})
         need: Token = dict(token or {})
         current: dict[KeyedRead, bool] = {}
         for read, tp in partitions.items():
@@ -122,24 +134,31 @@ class ReadBarrier:
                 others = [tail.end - 1]
             if others:
                 _require(need, tp, max(others))
-        await await_applied(need, self._offsets, self._settings, self._remaining(deadline))
+        await await_applied(need, self._offsets, self._settings, self._remaining(deadline), self._slots, tenant)
         return {
             read: Settled(tp.partition, self._offsets.applied(tp.topic, tp.partition), tails[tp].end, current[read])
             for read, tp in partitions.items()
         }
 
-    async def before_topic(self, topic: str, token: Token | None = None) -> None:
-        """Wait until the projection has reached the end every partition of `topic` had on arrival."""
+    async def before_topic(self, topic: str, token: Token | None = None, *, tenant: str) -> None:
+        """Wait, in one of `tenant`'s wait slots, until the projection has reached the end every partition
+        of `topic` had on arrival."""
         deadline = time.monotonic() + self._settings.consistency_timeout_s
         async with _log_deadline(deadline):
             count = await self._log.partition_count(topic)
-            starts = {TopicPartition(topic, p): self._offsets.applied(topic, p) for p in range(count)}
-            ends = await self._log.ends(starts, self._remaining(deadline))
+            starts = self._positions(TopicPartition(topic, p) for p in range(count))
+            pending = await unapplied_parts(token or {}, self._settings, self._offsets, self._log)
+            ends = await self._log.ends({**starts, **self._positions(pending)}, self._remaining(deadline))
+        check_within_log(pending, ends)
         need: Token = dict(token or {})
-        for tp, end in ends.items():
-            if end > starts[tp]:
-                _require(need, tp, end - 1)
-        await await_applied(need, self._offsets, self._settings, self._remaining(deadline))
+        for tp, start in starts.items():
+            if ends[tp] > start:
+                _require(need, tp, ends[tp] - 1)
+        await await_applied(need, self._offsets, self._settings, self._remaining(deadline), self._slots, tenant)
+
+    def _positions(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """Where the projection stands on each partition: the offsets to fetch from."""
+        return {tp: self._offsets.applied(tp.topic, tp.partition) for tp in partitions}
 
     @staticmethod
     def _remaining(deadline: float) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -15,10 +16,13 @@ from graphledger.events.store import store_key
 from graphledger.settings import Settings
 from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.errors import ApiError, unavailable
+from graphledger_server.api.key_quota import KeyCreationQuota
 from graphledger_server.api.read_barrier import ReadBarrier
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.erase import Eraser, ErasureIncompleteError, NotASubjectError
 from graphledger_server.keys.source import StoreKeySource
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,8 @@ class ApiState:
     offsets: AppliedOffsets
     barrier: ReadBarrier
     """What each read waits for: the log's end, from the broker, against the applied offsets."""
+    key_quota: KeyCreationQuota
+    """How many data keys each token may still create."""
     keys: StoreKeySource | None = None
     """The key store, with encryption on: record keys are hashes, and clients get their data keys here."""
     eraser: Eraser | None = None
@@ -70,7 +76,9 @@ async def key_store_answers() -> AsyncIterator[None]:
         raise
     except Exception as exc:
         if getattr(exc, "retryable", False) or verdict_of(exc) is Verdict.RETRY:
+            # The driver's message can name internal hosts: the log gets it, the caller only the failure.
+            log.warning("the key store or the log is unreachable: %s", exc)
             raise unavailable(
-                "key_store_unavailable", f"the key store or the log is unreachable ({exc}); retry"
+                "key_store_unavailable", f"the key store or the log is unreachable ({type(exc).__name__}); retry"
             ) from exc
         raise

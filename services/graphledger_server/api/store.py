@@ -109,16 +109,16 @@ async def _settle(request: Request, ops: list[StoreOp]) -> None:
             400, "invalid_search_consistency", f"{SEARCH_CONSISTENCY_HEADER}: {level[:40]!r} is not {OWN_WRITES}"
         )
     own_writes_only = level == OWN_WRITES
-    if not own_writes_only and any(not isinstance(op, GetOp) for op in ops):
-        await state.barrier.before_topic(topic, token)  # covers the gets too
-        return
     tenant = tenant_of(request).name
+    if not own_writes_only and any(not isinstance(op, GetOp) for op in ops):
+        await state.barrier.before_topic(topic, token, tenant=tenant)  # covers the gets too
+        return
     gets = [
         KeyedRead(topic, await state.item_key(tenant, tuple(op.namespace), op.key))
         for op in ops
         if isinstance(op, GetOp)
     ]
-    await state.barrier.before_keyed(list(dict.fromkeys(gets)), token)
+    await state.barrier.before_keyed(list(dict.fromkeys(gets)), token, tenant=tenant)
 
 
 def _capped(op: StoreOp, cap: int) -> StoreOp:

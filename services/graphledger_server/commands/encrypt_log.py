@@ -252,7 +252,7 @@ class Sealing:
 
 
 def _sealing(settings: Settings, pool: Any, extra_tenants: Iterable[str]) -> Sealing:
-    from graphledger_server.api.auth import token_entries
+    from graphledger_server.api.credentials import token_entries
     from graphledger_server.keys.lookup import DataKeyCache
     from graphledger_server.keys.source import StoreKeySource
     from graphledger_server.keys.store import key_store_for

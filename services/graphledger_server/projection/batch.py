@@ -430,7 +430,10 @@ class BatchApplier:
             except Exception as exc:
                 if verdict_of(exc) is not Verdict.REJECT:
                     raise
-                log.error("Postgres rejected the event at %s:%d@%d: %s", r.topic, r.partition, r.offset, exc)
+                # The class only: Postgres's message can quote the event's values.
+                log.error(
+                    "Postgres rejected the event at %s:%d@%d (%s)", r.topic, r.partition, r.offset, type(exc).__name__
+                )
                 event_type = getattr(d.event, "TYPE", None)
                 dead.append(DeadLetter(r, f"Postgres rejected the event: {exc}", event_type, d.value, d.chunk_event_id))
         return dead, report

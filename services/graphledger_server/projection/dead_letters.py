@@ -57,19 +57,25 @@ def reason_text(reason: str) -> str:
     return reason if len(reason) <= MAX_REASON_CHARS else reason[: MAX_REASON_CHARS - 1] + "…"
 
 
+def public_reason(letter: DeadLetter) -> str:
+    """The reason as the dead-letter topic and the services' logs may hold it. A sealed event's reason
+    stays in Postgres, where an erasure can drop it: it may quote the event's content, which neither
+    the log nor a log file may hold in the clear."""
+    ref = subject_ref(letter.record)
+    reason = letter.reason if ref is None else f"a sealed event of subject {ref} was refused ({SEALED_REASON})"
+    return reason_text(reason)
+
+
 def outgoing_records(letter: DeadLetter, max_message_bytes: int) -> list[OutgoingRecord]:
-    """The dead-letter topic records of one dead letter, each carrying the `gl-dlq-*` headers.
+    """The dead-letter topic records of one dead letter, each carrying the `gl-dlq-*` headers and its
+    `public_reason`.
 
     A record that came alone goes out as it came. A reassembled chunked event is framed again (in
     chunks when larger than `max_message_bytes`, with `gl-chunk` headers of its own event id).
-    The reason of a sealed event stays in Postgres, where an erasure can drop it: it may quote the
-    event's content, which the log must not hold in the clear.
     """
     record = letter.record
-    ref = subject_ref(record)
-    reason = letter.reason if ref is None else f"a sealed event of subject {ref} was refused ({SEALED_REASON})"
     dlq = [
-        (HEADER_REASON, reason_text(reason).encode()),
+        (HEADER_REASON, public_reason(letter).encode()),
         (HEADER_TOPIC, record.topic.encode()),
         (HEADER_PARTITION, str(record.partition).encode()),
         (HEADER_OFFSET, str(record.offset).encode()),

@@ -31,7 +31,7 @@ from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.store import key_store_for
 from graphledger_server.projection.batch import BatchApplier, BatchResult, TopicProjection
 from graphledger_server.projection.checkpoints import CheckpointProjection
-from graphledger_server.projection.dead_letters import outgoing_records, outstanding
+from graphledger_server.projection.dead_letters import outgoing_records, outstanding, public_reason
 from graphledger_server.projection.offsets import OffsetStatements, stored_offsets
 from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projection.store import StoreProjection
@@ -425,7 +425,14 @@ class ProjectorWorker:
         futures = []
         for letter in letters:
             r = letter.record
-            log.error("dead letter %s:%d@%d (%s): %s", r.topic, r.partition, r.offset, letter.event_type, letter.reason)
+            log.error(
+                "dead letter %s:%d@%d (%s): %s",
+                r.topic,
+                r.partition,
+                r.offset,
+                letter.event_type,
+                public_reason(letter),
+            )
             for out in outgoing_records(letter, self.settings.max_message_bytes):
                 futures.append(await self.producer.send(topic, out.value, key=out.key, headers=out.headers))
         await asyncio.wait_for(asyncio.gather(*futures), self.settings.produce_timeout_s)
