@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, assert_never
 
+import orjson
 import ormsgpack
 from langgraph.checkpoint.base import writes_sort_key
 from langgraph.checkpoint.serde.types import TASKS
@@ -344,7 +345,7 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
     newest = ns.newest
     if newest is not None and event.checkpoint_id < newest.checkpoint_id:
         return ns  # not the newest: a read of the newest is unchanged
-    checkpoint = json.loads(event.checkpoint_json)
+    checkpoint = orjson.loads(event.checkpoint_json)
     legacy = not isinstance(checkpoint.get("v"), int) or checkpoint["v"] < 4
     if legacy and event.parent_checkpoint_id and _sends_of(ns, event.parent_checkpoint_id):
         raise Underivable("a checkpoint before format 4 is read with its parent's pending sends")
@@ -380,7 +381,7 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
     for (channel, _), value in blobs.items():
         if isinstance(value, dict):
             stored[channel] = value  # a blob wins over the inline marker
-    run_id = json.loads(event.metadata_json).get("run_id")
+    run_id = orjson.loads(event.metadata_json).get("run_id")
     row = Row(event.checkpoint_id, parent_id, versions, run_id, legacy=legacy, stored=stored, put=event)
     writes = {cid: rows for cid, rows in ns.writes.items() if cid >= event.checkpoint_id}
     if repeated:

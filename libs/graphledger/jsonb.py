@@ -16,10 +16,33 @@ import json
 from decimal import Decimal
 from typing import Any
 
+import orjson
+
 
 def jsonb_value(text: bytes | str) -> Any:
     """The value a jsonb column holding `text` reads back as (through `json.loads`)."""
-    return json.loads(text, object_pairs_hook=_object, parse_float=_number)
+    try:
+        parsed = orjson.loads(text)
+    except orjson.JSONDecodeError:  # what orjson refuses and json takes (a lone surrogate escape)
+        return json.loads(text, object_pairs_hook=_object, parse_float=_number)
+    return _normalized(parsed)
+
+
+def _normalized(value: Any) -> Any:
+    """A parsed value as jsonb gives it back (parsing with orjson and normalizing is the fast way)."""
+    if isinstance(value, dict):
+        if all(key.isascii() for key in value):
+            return {key: _normalized(value[key]) for key in sorted(value, key=_ascii_order)}
+        return {key: _normalized(value[key]) for key in sorted(value, key=_key_order)}
+    if isinstance(value, list):
+        return [_normalized(item) for item in value]
+    if isinstance(value, float):
+        return _number(repr(value))  # a float's shortest repr is the token json.dumps wrote
+    return value
+
+
+def _ascii_order(key: str) -> tuple[int, str]:
+    return len(key), key
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from graphledger.client.runtime import ClientLifecycle, ClientRuntime
 from graphledger.client.values import (
     decode_delta_history,
     decode_tuple,
+    dump_checkpoint_json,
     dump_json,
     require_id,
     require_key_fits,
@@ -264,7 +265,7 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
             checkpoint_ns=checkpoint_ns,
             checkpoint_id=checkpoint_id,
             parent_checkpoint_id=require_id(parent_id, "parent checkpoint_id") if parent_id else None,
-            checkpoint_json=dump_json({**checkpoint, "channel_values": inline}, "checkpoint"),
+            checkpoint_json=dump_checkpoint_json({**checkpoint, "channel_values": inline}),
             metadata_json=dump_json(get_serializable_checkpoint_metadata(config, metadata), "checkpoint metadata"),
             blobs=blobs,
         )
