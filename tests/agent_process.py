@@ -20,6 +20,7 @@ import threading
 from operator import add
 from typing import Annotated, Any, TypedDict
 
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import START, StateGraph
 from langgraph.types import Command, interrupt
 
@@ -71,6 +72,17 @@ class Pod:
         if op == "history":  # newest first: (checkpoint id, parent id)
             history = self.graph.get_state_history(config)
             return {"checkpoints": [(_id(s.config), _id(s.parent_config)) for s in history]}
+        if op == "put":  # one checkpoint put, no read first: a new thread's first write
+            checkpoint = empty_checkpoint()
+            checkpoint["channel_values"] = {"note": command.get("text", "")}
+            checkpoint["channel_versions"] = {"note": "1"}
+            written = self.saver.put(
+                {"configurable": {**config["configurable"], "checkpoint_ns": ""}},
+                checkpoint,
+                {"source": "input", "step": -1},
+                {"note": "1"},
+            )
+            return {"checkpoint_id": written["configurable"]["checkpoint_id"]}
         if op == "store_put":
             self.store.put(tuple(command["namespace"]), command["key"], command["value"])
             return {}

@@ -23,10 +23,8 @@ from graphledger.sealing import Cipher
 
 log = logging.getLogger(__name__)
 
-LOW = 16
-"""Keys left when the pool asks for more."""
-BATCH = 64
-"""Keys one request asks for."""
+BATCH = 256
+"""Most keys one request asks for (the read API's limit)."""
 RETRY_MIN_S = 0.5
 RETRY_MAX_S = 30.0
 
@@ -38,11 +36,15 @@ class FreshKeySource(Protocol):
 
 
 class KeyPool:
-    """One tenant's fresh keys, on the client's event loop."""
+    """One tenant's fresh keys, up to `size` (`client_fresh_keys`), on the client's event loop. It asks
+    for more when half are used: a pod can start `size / 2` to `size` new subjects through an outage."""
 
-    def __init__(self, source: FreshKeySource, tenant: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, source: FreshKeySource, tenant: str, size: int, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._source = source
         self._tenant = tenant
+        self.size = size
         self._clock = clock
         self._keys: deque[tuple[str, Cipher]] = deque()
         self._refill: asyncio.Task[None] | None = None
@@ -55,15 +57,13 @@ class KeyPool:
     def take(self) -> tuple[str, Cipher] | None:
         """A fresh key, or None when the pool is empty; asks for more when it runs low."""
         key = self._keys.popleft() if self._keys else None
-        if len(self._keys) < LOW:
+        if len(self._keys) < self.size // 2:
             self._start_refill()
         return key
 
-    async def fill(self) -> None:
-        """Ask for a batch now (a client's start); a failure is logged and retried later."""
+    def fill(self) -> None:
+        """Start filling the pool (a client's start); a failure is logged and retried later."""
         self._start_refill()
-        if self._refill is not None:
-            await asyncio.shield(self._refill)
 
     async def close(self) -> None:
         if self._refill is not None:
@@ -73,16 +73,25 @@ class KeyPool:
     def _start_refill(self) -> None:
         if (self._refill is not None and not self._refill.done()) or self._clock() < self._next_try:
             return
+        if len(self._keys) >= self.size:
+            return
+        if len(self._keys) >= self.size:
+            return
         self._refill = asyncio.get_running_loop().create_task(self._ask())
 
     async def _ask(self) -> None:
-        try:
-            fresh = await self._source.fresh_keys(self._tenant, BATCH)
-        except Exception as exc:  # the read API or the key store away: writes fetch their own keys meanwhile
-            if self._retry_s == RETRY_MIN_S:
-                log.warning("no fresh data keys from the read API (%s); retrying, new subjects fetch their own", exc)
-            self._next_try = self._clock() + self._retry_s
-            self._retry_s = min(self._retry_s * 2, RETRY_MAX_S)
-            return
-        self._keys.extend(fresh)
-        self._retry_s = RETRY_MIN_S
+        while (wanted := min(BATCH, self.size - len(self._keys))) > 0:
+            try:
+                fresh = await self._source.fresh_keys(self._tenant, wanted)
+            except Exception as exc:  # the read API or the key store away: writes fetch their own keys meanwhile
+                if self._retry_s == RETRY_MIN_S:
+                    log.warning(
+                        "no fresh data keys from the read API (%s); retrying, new subjects fetch their own", exc
+                    )
+                self._next_try = self._clock() + self._retry_s
+                self._retry_s = min(self._retry_s * 2, RETRY_MAX_S)
+                return
+            self._keys.extend(fresh)
+            self._retry_s = RETRY_MIN_S
+            if not fresh:
+                return

@@ -36,8 +36,12 @@ log = logging.getLogger(__name__)
 
 READ_UNCOMMITTED = 0
 """graphledger's producers use no transactions, so the last stable offset is the high watermark."""
-FETCH_MAX_WAIT_MS = 1
-"""Held only when a partition has no record at all (the fetch starts one record back)."""
+FETCH_MAX_WAIT_MS = 100
+"""A fetch that finds data is answered at once by Kafka, whatever its wait; tansu spends at most the
+wait scanning its in-memory log for the position, and answers a large partition empty under a
+millisecond. Every fetch here starts one record back, so it finds data, but at offset 0 of an empty
+partition: that one waits `EMPTY_MAX_WAIT_MS`."""
+EMPTY_MAX_WAIT_MS = 1
 PAGE_BYTES = 1024 * 1024
 """Bytes one fetch brings per partition (Kafka answers at least one whole batch however large)."""
 END_BYTES = 1
@@ -161,14 +165,17 @@ class LogTail:
         records = [(offset, key) for offset, key in page.records if offset >= start]
         scanned = page.size
         position = max(page.records[-1][0] + 1 if page.records else start, start)
-        # More than one page behind: read on from where the page stopped, up to the bound.
+        # More than one page behind: read on from where the page stopped, up to the bound. Each fetch
+        # starts one record back too (one at the position can come back empty), and a batch comes whole:
+        # records before the position are dropped.
         while position < page.end and scanned < SCAN_MAX_BYTES:
-            more = await self._page(tp, position)
-            if more is None or not more.records:
+            more = await self._page(tp, position - 1)
+            found = [(offset, key) for offset, key in more.records if offset >= position] if more is not None else []
+            if not found:
                 break
-            records.extend(more.records)
+            records.extend(found)
             scanned += more.size
-            position = more.records[-1][0] + 1
+            position = found[-1][0] + 1
         return Tail(start, page.end, tuple(records), complete=position >= page.end)
 
     # -- fetches, shared by the reads of one loop turn -------------------------------------------------
@@ -221,7 +228,8 @@ class LogTail:
         for tp, (position, max_bytes) in positions.items():
             by_topic.setdefault(tp.topic, []).append((tp.partition, position, max_bytes))
         total = sum(max_bytes for _, max_bytes in positions.values())
-        request = FetchRequest(FETCH_MAX_WAIT_MS, 0, total, READ_UNCOMMITTED, list(by_topic.items()))
+        wait_ms = FETCH_MAX_WAIT_MS if all(position for position, _ in positions.values()) else EMPTY_MAX_WAIT_MS
+        request = FetchRequest(wait_ms, 0, total, READ_UNCOMMITTED, list(by_topic.items()))
         try:
             response = await (await self._ready()).send(node, request)
         except (KafkaError, OSError) as exc:

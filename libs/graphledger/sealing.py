@@ -39,11 +39,22 @@ class Erased:
 
 
 ERASED = Erased()
+
+
+class Misbound:
+    """A fresh key (`key_pool.py`) a record names for a subject it is not bound to: nothing opens with it."""
+
+    def __repr__(self) -> str:
+        return "MISBOUND"
+
+
+MISBOUND = Misbound()
 Cipher = AESGCM
 """A data key ready to use (building one costs more than sealing a small event)."""
 DataKey = Cipher | Erased
-KeyLookup = Callable[[str], DataKey | None]
-"""A subject reference's data key, `ERASED`, or None when none is known."""
+KeyLookup = Callable[[str, str | None], DataKey | Misbound | None]
+"""The data key a sealed record opens with, by its subject's reference and the fresh key it names
+(None: the subject's own): the key, `ERASED`, `MISBOUND`, or None when none is known."""
 
 
 def new_data_key() -> bytes:

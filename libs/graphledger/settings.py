@@ -38,6 +38,7 @@ DEFAULT_API_MAX_KEY_CREATIONS_PER_MINUTE = 6_000
 DEFAULT_ERASURE_NAMESPACE_DEPTH = 2
 DEFAULT_KEY_CACHE_TTL_S = 60.0
 DEFAULT_CLIENT_THREAD_MEMORY_BYTES = 64 * 1024 * 1024
+DEFAULT_CLIENT_FRESH_KEYS = 512
 DEFAULT_HEALTH_DEADLINE_S = 60.0
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -132,8 +133,16 @@ class Settings(BaseSettings):
     key_cache_ttl_s: float = Field(
         DEFAULT_KEY_CACHE_TTL_S,
         gt=0,
-        description="Seconds a client uses a data key before asking the read API again; after an erasure it can "
-        "write for the erased subject at most this long, and those writes are never readable.",
+        description="Seconds after which a client asks the read API again for a data key it uses (in the background: "
+        "it keeps writing meanwhile). A writer learns of an erasure then, or at its next read of the subject; what it "
+        "writes for an erased subject before it learns is never readable.",
+    )
+    client_fresh_keys: int = Field(
+        DEFAULT_CLIENT_FRESH_KEYS,
+        ge=0,
+        description="Fresh data keys a client holds ahead of use (asked for again when half are used): a new "
+        "subject's first write waits on no key, and a pod starts up to this many new subjects through an outage of the "
+        "read API. 0: each new subject asks the read API for its key.",
     )
     key_encryption_keys: SecretStr | None = Field(
         None,

@@ -370,11 +370,15 @@ async def test_erasing_a_thread_a_namespace_and_a_tenant_leaves_nothing_and_repl
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
         keys = settings.key_store_schema
-        assert await conn.fetchval(f"SELECT count(*) FROM {keys}.data_keys WHERE wrapped IS NULL") >= 4
-        assert (
-            await conn.fetchval(f"SELECT count(*) FROM {keys}.data_keys WHERE tenant = 'beta' AND wrapped IS NOT NULL")
-            == 0
-        )
+        # A tombstone for each erased subject (the thread, its copy, the namespace), and none of their
+        # keys left: neither their own nor the fresh keys writers bound to them.
+        tombstones = await conn.fetch(f"SELECT ref FROM {keys}.data_keys WHERE wrapped IS NULL")
+        assert len(tombstones) >= 3
+        live_bound = f"SELECT count(*) FROM {keys}.fresh_keys WHERE ref = ANY($1::text[]) AND wrapped IS NOT NULL"
+        assert await conn.fetchval(live_bound, [r["ref"] for r in tombstones]) == 0
+        for table in ("data_keys", "fresh_keys"):
+            live = f"SELECT count(*) FROM {keys}.{table} WHERE tenant = 'beta' AND wrapped IS NOT NULL"
+            assert await conn.fetchval(live) == 0, f"a live key of the erased tenant in {table}"
         assert await conn.fetchval(f"SELECT wrapped FROM {keys}.tenant_keys WHERE tenant = 'beta'") is None
         audit = await conn.fetch(f"SELECT kind, tenant, erased_by FROM {keys}.erasures ORDER BY id")
         assert {(r["kind"], r["tenant"], r["erased_by"]) for r in audit} >= {

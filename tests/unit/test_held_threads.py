@@ -97,3 +97,17 @@ def test_writes_wait_for_their_put_only_when_newer_than_the_newest_held() -> Non
     threads.acked("t", PARTITION, (0,), FIRST)
     assert threads.before_newest("t", "", "02")
     assert not threads.before_newest("t", "", "01")
+
+
+def test_a_tail_of_own_records_decides_by_offsets_but_not_for_the_threads_records_held_anew() -> None:
+    threads = HeldThreads()
+    threads.install("t", None, PARTITION, fold.NEW, applied=0, end=10)
+    threads.acked("t", PARTITION, (10,), FIRST)
+    threads.acked("u", PARTITION, (11,), FIRST)  # another thread's record, also this process's
+    snapshot = threads.get("t")
+    assert snapshot is not None
+    assert threads.unchanged_by_others("t", snapshot, end=12)
+    assert not threads.unchanged_by_others("t", snapshot, end=13)  # 12: another process's record
+    threads.forget("t")
+    threads.acked("t", PARTITION, (12,), SECOND)  # the thread's, but held anew: not in the snapshot
+    assert not threads.unchanged_by_others("t", snapshot, end=13)

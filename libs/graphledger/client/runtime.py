@@ -88,7 +88,7 @@ class ClientRuntime:
                 self.tenant = await self._reader.whoami()
             if self._settings.encrypt_events:
                 keys = ApiKeySource(self._reader)
-                pool = KeyPool(keys, self.tenant)
+                pool = KeyPool(keys, self.tenant, self._settings.client_fresh_keys)
                 self.sealer = EventSealer(keys, self._settings.key_cache_ttl_s, pool=pool)
                 await self._prefetch_keys(self.sealer, pool)
             await self.publisher.start()
@@ -117,7 +117,7 @@ class ClientRuntime:
         except (ReadApiError, SubjectErasedError) as exc:
             log.warning("no keys from the read API at start (%s): writes and reads wait for it", exc)
             return
-        await pool.fill()
+        pool.fill()
 
     def ensure_started(self) -> None:
         self._started_loop()
@@ -189,38 +189,30 @@ class ClientRuntime:
 
     async def _publish(self, topic: str, event: Event, context: Context) -> list[tuple[str, int, int]]:
         key, envelope = await self._envelope(event)
-        if isinstance(event, checkpoint.CheckpointPut):
-            put = await self._riders.before_put(event)
-            try:
+        thread = _thread_of(event)
+        if thread is not None:
+            self.threads.sending(thread)
+        try:
+            if isinstance(event, checkpoint.CheckpointPut):
+                put = await self._riders.before_put(event)
+                try:
+                    acked = await self.publisher.publish(topic, key, envelope, context=context)
+                finally:
+                    self._riders.put_done(put)
+            else:
+                if isinstance(event, checkpoint.CheckpointWrites):
+                    await self._riders.before_writes(event)
                 acked = await self.publisher.publish(topic, key, envelope, context=context)
-            finally:
-                self._riders.put_done(put)
-        else:
-            if isinstance(event, checkpoint.CheckpointWrites):
-                await self._riders.before_writes(event)
-            acked = await self.publisher.publish(topic, key, envelope, context=context)
+        finally:
+            if thread is not None:
+                self.threads.sent(thread)
         self.acked.record(acked)
-        self._held(event, acked)
-        return acked
-
-    def _held(self, event: Event, acked: Sequence[tuple[str, int, int]]) -> None:
-        """Fold an acknowledged event of this process into the thread it is a record of (threads are
-        named as the caller names them; the event is still unscoped here)."""
         _, partition, _ = acked[0]
-        offsets = tuple(offset for _, _, offset in acked)
-        match event:
-            case checkpoint.CheckpointPut() | checkpoint.CheckpointWrites() | checkpoint.ThreadDelete():
-                self.threads.acked(event.thread_id, partition, offsets, event)
-            case checkpoint.ThreadPrune() | checkpoint.ThreadExpire():
-                self.threads.acked(event.thread_id, partition, offsets, event)
-            case checkpoint.ThreadCopy():
-                self.threads.acked(event.source_thread_id, partition, offsets, event)
-            case checkpoint.ThreadCopyBarrier():
-                self.threads.acked(event.target_thread_id, partition, offsets, event)
-            case checkpoint.RunsDelete():
-                self.threads.acked_everywhere(partition, offsets[-1], event)
-            case _:
-                pass  # store events and erasures are no thread's records here
+        if thread is not None:
+            self.threads.acked(thread, partition, tuple(offset for _, _, offset in acked), event)  # type: ignore[arg-type]
+        elif isinstance(event, checkpoint.RunsDelete):
+            self.threads.acked_everywhere(partition, acked[-1][2], event)
+        return acked
 
     async def _publish_copy(self, topic: str, copy: ThreadCopy, context: Context) -> None:
         """The copy, then, once acknowledged, the barrier that orders the target's events after it."""
@@ -238,7 +230,8 @@ class ClientRuntime:
             _, envelope = await self._envelope(event)
             acked = await self.publisher.publish(topic, None, envelope, context=context, partition=partition)
             self.acked.record(acked)
-            self._held(event, acked)
+            if isinstance(event, checkpoint.RunsDelete):
+                self.threads.acked_everywhere(partition, acked[-1][2], event)
 
     async def _read(self, path: str, body: dict[str, Any], headers: Headers, context: Context) -> Any:
         assert self._reader is not None
@@ -315,6 +308,25 @@ class ClientRuntime:
             coro.close()
             raise
         return await loop.arun(coro)
+
+
+def _thread_of(event: Event) -> str | None:
+    """The thread an event is a record of, as the caller names it (the event is not scoped yet)."""
+    match event:
+        case (
+            checkpoint.CheckpointPut()
+            | checkpoint.CheckpointWrites()
+            | checkpoint.ThreadDelete()
+            | checkpoint.ThreadPrune()
+            | checkpoint.ThreadExpire()
+        ):
+            return event.thread_id
+        case checkpoint.ThreadCopy():
+            return event.source_thread_id
+        case checkpoint.ThreadCopyBarrier():
+            return event.target_thread_id
+        case _:
+            return None  # store events, runs.delete (every partition) and erasures are no thread's records
 
 
 class ClientLifecycle:

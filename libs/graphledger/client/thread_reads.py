@@ -74,6 +74,7 @@ class ThreadReads:
     async def get(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> dict[str, Any] | None:
         """The read API's get answer (wire form) for the thread namespace's newest checkpoint, or for
         `checkpoint_id`."""
+        await self._threads.settled(thread_id)
         held = self._threads.get(thread_id)
         if held is not None and held.view.erased:
             return None
@@ -94,6 +95,7 @@ class ThreadReads:
     ) -> dict[str, Any]:
         """`get_delta_channel_history` in the read API's wire form: from what the process holds when the
         log allows, else the read API's, which the process then holds (when its view is current)."""
+        await self._threads.settled(thread_id)
         held = self._threads.get(thread_id)
         if held is not None and held.view.erased:
             return {channel: {"writes": []} for channel in channels}
@@ -133,10 +135,14 @@ class ThreadReads:
                 self._on_log_denied()
             return False
         if not tail.complete:
-            return False
-        own = {o for offsets, _ in held.own for o in offsets}
-        if any((k == key or k is None) and o not in own for o, k in tail.keys):
-            return False
+            # The records the scan did not reach may all be this process's own (of any thread): then the
+            # offsets decide, without their keys.
+            if not self._threads.unchanged_by_others(thread_id, held, tail.end):
+                return False
+        else:
+            own = {o for offsets, _ in held.own for o in offsets}
+            if any((k == key or k is None) and o not in own for o, k in tail.keys):
+                return False
         self._threads.advance(thread_id, held, tail.end)
         return True
 

@@ -23,6 +23,7 @@ put its result back.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -34,6 +35,9 @@ from graphledger.events.checkpoint import CheckpointEvent, CheckpointPut, Checkp
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 """Most bytes of thread state a client holds (the `client_thread_memory_bytes` setting's default)."""
+MAX_RECENT_RECORDS = 4096
+"""Own records a client remembers per partition, of every thread, to tell a tail of only its own records
+from its offsets alone."""
 MAX_NAMED_RECORDS = 256
 """Most own records a read names to the read API; with more, the read waits for the projection."""
 _OWN_RECORD_BYTES = 64
@@ -86,6 +90,11 @@ class HeldThreads:
         self._threads: OrderedDict[str, Held] = OrderedDict()
         self._size = 0
         self.max_bytes = max_bytes
+        self._recent: dict[int, OrderedDict[int, str | None]] = {}
+        """Per partition, this process's latest records, of every thread: offset -> thread (None: a
+        record of every thread, `runs.delete`)."""
+        self._sending: dict[str, list[Any]] = {}
+        """Per thread, this process's events sent and not acknowledged yet: `[count, future | None]`."""
 
     def __len__(self) -> int:
         return len(self._threads)
@@ -93,6 +102,29 @@ class HeldThreads:
     @property
     def size(self) -> int:
         return self._size
+
+    def sending(self, thread_id: str) -> None:
+        """An event of the thread goes to the log; `sent` once it is acknowledged or failed."""
+        entry = self._sending.setdefault(thread_id, [0, None])
+        entry[0] += 1
+
+    def sent(self, thread_id: str) -> None:
+        entry = self._sending[thread_id]
+        entry[0] -= 1
+        if not entry[0]:
+            del self._sending[thread_id]
+            if entry[1] is not None and not entry[1].done():
+                entry[1].set_result(None)
+
+    async def settled(self, thread_id: str) -> None:
+        """Return once none of this process's events of the thread is on its way to the log: a read waits
+        for them, so that its look at the log finds them acknowledged (own), not another writer's."""
+        entry = self._sending.get(thread_id)
+        if entry is None:
+            return
+        if entry[1] is None:
+            entry[1] = asyncio.get_running_loop().create_future()
+        await asyncio.shield(entry[1])
 
     def get(self, thread_id: str) -> Held | None:
         """The thread's snapshot, marked as recently used."""
@@ -120,8 +152,30 @@ class HeldThreads:
         if held is not None:
             self._size -= held.size
 
+    def unchanged_by_others(self, thread_id: str, snapshot: Held, end: int) -> bool:
+        """Whether every record of the snapshot's partition in `[through, end)` is this process's, and
+        those of the thread are the snapshot's own: the offsets decide, without the records' keys."""
+        recent = self._recent.get(snapshot.partition)
+        if recent is None or snapshot.through is None or end - snapshot.through > len(recent):
+            return False
+        own = {o for offsets, _ in snapshot.own for o in offsets}
+        for offset in range(snapshot.through, end):
+            if offset not in recent:
+                return False  # another process's record, or one of ours forgotten
+            if recent[offset] in (thread_id, None) and offset not in own:
+                return False  # the thread's, but not in the snapshot: held anew since
+        return True
+
+    def _remember(self, partition: int, offsets: tuple[int, ...], thread_id: str | None) -> None:
+        recent = self._recent.setdefault(partition, OrderedDict())
+        for offset in offsets:
+            recent[offset] = thread_id
+        while len(recent) > MAX_RECENT_RECORDS:
+            recent.popitem(last=False)
+
     def acked(self, thread_id: str, partition: int, offsets: tuple[int, ...], event: CheckpointEvent) -> None:
         """This process's event of the thread, acknowledged at `offsets` of `partition`."""
+        self._remember(partition, offsets, thread_id)
         held = self._threads.get(thread_id)
         own: Own = (offsets, event)
         if held is None or held.partition != partition:
@@ -139,6 +193,7 @@ class HeldThreads:
     def acked_everywhere(self, partition: int, offset: int, event: CheckpointEvent) -> None:
         """This process's event published to every partition (`runs.delete`): its copy on `partition`
         at `offset` is a record of every thread held there."""
+        self._remember(partition, (offset,), None)
         for thread_id, held in list(self._threads.items()):
             if held.partition == partition:
                 own = (*held.own, ((offset,), event))

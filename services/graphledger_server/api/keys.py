@@ -38,8 +38,14 @@ class SubjectName(_Request):
     """A thread id, or a namespace prefix's labels joined by U+001F, as stored (with the tenant's prefix)."""
 
 
+MAX_FRESH = 256
+"""Most fresh keys one request asks for (a client's pool asks for 64 at a time)."""
+
+
 class KeysRequest(_Request):
     subjects: list[SubjectName] = Field(max_length=MAX_SUBJECTS)
+    fresh: int = Field(0, ge=0, le=MAX_FRESH)
+    """New keys bound to no subject yet (`graphledger.key_pool`), charged like new subjects' keys."""
 
 
 class EraseRequest(_Request):
@@ -70,11 +76,16 @@ async def keys(request: Request) -> Response:
         tenant_keys = await source.tenant_keys(tenant.name)
         named = [(reference(tenant_keys.hash_key, s), s) for s in subjects]
         found = await _data_keys(state, caller, named)
-    answer = {
+        if body.fresh:
+            _charge(state, caller, body.fresh)
+            fresh = await source.store.fresh_keys(tenant.name, body.fresh)
+    answer: dict[str, Any] = {
         "hash_key": tenant_keys.hash_key,
         "namespace_depth": tenant_keys.namespace_depth,
         "keys": [_key_entry(ref, found[ref]) for ref, _ in named],
     }
+    if body.fresh:
+        answer["fresh"] = [{"id": key_id, "key": key} for key_id, key in fresh]
     return respond(request, answer)
 
 
@@ -111,14 +122,23 @@ async def _data_keys(state: ApiState, caller: Caller, named: list[tuple[str, Sub
         return await store.data_keys(named)
     found = await store.find([ref for ref, _ in named])
     missing = list({ref: subject for ref, subject in named if ref not in found}.items())
-    wait_s = state.key_quota.take(caller.token, len(missing))
+    _charge(state, caller, len(missing))
+    return found | (await store.data_keys(missing) if missing else {})
+
+
+def _charge(state: ApiState, caller: Caller, created: int) -> None:
+    """Charge `created` new keys to the caller's token (a 429 when it holds too few); no token: only a
+    loopback read API hands out keys (`auth.py`), unbounded."""
+    if caller.token is None or not created:
+        return
+    wait_s = state.key_quota.take(caller.token, created)
     if wait_s is not None:
         per_minute = state.settings.api_max_key_creations_per_minute
         if math.isinf(wait_s):
             raise ApiError(
                 429,
                 "too_many_new_keys",
-                f"the request creates {len(missing)} data keys, more than a token may per minute "
+                f"the request creates {created} data keys, more than a token may per minute "
                 f"({per_minute}, GRAPHLEDGER_API_MAX_KEY_CREATIONS_PER_MINUTE): name fewer new subjects per request",
             )
         raise ApiError(
@@ -129,7 +149,6 @@ async def _data_keys(state: ApiState, caller: Caller, named: list[tuple[str, Sub
             retryable=True,
             headers={"Retry-After": str(math.ceil(wait_s))},
         )
-    return found | (await store.data_keys(missing) if missing else {})
 
 
 def _source(state: ApiState) -> StoreKeySource:

@@ -304,7 +304,7 @@ async def _replay_one(
         HEADER_TOPIC,
         decode_headers,
     )
-    from graphledger_server.projection.records import Decoded, Erased, SourceRecord, decode_value, subject_ref
+    from graphledger_server.projection.records import Decoded, Erased, SourceRecord, decode_value, key_name
 
     async with conn.transaction():
         row = await conn.fetchrow(_sql(LOCK_SQL, settings), dead_letter_id)  # a concurrent replay waits here
@@ -323,8 +323,8 @@ async def _replay_one(
         headers = [(k, v) for k, v in decode_headers(row["record_headers"]) if k not in dropped]
         value = row["record_value"]
         record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers))
-        if (ref := subject_ref(record)) is not None:
-            await keys.load([ref])
+        if (name := key_name(record)) is not None:
+            await keys.load([name])
         if payload is not None:
             value, headers = _with_payload(row, headers, payload, event_type, keys)
             record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers))
@@ -356,7 +356,7 @@ def _with_payload(
     import ormsgpack
 
     from graphledger.events import envelope
-    from graphledger.sealing import Erased, sealed_ref, unseal
+    from graphledger.sealing import Erased, Misbound, sealed_key_id, sealed_ref, unseal
     from graphledger.sealing import seal as seal_envelope
 
     original: dict[str, Any] = {}
@@ -374,22 +374,24 @@ def _with_payload(
     produced_ms = ts if isinstance(ts, int) and not isinstance(ts, bool) else int(time.time() * 1000)
     env = envelope.Envelope(kind, event_id, produced_ms, payload)
     kept = [
-        (k, v) for k, v in headers if k not in (envelope.HEADER_TYPE, envelope.HEADER_VERSION, envelope.HEADER_SUBJECT)
+        (k, v)
+        for k, v in headers
+        if k not in (envelope.HEADER_TYPE, envelope.HEADER_VERSION, envelope.HEADER_SUBJECT, envelope.HEADER_KEY)
     ]
     try:
         original_env = envelope.decode(row["record_value"])
-        ref = sealed_ref(original_env)
+        ref, key_id = sealed_ref(original_env), sealed_key_id(original_env)
     except GraphledgerError:
-        ref = None
+        ref, key_id = None, None
     if ref is not None:
-        key = keys.get(ref)
-        if key is None or isinstance(key, Erased):
+        key = keys.get(ref, key_id)
+        if key is None or isinstance(key, Erased | Misbound):
             raise DeadLetterError(f"the dead letter's subject {ref} has no key (erased, or another key store)")
         try:
             _, subject = unseal(original_env, key)
         except GraphledgerError as exc:
             raise DeadLetterError(f"the dead letter's sealed payload does not open: {exc}") from None
-        env = seal_envelope(env, subject, key)
+        env = seal_envelope(env, subject, key, key_id)
     return envelope.encode(env), [*envelope.headers_for(env), *kept]
 
 

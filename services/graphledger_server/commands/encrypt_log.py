@@ -74,7 +74,7 @@ from graphledger.events.envelope import (
     headers_for,
 )
 from graphledger.log_tail import LogTail
-from graphledger.sealing import ERASED, SealedSubject, seal, sealed_ref, unseal
+from graphledger.sealing import ERASED, SealedSubject, seal, sealed_key_id, sealed_ref, unseal
 from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH, Settings
 from graphledger.subjects import LABEL_SEPARATOR, subject_of
 from graphledger.tenancy import THREAD_SEPARATOR, check_tenant_name
@@ -694,8 +694,9 @@ class Copier:
             if ref is None:
                 event.event = self._to_event(envelope)
             elif envelope.type == ThreadCopyBarrier.TYPE:
-                await self._keys.load([ref])
-                key = self._keys.get(ref)
+                key_id = sealed_key_id(envelope)
+                await self._keys.load([(ref, key_id)])
+                key = self._keys.get(ref, key_id)
                 if key is None:
                     raise GraphledgerError(
                         f"{self._source}:{event.partition}@{event.offset} is sealed for subject {ref}, which the key "

@@ -251,6 +251,23 @@ class DevStack:
 
     # -- faults, for the outage tests -----------------------------------------------------------
 
+    def stop_api(self) -> None:
+        """Stop the read API (SIGTERM, SIGKILL after the deadline): clients find its port refused."""
+        child = self._children.get("api")
+        if child is None:
+            raise RuntimeError("no read API was started")
+        if child.running:
+            child.process.send_signal(signal.SIGTERM)
+        self._reap(child, time.monotonic() + self.stop_timeout_s)
+
+    def start_api(self) -> None:
+        """Start the read API again after `stop_api`, and return once it is ready."""
+        current = self._children.get("api")
+        if current is not None and current.running:
+            raise RuntimeError(f"the read API is already running (pid {current.process.pid})")
+        self._spawn("api")
+        wait_until(self._api_ready, self.ready_timeout_s, "the read API to be ready")
+
     def stop_postgres(self) -> None:
         """Stop Postgres (clients see their connections closed and new ones refused); data is kept."""
         self._running_postgres().pause()

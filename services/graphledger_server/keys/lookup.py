@@ -1,9 +1,11 @@
 """The data keys a reader of the log opens sealed events with (projector, replay, `dlq`).
 
 A batch's keys are fetched from the key store before any record is decoded, by the references its
-records' `gl-subject` headers name, and kept (least recently used first out) until an erasure of their
-subject applies: from then on the subject's records are erased, whatever key was cached. Without a key
-store (no key-encryption keys configured) no sealed event opens.
+records' `gl-subject` headers name (and the fresh keys their `gl-key` headers name, which the key store
+binds to that subject on first sight), and kept (least recently used first out) until an erasure of
+their subject applies: from then on the subject's records are erased, whatever key was cached. A fresh
+key bound to another subject opens nothing (`MISBOUND`). Without a key store (no key-encryption keys
+configured) no sealed event opens.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from graphledger.sealing import ERASED, DataKey, Erased, SealedSubject, cipher_of
+from graphledger.sealing import ERASED, DataKey, Erased, Misbound, SealedSubject, cipher_of
 
 if TYPE_CHECKING:  # the key store needs the projection's helpers, whose applier holds this cache
     from graphledger_server.keys.store import KeyStore
+
+KeyName = tuple[str, str | None]
+"""A sealed record's key: its subject's reference, and the fresh key it names (None: the subject's own)."""
 
 CAPACITY = 100_000
 """Keys kept: a cipher is about 1 KiB, so at most ~100 MiB."""
@@ -25,33 +30,41 @@ class DataKeyCache:
     def __init__(self, store: KeyStore | None, capacity: int = CAPACITY) -> None:
         self._store = store
         self._capacity = capacity
-        self._keys: OrderedDict[str, DataKey] = OrderedDict()
+        self._keys: OrderedDict[KeyName, DataKey | Misbound] = OrderedDict()
         self._erased_tenants: set[str] = set()
 
-    async def load(self, refs: Iterable[str]) -> None:
-        """Fetch the keys of `refs` not held yet (raises what the key store raises: the batch retries)."""
-        missing = {ref for ref in refs if ref not in self._keys}
-        if missing and self._store is not None:
-            for ref, key in (await self._store.find(missing)).items():
-                self._hold(ref, ERASED if isinstance(key, Erased) else cipher_of(key))
+    async def load(self, names: Iterable[KeyName]) -> None:
+        """Fetch the keys of `names` not held yet, binding fresh ones (raises what the key store raises:
+        the batch retries)."""
+        missing = {name for name in names if name not in self._keys}
+        if not missing or self._store is None:
+            return
+        if own := {ref for ref, key_id in missing if key_id is None}:
+            for ref, key in (await self._store.find(own)).items():
+                self._hold((ref, None), ERASED if isinstance(key, Erased) else cipher_of(key))
+        if fresh := {(ref, key_id) for ref, key_id in missing if key_id is not None}:
+            for name, found in (await self._store.bind_fresh(fresh)).items():
+                self._hold(name, found if isinstance(found, Erased | Misbound) else cipher_of(found))
 
-    def get(self, ref: str) -> DataKey | None:
-        key = self._keys.get(ref)
+    def get(self, ref: str, key_id: str | None = None) -> DataKey | Misbound | None:
+        if self._keys.get((ref, None)) is ERASED:
+            return ERASED  # the subject's erasure applied: every key of it is gone
+        key = self._keys.get((ref, key_id))
         if key is not None:
-            self._keys.move_to_end(ref)
+            self._keys.move_to_end((ref, key_id))
         return key
 
     def is_erased(self, subject: SealedSubject) -> bool:
         """Whether an erasure of the subject (or its tenant) applied since its event was decoded."""
-        return self._keys.get(subject.ref) is ERASED or subject.tenant in self._erased_tenants
+        return self._keys.get((subject.ref, None)) is ERASED or subject.tenant in self._erased_tenants
 
     def erase(self, ref: str) -> None:
-        self._hold(ref, ERASED)
+        self._hold((ref, None), ERASED)
 
-    def _hold(self, ref: str, key: DataKey) -> None:
+    def _hold(self, name: KeyName, key: DataKey | Misbound) -> None:
         """Keep `key` as the most recently used, forgetting the least recently used beyond the capacity."""
-        self._keys[ref] = key
-        self._keys.move_to_end(ref)
+        self._keys[name] = key
+        self._keys.move_to_end(name)
         while len(self._keys) > self._capacity:
             self._keys.popitem(last=False)
 

@@ -1,22 +1,29 @@
-"""The key store on Postgres: tenants' hashing keys, subjects' data keys, erasures, all in a schema of
-their own (`GRAPHLEDGER_KEY_STORE_SCHEMA`), which a replay never drops or switches.
+"""The key store on Postgres: tenants' hashing keys, subjects' data keys, fresh keys, erasures, all in
+a schema of their own (`GRAPHLEDGER_KEY_STORE_SCHEMA`), which a replay never drops or switches.
 
 Keys are created on first use, race-free across processes: every caller generates a key and inserts
 it with `ON CONFLICT DO NOTHING`, then reads what the table holds, so all of them get the first one.
 An erasure replaces the wrapped key by NULL and stamps `erased_at` (a tombstone: the subject's key can
 never be created again), in the same transaction as its audit row.
+
+Fresh keys (`graphledger.key_pool`) are issued to a tenant bound to no subject; a reader of the log
+binds one to the subject of the first record sealed with it (`bind_fresh`), and a record naming a key
+bound to another subject does not open. An erasure destroys the fresh keys bound to its subject, and
+binding a key to an erased subject destroys it: both take the subject's advisory lock, so neither can
+slip between the other's check and write.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import asyncpg
 
 from graphledger.errors import SubjectErasedError
-from graphledger.sealing import ERASED, Erased, new_data_key
+from graphledger.sealing import ERASED, MISBOUND, Erased, Misbound, new_data_key
 from graphledger.settings import Settings
 from graphledger.subjects import Subject
 from graphledger_server.keys.ring import KeyRing, KeyRingError, Wrapped
@@ -47,6 +54,17 @@ CREATE TABLE IF NOT EXISTS {schema}.data_keys (
     erased_at TIMESTAMPTZ
 );
 CREATE INDEX IF NOT EXISTS data_keys_tenant_idx ON {schema}.data_keys (tenant);
+CREATE TABLE IF NOT EXISTS {schema}.fresh_keys (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    kek_id TEXT,
+    wrapped BYTEA,
+    ref TEXT,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    bound_at TIMESTAMPTZ
+);
+CREATE INDEX IF NOT EXISTS fresh_keys_ref_idx ON {schema}.fresh_keys (ref);
+CREATE INDEX IF NOT EXISTS fresh_keys_tenant_idx ON {schema}.fresh_keys (tenant);
 CREATE TABLE IF NOT EXISTS {schema}.erasures (
     id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     kind TEXT NOT NULL,
@@ -78,6 +96,37 @@ ON CONFLICT (ref) DO NOTHING
 # $1 -> refs. A row with a NULL key is an erased subject.
 DATA_KEYS_SQL = "SELECT ref, kek_id, wrapped FROM {schema}.data_keys WHERE ref = ANY($1::text[])"
 
+# $1..$4 -> unnest(id, tenant, kek_id, wrapped).
+INSERT_FRESH_KEYS_SQL = """
+INSERT INTO {schema}.fresh_keys (id, tenant, kek_id, wrapped)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[])
+"""
+# A subject's lock, taken by an erasure and by a binding: $1 -> the lock key of its reference.
+SUBJECT_LOCK_SQL = "SELECT pg_advisory_xact_lock($1::bigint)"
+# $1 -> ids, $2 -> refs: each fresh key not bound yet is bound to its ref.
+BIND_FRESH_KEYS_SQL = """
+UPDATE {schema}.fresh_keys AS f SET ref = u.ref, bound_at = now()
+FROM unnest($1::text[], $2::text[]) AS u(id, ref)
+WHERE f.id = u.id AND f.ref IS NULL
+"""
+# $1 -> refs: fresh keys bound to an erased subject are destroyed.
+DESTROY_FRESH_KEYS_OF_ERASED_SQL = """
+UPDATE {schema}.fresh_keys AS f SET kek_id = NULL, wrapped = NULL
+FROM {schema}.data_keys AS d
+WHERE f.ref = d.ref AND d.ref = ANY($1::text[]) AND d.erased_at IS NOT NULL AND f.wrapped IS NOT NULL
+"""
+# $1 -> ids.
+FRESH_KEYS_SQL = "SELECT id, ref, kek_id, wrapped FROM {schema}.fresh_keys WHERE id = ANY($1::text[])"
+# $1 ref.
+DESTROY_BOUND_FRESH_KEYS_SQL = "UPDATE {schema}.fresh_keys SET kek_id = NULL, wrapped = NULL WHERE ref = $1::text"
+# $1 tenant.
+DESTROY_TENANT_FRESH_KEYS_SQL = "UPDATE {schema}.fresh_keys SET kek_id = NULL, wrapped = NULL WHERE tenant = $1::text"
+STALE_FRESH_KEYS_SQL = "SELECT id, kek_id, wrapped FROM {schema}.fresh_keys WHERE kek_id <> $1::text"
+# $1 id, $2 old kek id, $3 new kek id, $4 wrapped.
+REWRAP_FRESH_KEY_SQL = """
+UPDATE {schema}.fresh_keys SET kek_id = $3::text, wrapped = $4::bytea WHERE id = $1::text AND kek_id = $2::text
+"""
+
 # $1 ref, $2 tenant, $3 kind.
 ERASE_DATA_KEY_SQL = """
 INSERT INTO {schema}.data_keys AS k (ref, tenant, kind, erased_at) VALUES ($1::text, $2::text, $3::text, now())
@@ -107,6 +156,10 @@ UPDATE {schema}.data_keys SET kek_id = $3::text, wrapped = $4::bytea WHERE ref =
 REWRAP_HASH_KEY_SQL = """
 UPDATE {schema}.tenant_keys SET kek_id = $3::text, wrapped = $4::bytea WHERE tenant = $1::text AND kek_id = $2::text
 """
+
+
+FreshKey = bytes | Erased | Misbound
+FRESH_ID_BYTES = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +254,55 @@ class KeyStore:
                 found |= await self._fetch(conn, [ref for ref, _ in missing])
         return found
 
+    async def fresh_keys(self, tenant: str, count: int) -> list[tuple[str, bytes]]:
+        """`count` new data keys of the tenant, bound to no subject yet, as `(id, key)`;
+        `SubjectErasedError` for an erased tenant."""
+        keys = [(os.urandom(FRESH_ID_BYTES).hex(), new_data_key()) for _ in range(count)]
+        wrapped = [self._ring.wrap(key, _fresh_owner(key_id)) for key_id, key in keys]
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            await self._ready(conn)
+            async with conn.transaction():
+                if await conn.fetchval(self._sql["tenant_erased"], tenant):
+                    raise SubjectErasedError(f"tenant {tenant!r} was erased")
+                await conn.execute(
+                    self._sql["insert_fresh_keys"],
+                    [key_id for key_id, _ in keys],
+                    [tenant] * count,
+                    [w.kek_id for w in wrapped],
+                    [w.data for w in wrapped],
+                )
+        return keys
+
+    async def bind_fresh(self, named: Collection[tuple[str, str]]) -> dict[tuple[str, str], FreshKey]:
+        """Each `(reference, fresh key id)` a record names: the key, once bound to that subject (if it
+        was bound to none); `ERASED` when the subject (so the key) is erased; `MISBOUND` when the key
+        is another subject's; none for an id the store never issued."""
+        named = sorted(set(named))
+        refs = sorted({ref for ref, _ in named})
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            await self._ready(conn)
+            async with conn.transaction():
+                for ref in refs:
+                    await conn.execute(self._sql["subject_lock"], lock_key(f"graphledger:subject:{ref}"))
+                await conn.execute(
+                    self._sql["bind_fresh_keys"], [key_id for _, key_id in named], [ref for ref, _ in named]
+                )
+                await conn.execute(self._sql["destroy_fresh_keys_of_erased"], refs)
+                rows = await conn.fetch(self._sql["fresh_keys"], [key_id for _, key_id in named])
+        by_id = {row["id"]: row for row in rows}
+        found: dict[tuple[str, str], FreshKey] = {}
+        for ref, key_id in named:
+            row = by_id.get(key_id)
+            if row is None:
+                continue
+            if row["ref"] != ref:
+                found[(ref, key_id)] = MISBOUND
+            elif row["wrapped"] is None:
+                found[(ref, key_id)] = ERASED
+            else:
+                found[(ref, key_id)] = self._ring.unwrap(Wrapped(row["kek_id"], row["wrapped"]), _fresh_owner(key_id))
+        return found
+
     async def find(self, refs: Collection[str]) -> dict[str, RawKey]:
         """The data keys of `refs` that exist (none is created)."""
         async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
@@ -225,10 +327,13 @@ class KeyStore:
 
     async def _erase(self, conn: asyncpg.Connection, erasure: Erasure, erased_by: str) -> None:
         if erasure.ref is not None:
+            await conn.execute(self._sql["subject_lock"], lock_key(f"graphledger:subject:{erasure.ref}"))
             await conn.execute(self._sql["erase_data_key"], erasure.ref, erasure.tenant, erasure.kind)
+            await conn.execute(self._sql["destroy_bound_fresh_keys"], erasure.ref)
         else:
             await conn.execute(self._sql["erase_hash_key"], erasure.tenant)  # locks the row: no new keys
             await conn.execute(self._sql["erase_tenant_data_keys"], erasure.tenant)
+            await conn.execute(self._sql["destroy_tenant_fresh_keys"], erasure.tenant)
         await conn.execute(self._sql["record_erasure"], erasure.kind, erasure.ref, erasure.tenant, erased_by)
 
     async def rotate(self) -> int:
@@ -240,6 +345,7 @@ class KeyStore:
             for stale, rewrap, owner_of in (
                 ("stale_data_keys", "rewrap_data_key", lambda owner: owner),
                 ("stale_hash_keys", "rewrap_hash_key", _tenant_owner),
+                ("stale_fresh_keys", "rewrap_fresh_key", _fresh_owner),
             ):
                 for row in await conn.fetch(self._sql[stale], active):
                     owner = row[0]
@@ -253,6 +359,11 @@ class KeyStore:
 def _tenant_owner(tenant: str) -> str:
     """The associated data of a tenant's wrapped hashing key (apart from every subject reference)."""
     return f"tenant:{tenant}"
+
+
+def _fresh_owner(key_id: str) -> str:
+    """The associated data of a wrapped fresh key (apart from subject references and tenants)."""
+    return f"fresh:{key_id}"
 
 
 _STATEMENTS = {
@@ -269,4 +380,13 @@ _STATEMENTS = {
     "stale_hash_keys": STALE_HASH_KEYS_SQL,
     "rewrap_data_key": REWRAP_DATA_KEY_SQL,
     "rewrap_hash_key": REWRAP_HASH_KEY_SQL,
+    "insert_fresh_keys": INSERT_FRESH_KEYS_SQL,
+    "subject_lock": SUBJECT_LOCK_SQL,
+    "bind_fresh_keys": BIND_FRESH_KEYS_SQL,
+    "destroy_fresh_keys_of_erased": DESTROY_FRESH_KEYS_OF_ERASED_SQL,
+    "fresh_keys": FRESH_KEYS_SQL,
+    "destroy_bound_fresh_keys": DESTROY_BOUND_FRESH_KEYS_SQL,
+    "destroy_tenant_fresh_keys": DESTROY_TENANT_FRESH_KEYS_SQL,
+    "stale_fresh_keys": STALE_FRESH_KEYS_SQL,
+    "rewrap_fresh_key": REWRAP_FRESH_KEY_SQL,
 }

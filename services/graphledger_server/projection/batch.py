@@ -58,7 +58,7 @@ from graphledger_server.projection.records import (
     TooNew,
     classify,
     decode_value,
-    subject_ref,
+    key_name,
 )
 from graphledger_server.projection.report import ApplyReport
 
@@ -191,7 +191,7 @@ class BatchApplier:
     async def classify(self, records: Sequence[SourceRecord]) -> list[Classified]:
         """Decode, open and validate every record (outside the transaction), after fetching the data
         keys their `gl-subject` headers name."""
-        await self.keys.load({ref for r in records if (ref := subject_ref(r)) is not None})
+        await self.keys.load({name for r in records if (name := key_name(r)) is not None})
         return [classify(r, self.projections[r.topic].to_event, self.keys.get) for r in records]
 
     async def apply(

@@ -17,7 +17,7 @@ from graphledger.events import envelope
 from graphledger.events.chunks import ChunkRef, parse_header
 from graphledger.events.envelope import Envelope
 from graphledger.sealing import Erased as ErasedKey
-from graphledger.sealing import KeyLookup, SealedSubject, sealed_ref, unseal
+from graphledger.sealing import KeyLookup, Misbound, SealedSubject, sealed_key_id, sealed_ref, unseal
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,17 @@ def subject_ref(record: SourceRecord) -> str | None:
     return None if raw is None else raw[:MAX_EVENT_ID_CHARS].decode(errors="replace")
 
 
-def no_keys(ref: str) -> None:
+def key_name(record: SourceRecord) -> tuple[str, str | None] | None:
+    """The key a sealed event's record opens with: its subject, and the fresh key its `gl-key` header
+    names (None: the subject's own); None for a record in the clear."""
+    ref = subject_ref(record)
+    if ref is None:
+        return None
+    raw = envelope.header(record.headers, envelope.HEADER_KEY)
+    return ref, None if raw is None else raw[:MAX_EVENT_ID_CHARS].decode(errors="replace")
+
+
+def no_keys(ref: str, key_id: str | None) -> None:
     """The key lookup of a reader without a key store: no sealed event opens."""
     return None
 
@@ -156,9 +166,12 @@ def decode_value(
     try:
         env = envelope.decode(value)
         if (ref := sealed_ref(env)) is not None:
-            key = keys(ref)
+            key_id = sealed_key_id(env)
+            key = keys(ref, key_id)
             if isinstance(key, ErasedKey):
                 return Erased(record, ref, header_type(record))
+            if isinstance(key, Misbound):
+                raise InvalidEventError(f"sealed with fresh key {key_id}, which is bound to another subject than {ref}")
             if key is None:
                 raise InvalidEventError(f"no data key for subject {ref}: is the key store the one the writers used?")
             env, subject = unseal(env, key)

@@ -1,0 +1,100 @@
+"""Keys are off the write path (docs/security.md): through an outage of the read API and Postgres, with
+Kafka up, an agent pod that was running keeps writing, new threads and new store subjects included,
+with keys past their TTL (1 s here), and keeps running the turns of the threads it holds; a turn on a
+thread it does not hold fails at its first read, retryably. A pod started during the outage says what
+it cannot do. Once the outage ends, every acknowledged write is in the projection.
+
+`GRAPHLEDGER_OUTAGE_S` sets the outage's length (`make soak` runs ten minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from agent_pods import AgentPod
+from graphledger import KafkaSaver, KafkaStore
+from graphledger.settings import Settings
+from graphledger_server.devstack.ports import wait_until
+from graphledger_server.devstack.stack import DevStack
+
+pytestmark = pytest.mark.slow
+
+OUTAGE_S = float(os.environ.get("GRAPHLEDGER_OUTAGE_S", "6"))
+WAIT_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[DevStack]:
+    with DevStack(partitions=2, base=Settings(consistency_timeout_s=5.0, api_pool_timeout_s=2.0)) as dev:
+        yield dev
+
+
+def _ok(answer: dict[str, object]) -> dict[str, object]:
+    assert answer["ok"], answer
+    return answer
+
+
+def _pod(stack: DevStack, name: str) -> AgentPod:
+    return AgentPod(name, {**stack.client_env(), "GRAPHLEDGER_KEY_CACHE_TTL_S": "1"}, stack.log_dir)
+
+
+def test_agents_keep_writing_through_an_outage_of_the_read_api_and_postgres(stack: DevStack) -> None:
+    held = f"held-{uuid.uuid4().hex[:6]}"
+    pod = _pod(stack, "before")
+    try:
+        _ok(pod.call("turn", thread=held, text="before the outage"))
+        _ok(pod.call("store_put", namespace=["outage", "before"], key="k", value={"n": -1}))  # the store started
+        turns, puts, memories = 1, [], []
+        stack.stop_api()
+        stack.stop_postgres()
+        try:
+            deadline = time.monotonic() + OUTAGE_S
+            while time.monotonic() < deadline:  # the outage's length, not a wait for anything
+                _ok(pod.call("turn", thread=held, text=f"turn {turns}"))
+                turns += 1
+                fresh = f"new-{uuid.uuid4().hex[:6]}"
+                _ok(pod.call("put", thread=fresh, text=f"first write of {fresh}"))
+                puts.append(fresh)
+                namespace = ["outage", uuid.uuid4().hex[:6]]
+                _ok(pod.call("store_put", namespace=namespace, key="k", value={"n": len(memories)}))
+                memories.append(namespace)
+            # A thread the pod does not hold needs the projection: its turn fails at its first read.
+            refused = pod.call("turn", thread=f"unheld-{uuid.uuid4().hex[:6]}", text="hello")
+            assert not refused["ok"] and refused["retryable"], refused
+            # A pod started during the outage has no keys: it says so, and its writes fail retryably.
+            late = _pod(stack, "during")
+            try:
+                failed = late.call("put", thread=f"late-{uuid.uuid4().hex[:6]}", text="x")
+                assert not failed["ok"] and failed["retryable"], failed
+                assert "no keys from the read API at start" in late.log_path.read_text()
+            finally:
+                late.close()
+        finally:
+            stack.start_postgres()
+            stack.start_api()
+
+        # Everything acknowledged during the outage is projected and readable from another process.
+        with KafkaSaver(stack.settings) as reader, KafkaStore(stack.settings) as store:
+
+            def projected() -> bool:
+                try:
+                    found = reader.get_tuple({"configurable": {"thread_id": held}})
+                except Exception:  # retryable while the projector catches up
+                    return False
+                return found is not None and len(found.checkpoint["channel_values"]["messages"]) == 2 * turns
+
+            wait_until(projected, WAIT_S, "the held thread's turns to be projected", poll_s=0.2)
+            for thread in puts:
+                found = reader.get_tuple({"configurable": {"thread_id": thread}})
+                assert found is not None and found.checkpoint["channel_values"] == {"note": f"first write of {thread}"}
+            for n, namespace in enumerate(memories):
+                item = store.get(tuple(namespace), "k")
+                assert item is not None and item.value == {"n": n}
+        assert turns > 2 and puts and memories
+    finally:
+        pod.close()
