@@ -199,7 +199,7 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
 def _topics_ensure(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
-    from graphledger_server.commands.topics import ensure_topics
+    from graphledger_server.log.topics import ensure_topics
 
     reports = asyncio.run(ensure_topics(settings, allow_finite_retention=args.allow_finite_retention))
     for report in reports:

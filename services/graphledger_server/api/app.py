@@ -13,13 +13,13 @@ from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger_server.api import checkpoints, handlers, health, keys, store
 from graphledger_server.api.auth import TenantAuth, document_bearer_auth, token_entries, whoami_router
-from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.db import open_pool, open_store_pool
 from graphledger_server.api.read_barrier import ReadBarrier
 from graphledger_server.api.state import ApiState
 from graphledger_server.keys.erase import Eraser
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import check_key_settings, key_store_for
+from graphledger_server.log.applied import AppliedOffsets
 from graphledger_server.telemetry import api as telemetry
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import threading
 from collections.abc import Iterator
@@ -56,8 +57,12 @@ def server(settings: Settings) -> uvicorn.Server:
     return _Server(config)
 
 
-def main(settings: Settings) -> None:
-    """Entry point of `graphledger api` and `python -m graphledger_server.api`."""
+def main(settings: Settings | None = None) -> None:
+    """Serve the read API in this process until SIGTERM or SIGINT; without `settings`
+    (`python -m graphledger_server.api`), from `GRAPHLEDGER_*` variables, logging at INFO."""
+    if settings is None:
+        logging.getLogger().setLevel(logging.INFO)
+        settings = Settings()
     telemetry.setup("graphledger-api", settings)
     api_telemetry.started()
     server(settings).run()

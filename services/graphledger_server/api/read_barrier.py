@@ -28,7 +28,8 @@ from aiokafka import TopicPartition
 from graphledger.errors import LogUnavailableError
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
-from graphledger_server.api.consistency import AppliedOffsets, await_applied
+from graphledger_server.api.consistency import await_applied
+from graphledger_server.log.applied import AppliedOffsets
 
 Token = dict[tuple[str, int], int]
 

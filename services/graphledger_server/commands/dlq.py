@@ -154,7 +154,7 @@ async def _with_conn(settings: Settings, work: Any) -> Any:
 
 
 def _sql(sql: str, settings: Settings) -> str:
-    from graphledger_server.projection.sql import render
+    from graphledger_server.sql import render
 
     return render(sql, settings.postgres_schema)
 
@@ -256,9 +256,9 @@ async def replay(
     """Replay each dead letter once; per id, where it went or why it was refused."""
     import asyncpg
 
-    from graphledger.client.producer import new_producer
     from graphledger_server.keys.lookup import DataKeyCache
     from graphledger_server.keys.store import key_store_for
+    from graphledger_server.log.clients import new_producer
     from graphledger_server.projector.worker import projections_for
 
     projections = projections_for(settings)

@@ -57,12 +57,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import murmur2
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 
-from graphledger.client.producer import new_producer
 from graphledger.errors import GraphledgerError, InvalidEventError, SubjectErasedError, UnknownEventVersionError
 from graphledger.event_sealer import EventSealer
 from graphledger.events import Event, checkpoint_event, store_event
 from graphledger.events.checkpoint import ThreadCopy, ThreadCopyBarrier
-from graphledger.events.chunks import RECORD_HEADROOM_BYTES, frame, parse_header
+from graphledger.events.chunks import frame, parse_header
 from graphledger.events.envelope import (
     HEADER_CHUNK,
     HEADER_TRACEPARENT,
@@ -78,7 +77,8 @@ from graphledger.sealing import ERASED, SealedSubject, seal, sealed_ref, unseal
 from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH, Settings
 from graphledger.subjects import LABEL_SEPARATOR, subject_of
 from graphledger.tenancy import THREAD_SEPARATOR, check_tenant_name
-from graphledger_server.commands.topics import ensure_topics, source_topics
+from graphledger_server.log.clients import new_consumer, new_producer
+from graphledger_server.log.topics import ensure_topics, source_topics
 from graphledger_server.replay.preflight import inspect_sources, refuse_losses
 
 if TYPE_CHECKING:
@@ -211,7 +211,7 @@ async def encrypt_log(
     target = settings.model_copy(update={"topic_prefix": to_prefix})
     pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=0, max_size=2)
     tail = LogTail(settings)
-    consumer = _consumer(settings)
+    consumer = new_consumer(settings, fetch_bytes=FETCH_BYTES)
     producer: AIOKafkaProducer | None = None
     try:
         sealing = _sealing(settings, pool, extra_tenants)
@@ -305,17 +305,6 @@ async def _refuse_growth(
             "writers are still running, and what they wrote is not copied. Stop them and run encrypt-log again: it "
             "writes only what is missing"
         )
-
-
-def _consumer(settings: Settings) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(
-        **settings.kafka_client_options(),  # type: ignore[arg-type]
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=settings.fetch_max_wait_ms,
-        max_partition_fetch_bytes=max(FETCH_BYTES, settings.max_message_bytes + RECORD_HEADROOM_BYTES),
-    )
 
 
 def _partition_count(consumer: AIOKafkaConsumer, topic: str) -> int:

@@ -60,7 +60,7 @@ def _run_list(args: argparse.Namespace, settings: Settings) -> int:
 async def list_forks(settings: Settings, thread_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
     import asyncpg
 
-    from graphledger_server.projection.sql import render
+    from graphledger_server.sql import render
 
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:

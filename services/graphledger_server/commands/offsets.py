@@ -45,9 +45,11 @@ def parse_target(text: str) -> str | int:
 
 async def earliest_offset(settings: Settings, topic: str, partition: int) -> int:
     """The first offset the broker still holds for the partition (ListOffsets earliest)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
-    consumer = AIOKafkaConsumer(**settings.kafka_client_options(), enable_auto_commit=False)  # type: ignore[arg-type]
+    from graphledger_server.log.clients import new_consumer
+
+    consumer = new_consumer(settings)
     await consumer.start()
     try:
         tp = TopicPartition(topic, partition)
@@ -63,13 +65,13 @@ async def reset_offset(
     it was and what it is (or would be)."""
     import asyncpg
 
-    from graphledger_server.commands.topics import source_topics
-    from graphledger_server.projection.offsets import (
+    from graphledger_server.log.offsets import (
         OffsetStatements,
         lock_partition_offset,
         notify_applied,
         set_offset,
     )
+    from graphledger_server.log.topics import source_topics
 
     group = group or settings.projector_group_id
     if topic not in source_topics(settings):

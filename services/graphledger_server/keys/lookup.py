@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from graphledger.sealing import ERASED, DataKey, Erased, SealedSubject, cipher_of
-
-if TYPE_CHECKING:  # the key store needs the projection's helpers, whose applier holds this cache
-    from graphledger_server.keys.store import KeyStore
+from graphledger_server.keys.store import KeyStore
 
 CAPACITY = 100_000
 """Keys kept: a cipher is about 1 KiB, so at most ~100 MiB."""

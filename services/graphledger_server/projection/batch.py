@@ -36,10 +36,7 @@ from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.lookup import DataKeyCache
-from graphledger_server.projection import chunks as chunk_store
-from graphledger_server.projection import erasure
-from graphledger_server.projection.dead_letters import record_dead_letters
-from graphledger_server.projection.offsets import (
+from graphledger_server.log.offsets import (
     OffsetStatements,
     SchemaSwitchedError,
     TopicPartition,
@@ -48,6 +45,9 @@ from graphledger_server.projection.offsets import (
     next_offsets,
     notify_applied,
 )
+from graphledger_server.projection import chunks as chunk_store
+from graphledger_server.projection import erasure
+from graphledger_server.projection.dead_letters import record_dead_letters
 from graphledger_server.projection.records import (
     Chunk,
     Classified,

@@ -40,7 +40,7 @@ from graphledger.pg_text import json_text_problem, json_text_suspect
 from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.projection import erasure, prune
 from graphledger_server.projection.report import ApplyReport
-from graphledger_server.projection.sql import render
+from graphledger_server.sql import render
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import ormsgpack
 from graphledger.events import envelope
 from graphledger.events.chunks import frame
 from graphledger_server.projection.records import DeadLetter, subject_ref
-from graphledger_server.projection.sql import render
+from graphledger_server.sql import render
 
 HEADER_REASON = "gl-dlq-reason"
 HEADER_TOPIC = "gl-dlq-topic"

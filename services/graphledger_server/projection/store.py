@@ -49,13 +49,13 @@ from graphledger.events.store import (
 from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH
 from graphledger.subjects import LABEL_SEPARATOR, namespace_subject_depth
 from graphledger_server.projection import erasure
-from graphledger_server.projection.sql import render
 from graphledger_server.projection.vector_index import (
     COMPONENT_MAX,
     VectorIndex,
     load_extension_schema,
     load_vector_index,
 )
+from graphledger_server.sql import render
 
 MAX_KEY_BYTES = 2_600
 """prefix + key + field name: a btree index row (the primary keys) holds about 2,700 bytes."""

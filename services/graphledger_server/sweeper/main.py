@@ -122,8 +122,12 @@ async def run_sweeper(settings: Settings, stop: asyncio.Event) -> None:
         await runner.run(stop)
 
 
-def main(settings: Settings) -> None:
-    """Entry point of `graphledger sweeper`: run until SIGTERM/SIGINT, then release the lock and return."""
+def main(settings: Settings | None = None) -> None:
+    """Run the sweeper until SIGTERM or SIGINT, then release the lock and return; without `settings`
+    (`python -m graphledger_server.sweeper`), from `GRAPHLEDGER_*` variables, logging at INFO."""
+    if settings is None:
+        logging.getLogger().setLevel(logging.INFO)
+        settings = Settings()
     telemetry.setup("graphledger-sweeper", settings)
     sweeper_telemetry.started()
 

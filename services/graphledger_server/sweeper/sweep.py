@@ -33,9 +33,9 @@ from graphledger.events.envelope import Envelope
 from graphledger.events.store import StoreExpire
 from graphledger.settings import Settings
 from graphledger.subjects import LABEL_SEPARATOR
+from graphledger_server.log.offsets import OffsetStatements, all_applied
 from graphledger_server.projection import erasure, prune
-from graphledger_server.projection.offsets import OffsetStatements, all_applied
-from graphledger_server.projection.sql import render
+from graphledger_server.sql import render
 from graphledger_server.telemetry import sweeper as telemetry
 
 log = logging.getLogger(__name__)
