@@ -44,7 +44,7 @@ from graphledger_server.devstack.broker import EmbeddedBroker
 from graphledger_server.devstack.ports import free_port
 from graphledger_server.devstack.postgres import EmbeddedPostgres
 from graphledger_server.devstack.stack import settings_to_env
-from graphledger_server.encrypt_log.run import HEADER_COPY_OF
+from graphledger_server.encrypt_log.target import HEADER_COPY_OF
 from graphledger_server.log.topics import ensure_topics, source_topics
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.vector_index import VectorIndex
