@@ -1,0 +1,1 @@
+"""`graphledger dlq`: dead letters inspected, and re-published after a fix."""
