@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING
 
 from graphledger.errors import GraphledgerError
 from graphledger.settings import Settings
-from graphledger_server.commands import encrypt_log, erase, forks, importer, keys, offsets, replay, token
-from graphledger_server.dlq import republish as dlq
+from graphledger_server.commands import dlq, encrypt_log, erase, forks, importer, keys, offsets, replay, token
 
 if TYPE_CHECKING:
     from graphledger_server.devstack.stack import DevStack
