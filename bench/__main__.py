@@ -29,7 +29,7 @@ from bench import store as store_bench
 from bench.official import official_savers
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.settings import DEFAULT_PARTITIONS
-from graphledger_server.commands.demo import build_graph
+from graphledger_server.devstack.demo import build_graph
 from graphledger_server.devstack.stack import DevStack
 from graphledger_server.log.offsets import OffsetStatements, group_offsets
 

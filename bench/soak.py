@@ -36,7 +36,7 @@ from langgraph.checkpoint.base import WRITES_IDX_MAP
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.errors import GraphledgerError
 from graphledger.settings import Settings
-from graphledger_server.commands.demo import build_graph
+from graphledger_server.devstack.demo import build_graph
 from graphledger_server.devstack.stack import DevStack
 from graphledger_server.log.offsets import OffsetStatements, group_offsets
 
