@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import signal
 import threading
 from collections.abc import Iterator
@@ -59,10 +58,7 @@ def server(settings: Settings) -> uvicorn.Server:
 
 def main(settings: Settings | None = None) -> None:
     """Serve the read API in this process until SIGTERM or SIGINT; without `settings`
-    (`python -m graphledger_server.api`), from `GRAPHLEDGER_*` variables, logging at INFO."""
-    if settings is None:
-        logging.getLogger().setLevel(logging.INFO)
-        settings = Settings()
-    telemetry.setup("graphledger-api", settings)
+    (`python -m graphledger_server.api`), from `GRAPHLEDGER_*` variables."""
+    settings = telemetry.setup("graphledger-api", settings)
     api_telemetry.started()
     server(settings).run()

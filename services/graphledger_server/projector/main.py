@@ -48,11 +48,8 @@ async def run_projector(settings: Settings, stop: asyncio.Event | None = None, *
 
 def main(settings: Settings | None = None) -> None:
     """Run the projector in this process until SIGTERM or SIGINT, then stop cleanly; without `settings`
-    (`python -m graphledger_server.projector`), from `GRAPHLEDGER_*` variables, logging at INFO."""
-    if settings is None:
-        logging.getLogger().setLevel(logging.INFO)
-        settings = Settings()
-    telemetry.setup("graphledger-projector", settings)
+    (`python -m graphledger_server.projector`), from `GRAPHLEDGER_*` variables."""
+    settings = telemetry.setup("graphledger-projector", settings)
 
     # Everything imported so far lives as long as the process; frozen, the collector stops rescanning
     # it every time a batch's short-lived objects trigger a full collection. Measured on the apply

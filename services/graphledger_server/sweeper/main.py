@@ -124,11 +124,8 @@ async def run_sweeper(settings: Settings, stop: asyncio.Event) -> None:
 
 def main(settings: Settings | None = None) -> None:
     """Run the sweeper until SIGTERM or SIGINT, then release the lock and return; without `settings`
-    (`python -m graphledger_server.sweeper`), from `GRAPHLEDGER_*` variables, logging at INFO."""
-    if settings is None:
-        logging.getLogger().setLevel(logging.INFO)
-        settings = Settings()
-    telemetry.setup("graphledger-sweeper", settings)
+    (`python -m graphledger_server.sweeper`), from `GRAPHLEDGER_*` variables."""
+    settings = telemetry.setup("graphledger-sweeper", settings)
     sweeper_telemetry.started()
 
     async def _run() -> None:
