@@ -25,7 +25,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, assert_never
 
 import asyncpg
 
@@ -102,12 +102,17 @@ class StoreReader:
         if gets:
             await self._gets(conn, gets, results)
         for i, op in enumerate(ops):
-            if isinstance(op, SearchOp):
-                ranked = op.query_vector is not None and vectors is not None
-                with telemetry.store_search("vector" if ranked else "filter"):  # search latency metric
-                    results[i] = await self._search(conn, op, vectors)
-            elif isinstance(op, ListNamespacesOp):
-                results[i] = await self._list_namespaces(conn, op)
+            match op:
+                case GetOp():
+                    pass  # answered together above
+                case SearchOp():
+                    ranked = op.query_vector is not None and vectors is not None
+                    with telemetry.store_search("vector" if ranked else "filter"):  # search latency metric
+                        results[i] = await self._search(conn, op, vectors)
+                case ListNamespacesOp():
+                    results[i] = await self._list_namespaces(conn, op)
+                case _:
+                    assert_never(op)
         return results
 
     # -- vector table ----------------------------------------------------------------------------

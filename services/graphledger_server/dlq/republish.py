@@ -12,7 +12,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, assert_never
 
 import asyncpg
 import ormsgpack
@@ -36,7 +36,7 @@ from graphledger_server.projection.dead_letters import (
     fetch_dead_letter,
     mark_replayed,
 )
-from graphledger_server.projection.records import Decoded, SourceRecord, decode_value, subject_ref
+from graphledger_server.projection.records import DeadLetter, Decoded, SourceRecord, TooNew, decode_value, subject_ref
 from graphledger_server.projection.records import Erased as ErasedRecord
 from graphledger_server.projector.worker import projections_for
 
@@ -111,10 +111,15 @@ async def _replay_one(
             value, headers = _with_payload(row, headers, payload, event_type, keys)
             record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers))
         checked = decode_value(record, value, projections[topic].to_event, keys.get)
-        if isinstance(checked, ErasedRecord):
-            raise DeadLetterError(f"dead letter {dead_letter_id} is of an erased subject: nothing to replay")
-        if not isinstance(checked, Decoded):
-            raise DeadLetterError(f"dead letter {dead_letter_id} would fail again: {checked.reason}")
+        match checked:
+            case Decoded():
+                pass
+            case ErasedRecord():
+                raise DeadLetterError(f"dead letter {dead_letter_id} is of an erased subject: nothing to replay")
+            case DeadLetter() | TooNew():
+                raise DeadLetterError(f"dead letter {dead_letter_id} would fail again: {checked.reason}")
+            case _:
+                assert_never(checked)
         headers.append((HEADER_REPLAY_OF, f"{topic}:{partition}:{row['offset']}".encode()))
         # A fresh chunk id: the projector may still hold chunks of the event's first publication.
         records = chunks.frame(value or b"", headers, settings.max_message_bytes, str(uuid.uuid4()))
