@@ -29,9 +29,9 @@ from bench import store as store_bench
 from bench.official import official_savers
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.settings import DEFAULT_PARTITIONS
-from graphledger_server.commands.demo import build_graph
+from graphledger_server.devstack.demo import build_graph
 from graphledger_server.devstack.stack import DevStack
-from graphledger_server.projection.offsets import OffsetStatements, group_offsets
+from graphledger_server.log.offsets import OffsetStatements, group_offsets
 
 CONCURRENCY = (1, 16, 64)
 SEALING_ROUNDS = 6

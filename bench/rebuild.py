@@ -29,7 +29,7 @@ from graphledger.events import chunks, envelope, to_envelope
 from graphledger.events.checkpoint import Blob, CheckpointPut, CheckpointWrites, Write
 from graphledger.events.store import StorePut
 from graphledger.settings import Settings
-from graphledger_server.commands.topics import ensure_topics
+from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.replay import indexes
 from graphledger_server.replay.progress import Progress

@@ -36,9 +36,9 @@ from langgraph.checkpoint.base import WRITES_IDX_MAP
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.errors import GraphledgerError
 from graphledger.settings import Settings
-from graphledger_server.commands.demo import build_graph
+from graphledger_server.devstack.demo import build_graph
 from graphledger_server.devstack.stack import DevStack
-from graphledger_server.projection.offsets import OffsetStatements, group_offsets
+from graphledger_server.log.offsets import OffsetStatements, group_offsets
 
 PROBE_INTERVAL_S = 0.2
 SAMPLE_INTERVAL_S = 1.0

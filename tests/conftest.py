@@ -154,7 +154,7 @@ def empty_log(broker: EmbeddedBroker) -> dict[str, object]:
     directly, which must learn from the log that nothing waits to be projected."""
     import asyncio
 
-    from graphledger_server.commands.topics import ensure_topics
+    from graphledger_server.log.topics import ensure_topics
 
     values: dict[str, object] = {
         "kafka_bootstrap_servers": broker.bootstrap_servers,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from aiokafka import AIOKafkaProducer
 
 from graphledger.settings import Settings
-from graphledger_server.commands.topics import ensure_topics
+from graphledger_server.log.topics import ensure_topics
 
 FILLER_RECORDS = 10
 FILLER_KEY = b"filler"

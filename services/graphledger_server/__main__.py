@@ -1,4 +1,4 @@
-"""`python -m graphledger_server`, the same as the `graphledger` command (the dev stack starts its children so)."""
+"""`python -m graphledger_server`: the `graphledger` command (the dev stack starts its children so)."""
 
 from graphledger_server.cli import main
 

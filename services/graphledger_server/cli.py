@@ -199,7 +199,7 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
 def _topics_ensure(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
-    from graphledger_server.commands.topics import ensure_topics
+    from graphledger_server.log.topics import ensure_topics
 
     reports = asyncio.run(ensure_topics(settings, allow_finite_retention=args.allow_finite_retention))
     for report in reports:
@@ -239,7 +239,7 @@ def _dev(args: argparse.Namespace, settings: Settings) -> int:
                 write_env_file(args.env_file, stack.client_env())
                 print(f"client environment written to {args.env_file}", flush=True)
             if args.demo:
-                from graphledger_server.commands.demo import run_demo
+                from graphledger_server.devstack.demo import run_demo
 
                 status = run_demo(stack.client_env())
                 if args.exit_after_demo:

@@ -35,7 +35,7 @@ from langgraph_sdk.client import LangGraphClient
 
 from graphledger import KafkaSaver, KafkaStore, Settings
 from graphledger_server.devstack.ports import free_port, wait_until
-from graphledger_server.projection.sql import render
+from graphledger_server.sql import render
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "agent-server"

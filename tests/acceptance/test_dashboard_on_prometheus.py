@@ -32,7 +32,7 @@ from graphledger.events import envelope, to_envelope
 from graphledger.events.envelope import Envelope
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER
-from graphledger_server.commands.demo import build_graph
+from graphledger_server.devstack.demo import build_graph
 from graphledger_server.devstack.ports import free_port_block, wait_until
 from graphledger_server.devstack.stack import DevStack
 from projection_helpers import put

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from graphledger_server.commands.demo import run_demo
+from graphledger_server.devstack.demo import run_demo
 from graphledger_server.devstack.ports import wait_until
 from graphledger_server.devstack.stack import DevStack
 

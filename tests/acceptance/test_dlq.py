@@ -18,8 +18,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from graphledger.events import envelope, to_envelope
 from graphledger.settings import Settings
 from graphledger.telemetry import names
-from graphledger_server.commands.dlq import HEADER_REPLAY_OF, to_editable
-from graphledger_server.commands.topics import ensure_topics
+from graphledger_server.dlq.editable import to_editable
+from graphledger_server.dlq.republish import HEADER_REPLAY_OF
+from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.dead_letters import outstanding
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.vector_index import VectorIndex

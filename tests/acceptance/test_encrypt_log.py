@@ -40,12 +40,12 @@ from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger.tenancy import scoped_thread
 from graphledger_server.api.main import server as api_server
-from graphledger_server.commands.encrypt_log import HEADER_COPY_OF
-from graphledger_server.commands.topics import ensure_topics, source_topics
 from graphledger_server.devstack.broker import EmbeddedBroker
 from graphledger_server.devstack.ports import free_port
 from graphledger_server.devstack.postgres import EmbeddedPostgres
 from graphledger_server.devstack.stack import settings_to_env
+from graphledger_server.encrypt_log.target import HEADER_COPY_OF
+from graphledger_server.log.topics import ensure_topics, source_topics
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.main import run_projector

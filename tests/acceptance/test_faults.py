@@ -35,10 +35,10 @@ from graphledger.errors import PublishError, ReadApiError
 from graphledger.events import envelope, to_envelope
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER, format_token
-from graphledger_server.commands.topics import ensure_topics
 from graphledger_server.devstack.broker import EmbeddedBroker
 from graphledger_server.devstack.ports import free_port, wait_until
 from graphledger_server.devstack.stack import DevStack, settings_to_env
+from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.migrate import migrate
 from projection_helpers import put
 

@@ -9,7 +9,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from graphledger import KafkaSaver
-from graphledger_server.commands.demo import build_graph
+from graphledger_server.devstack.demo import build_graph
 
 
 async def test_official_saver_reads_the_same_tuples(stack) -> None:

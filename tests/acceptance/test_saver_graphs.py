@@ -20,7 +20,7 @@ from langgraph.types import interrupt
 from typing_extensions import TypedDict
 
 from graphledger import KafkaSaver
-from graphledger_server.commands.demo import build_graph
+from graphledger_server.devstack.demo import build_graph
 from graphledger_server.devstack.ports import wait_until
 
 

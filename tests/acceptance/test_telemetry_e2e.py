@@ -39,7 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.embeddings import HashEmbedder
 from graphledger.settings import Settings
-from graphledger_server.commands.demo import build_graph
+from graphledger_server.devstack.demo import build_graph
 from graphledger_server.devstack.ports import free_port_block, wait_until
 from graphledger_server.devstack.stack import DevStack
 from graphledger_server.telemetry import metrics as registry

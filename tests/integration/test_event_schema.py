@@ -20,7 +20,7 @@ from graphledger.events import envelope, to_envelope
 from graphledger.events.envelope import Envelope
 from graphledger.settings import Settings
 from graphledger.telemetry import names
-from graphledger_server.commands.topics import ensure_topics
+from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate

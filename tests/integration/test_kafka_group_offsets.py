@@ -18,8 +18,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from graphledger.settings import Settings
-from graphledger_server.commands.offsets import reset_offset
-from graphledger_server.commands.topics import ensure_topics
+from graphledger_server.log.reset import reset_offset
+from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.migrate import migrate
 from projection_helpers import put
 from worker_helpers import producer_for, publish, running_projector, wait_for

@@ -33,10 +33,10 @@ import store_helpers as store
 from graphledger.events import envelope
 from graphledger.events.checkpoint import ThreadCopy, ThreadDelete, ThreadPrune
 from graphledger.events.store import StoreExpire, StoreRefresh
+from graphledger_server.log.offsets import OffsetStatements, group_offsets
 from graphledger_server.projection.batch import BatchApplier, TopicProjection
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.offsets import OffsetStatements, group_offsets
 from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projection.store import StoreProjection
 from graphledger_server.projection.vector_index import VectorIndex

@@ -26,13 +26,13 @@ from graphledger.events.checkpoint import CheckpointEvent, ThreadCopy, ThreadDel
 from graphledger.events.chunks import ChunkRef, split
 from graphledger.events.envelope import Envelope
 from graphledger.settings import Settings
-from graphledger_server.commands.topics import ensure_topics
 from graphledger_server.devstack.postgres import EmbeddedPostgres
+from graphledger_server.log.offsets import APPLIED_CHANNEL
+from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import outgoing_records
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.offsets import APPLIED_CHANNEL
 from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projector.main import run_projector
 from projection_helpers import TOPIC, cid, put, record, writes

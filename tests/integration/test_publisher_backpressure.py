@@ -14,7 +14,7 @@ from graphledger.client.publisher import EventPublisher
 from graphledger.errors import PublishError
 from graphledger.events import to_envelope
 from graphledger.events.store import StorePut
-from graphledger_server.commands.topics import ensure_topics
+from graphledger_server.log.topics import ensure_topics
 
 EVENT_BYTES = 30_000
 LIMIT = 64 * 1024

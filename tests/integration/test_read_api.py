@@ -42,10 +42,10 @@ from filled_log import FILLER_RECORDS
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK
 from graphledger_server.api.app import create_app
-from graphledger_server.api.consistency import APPLICATION_NAME, AppliedOffsets
 from graphledger_server.api.db import open_pool
 from graphledger_server.api.models import DeltaHistoryResponse, GetResponse, ListResponse
 from graphledger_server.devstack.ports import free_port, wait_until
+from graphledger_server.log.applied import APPLICATION_NAME, AppliedOffsets
 from graphledger_server.projection.migrate import migrate
 
 SCHEMA = "proj"  # not the default, so a query that ignored search_path would find nothing

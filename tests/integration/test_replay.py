@@ -25,8 +25,8 @@ from graphledger.errors import LossRefusedError, ReplayVerificationError
 from graphledger.settings import Settings
 from graphledger_server.api.main import server as api_server
 from graphledger_server.cli import main as cli_main
-from graphledger_server.commands.topics import ensure_topics
 from graphledger_server.devstack.ports import free_port
+from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate

@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaProducer
 from graphledger.events import envelope, to_envelope
 from graphledger.events.chunks import ChunkRef, split
 from graphledger.settings import Settings
-from graphledger_server.commands.topics import ensure_topics
+from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.batch import BatchResult
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.records import Classified, SourceRecord

@@ -31,8 +31,8 @@ from graphledger.events.envelope import Envelope, decode
 from graphledger.events.store import StoreExpire, StorePut, StoreRefresh
 from graphledger.settings import Settings
 from graphledger_server.api.main import server
-from graphledger_server.commands.topics import ensure_topics
 from graphledger_server.devstack.ports import free_port, port_open
+from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projector.main import run_projector
 from graphledger_server.sweeper.main import SweeperRunner

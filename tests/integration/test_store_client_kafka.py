@@ -19,7 +19,7 @@ from graphledger.events import store_event
 from graphledger.events.envelope import decode
 from graphledger.events.store import StorePut
 from graphledger.settings import Settings
-from graphledger_server.commands.topics import ensure_topics
+from graphledger_server.log.topics import ensure_topics
 
 
 @pytest.fixture

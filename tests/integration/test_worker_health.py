@@ -15,8 +15,8 @@ from collections.abc import Callable
 import asyncpg
 
 from graphledger.settings import Settings
-from graphledger_server.commands.topics import ensure_topics
 from graphledger_server.devstack.ports import free_port
+from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.sweeper.main import run_sweeper
 from graphledger_server.sweeper.sweep import longest_step_s

@@ -19,7 +19,7 @@ from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger.events.store import STORE_EVENT_TYPES
 from graphledger_server.projection.checkpoints import CheckpointProjection, TimedCheckpointEvent
 from graphledger_server.projection.records import DeadLetter, Decoded, SourceRecord, TooNew, classify
-from v1_events import CHECKPOINT_TOPIC, EVENTS, FIXTURES, PRODUCED_MS, fixture
+from v1_events import CHECKPOINT_TOPIC, EVENT_ID, EVENTS, FIXTURES, PRODUCED_MS, fixture
 
 SCHEMA = "v1"
 
@@ -42,6 +42,13 @@ def test_a_v1_record_decodes_to_its_event(name: str) -> None:
     assert (env.version, env.produced_ms) == (envelope.SCHEMA_VERSION, PRODUCED_MS)
     typed = store_event(env) if env.type.startswith("store.") else checkpoint_event(env)
     assert typed == EVENTS[name]
+
+
+@pytest.mark.parametrize("name", sorted(EVENTS))
+def test_an_event_encodes_as_its_v1_record_did(name: str) -> None:
+    """The payload a v1 event encodes to today is, byte for byte, the one graphledger 1 wrote."""
+    event = EVENTS[name]
+    assert envelope.encode(Envelope(event.TYPE, EVENT_ID, PRODUCED_MS, event.to_payload(), version=1)) == fixture(name)
 
 
 # -- upcasters ---------------------------------------------------------------------------------------

@@ -198,7 +198,8 @@ def test_without_a_client_certificate_an_mtls_broker_refuses(pki, clean_env) -> 
 # -- every Kafka client uses these options ---------------------------------------------------------------
 
 
-def _kafka_client_calls() -> list[tuple[str, ast.Call]]:
+def _kafka_client_calls() -> list[tuple[str, str, ast.Call]]:
+    """`(class name, where, call)` of every aiokafka client built in the code."""
     calls = []
     for path in sorted([*(ROOT / "libs").rglob("*.py"), *(ROOT / "services").rglob("*.py")]):
         tree = ast.parse(path.read_text(), filename=str(path))
@@ -207,7 +208,7 @@ def _kafka_client_calls() -> list[tuple[str, ast.Call]]:
                 func = node.func
                 name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
                 if name in KAFKA_CLIENTS:
-                    calls.append((f"{path.relative_to(ROOT)}:{node.lineno}", node))
+                    calls.append((name, f"{path.relative_to(ROOT)}:{node.lineno}", node))
     return calls
 
 
@@ -215,8 +216,10 @@ def test_every_kafka_client_in_the_code_is_built_from_the_shared_options() -> No
     """Client library and services alike: no aiokafka client may be configured any other way, or a
     TLS/SASL setting would silently not apply to it."""
     calls = _kafka_client_calls()
-    assert len(calls) >= 4  # the agent's producer, the projector's consumer and producer, topics' admin
-    for where, call in calls:
+    # Each kind is built somewhere: producers by `new_producer`, the services' consumers and admin clients
+    # by `log/clients.py`.
+    assert {name for name, _, _ in calls} == KAFKA_CLIENTS
+    for _, where, call in calls:
         unpacked = [kw.value for kw in call.keywords if kw.arg is None]
         assert any(
             isinstance(value, ast.Call)
@@ -272,7 +275,7 @@ def _assert_same_options(recorded: dict[str, Any], settings: Settings) -> None:
 
 async def test_the_agent_the_projector_and_topics_ensure_connect_with_the_same_options(pki, clean_env) -> None:
     from graphledger.client import producer, publisher
-    from graphledger_server.commands import topics
+    from graphledger_server.log import clients, topics
     from graphledger_server.projection.checkpoints import CheckpointProjection
     from graphledger_server.projector import worker
 
@@ -280,7 +283,7 @@ async def test_the_agent_the_projector_and_topics_ensure_connect_with_the_same_o
     calls: list[tuple[str, dict[str, Any]]] = []
     # Every producer comes from `new_producer`; the agent's is built first, the projector's second.
     clean_env.setattr(producer, "AIOKafkaProducer", _Recorder(calls, "producer"))
-    clean_env.setattr(worker, "AIOKafkaConsumer", _Recorder(calls, "projector consumer"))
+    clean_env.setattr(clients, "AIOKafkaConsumer", _Recorder(calls, "projector consumer"))
 
     async def no_pool(*args: Any, **kwargs: Any) -> _Recorder:
         return _Recorder(calls, "pool")
@@ -294,7 +297,7 @@ async def test_the_agent_the_projector_and_topics_ensure_connect_with_the_same_o
         async def start(self) -> None:
             raise _Stop
 
-    clean_env.setattr(topics, "AIOKafkaAdminClient", _Admin(calls, "topics admin"))
+    clean_env.setattr(clients, "AIOKafkaAdminClient", _Admin(calls, "topics admin"))
 
     agent = publisher.EventPublisher(settings)
     await agent.start()

@@ -30,7 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from graphledger.settings import Settings
 from graphledger.telemetry.client import redact_url
 from graphledger.telemetry.propagation import span_context_of, traceparent
-from graphledger_server.projection import checkpoints, chunks, dead_letters, offsets, prune, store
+from graphledger_server.log import offsets
+from graphledger_server.projection import checkpoints, chunks, dead_letters, prune, store
 from graphledger_server.projection.records import SourceRecord
 from graphledger_server.telemetry import api as api_telemetry
 from graphledger_server.telemetry import metrics as registry
@@ -204,14 +205,9 @@ def test_every_projection_statement_has_a_summary_of_operations_and_tables() -> 
     assert summarize(rendered["graphledger_server.projection.checkpoints.UPSERT_CHECKPOINTS_SQL"]) == (
         "INSERT checkpoints", "INSERT", "checkpoints"
     )  # fmt: skip
-    assert (
-        summarize(rendered["graphledger_server.projection.offsets.ADVANCE_OFFSETS_SQL"])[0]
-        == "UPDATE graphledger_offsets"
-    )
+    assert summarize(rendered["graphledger_server.log.offsets.ADVANCE_OFFSETS_SQL"])[0] == "UPDATE graphledger_offsets"
     # Not "UPDATE of" from `FOR UPDATE OF o`:
-    assert (
-        summarize(rendered["graphledger_server.projection.offsets.LOCK_OFFSETS_SQL"])[0] == "SELECT graphledger_offsets"
-    )
+    assert summarize(rendered["graphledger_server.log.offsets.LOCK_OFFSETS_SQL"])[0] == "SELECT graphledger_offsets"
     assert summarize(offsets.NOTIFY_APPLIED_SQL)[0] == "SELECT pg_notify"
     # CTE names (`freed`, `garbage`) are not tables:
     gc_blobs = rendered["graphledger_server.projection.checkpoints.GC_BLOBS_SQL"]

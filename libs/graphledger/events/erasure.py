@@ -7,74 +7,57 @@ They name the subject by its reference only (`subjects.py`): the log keeps no id
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from graphledger.errors import InvalidEventError
+from graphledger.events.codec import EventPayload, Kind, Text, payload_codec, wire
 
 
 @dataclass(frozen=True, slots=True)
-class ThreadErase:
+class SubjectRef(Kind):
+    """A subject's reference (`subjects.reference`): 1 to 128 letters and digits."""
+
+    def decode(self, value: Any, name: str) -> str:
+        if not isinstance(value, str) or not value or len(value) > 128 or not value.isalnum():
+            raise InvalidEventError(f"{name} {value!r} is not a subject reference")
+        return value
+
+
+@payload_codec
+@dataclass(frozen=True, slots=True)
+class ThreadErase(EventPayload):
     """A thread was erased; keyed by the thread's record key, so it follows the thread's events."""
 
     TYPE: ClassVar[str] = "thread.erase"
-    ref: str
+    ref: str = field(metadata=wire(kind=SubjectRef()))
 
     @property
     def key(self) -> str:
         return self.ref
 
-    def to_payload(self) -> dict[str, Any]:
-        return {"ref": self.ref}
 
-    @classmethod
-    def from_payload(cls, p: dict[str, Any]) -> ThreadErase:
-        return cls(_ref(p))
-
-
+@payload_codec
 @dataclass(frozen=True, slots=True)
-class NamespaceErase:
+class NamespaceErase(EventPayload):
     """A store namespace prefix was erased; published to every store partition (its items' keys differ)."""
 
     TYPE: ClassVar[str] = "namespace.erase"
-    ref: str
+    ref: str = field(metadata=wire(kind=SubjectRef()))
 
     @property
     def key(self) -> None:
         return None
 
-    def to_payload(self) -> dict[str, Any]:
-        return {"ref": self.ref}
 
-    @classmethod
-    def from_payload(cls, p: dict[str, Any]) -> NamespaceErase:
-        return cls(_ref(p))
-
-
+@payload_codec
 @dataclass(frozen=True, slots=True)
-class TenantErase:
+class TenantErase(EventPayload):
     """A tenant was erased, every key of it; published to every partition of both topics."""
 
     TYPE: ClassVar[str] = "tenant.erase"
-    tenant: str
+    tenant: str = field(metadata=wire(kind=Text(nonempty=True, nul_apart=False)))
 
     @property
     def key(self) -> None:
         return None
-
-    def to_payload(self) -> dict[str, Any]:
-        return {"tenant": self.tenant}
-
-    @classmethod
-    def from_payload(cls, p: dict[str, Any]) -> TenantErase:
-        tenant = p.get("tenant")
-        if not isinstance(tenant, str) or not tenant or "\x00" in tenant:
-            raise InvalidEventError(f"tenant {tenant!r} is not a non-empty string without NUL")
-        return cls(tenant)
-
-
-def _ref(p: dict[str, Any]) -> str:
-    ref = p.get("ref")
-    if not isinstance(ref, str) or not ref or len(ref) > 128 or not ref.isalnum():
-        raise InvalidEventError(f"ref {ref!r} is not a subject reference")
-    return ref

@@ -13,7 +13,6 @@ from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger_server.api import checkpoints, handlers, health, keys, store
 from graphledger_server.api.auth import AccessPolicy, TenantAuth, document_bearer_auth, whoami_router
-from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.db import open_pool, open_store_pool
 from graphledger_server.api.key_quota import KeyCreationQuota
 from graphledger_server.api.read_barrier import ReadBarrier
@@ -22,6 +21,7 @@ from graphledger_server.api.wait_slots import WaitSlots
 from graphledger_server.keys.erase import Eraser
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import check_key_settings, key_store_for
+from graphledger_server.log.applied import AppliedOffsets
 from graphledger_server.telemetry import api as telemetry
 
 

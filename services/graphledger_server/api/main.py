@@ -73,8 +73,9 @@ def tls_options(settings: Settings) -> dict[str, str]:
     return {"ssl_certfile": certfile, "ssl_keyfile": keyfile}
 
 
-def main(settings: Settings) -> None:
-    """Entry point of `graphledger api` and `python -m graphledger_server.api`."""
-    telemetry.setup("graphledger-api", settings)
+def main(settings: Settings | None = None) -> None:
+    """Serve the read API in this process until SIGTERM or SIGINT; without `settings`
+    (`python -m graphledger_server.api`), from `GRAPHLEDGER_*` variables."""
+    settings = telemetry.setup("graphledger-api", settings)
     api_telemetry.started()
     server(settings).run()

@@ -29,9 +29,10 @@ from aiokafka import TopicPartition
 from graphledger.errors import LogUnavailableError
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
-from graphledger_server.api.consistency import AppliedOffsets, await_applied
+from graphledger_server.api.consistency import await_applied
 from graphledger_server.api.token_bounds import check_within_log, unapplied_parts
 from graphledger_server.api.wait_slots import WaitSlots
+from graphledger_server.log.applied import AppliedOffsets
 
 Token = dict[tuple[str, int], int]
 

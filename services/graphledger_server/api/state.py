@@ -14,13 +14,13 @@ from psycopg_pool import AsyncConnectionPool
 from graphledger.errors import SubjectErasedError
 from graphledger.events.store import store_key
 from graphledger.settings import Settings
-from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.api.errors import ApiError, unavailable
 from graphledger_server.api.key_quota import KeyCreationQuota
 from graphledger_server.api.read_barrier import ReadBarrier
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.erase import Eraser, ErasureIncompleteError, NotASubjectError
 from graphledger_server.keys.source import StoreKeySource
+from graphledger_server.log.applied import AppliedOffsets
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, assert_never
 
 import asyncpg
 
@@ -34,8 +34,8 @@ from graphledger_server.api.errors import ApiError, unavailable
 from graphledger_server.api.scope_verdicts import ScopeVerdicts, scope_key
 from graphledger_server.api.store_models import GetOp, ListNamespacesOp, SearchOp
 from graphledger_server.driver_errors import Verdict, verdict_of
-from graphledger_server.projection.sql import render
 from graphledger_server.projection.vector_index import VectorIndex, load_extension_schema, load_vector_index
+from graphledger_server.sql import render
 from graphledger_server.telemetry import api as telemetry
 
 log = logging.getLogger(__name__)
@@ -102,12 +102,17 @@ class StoreReader:
         if gets:
             await self._gets(conn, gets, results)
         for i, op in enumerate(ops):
-            if isinstance(op, SearchOp):
-                ranked = op.query_vector is not None and vectors is not None
-                with telemetry.store_search("vector" if ranked else "filter"):  # search latency metric
-                    results[i] = await self._search(conn, op, vectors)
-            elif isinstance(op, ListNamespacesOp):
-                results[i] = await self._list_namespaces(conn, op)
+            match op:
+                case GetOp():
+                    pass  # answered together above
+                case SearchOp():
+                    ranked = op.query_vector is not None and vectors is not None
+                    with telemetry.store_search("vector" if ranked else "filter"):  # search latency metric
+                        results[i] = await self._search(conn, op, vectors)
+                case ListNamespacesOp():
+                    results[i] = await self._list_namespaces(conn, op)
+                case _:
+                    assert_never(op)
         return results
 
     # -- vector table ----------------------------------------------------------------------------

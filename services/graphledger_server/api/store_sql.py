@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from graphledger.store_filter import RANGE_OPERATORS, is_operator_dict
-from graphledger_server.projection.sql import render
 from graphledger_server.projection.vector_index import VectorIndex
+from graphledger_server.sql import render
 
 # Every read below has `(s.expires_at IS NULL OR s.expires_at > now())`: rows past their TTL are
 # hidden from every read until the sweeper's expiry events delete them.

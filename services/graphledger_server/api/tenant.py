@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, assert_never
 
 from graphledger.tenancy import THREAD_SEPARATOR, scoped_thread
 from graphledger_server.api.store_models import GetOp, ListNamespacesOp, SearchOp
@@ -49,17 +49,20 @@ class Tenant:
             return list(ops)
         out: list[StoreOp] = []
         for op in ops:
-            if isinstance(op, GetOp):
-                out.append(op.model_copy(update={"namespace": [self.name, *op.namespace]}))
-            elif isinstance(op, SearchOp):
-                out.append(op.model_copy(update={"namespace_prefix": [self.name, *op.namespace_prefix]}))
-            else:
-                prefix = list(op.prefix or ())
-                # A suffix must match within the client's labels, never reach the tenant label: a
-                # wildcard prefix as long as the suffix makes the client's namespace at least as long.
-                prefix += ["*"] * (len(op.suffix or ()) - len(prefix))
-                depth = None if op.max_depth is None else op.max_depth + 1
-                out.append(op.model_copy(update={"prefix": [self.name, *prefix], "max_depth": depth}))
+            match op:
+                case GetOp():
+                    out.append(op.model_copy(update={"namespace": [self.name, *op.namespace]}))
+                case SearchOp():
+                    out.append(op.model_copy(update={"namespace_prefix": [self.name, *op.namespace_prefix]}))
+                case ListNamespacesOp():
+                    prefix = list(op.prefix or ())
+                    # A suffix must match within the client's labels, never reach the tenant label: a
+                    # wildcard prefix as long as the suffix makes the client's namespace at least as long.
+                    prefix += ["*"] * (len(op.suffix or ()) - len(prefix))
+                    depth = None if op.max_depth is None else op.max_depth + 1
+                    out.append(op.model_copy(update={"prefix": [self.name, *prefix], "max_depth": depth}))
+                case _:
+                    assert_never(op)
         return out
 
     def store_results(self, ops: Sequence[StoreOp], results: list[Any]) -> list[Any]:
@@ -68,12 +71,15 @@ class Tenant:
             return results
         out: list[Any] = []
         for op, result in zip(ops, results, strict=True):
-            if isinstance(op, GetOp):
-                out.append(None if result is None else self._item(result))
-            elif isinstance(op, SearchOp):
-                out.append([self._item(item) for item in result])
-            else:
-                out.append([self._labels(labels) for labels in result])
+            match op:
+                case GetOp():
+                    out.append(None if result is None else self._item(result))
+                case SearchOp():
+                    out.append([self._item(item) for item in result])
+                case ListNamespacesOp():
+                    out.append([self._labels(labels) for labels in result])
+                case _:
+                    assert_never(op)
         return out
 
     def _labels(self, labels: list[str]) -> list[str]:

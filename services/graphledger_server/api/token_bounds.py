@@ -16,8 +16,8 @@ from aiokafka import TopicPartition
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER
-from graphledger_server.api.consistency import AppliedOffsets, Token
 from graphledger_server.api.errors import ApiError
+from graphledger_server.log.applied import AppliedOffsets, Token
 
 
 async def unapplied_parts(

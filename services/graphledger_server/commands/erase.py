@@ -62,11 +62,11 @@ async def erase(
 ) -> dict[str, Any]:
     import asyncpg
 
-    from graphledger_server.api.consistency import AppliedOffsets
     from graphledger_server.keys.erase import Eraser
     from graphledger_server.keys.ring import KeyRing
     from graphledger_server.keys.source import StoreKeySource
     from graphledger_server.keys.store import KeyStore
+    from graphledger_server.log.applied import AppliedOffsets
 
     pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=0, max_size=2)
     applied = AppliedOffsets(settings.postgres_dsn, settings.postgres_schema, settings.projector_group_id)

@@ -14,16 +14,6 @@ from typing import Any
 
 from graphledger.settings import Settings
 
-# $1 thread id or null, $2 limit.
-LIST_SQL = """
-SELECT id, thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, newest_checkpoint_id, source,
-       topic, partition, "offset", recorded_at
-FROM {schema}.graphledger_forks
-WHERE $1::text IS NULL OR thread_id = $1::text
-ORDER BY id DESC
-LIMIT $2::int
-"""
-
 
 def register(commands: Any) -> None:
     """Register `forks` and its subcommand on the `graphledger` parser."""
@@ -42,7 +32,7 @@ def register(commands: Any) -> None:
 
 
 def _run_list(args: argparse.Namespace, settings: Settings) -> int:
-    rows = asyncio.run(list_forks(settings, args.thread, args.limit))
+    rows = asyncio.run(_forks(settings, args.thread, args.limit))
     if args.json:
         print(json.dumps(rows, indent=2))
     elif not rows:
@@ -57,14 +47,13 @@ def _run_list(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def list_forks(settings: Settings, thread_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+async def _forks(settings: Settings, thread_id: str | None, limit: int) -> list[dict[str, Any]]:
     import asyncpg
 
-    from graphledger_server.projection.sql import render
+    from graphledger_server.projection import forks
 
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
-        rows = await conn.fetch(render(LIST_SQL, settings.postgres_schema), thread_id, limit)
+        return await forks.list_forks(conn, settings.postgres_schema, thread_id, limit)
     finally:
         await conn.close()
-    return [{**dict(r), "recorded_at": r["recorded_at"].isoformat()} for r in rows]

@@ -12,22 +12,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from dataclasses import dataclass
 
-from graphledger.errors import OffsetResetError
 from graphledger.settings import Settings
-
-# Service dependencies (asyncpg) are imported where used: `graphledger --help` registers this
-# command and must work in a client-only install.
-
-
-@dataclass(frozen=True)
-class Reset:
-    group: str
-    topic: str
-    partition: int
-    before: int | None
-    after: int
 
 
 def parse_target(text: str) -> str | int:
@@ -41,51 +27,6 @@ def parse_target(text: str) -> str | int:
     if offset < 0:
         raise argparse.ArgumentTypeError(f"--to must not be negative, got {offset}")
     return offset
-
-
-async def earliest_offset(settings: Settings, topic: str, partition: int) -> int:
-    """The first offset the broker still holds for the partition (ListOffsets earliest)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    consumer = AIOKafkaConsumer(**settings.kafka_client_options(), enable_auto_commit=False)  # type: ignore[arg-type]
-    await consumer.start()
-    try:
-        tp = TopicPartition(topic, partition)
-        return (await consumer.beginning_offsets([tp]))[tp]
-    finally:
-        await consumer.stop()
-
-
-async def reset_offset(
-    settings: Settings, topic: str, partition: int, to: str | int, *, group: str | None = None, apply: bool
-) -> Reset:
-    """Set the stored next offset of `group`'s `topic`:`partition` (only when `apply`); returns what
-    it was and what it is (or would be)."""
-    import asyncpg
-
-    from graphledger_server.commands.topics import source_topics
-    from graphledger_server.projection.offsets import (
-        OffsetStatements,
-        lock_partition_offset,
-        notify_applied,
-        set_offset,
-    )
-
-    group = group or settings.projector_group_id
-    if topic not in source_topics(settings):
-        raise OffsetResetError(f"topic {topic} is not one the projector consumes: {', '.join(source_topics(settings))}")
-    target = await earliest_offset(settings, topic, partition) if to == "earliest" else int(to)
-    sql = OffsetStatements(settings.postgres_schema)
-    conn = await asyncpg.connect(settings.postgres_dsn)
-    try:
-        async with conn.transaction():
-            before = await lock_partition_offset(conn, sql, group, (topic, partition))
-            if apply:
-                await set_offset(conn, sql, group, (topic, partition), target)
-                await notify_applied(conn, settings.postgres_schema)  # the read API re-reads the offsets
-    finally:
-        await conn.close()
-    return Reset(group, topic, partition, before, target)
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -107,6 +48,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
+    # Service dependencies (asyncpg, aiokafka) are imported here: `graphledger --help` registers this
+    # command and must work in a client-only install.
+    from graphledger_server.log.reset import reset_offset
+
     done = asyncio.run(reset_offset(settings, args.topic, args.partition, args.to, group=args.group, apply=args.yes))
     before = "none" if done.before is None else str(done.before)
     where = f"{done.topic}:{done.partition} of group {done.group} in schema {settings.postgres_schema}"

@@ -162,7 +162,7 @@ class DevStack:
         self._settings = self._build_settings(self._pg, self._broker)
         log.info("postgres and broker up in %.1fs", time.monotonic() - started)
 
-        from graphledger_server.commands.topics import ensure_topics
+        from graphledger_server.log.topics import ensure_topics
         from graphledger_server.projection.migrate import migrate
         from graphledger_server.projection.vector_index import VectorIndex
 
@@ -289,7 +289,7 @@ class DevStack:
 
     def start_broker(self) -> None:
         """Start an empty broker on the same port after `stop_broker`, and create the topics again."""
-        from graphledger_server.commands.topics import ensure_topics
+        from graphledger_server.log.topics import ensure_topics
 
         broker = self._running_broker()
         self._broker = EmbeddedBroker.start(self.log_dir, port=broker.port)
@@ -487,7 +487,7 @@ class DevStack:
         """Partitions with a stored projector offset: from an earlier run, since the broker is new."""
         import asyncpg
 
-        from graphledger_server.projection.offsets import OffsetStatements, group_offsets
+        from graphledger_server.log.offsets import OffsetStatements, group_offsets
 
         conn = await asyncpg.connect(self.settings.postgres_dsn)
         try:
@@ -500,10 +500,10 @@ class DevStack:
 
     def _group_members(self) -> tuple[str, frozenset[str]]:
         """The projector consumer group's state and member ids, as the broker reports them."""
-        from aiokafka.admin import AIOKafkaAdminClient
+        from graphledger_server.log.clients import new_admin
 
         async def describe() -> tuple[str, frozenset[str]]:
-            admin = AIOKafkaAdminClient(**self.settings.kafka_client_options())  # type: ignore[arg-type]
+            admin = new_admin(self.settings)
             await admin.start()
             try:
                 responses = await admin.describe_consumer_groups([self.settings.projector_group_id])

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from graphledger_server.projection.sql import render
+from graphledger_server.sql import render
 
 LOAD_SQL = "SELECT cursor, done, events FROM {schema}.graphledger_imports WHERE source = $1 AND stream = $2"
 SAVE_SQL = """

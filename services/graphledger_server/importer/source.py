@@ -15,7 +15,7 @@ import asyncpg
 from graphledger.errors import SourceError
 from graphledger.events.store import Vector
 from graphledger_server.importer.plan import ThreadRows
-from graphledger_server.projection.sql import check_schema
+from graphledger_server.sql import check_schema
 
 THREADS_SQL = """
 SELECT DISTINCT thread_id COLLATE "C" AS thread_id FROM {s}.checkpoints

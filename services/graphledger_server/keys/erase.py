@@ -32,10 +32,10 @@ from graphledger.subjects import (
     reference,
     thread_subject,
 )
-from graphledger_server.api.consistency import AppliedOffsets
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import Erasure
-from graphledger_server.projection.sql import render
+from graphledger_server.log.applied import AppliedOffsets
+from graphledger_server.sql import render
 
 log = logging.getLogger(__name__)
 

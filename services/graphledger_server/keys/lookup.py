@@ -12,12 +12,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from graphledger.sealing import ERASED, DataKey, Erased, Misbound, SealedSubject, cipher_of
-
-if TYPE_CHECKING:  # the key store needs the projection's helpers, whose applier holds this cache
-    from graphledger_server.keys.store import KeyStore
+from graphledger_server.keys.store import KeyStore
 
 KeyName = tuple[str, str | None]
 """A sealed record's key: its subject's reference, and the fresh key it names (None: the subject's own)."""

@@ -27,8 +27,7 @@ from graphledger.sealing import ERASED, MISBOUND, Erased, Misbound, new_data_key
 from graphledger.settings import Settings
 from graphledger.subjects import Subject
 from graphledger_server.keys.ring import KeyRing, KeyRingError, Wrapped
-from graphledger_server.projection.migrate import lock_key
-from graphledger_server.projection.sql import render
+from graphledger_server.sql import XACT_LOCK_SQL, lock_key, render
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +73,6 @@ CREATE TABLE IF NOT EXISTS {schema}.erasures (
     erased_by TEXT NOT NULL
 );
 """
-LOCK_SQL = "SELECT pg_advisory_xact_lock($1::bigint)"
 
 # $1 tenant, $2 kek id, $3 wrapped key.
 INSERT_HASH_KEY_SQL = """
@@ -174,7 +172,7 @@ class Erasure:
 async def migrate_key_store(conn: asyncpg.Connection, schema: str) -> None:
     """Create the key store's schema and tables if missing (idempotent, serialized across processes)."""
     async with conn.transaction():
-        await conn.execute(LOCK_SQL, lock_key(f"graphledger:keys:{schema}"))
+        await conn.execute(XACT_LOCK_SQL, lock_key(f"graphledger:keys:{schema}"))
         await conn.execute(render(SCHEMA_SQL, schema))
 
 

@@ -28,7 +28,7 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 import asyncpg
 
@@ -36,10 +36,7 @@ from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.lookup import DataKeyCache
-from graphledger_server.projection import chunks as chunk_store
-from graphledger_server.projection import erasure
-from graphledger_server.projection.dead_letters import record_dead_letters
-from graphledger_server.projection.offsets import (
+from graphledger_server.log.offsets import (
     OffsetStatements,
     SchemaSwitchedError,
     TopicPartition,
@@ -48,6 +45,9 @@ from graphledger_server.projection.offsets import (
     next_offsets,
     notify_applied,
 )
+from graphledger_server.projection import chunks as chunk_store
+from graphledger_server.projection import erasure
+from graphledger_server.projection.dead_letters import record_dead_letters
 from graphledger_server.projection.records import (
     Chunk,
     Classified,
@@ -303,49 +303,58 @@ class BatchApplier:
             tp = (record.topic, record.partition)
             if tp in out.stopped or tp in out.held:
                 continue
-            if isinstance(item, Chunk):
-                key = chunk_store.key_of(item)
-                if key in finished:
-                    continue  # a duplicate of a chunk of an event already applied
-                if position not in completing:
-                    in_batch.setdefault(key, {}).setdefault(item.ref.index, item)
-                    continue
-                parts = {
-                    **stored_parts.get(key, {}),
-                    **{i: c.record.value or b"" for i, c in in_batch.get(key, {}).items()},
-                }
-                parts.setdefault(item.ref.index, record.value or b"")
-                value = chunk_store.assemble(parts, item.ref.count)
-                if value is None:
-                    outcome: Decoded | DeadLetter | TooNew = DeadLetter(
-                        record, f"chunks of event {key[2]} do not cover 0..{item.ref.count - 1}", None, None, key[2]
-                    )
-                else:
-                    to_event = self.projections[record.topic].to_event
-                    outcome = decode_value(record, value, to_event, self.keys.get, chunk_event_id=key[2])
-                if isinstance(outcome, TooNew):
-                    self._stop(out, tp, outcome)
-                    continue
-                finished.add(key)
-                in_batch.pop(key, None)
-                if isinstance(outcome, Decoded):
-                    self._admit(out, outcome, committed)
-                elif isinstance(outcome, Erased):
-                    out.erased.append(outcome)
-                else:
-                    out.dead.append(outcome)
-            elif isinstance(item, Decoded):
-                self._admit(out, item, committed)
-            elif isinstance(item, DeadLetter):
-                out.dead.append(item)
-            elif isinstance(item, Erased):
-                out.erased.append(item)
-            else:
-                self._stop(out, tp, item)
+            match item:
+                case Chunk():
+                    key = chunk_store.key_of(item)
+                    if key in finished:
+                        continue  # a duplicate of a chunk of an event already applied
+                    if position not in completing:
+                        in_batch.setdefault(key, {}).setdefault(item.ref.index, item)
+                        continue
+                    earlier = {i: c.record.value or b"" for i, c in in_batch.get(key, {}).items()}
+                    outcome = self._reassembled(item, key, {**stored_parts.get(key, {}), **earlier})
+                    if not isinstance(outcome, TooNew):  # a stopped partition reassembles it again later
+                        finished.add(key)
+                        in_batch.pop(key, None)
+                    self._sort(out, outcome, committed)
+                case Decoded() | DeadLetter() | Erased() | TooNew():
+                    self._sort(out, item, committed)
+                case _:
+                    assert_never(item)
         if indexed_chunks:
             await chunk_store.store(conn, self._chunks, [c for parts in in_batch.values() for c in parts.values()])
             await chunk_store.delete(conn, self._chunks, finished)
         return out
+
+    def _reassembled(
+        self, last: Chunk, key: chunk_store.ChunkKey, parts: dict[int, bytes]
+    ) -> Decoded | DeadLetter | TooNew | Erased:
+        """The event whose `last` chunk completes it, with the `parts` stored and earlier in the batch."""
+        record = last.record
+        parts.setdefault(last.ref.index, record.value or b"")
+        value = chunk_store.assemble(parts, last.ref.count)
+        if value is None:
+            return DeadLetter(
+                record, f"chunks of event {key[2]} do not cover 0..{last.ref.count - 1}", None, None, key[2]
+            )
+        to_event = self.projections[record.topic].to_event
+        return decode_value(record, value, to_event, self.keys.get, chunk_event_id=key[2])
+
+    def _sort(
+        self, out: _Resolved, outcome: Decoded | DeadLetter | TooNew | Erased, committed: Mapping[TopicPartition, int]
+    ) -> None:
+        """An event to admit, a dead letter, a skipped record of an erased subject, or a partition's stop."""
+        match outcome:
+            case Decoded():
+                self._admit(out, outcome, committed)
+            case DeadLetter():
+                out.dead.append(outcome)
+            case Erased():
+                out.erased.append(outcome)
+            case TooNew():
+                self._stop(out, outcome)
+            case _:
+                assert_never(outcome)
 
     def _admit(self, out: _Resolved, decoded: Decoded, committed: Mapping[TopicPartition, int]) -> None:
         """Add an event to the batch, unless what it requires is not committed yet: then hold its partition;
@@ -398,13 +407,13 @@ class BatchApplier:
         return None
 
     @staticmethod
-    def _stop(out: _Resolved, tp: TopicPartition, too_new: TooNew) -> None:
+    def _stop(out: _Resolved, too_new: TooNew) -> None:
         r = too_new.record
         log.error(
             "stopping partition %s:%d at offset %d: %s; events after it wait for an upgraded projector",
             r.topic, r.partition, r.offset, too_new.reason,
         )  # fmt: skip
-        out.stopped[tp] = too_new
+        out.stopped[(r.topic, r.partition)] = too_new
 
     async def _apply_events(self, conn: asyncpg.Connection, events: Sequence[Decoded]) -> ApplyReport:
         by_topic: dict[str, list[tuple[str, int, int, Any]]] = {}

@@ -17,7 +17,7 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 import asyncpg
 
@@ -40,7 +40,7 @@ from graphledger.pg_text import json_text_problem, json_text_suspect
 from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.projection import erasure, prune
 from graphledger_server.projection.report import ApplyReport
-from graphledger_server.projection.sql import render
+from graphledger_server.sql import render
 
 log = logging.getLogger(__name__)
 
@@ -304,20 +304,34 @@ def to_checkpoint_event(env: Envelope) -> CheckpointEvent:
     then falls back to applying events one by one to find it, which is correct but slow.
     """
     event = checkpoint_event(env)
-    if isinstance(event, CheckpointPut):
-        for name, text in (("checkpoint", event.checkpoint_json), ("metadata", event.metadata_json)):
-            try:
-                text.decode()
-            except UnicodeDecodeError as exc:
-                raise InvalidEventError(f"{name} JSON is not UTF-8: {exc}") from None
-            if b"\x00" in text or (b"\\u0000" in text and _JSON_NUL.search(text)):
-                raise InvalidEventError(f"{name} JSON contains \\u0000, which Postgres jsonb cannot store")
-            if json_text_suspect(text) and (problem := json_text_problem(text, f"{name} JSON")):
-                raise InvalidEventError(problem)
-    elif isinstance(event, CheckpointWrites):
-        for w in event.writes:
-            if w.idx not in _INT4:
-                raise InvalidEventError(f"write idx {w.idx} does not fit checkpoint_writes.idx (int4)")
+    match event:
+        case CheckpointPut():
+            for name, text in (("checkpoint", event.checkpoint_json), ("metadata", event.metadata_json)):
+                try:
+                    text.decode()
+                except UnicodeDecodeError as exc:
+                    raise InvalidEventError(f"{name} JSON is not UTF-8: {exc}") from None
+                if b"\x00" in text or (b"\\u0000" in text and _JSON_NUL.search(text)):
+                    raise InvalidEventError(f"{name} JSON contains \\u0000, which Postgres jsonb cannot store")
+                if json_text_suspect(text) and (problem := json_text_problem(text, f"{name} JSON")):
+                    raise InvalidEventError(problem)
+        case CheckpointWrites():
+            for w in event.writes:
+                if w.idx not in _INT4:
+                    raise InvalidEventError(f"write idx {w.idx} does not fit checkpoint_writes.idx (int4)")
+        case (
+            ThreadDelete()
+            | ThreadCopy()
+            | ThreadCopyBarrier()
+            | ThreadPrune()
+            | ThreadExpire()
+            | RunsDelete()
+            | ThreadErase()
+            | TenantErase()
+        ):
+            pass  # nothing in them that the schema's checks let through and Postgres would refuse
+        case _:
+            assert_never(event)
     return event
 
 
@@ -509,40 +523,52 @@ def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
             steps.append(DeleteThreads(tuple(dict.fromkeys(deletes))))
             deletes.clear()
 
+    def data_run() -> _RunBuilder:
+        """The run a put or writes event joins, after the deletions before it."""
+        nonlocal run
+        if deletes:
+            flush()
+        if run is None:
+            run = _RunBuilder()
+        return run
+
+    def delete(thread_id: str) -> None:
+        """A deletion joins the others after the run before it (deletions commute with each other)."""
+        if run is not None:
+            flush()
+        deletes.append(thread_id)
+
+    def barrier(step: Step | None) -> None:
+        """An operation that depends on the rows it finds: after everything before it."""
+        flush()
+        if step is not None:
+            steps.append(step)
+
     for topic, partition, offset, item in items:
         event, ts_ms = (item.event, item.ts_ms) if isinstance(item, TimedCheckpointEvent) else (item, None)
-        if isinstance(event, ThreadCopyBarrier):
-            continue  # it changes no row: the batch applier held it until the copy had applied
-        if isinstance(event, CheckpointPut | CheckpointWrites):
-            if deletes:
-                flush()
-            if run is None:
-                run = _RunBuilder()
-            if isinstance(event, CheckpointPut):
-                run.put(topic, partition, offset, event, ts_ms)
-            else:
-                run.put_writes(topic, partition, event, ts_ms)
-        elif isinstance(event, ThreadDelete) or (isinstance(event, ThreadPrune) and event.strategy == "delete"):
-            if run is not None:
-                flush()
-            deletes.append(event.thread_id)
-        else:
-            flush()
-            if isinstance(event, ThreadCopy):
-                steps.append(CopyThread(event.source_thread_id, event.target_thread_id, topic, partition, ts_ms))
-            elif isinstance(event, ThreadPrune):
-                steps.append(PruneKeepLatest(event.thread_id, topic, partition, event.keep))
-            elif isinstance(event, ThreadExpire):
-                steps.append(ExpireThread(event.thread_id, event.idle_before_ms))
-            elif isinstance(event, RunsDelete):
-                if event.run_ids:
-                    steps.append(DeleteRuns(event.run_ids, topic, partition))
-            elif isinstance(event, ThreadErase):
-                steps.append(EraseThread(event.ref))
-            elif isinstance(event, TenantErase):
-                steps.append(EraseTenant(event.tenant))
-            else:  # pragma: no cover - the event union is closed
-                raise TypeError(f"not a checkpoint event: {event!r}")
+        match event:
+            case ThreadCopyBarrier():
+                pass  # it changes no row: the batch applier held it until the copy had applied
+            case CheckpointPut():
+                data_run().put(topic, partition, offset, event, ts_ms)
+            case CheckpointWrites():
+                data_run().put_writes(topic, partition, event, ts_ms)
+            case ThreadDelete() | ThreadPrune(strategy="delete"):
+                delete(event.thread_id)
+            case ThreadPrune():
+                barrier(PruneKeepLatest(event.thread_id, topic, partition, event.keep))
+            case ThreadCopy():
+                barrier(CopyThread(event.source_thread_id, event.target_thread_id, topic, partition, ts_ms))
+            case ThreadExpire():
+                barrier(ExpireThread(event.thread_id, event.idle_before_ms))
+            case RunsDelete():
+                barrier(DeleteRuns(event.run_ids, topic, partition) if event.run_ids else None)
+            case ThreadErase():
+                barrier(EraseThread(event.ref))
+            case TenantErase():
+                barrier(EraseTenant(event.tenant))
+            case _:
+                assert_never(event)
     flush()
     return steps
 
@@ -578,32 +604,37 @@ async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps
     """Apply planned steps in order on `conn`, inside the caller's transaction; returns the forks found."""
     forks: list[Fork] = []
     for step in steps:
-        if isinstance(step, DataRun):
-            forks.extend(await _apply_run(conn, sql, step))
-        elif isinstance(step, DeleteThreads):
-            await conn.execute(sql.delete_threads, list(step.thread_ids))
-        elif isinstance(step, CopyThread):
-            await conn.execute(sql.copy_thread, step.source, step.target, step.topic, step.partition, step.ts_ms)
-            await conn.execute(sql.record_copy, step.source, step.target)
-        elif isinstance(step, PruneKeepLatest):
-            await conn.execute(sql.upsert_thread_partitions, [step.thread_id], [step.topic], [step.partition], [None])
-            freed = await prune.keep_latest(conn, sql.prune, step.thread_id, step.keep)
-            await gc_blobs(conn, sql, freed)
-        elif isinstance(step, ExpireThread):
-            if await conn.fetchval(sql.thread_idle, step.thread_id, step.idle_before_ms):
-                await conn.execute(sql.delete_threads, [step.thread_id])
-        elif isinstance(step, EraseThread):
-            names = await erasure.names_of(conn, sql.erasure, "thread", [step.ref])
-            if names:
-                await conn.execute(sql.erase_threads, [name for name, _ in names])
-            await erasure.delete_traces(conn, sql.erasure, [step.ref])
-        elif isinstance(step, EraseTenant):
-            await conn.execute(sql.erase_tenant_threads, step.tenant + THREAD_SEPARATOR)
-            refs = await erasure.tenant_refs(conn, sql.erasure, "thread", step.tenant)
-            await erasure.delete_traces(conn, sql.erasure, refs)
-        else:
-            rows = await conn.fetch(sql.delete_runs, list(step.run_ids), step.topic, step.partition)
-            await gc_blobs(conn, sql, [tuple(r) for r in rows])
+        match step:
+            case DataRun():
+                forks.extend(await _apply_run(conn, sql, step))
+            case DeleteThreads():
+                await conn.execute(sql.delete_threads, list(step.thread_ids))
+            case CopyThread():
+                await conn.execute(sql.copy_thread, step.source, step.target, step.topic, step.partition, step.ts_ms)
+                await conn.execute(sql.record_copy, step.source, step.target)
+            case PruneKeepLatest():
+                await conn.execute(
+                    sql.upsert_thread_partitions, [step.thread_id], [step.topic], [step.partition], [None]
+                )
+                freed = await prune.keep_latest(conn, sql.prune, step.thread_id, step.keep)
+                await gc_blobs(conn, sql, freed)
+            case ExpireThread():
+                if await conn.fetchval(sql.thread_idle, step.thread_id, step.idle_before_ms):
+                    await conn.execute(sql.delete_threads, [step.thread_id])
+            case DeleteRuns():
+                rows = await conn.fetch(sql.delete_runs, list(step.run_ids), step.topic, step.partition)
+                await gc_blobs(conn, sql, [tuple(r) for r in rows])
+            case EraseThread():
+                names = await erasure.names_of(conn, sql.erasure, "thread", [step.ref])
+                if names:
+                    await conn.execute(sql.erase_threads, [name for name, _ in names])
+                await erasure.delete_traces(conn, sql.erasure, [step.ref])
+            case EraseTenant():
+                await conn.execute(sql.erase_tenant_threads, step.tenant + THREAD_SEPARATOR)
+                refs = await erasure.tenant_refs(conn, sql.erasure, "thread", step.tenant)
+                await erasure.delete_traces(conn, sql.erasure, refs)
+            case _:
+                assert_never(step)
     return forks
 
 
@@ -675,10 +706,11 @@ class CheckpointProjection:
 
     def holds(self, event: TimedCheckpointEvent) -> tuple[int, int] | None:
         """A copy barrier applies once the copy's record (partition, offset of this topic) has."""
-        barrier = event.event
-        if isinstance(barrier, ThreadCopyBarrier):
-            return barrier.source_partition, barrier.source_offset
-        return None
+        match event.event:
+            case ThreadCopyBarrier(source_partition=partition, source_offset=offset):
+                return partition, offset
+            case _:
+                return None
 
     async def apply(self, conn: asyncpg.Connection, items: Sequence[BatchItem]) -> ApplyReport:
         forks = await apply_steps(conn, self.sql, plan_batch(items))

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import asyncpg
 
 from graphledger_server.projection.records import Chunk, subject_ref
-from graphledger_server.projection.sql import render
+from graphledger_server.sql import render
 
 ChunkKey = tuple[str, int, str]
 """`(topic, partition, event_id)`: one chunked event on one partition."""

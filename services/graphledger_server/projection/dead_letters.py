@@ -3,7 +3,7 @@
 The dead-letter record carries the original key, value and headers plus why and where it came from;
 the row keeps the same (a chunked event reassembled), so `graphledger dlq` can inspect and republish
 it from Postgres alone. Both are written before the batch commits, and the row's key
-(topic, partition, offset) makes a retried batch add no second row.
+(topic, partition, offset) makes a retried batch add no second row. Every statement on the table is here.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import ormsgpack
 from graphledger.events import envelope
 from graphledger.events.chunks import frame
 from graphledger_server.projection.records import DeadLetter, subject_ref
-from graphledger_server.projection.sql import render
+from graphledger_server.sql import render
 
 HEADER_REASON = "gl-dlq-reason"
 HEADER_TOPIC = "gl-dlq-topic"
@@ -36,6 +36,19 @@ SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[], $5::text[]
                      $8::bytea[], $9::text[])
 ON CONFLICT (topic, partition, "offset") DO NOTHING
 """
+
+DEAD_LETTER_COLUMNS = """id, topic, partition, "offset", event_type, reason, recorded_at, replayed_at, replayed_to,
+record_key, record_value, record_headers"""
+# $1 also those replayed already, $2 limit.
+LIST_DEAD_LETTERS_SQL = f"""SELECT {DEAD_LETTER_COLUMNS} FROM {{schema}}.graphledger_dead_letters
+WHERE $1::bool OR replayed_at IS NULL ORDER BY id LIMIT $2::int"""
+# $1 id.
+DEAD_LETTER_SQL = f"SELECT {DEAD_LETTER_COLUMNS} FROM {{schema}}.graphledger_dead_letters WHERE id = $1::bigint"
+# $1 id: the row locked until the transaction ends, so two replays of one dead letter publish it once.
+LOCK_DEAD_LETTER_SQL = DEAD_LETTER_SQL + " FOR UPDATE"
+# $1 id, $2 where it went.
+MARK_REPLAYED_SQL = """UPDATE {schema}.graphledger_dead_letters SET replayed_at = now(), replayed_to = $2::text
+WHERE id = $1::bigint"""
 
 OUTSTANDING_SQL = """
 SELECT topic, count(*) AS n FROM {schema}.graphledger_dead_letters WHERE replayed_at IS NULL GROUP BY topic
@@ -118,3 +131,21 @@ async def outstanding(conn: asyncpg.Connection, schema: str, topics: Sequence[st
     for row in await conn.fetch(render(OUTSTANDING_SQL, schema)):
         counts[row["topic"]] = row["n"]
     return counts
+
+
+async def list_dead_letters(
+    conn: asyncpg.Connection, schema: str, *, include_replayed: bool = False, limit: int = 100
+) -> list[asyncpg.Record]:
+    """Dead letters in the order they were recorded: those not replayed yet, or all."""
+    return list(await conn.fetch(render(LIST_DEAD_LETTERS_SQL, schema), include_replayed, limit))
+
+
+async def fetch_dead_letter(
+    conn: asyncpg.Connection, schema: str, dead_letter_id: int, *, lock: bool = False
+) -> asyncpg.Record | None:
+    """One dead letter (None: no such id); `lock`: its row locked until the transaction ends."""
+    return await conn.fetchrow(render(LOCK_DEAD_LETTER_SQL if lock else DEAD_LETTER_SQL, schema), dead_letter_id)
+
+
+async def mark_replayed(conn: asyncpg.Connection, schema: str, dead_letter_id: int, replayed_to: str) -> None:
+    await conn.execute(render(MARK_REPLAYED_SQL, schema), dead_letter_id, replayed_to)

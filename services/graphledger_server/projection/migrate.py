@@ -8,7 +8,6 @@ replicas starting together) serialize: the second waits, then finds nothing left
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 from dataclasses import dataclass
@@ -18,8 +17,8 @@ import asyncpg
 from langgraph.checkpoint.postgres.base import MIGRATIONS as OFFICIAL_MIGRATIONS
 from langgraph.store.postgres.base import MIGRATIONS as OFFICIAL_STORE_MIGRATIONS
 
-from graphledger_server.projection.sql import check_schema, render
 from graphledger_server.projection.vector_index import VectorIndex, ensure_vector_index
+from graphledger_server.sql import XACT_LOCK_SQL, check_schema, lock_key, render
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +33,6 @@ OFFICIAL_STORE_MIGRATIONS_MIRRORED = 4
 # One key for every schema: CREATE EXTENSION is per database, and two schemas migrating at once
 # would otherwise race on it.
 _EXTENSION_LOCK_KEY = "graphledger:extensions"
-
-LOCK_SQL = "SELECT pg_advisory_xact_lock($1::bigint)"
 
 CREATE_SCHEMA_SQL = "CREATE SCHEMA IF NOT EXISTS {schema}"
 
@@ -91,11 +88,6 @@ def load_migrations() -> list[Migration]:
     return [found[v] for v in sorted(found)]
 
 
-def lock_key(name: str) -> int:
-    """A stable signed 64-bit advisory-lock key for a name (Python's hash() is salted per process)."""
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-
-
 async def migrate(dsn: str, schema: str, *, vectors: VectorIndex | None = None) -> list[int]:
     """Bring `schema` up to the newest migration; returns the versions applied by this call.
 
@@ -116,8 +108,8 @@ async def migrate(dsn: str, schema: str, *, vectors: VectorIndex | None = None) 
     conn = await asyncpg.connect(dsn)
     try:
         async with conn.transaction():
-            await conn.execute(LOCK_SQL, lock_key(f"graphledger:migrate:{schema}"))
-            await conn.execute(LOCK_SQL, lock_key(_EXTENSION_LOCK_KEY))
+            await conn.execute(XACT_LOCK_SQL, lock_key(f"graphledger:migrate:{schema}"))
+            await conn.execute(XACT_LOCK_SQL, lock_key(_EXTENSION_LOCK_KEY))
             await conn.execute(render(CREATE_SCHEMA_SQL, schema))
             await conn.execute(CREATE_EXTENSIONS_SQL)
             await conn.execute(render(CREATE_MIGRATIONS_TABLE_SQL, schema))

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import asyncpg
 from langgraph.checkpoint.serde.types import TASKS
 
-from graphledger_server.projection.sql import render
+from graphledger_server.sql import render
 
 # Whether checkpoint `c` stores a value for channel `k` where `get_delta_channel_history` looks:
 # a non-`empty` blob at the channel's version, or a non-null inline value (psycopg reads a jsonb

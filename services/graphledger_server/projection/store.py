@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 import asyncpg
 
@@ -44,18 +44,19 @@ from graphledger.events.store import (
     StoreEvent,
     StoreExpire,
     StorePut,
+    StoreRefresh,
     Vector,
 )
 from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH
 from graphledger.subjects import LABEL_SEPARATOR, namespace_subject_depth
 from graphledger_server.projection import erasure
-from graphledger_server.projection.sql import render
 from graphledger_server.projection.vector_index import (
     COMPONENT_MAX,
     VectorIndex,
     load_extension_schema,
     load_vector_index,
 )
+from graphledger_server.sql import render
 
 MAX_KEY_BYTES = 2_600
 """prefix + key + field name: a btree index row (the primary keys) holds about 2,700 bytes."""
@@ -232,41 +233,58 @@ def plan_segments(items: Sequence[tuple[str, int, int, TimedStoreEvent]]) -> lis
     segments: list[Segment] = []
     data: list[tuple[str, int, int, TimedStoreEvent]] = []
     upkeep: Maintenance | None = None
-    for item in items:
-        timed = item[3]
-        event = timed.event
-        if isinstance(event, StorePut | StoreDelete):
-            if upkeep is not None:
-                segments.append(upkeep)
-                upkeep = None
-            data.append(item)
-            continue
+
+    def close_data() -> None:
+        nonlocal data
         if data:
             segments.append(plan_run(data))
             data = []
-        if isinstance(event, NamespaceErase | TenantErase):
-            if upkeep is not None:
-                segments.append(upkeep)
-                upkeep = None
-            segments.append(Erasure(event))
-            continue
+
+    def close_upkeep() -> None:
+        nonlocal upkeep
+        if upkeep is not None:
+            segments.append(upkeep)
+            upkeep = None
+
+    def maintenance(event: StoreRefresh | StoreExpire) -> tuple[Maintenance, tuple[str, str]]:
+        """The segment the event joins (a new one if its item is in the open one), and its item."""
+        nonlocal upkeep
+        close_data()
         target = (prefix_of(event.namespace), event.item_key)
-        if upkeep is None or target in upkeep.items:
-            if upkeep is not None:
-                segments.append(upkeep)
+        if upkeep is not None and target in upkeep.items:
+            close_upkeep()
+        if upkeep is None:
             upkeep = Maintenance()
         upkeep.items.add(target)
-        if isinstance(event, StoreExpire):
-            columns, when = upkeep.expires, event.at_ms
-        else:
-            columns, when = upkeep.refreshes, timed.ts_ms
-        for column, value in zip(columns, (*target, when), strict=True):
-            column.append(value)
-    if data:
-        segments.append(plan_run(data))
-    if upkeep is not None:
-        segments.append(upkeep)
+        return upkeep, target
+
+    for item in items:
+        timed = item[3]
+        event = timed.event
+        match event:
+            case StorePut() | StoreDelete():
+                close_upkeep()
+                data.append(item)
+            case NamespaceErase() | TenantErase():
+                close_data()
+                close_upkeep()
+                segments.append(Erasure(event))
+            case StoreRefresh():
+                segment, target = maintenance(event)
+                _append_row(segment.refreshes, (*target, timed.ts_ms))
+            case StoreExpire():
+                segment, target = maintenance(event)
+                _append_row(segment.expires, (*target, event.at_ms))
+            case _:
+                assert_never(event)
+    close_data()
+    close_upkeep()
     return segments
+
+
+def _append_row(columns: list[list[Any]], row: tuple[Any, ...]) -> None:
+    for column, value in zip(columns, row, strict=True):
+        column.append(value)
 
 
 def plan_run(items: Sequence[tuple[str, int, int, TimedStoreEvent]]) -> StoreRun:
@@ -277,16 +295,19 @@ def plan_run(items: Sequence[tuple[str, int, int, TimedStoreEvent]]) -> StoreRun
         assert isinstance(event, StorePut | StoreDelete), "refresh and expire are planned by plan_segments"
         item = (prefix_of(event.namespace), event.item_key)
         current = merged.get(item)
-        if isinstance(event, StoreDelete):
-            merged[item] = _Merged(None, ts)
-        elif current is None or current.put is None:
-            # The first put of a chain: a new item, or one deleted earlier in this run (reset).
-            created = ts if event.created_ms is None else event.created_ms
-            merged[item] = _Merged(event, ts, created, current is not None, event.vectors, ts)
-        else:
-            current.put, current.ts_ms = event, ts
-            if event.vectors is not None:
-                current.vectors, current.vectors_ms = event.vectors, ts
+        match event:
+            case StoreDelete():
+                merged[item] = _Merged(None, ts)
+            case StorePut() if current is None or current.put is None:
+                # The first put of a chain: a new item, or one deleted earlier in this run (reset).
+                created = ts if event.created_ms is None else event.created_ms
+                merged[item] = _Merged(event, ts, created, current is not None, event.vectors, ts)
+            case StorePut():
+                current.put, current.ts_ms = event, ts
+                if event.vectors is not None:
+                    current.vectors, current.vectors_ms = event.vectors, ts
+            case _:
+                assert_never(event)
     run = StoreRun(events=len(items))
     for (prefix, key), m in merged.items():
         if m.put is None:
@@ -356,16 +377,21 @@ class StoreProjection:
         event = store_event(env)
         if not 0 <= env.produced_ms <= MAX_EPOCH_MS:
             raise InvalidEventError(f"envelope ts {env.produced_ms} ms is not a time between 1970 and 9999")
-        if isinstance(event, NamespaceErase | TenantErase):
-            return TimedStoreEvent(event, env.produced_ms)
-        if isinstance(event, StorePut) and event.created_ms is not None and event.created_ms > MAX_EPOCH_MS:
-            raise InvalidEventError(f"created_ms {event.created_ms} is not a time between 1970 and 9999")
-        prefix_bytes = len(prefix_of(event.namespace).encode()) + len(event.item_key.encode())
-        if isinstance(event, StorePut):
-            if event.ttl_minutes is not None and abs(event.ttl_minutes) > MAX_TTL_MINUTES:
-                raise InvalidEventError(f"ttl_minutes {event.ttl_minutes} does not fit store.ttl_minutes (int4)")
-            self._check_vectors(event)
-            prefix_bytes += max((len(path.encode()) for path, _ in event.vectors or ()), default=0)
+        match event:
+            case NamespaceErase() | TenantErase():
+                return TimedStoreEvent(event, env.produced_ms)
+            case StorePut():
+                if event.created_ms is not None and event.created_ms > MAX_EPOCH_MS:
+                    raise InvalidEventError(f"created_ms {event.created_ms} is not a time between 1970 and 9999")
+                if event.ttl_minutes is not None and abs(event.ttl_minutes) > MAX_TTL_MINUTES:
+                    raise InvalidEventError(f"ttl_minutes {event.ttl_minutes} does not fit store.ttl_minutes (int4)")
+                self._check_vectors(event)
+                field_bytes = max((len(path.encode()) for path, _ in event.vectors or ()), default=0)
+            case StoreDelete() | StoreRefresh() | StoreExpire():
+                field_bytes = 0
+            case _:
+                assert_never(event)
+        prefix_bytes = len(prefix_of(event.namespace).encode()) + len(event.item_key.encode()) + field_bytes
         if prefix_bytes > MAX_KEY_BYTES:
             raise InvalidEventError(
                 f"namespace, key and field names take {prefix_bytes} bytes; at most {MAX_KEY_BYTES}"
@@ -396,12 +422,15 @@ class StoreProjection:
     async def apply(self, conn: asyncpg.Connection, items: Sequence[tuple[str, int, int, TimedStoreEvent]]) -> None:
         """Apply a batch's store events inside the caller's transaction."""
         for segment in plan_segments(items):
-            if isinstance(segment, StoreRun):
-                await apply_run(conn, self, segment)
-            elif isinstance(segment, Maintenance):
-                await apply_maintenance(conn, self, segment)
-            else:
-                await apply_erasure(conn, self, segment.event)
+            match segment:
+                case StoreRun():
+                    await apply_run(conn, self, segment)
+                case Maintenance():
+                    await apply_maintenance(conn, self, segment)
+                case Erasure():
+                    await apply_erasure(conn, self, segment.event)
+                case _:
+                    assert_never(segment)
 
 
 async def apply_erasure(
@@ -410,14 +439,17 @@ async def apply_erasure(
     sql = projection.erasure
     subtrees: list[str] = []
     exact: list[str] = []
-    if isinstance(event, NamespaceErase):
-        refs = [event.ref]
-        for name, tenant in await erasure.names_of(conn, sql, "namespace", refs):  # names are store prefixes
-            full = len(name.split(LABEL_SEPARATOR)) == namespace_subject_depth(tenant, projection.namespace_depth)
-            (subtrees if full else exact).append(name)
-    else:
-        refs = await erasure.tenant_refs(conn, sql, "namespace", event.tenant)
-        subtrees.append(event.tenant)
+    match event:
+        case NamespaceErase():
+            refs = [event.ref]
+            for name, tenant in await erasure.names_of(conn, sql, "namespace", refs):  # names are store prefixes
+                full = len(name.split(LABEL_SEPARATOR)) == namespace_subject_depth(tenant, projection.namespace_depth)
+                (subtrees if full else exact).append(name)
+        case TenantErase():
+            refs = await erasure.tenant_refs(conn, sql, "namespace", event.tenant)
+            subtrees.append(event.tenant)
+        case _:
+            assert_never(event)
     if subtrees or exact:
         await conn.execute(projection.erase_prefixes_sql, subtrees, exact)
     await erasure.delete_traces(conn, sql, refs)

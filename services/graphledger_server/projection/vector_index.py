@@ -22,7 +22,7 @@ import asyncpg
 from langgraph.store.postgres.base import VECTOR_MIGRATIONS
 
 from graphledger.errors import VectorIndexMismatchError
-from graphledger_server.projection.sql import render
+from graphledger_server.sql import render
 
 if TYPE_CHECKING:
     from graphledger.settings import Settings

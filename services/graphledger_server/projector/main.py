@@ -46,9 +46,10 @@ async def run_projector(settings: Settings, stop: asyncio.Event | None = None, *
             log.info("projector stopped after %d batches, %d events", worker.batches, worker.events)
 
 
-def main(settings: Settings) -> None:
-    """Run the projector in this process until SIGTERM or SIGINT, then stop cleanly."""
-    telemetry.setup("graphledger-projector", settings)
+def main(settings: Settings | None = None) -> None:
+    """Run the projector in this process until SIGTERM or SIGINT, then stop cleanly; without `settings`
+    (`python -m graphledger_server.projector`), from `GRAPHLEDGER_*` variables."""
+    settings = telemetry.setup("graphledger-projector", settings)
 
     # Everything imported so far lives as long as the process; frozen, the collector stops rescanning
     # it every time a batch's short-lived objects trigger a full collection. Measured on the apply

@@ -22,17 +22,16 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from aiokafka.structs import ConsumerRecord
 
-from graphledger.client.producer import new_producer
-from graphledger.events.chunks import RECORD_HEADROOM_BYTES
 from graphledger.settings import Settings
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.health.state import WorkerHealth, caught_up
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.store import key_store_for
+from graphledger_server.log.clients import new_consumer, new_producer
+from graphledger_server.log.offsets import OffsetStatements, stored_offsets
 from graphledger_server.projection.batch import BatchApplier, BatchResult, TopicProjection
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import outgoing_records, outstanding, public_reason
-from graphledger_server.projection.offsets import OffsetStatements, stored_offsets
 from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projection.store import StoreProjection
 from graphledger_server.projector.group_offsets import GroupOffsetMirror
@@ -148,15 +147,8 @@ class ProjectorWorker:
                 await projection.prepare(conn)  # before classifying events (the store's vector dims)
         self.producer = new_producer(s)
         await self.producer.start()
-        self.consumer = AIOKafkaConsumer(
-            **s.kafka_client_options(),  # type: ignore[arg-type]
-            group_id=s.projector_group_id,
-            enable_auto_commit=False,
-            # Never reset silently: an offset the log no longer has stops the partition (log_guard).
-            auto_offset_reset="none",
-            fetch_max_wait_ms=s.fetch_max_wait_ms,
-            max_partition_fetch_bytes=max(1024 * 1024, s.max_message_bytes + RECORD_HEADROOM_BYTES),
-        )
+        # Never reset silently: an offset the log no longer has stops the partition (log_guard).
+        self.consumer = new_consumer(s, group_id=s.projector_group_id, auto_offset_reset="none")
         self.group_offsets = GroupOffsetMirror(self.consumer)
         self.consumer.subscribe(self.topics, listener=_SeekToStored(self))
         await self.consumer.start()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from graphledger_server.projection.sql import render
+from graphledger_server.sql import render
 
 TABLES = (
     "checkpoints",

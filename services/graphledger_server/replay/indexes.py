@@ -15,7 +15,7 @@ import logging
 
 import asyncpg
 
-from graphledger_server.projection.sql import check_schema
+from graphledger_server.sql import check_schema
 
 log = logging.getLogger(__name__)
 

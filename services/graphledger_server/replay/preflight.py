@@ -11,17 +11,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka import TopicPartition
 
 from graphledger.errors import GraphledgerError, LossRefusedError
 from graphledger.settings import Settings
-from graphledger_server.commands.topics import INFINITE, source_topics
+from graphledger_server.log.clients import new_admin, new_consumer
+from graphledger_server.log.topics import INFINITE, retention_configs, source_topics
 
 log = logging.getLogger(__name__)
-
-RETENTION_CONFIGS = ("retention.ms", "retention.bytes", "cleanup.policy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +69,13 @@ def refuse_losses(topics: list[SourceTopic], *, accept_loss: bool) -> list[str]:
 async def inspect_sources(settings: Settings) -> list[SourceTopic]:
     """Configs and earliest offsets of the checkpoint and store topics, as the broker reports them."""
     names = source_topics(settings)
-    admin = AIOKafkaAdminClient(**settings.kafka_client_options())  # type: ignore[arg-type]
+    admin = new_admin(settings)
     await admin.start()
     try:
-        configs = {name: await _configs(admin, name) for name in names}
+        configs = {name: await retention_configs(admin, name) for name in names}
     finally:
         await admin.close()
-    consumer = AIOKafkaConsumer(**settings.kafka_client_options(), enable_auto_commit=False)  # type: ignore[arg-type]
+    consumer = new_consumer(settings)
     await consumer.start()
     try:
         await consumer.topics()  # fetches metadata, so partitions_for_topic knows every topic
@@ -95,18 +92,3 @@ async def inspect_sources(settings: Settings) -> list[SourceTopic]:
         SourceTopic(name, configs[name], {tp.partition: off for tp, off in earliest.items() if tp.topic == name})
         for name in names
     ]
-
-
-async def _configs(admin: AIOKafkaAdminClient, topic: str) -> dict[str, str] | None:
-    try:
-        responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
-    except Exception as exc:  # brokers without DescribeConfigs answer with assorted errors
-        log.warning("cannot describe the configs of %s: %s", topic, exc)
-        return None
-    found: dict[str, str] = {}
-    for response in responses:
-        for resource in getattr(response, "resources", []):
-            for entry in resource[4]:
-                if entry[0] in RETENTION_CONFIGS and entry[1] is not None:
-                    found[entry[0]] = entry[1]
-    return found

@@ -30,15 +30,15 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from graphledger.events.chunks import RECORD_HEADROOM_BYTES
 from graphledger.settings import Settings
 from graphledger.telemetry import names
-from graphledger_server.commands.topics import source_topics
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.store import key_store_for
+from graphledger_server.log.clients import new_consumer
+from graphledger_server.log.offsets import OffsetStatements, stored_offsets
+from graphledger_server.log.topics import source_topics
 from graphledger_server.projection.batch import BatchApplier, BatchResult
-from graphledger_server.projection.offsets import OffsetStatements, stored_offsets
 from graphledger_server.projection.records import Classified, DeadLetter, SourceRecord
 from graphledger_server.projector.worker import BACKOFF_INITIAL_S, projections_for
 from graphledger_server.telemetry import replay as telemetry
@@ -103,14 +103,7 @@ class Rebuilder:
             for projection in self.projections.values():
                 await projection.prepare(conn)
             stored = {t: await stored_offsets(conn, statements, self.group, t) for t in source_topics(s)}
-        self._consumer = AIOKafkaConsumer(
-            **s.kafka_client_options(),  # type: ignore[arg-type]
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=s.fetch_max_wait_ms,
-            max_partition_fetch_bytes=max(FETCH_BYTES, s.max_message_bytes + RECORD_HEADROOM_BYTES),
-        )
+        self._consumer = new_consumer(s, fetch_bytes=FETCH_BYTES)
         await self._consumer.start()
         await self._consumer.topics()  # metadata of every topic, for partitions_for_topic
         assigned = [

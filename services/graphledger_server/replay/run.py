@@ -28,14 +28,14 @@ import asyncpg
 
 from graphledger.errors import GraphledgerError, ReplayVerificationError
 from graphledger.settings import Settings
-from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.offsets import (
+from graphledger_server.log.offsets import (
     OffsetStatements,
     group_offsets,
     hold_projection,
     notify_applied,
     offsets_table_exists,
 )
+from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.vector_index import load_vector_index
 from graphledger_server.replay import indexes, schemas
 from graphledger_server.replay.checksums import TableCheck, compare

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 import asyncpg
 
 from graphledger.errors import GraphledgerError
-from graphledger_server.projection.sql import check_schema
+from graphledger_server.sql import check_schema
 
 REBUILD_SUFFIX = "_rebuild"
 OLD_INFIX = "_old_"

@@ -1,5 +1,5 @@
-"""`python -m graphledger_server.sweeper`, the same as `graphledger sweeper`."""
+"""`python -m graphledger_server.sweeper`: the sweeper, configured from `GRAPHLEDGER_*` variables."""
 
-from graphledger_server.cli import main
+from graphledger_server.sweeper.main import main
 
-raise SystemExit(main(["sweeper"]))
+raise SystemExit(main())

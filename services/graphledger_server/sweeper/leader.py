@@ -11,7 +11,7 @@ import logging
 
 import asyncpg
 
-from graphledger_server.projection.migrate import lock_key
+from graphledger_server.sql import lock_key
 
 log = logging.getLogger(__name__)
 

@@ -122,9 +122,10 @@ async def run_sweeper(settings: Settings, stop: asyncio.Event) -> None:
         await runner.run(stop)
 
 
-def main(settings: Settings) -> None:
-    """Entry point of `graphledger sweeper`: run until SIGTERM/SIGINT, then release the lock and return."""
-    telemetry.setup("graphledger-sweeper", settings)
+def main(settings: Settings | None = None) -> None:
+    """Run the sweeper until SIGTERM or SIGINT, then release the lock and return; without `settings`
+    (`python -m graphledger_server.sweeper`), from `GRAPHLEDGER_*` variables."""
+    settings = telemetry.setup("graphledger-sweeper", settings)
     sweeper_telemetry.started()
 
     async def _run() -> None:

@@ -19,26 +19,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import assert_never
 
 import asyncpg
 
 from graphledger.client.publisher import EventPublisher
 from graphledger.errors import SubjectErasedError
 from graphledger.event_sealer import EventSealer
-from graphledger.events import Event, to_envelope
+from graphledger.events import to_envelope
 from graphledger.events.checkpoint import ThreadExpire, ThreadPrune
 from graphledger.events.envelope import Envelope
 from graphledger.events.store import StoreExpire
 from graphledger.settings import Settings
 from graphledger.subjects import LABEL_SEPARATOR
+from graphledger_server.log.offsets import OffsetStatements, all_applied
 from graphledger_server.projection import erasure, prune
-from graphledger_server.projection.offsets import OffsetStatements, all_applied
-from graphledger_server.projection.sql import render
+from graphledger_server.sql import render
 from graphledger_server.telemetry import sweeper as telemetry
 
 log = logging.getLogger(__name__)
+
+SweepEvent = ThreadExpire | ThreadPrune | StoreExpire
+"""What the sweeper publishes: thread TTL and keep-last-N retention, store item expiry."""
 
 NOW_MS_SQL = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
@@ -186,7 +190,7 @@ class Sweep:
         return bool(calls) or any(n > len(kept.get(ns, ())) for ns, n in counts.items())
 
     async def _publish(
-        self, conn: asyncpg.Connection, topic: str, events: list[Event], kind: str, report: SweepReport
+        self, conn: asyncpg.Connection, topic: str, events: Sequence[SweepEvent], kind: str, report: SweepReport
     ) -> None:
         """Publish a page's events together, count them, and wait until the projector applied them."""
         ready = await self._envelopes(conn, events)
@@ -200,7 +204,9 @@ class Sweep:
                 "repeat some, which applies as a no-op)", len(events), kind, self.sweep_wait_s,
             )  # fmt: skip
 
-    async def _envelopes(self, conn: asyncpg.Connection, events: list[Event]) -> list[tuple[str | None, Envelope]]:
+    async def _envelopes(
+        self, conn: asyncpg.Connection, events: Sequence[SweepEvent]
+    ) -> list[tuple[str | None, Envelope]]:
         """Each event's record key and envelope: sealed like its subject's events, in its tenant (the
         projection recorded both), or in the clear for a subject written in the clear; an erased one
         is left out (its rows are gone, or going)."""
@@ -208,15 +214,19 @@ class Sweep:
             return [(e.key, to_envelope(e)) for e in events]
         depth = self.settings.erasure_namespace_depth
         names: dict[int, list[str]] = {}  # candidate subject names per event: with a tenant label, then without
+        kind: dict[int, str] = {}
         for i, e in enumerate(events):
-            if isinstance(e, StoreExpire):
-                names[i] = [
-                    LABEL_SEPARATOR.join(e.namespace[: depth + 1]),
-                    LABEL_SEPARATOR.join(e.namespace[:depth]),
-                ]
-            else:
-                names[i] = [e.thread_id]  # type: ignore[union-attr]
-        kind = {i: "namespace" if isinstance(e, StoreExpire) else "thread" for i, e in enumerate(events)}
+            match e:
+                case StoreExpire():
+                    kind[i] = "namespace"
+                    names[i] = [
+                        LABEL_SEPARATOR.join(e.namespace[: depth + 1]),
+                        LABEL_SEPARATOR.join(e.namespace[:depth]),
+                    ]
+                case ThreadExpire() | ThreadPrune():
+                    kind[i], names[i] = "thread", [e.thread_id]
+                case _:
+                    assert_never(e)
         tenants: dict[tuple[str, str], str] = {}
         for k in ("thread", "namespace"):
             wanted = [n for i, candidates in names.items() if kind[i] == k for n in candidates]

@@ -12,18 +12,23 @@ positions, counts, names and types only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
 
-if TYPE_CHECKING:
-    from graphledger.settings import Settings
-    from graphledger_server.telemetry.sdk import Telemetry
+from graphledger.settings import Settings
 
 
-def setup(service_name: str, settings: Settings) -> Telemetry:
-    """Configure the process's OpenTelemetry SDK and JSON logs once; see `graphledger_server.telemetry.sdk`."""
+def setup(service_name: str, settings: Settings | None = None) -> Settings:
+    """Configure the process's OpenTelemetry SDK and JSON logs once (`graphledger_server.telemetry.sdk`);
+    returns the settings. Without `settings`, the service was started as a module (`python -m
+    graphledger_server.projector`): they come from `GRAPHLEDGER_*` variables, and it logs at INFO, as
+    the `graphledger` command does by default."""
     from graphledger_server.telemetry.sdk import setup as _setup
 
-    return _setup(service_name, settings)
+    if settings is None:
+        logging.getLogger().setLevel(logging.INFO)
+        settings = Settings()
+    _setup(service_name, settings)
+    return settings
 
 
 __all__ = ["setup"]

@@ -1,8 +1,9 @@
-"""`graphledger topics ensure`: create the topics, or check the existing ones.
+"""The topics: which ones are the source of truth, creating them, and what the broker says of their retention.
 
 The checkpoint and store topics are the source of truth, so their retention must be infinite:
-`ensure` creates them with `retention.ms=-1` and refuses an existing topic with finite retention
-unless `allow_finite_retention` is set. The dead-letter topic may expire.
+`ensure_topics` (`graphledger topics ensure`) creates them with `retention.ms=-1` and refuses an
+existing topic with finite retention unless `allow_finite_retention` is set. The dead-letter topic
+may expire.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from graphledger.errors import FiniteRetentionError
 from graphledger.settings import Settings
+from graphledger_server.log.clients import new_admin
 
 log = logging.getLogger(__name__)
 
 INFINITE = "-1"
+RETENTION_CONFIGS = ("retention.ms", "retention.bytes", "cleanup.policy")
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ def source_topics(settings: Settings) -> list[str]:
 
 
 async def ensure_topics(settings: Settings, *, allow_finite_retention: bool = False) -> list[TopicReport]:
-    admin = AIOKafkaAdminClient(**settings.kafka_client_options())  # type: ignore[arg-type]
+    admin = new_admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -60,7 +63,7 @@ async def ensure_topics(settings: Settings, *, allow_finite_retention: bool = Fa
                     created = True
                 except TopicAlreadyExistsError:
                     pass
-            retention = await _retention_ms(admin, name)
+            retention = (await retention_configs(admin, name) or {}).get("retention.ms")
             if source and retention not in (None, INFINITE) and not allow_finite_retention:
                 raise FiniteRetentionError(
                     f"topic {name} has retention.ms={retention}; the log is the source of truth and needs "
@@ -81,16 +84,18 @@ async def ensure_topics(settings: Settings, *, allow_finite_retention: bool = Fa
         await admin.close()
 
 
-async def _retention_ms(admin: AIOKafkaAdminClient, topic: str) -> str | None:
-    """The topic's retention.ms, or None when the broker does not describe configs (tansu)."""
+async def retention_configs(admin: AIOKafkaAdminClient, topic: str) -> dict[str, str] | None:
+    """The topic's `RETENTION_CONFIGS` as the broker describes them; None when it does not describe
+    configs (tansu)."""
     try:
         responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
     except Exception as exc:  # brokers without DescribeConfigs answer with assorted errors
-        log.warning("cannot read retention of %s: %s", topic, exc)
+        log.warning("cannot describe the configs of %s: %s", topic, exc)
         return None
+    found: dict[str, str] = {}
     for response in responses:
         for resource in getattr(response, "resources", []):
             for entry in resource[4]:
-                if entry[0] == "retention.ms":
-                    return entry[1]
-    return None
+                if entry[0] in RETENTION_CONFIGS and entry[1] is not None:
+                    found[entry[0]] = entry[1]
+    return found

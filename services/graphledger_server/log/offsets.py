@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import asyncpg
 
 from graphledger.errors import SchemaSwitchedError
-from graphledger_server.projection.sql import render
+from graphledger_server.sql import render
 
 TopicPartition = tuple[str, int]
 

@@ -1,0 +1,175 @@
+"""Re-publishing a dead letter to the partition it came from, with the same key, once (`graphledger dlq replay`).
+
+The row is locked, the record published and the row marked replayed in one transaction: two replays
+of one dead letter, even concurrent ones, publish it once. The record is validated as the projector
+would before anything is published, so a fix that is still wrong fails here, not in the projector.
+A fixed payload keeps the event's type, id and time, and is sealed again when the dead letter was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, assert_never
+
+import asyncpg
+import ormsgpack
+from aiokafka import AIOKafkaProducer
+
+from graphledger.errors import DeadLetterError, GraphledgerError
+from graphledger.events import chunks, envelope
+from graphledger.sealing import Erased, Misbound, sealed_key_id, sealed_ref, unseal
+from graphledger.sealing import seal as seal_envelope
+from graphledger.settings import Settings
+from graphledger_server.keys.lookup import DataKeyCache
+from graphledger_server.keys.store import key_store_for
+from graphledger_server.log.clients import new_producer
+from graphledger_server.projection.batch import TopicProjection
+from graphledger_server.projection.dead_letters import (
+    HEADER_OFFSET,
+    HEADER_PARTITION,
+    HEADER_REASON,
+    HEADER_TOPIC,
+    decode_headers,
+    fetch_dead_letter,
+    mark_replayed,
+)
+from graphledger_server.projection.records import DeadLetter, Decoded, SourceRecord, TooNew, decode_value, key_name
+from graphledger_server.projection.records import Erased as ErasedRecord
+from graphledger_server.projector.worker import projections_for
+
+HEADER_REPLAY_OF = "gl-replay-of"
+"""On a re-published record: `<topic>:<partition>:<offset>` of the dead letter it replays."""
+
+
+async def replay(
+    settings: Settings,
+    ids: Sequence[int],
+    *,
+    payload: dict[str, Any] | None = None,
+    event_type: str | None = None,
+) -> list[tuple[int, str | DeadLetterError]]:
+    """Replay each dead letter once; per id, where it went or why it was refused."""
+    projections = projections_for(settings)
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    keys_pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=0, max_size=1)
+    keys = DataKeyCache(key_store_for(settings, keys_pool))
+    producer = new_producer(settings)
+    try:
+        for projection in projections.values():
+            await projection.prepare(conn)  # the store's vector dims, which validation checks
+        await producer.start()
+        results: list[tuple[int, str | DeadLetterError]] = []
+        for dead_letter_id in ids:
+            try:
+                outcome: str | DeadLetterError = await _replay_one(
+                    conn, producer, settings, projections, keys, dead_letter_id, payload, event_type
+                )
+            except DeadLetterError as exc:
+                outcome = exc
+            results.append((dead_letter_id, outcome))
+        return results
+    finally:
+        await producer.stop()
+        await keys_pool.close()
+        await conn.close()
+
+
+async def _replay_one(
+    conn: asyncpg.Connection,
+    producer: AIOKafkaProducer,
+    settings: Settings,
+    projections: dict[str, TopicProjection],
+    keys: DataKeyCache,
+    dead_letter_id: int,
+    payload: dict[str, Any] | None,
+    event_type: str | None,
+) -> str:
+    schema = settings.postgres_schema
+    async with conn.transaction():
+        row = await fetch_dead_letter(conn, schema, dead_letter_id, lock=True)  # a concurrent replay waits here
+        if row is None:
+            raise DeadLetterError(f"no dead letter {dead_letter_id} in schema {schema}")
+        if row["replayed_at"] is not None:
+            raise DeadLetterError(
+                f"dead letter {dead_letter_id} was replayed at {row['replayed_at'].isoformat()} to "
+                f"{row['replayed_to']}; not publishing it twice"
+            )
+        topic, partition = row["topic"], row["partition"]
+        if topic not in projections:
+            raise DeadLetterError(f"dead letter {dead_letter_id} came from {topic}, which the projector does not read")
+        dropped = {HEADER_REASON, HEADER_TOPIC, HEADER_PARTITION, HEADER_OFFSET, HEADER_REPLAY_OF}
+        dropped.add(envelope.HEADER_CHUNK)
+        headers = [(k, v) for k, v in decode_headers(row["record_headers"]) if k not in dropped]
+        value = row["record_value"]
+        record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers))
+        if (name := key_name(record)) is not None:
+            await keys.load([name])
+        if payload is not None:
+            value, headers = _with_payload(row, headers, payload, event_type, keys)
+            record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers))
+        checked = decode_value(record, value, projections[topic].to_event, keys.get)
+        match checked:
+            case Decoded():
+                pass
+            case ErasedRecord():
+                raise DeadLetterError(f"dead letter {dead_letter_id} is of an erased subject: nothing to replay")
+            case DeadLetter() | TooNew():
+                raise DeadLetterError(f"dead letter {dead_letter_id} would fail again: {checked.reason}")
+            case _:
+                assert_never(checked)
+        headers.append((HEADER_REPLAY_OF, f"{topic}:{partition}:{row['offset']}".encode()))
+        # A fresh chunk id: the projector may still hold chunks of the event's first publication.
+        records = chunks.frame(value or b"", headers, settings.max_message_bytes, str(uuid.uuid4()))
+        futures = [
+            await producer.send(topic, r.value, key=row["record_key"], partition=partition, headers=r.headers)
+            for r in records
+        ]
+        acked = await asyncio.wait_for(asyncio.gather(*futures), settings.produce_timeout_s)
+        replayed_to = f"{topic}:{partition}@{acked[-1].offset}"
+        await mark_replayed(conn, schema, dead_letter_id, replayed_to)
+    return replayed_to
+
+
+def _with_payload(
+    row: Any, headers: list[tuple[str, bytes]], payload: dict[str, Any], event_type: str | None, keys: DataKeyCache
+) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """The record value of `payload` in the dead letter's envelope (type, id, time), at today's version;
+    sealed with the dead letter's subject's key when it was sealed (the log holds no content in the clear)."""
+    original: dict[str, Any] = {}
+    try:
+        decoded = ormsgpack.unpackb(row["record_value"] or b"")
+        original = decoded if isinstance(decoded, dict) else {}
+    except (ormsgpack.MsgpackDecodeError, ValueError, TypeError):
+        pass
+    header_type = envelope.header(headers, envelope.HEADER_TYPE)
+    kind = event_type or _text(original.get("type")) or (header_type.decode(errors="replace") if header_type else None)
+    if not kind:
+        raise DeadLetterError("the dead letter's event type is unreadable: give --event-type")
+    event_id = _text(original.get("id")) or str(uuid.uuid4())
+    ts = original.get("ts")
+    produced_ms = ts if isinstance(ts, int) and not isinstance(ts, bool) else int(time.time() * 1000)
+    env = envelope.Envelope(kind, event_id, produced_ms, payload)
+    own_headers = (envelope.HEADER_TYPE, envelope.HEADER_VERSION, envelope.HEADER_SUBJECT, envelope.HEADER_KEY)
+    kept = [(k, v) for k, v in headers if k not in own_headers]
+    try:
+        original_env = envelope.decode(row["record_value"])
+        ref, key_id = sealed_ref(original_env), sealed_key_id(original_env)
+    except GraphledgerError:
+        ref, key_id = None, None
+    if ref is not None:
+        key = keys.get(ref, key_id)
+        if key is None or isinstance(key, Erased | Misbound):
+            raise DeadLetterError(f"the dead letter's subject {ref} has no key (erased, or another key store)")
+        try:
+            _, subject = unseal(original_env, key)
+        except GraphledgerError as exc:
+            raise DeadLetterError(f"the dead letter's sealed payload does not open: {exc}") from None
+        env = seal_envelope(env, subject, key, key_id)
+    return envelope.encode(env), [*envelope.headers_for(env), *kept]
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None

@@ -1,0 +1,260 @@
+"""Sealing each event in the clear with its subject's data key, and writing the events in merge order."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import murmur2
+from aiokafka.structs import RecordMetadata
+
+from graphledger.errors import GraphledgerError, InvalidEventError, SubjectErasedError, UnknownEventVersionError
+from graphledger.event_sealer import EventSealer
+from graphledger.events import Event, checkpoint_event, store_event
+from graphledger.events.checkpoint import ThreadCopy, ThreadCopyBarrier
+from graphledger.events.chunks import frame
+from graphledger.events.envelope import HEADER_TRACEPARENT, Envelope, decode, encode, header, headers_for
+from graphledger.sealing import ERASED, Misbound, seal, sealed_key_id, sealed_ref, unseal
+from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH, Settings
+from graphledger.subjects import LABEL_SEPARATOR, subject_of
+from graphledger.tenancy import THREAD_SEPARATOR
+from graphledger_server.encrypt_log.report import TopicReport
+from graphledger_server.encrypt_log.source import Position, SourceEvent
+from graphledger_server.encrypt_log.target import HEADER_COPY_OF, Copied
+from graphledger_server.keys.lookup import DataKeyCache
+
+
+@dataclass(frozen=True, slots=True)
+class Sealing:
+    """What sealing an event in the clear takes: its subject's keys, and the tenants names can carry."""
+
+    sealer: EventSealer
+    keys: DataKeyCache
+    """Data keys by reference, to open a sealed barrier and seal it again."""
+    tenants: frozenset[str]
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The partition the producers' default partitioner gives `key` (murmur2, positive, modulo)."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def tenant_of(event: Event, tenants: frozenset[str]) -> str:
+    """The tenant whose prefix the event's subject carries ("" for the unnamed tenant or no subject)."""
+    subject = subject_of(event, "", DEFAULT_ERASURE_NAMESPACE_DEPTH)  # the first label: any depth
+    if subject is None or not tenants:
+        return ""
+    separator = THREAD_SEPARATOR if subject.kind == "thread" else LABEL_SEPARATOR
+    first, found, _ = subject.name.partition(separator)
+    return first if found and first in tenants else ""
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """What one source event becomes: a key, a value and headers to write (a barrier: still to point)."""
+
+    key: bytes | None
+    envelope: Envelope
+    value: bytes | None
+    """The value to write as it is; None: encode `envelope`."""
+    headers: list[tuple[str, bytes]]
+    sealed: bool
+    """Sealed here (it was in the clear)."""
+    tenant: str = ""
+
+
+class Copier:
+    """Seals a window of merged events concurrently, then writes them in merge order."""
+
+    def __init__(
+        self, report: TopicReport, producer: AIOKafkaProducer, sealing: Sealing, copied: Copied, settings: Settings
+    ) -> None:
+        self._source = report.source
+        self._target = report.target
+        self._partitions = report.partitions
+        self._report = report
+        self._producer = producer
+        self._sealer = sealing.sealer
+        self._keys = sealing.keys
+        self._tenants = sealing.tenants
+        self._copied = copied
+        self._max_message_bytes = settings.max_message_bytes
+        self._to_event = checkpoint_event if report.source == settings.checkpoint_topic else store_event
+        self._written_to: set[int] = set()
+        """Target partitions this run wrote to: any later event found there already means a gap."""
+        self._copies: dict[Position, Position | asyncio.Future[RecordMetadata]] = dict(copied.copies)
+        """Where each `thread.copy` went: known, or its last record's acknowledgement still to come."""
+        self._pending: list[asyncio.Future[RecordMetadata]] = []
+        self._pending_copies: list[Position] = []
+
+    async def classify(self, event: SourceEvent) -> SourceEvent:
+        """Decode the event as the merge needs it: typed when in the clear, opened when a sealed barrier."""
+        if event.problem is not None:
+            return event
+        try:
+            envelope = event.envelope = decode(event.value)
+            ref = sealed_ref(envelope)
+            if ref is None:
+                event.event = self._to_event(envelope)
+            elif envelope.type == ThreadCopyBarrier.TYPE:
+                key_id = event.key_id = sealed_key_id(envelope)
+                await self._keys.load([(ref, key_id)])
+                key = self._keys.get(ref, key_id)
+                if key is None or isinstance(key, Misbound):
+                    raise GraphledgerError(
+                        f"{self._source}:{event.partition}@{event.offset} is sealed for subject {ref}, which the key "
+                        "store does not know: run encrypt-log with the key store the writers used"
+                    )
+                if key is not ERASED:
+                    opened, event.opened = unseal(envelope, key)  # type: ignore[arg-type]
+                    event.event = self._to_event(opened)
+        except UnknownEventVersionError as exc:
+            raise GraphledgerError(
+                f"{self._source}:{event.partition}@{event.offset}: {exc}; run encrypt-log of that version"
+            ) from exc
+        except InvalidEventError as exc:
+            event.problem = str(exc)
+        return event
+
+    async def copy(self, events: list[SourceEvent]) -> None:
+        """Seal and write `events` in their order (skipping what earlier runs wrote), then wait for the
+        broker's acknowledgement of all."""
+        self._report.events += len(events)
+        written_before = [self._written_before(e) for e in events]
+        missing = [e for e, there in zip(events, written_before, strict=True) if there is None]
+        prepared = iter(await asyncio.gather(*(self._prepare(e) for e in missing)))
+        for event, there in zip(events, written_before, strict=True):
+            if there is None:
+                out = next(prepared)
+                if out is not None:
+                    await self._write(event, out)
+                continue
+            for q in there:
+                self._refuse_gap(q, event)
+            self._report.earlier += 1
+        await self._settle()
+
+    def _written_before(self, event: SourceEvent) -> set[int] | None:
+        """The target partitions where an earlier run wrote the whole event (every one, if keyless), or
+        None when it is to be written (or to be left out)."""
+        if event.position in self._copied.torn:
+            return None
+        if event.key is None:
+            there = self._copied.broadcasts.get(event.position, set())
+            return there if len(there) == self._partitions else None
+        q = self._copied.keyed_in(event.position)
+        return None if q is None else {q}
+
+    def _refuse_gap(self, q: int, event: SourceEvent) -> None:
+        """Each target partition holds a prefix of what the merge sends it: nothing this run wrote there
+        may come before an event an earlier run wrote there."""
+        if q in self._written_to:
+            raise GraphledgerError(
+                f"{self._target}:{q} holds the copy of {self._source}:{event.partition}@{event.offset}, but not every "
+                "event the copy writes there before it: it was not written by this command over this source; delete "
+                "the target topics and run again"
+            )
+
+    async def _prepare(self, event: SourceEvent) -> Outgoing | None:
+        if event.problem is not None:
+            self._report.leave_out(event.position, event.problem)
+            return None
+        envelope = event.envelope
+        assert envelope is not None
+        if event.event is None or event.opened is not None:  # sealed already: copied as it is, or re-pointed
+            headers = [h for h in event.headers if h[0] != HEADER_COPY_OF]
+            return Outgoing(event.key, envelope, event.value, headers, sealed=False)
+        tenant = tenant_of(event.event, self._tenants)
+        if isinstance(event.event, ThreadCopyBarrier):
+            return Outgoing(None, envelope, None, [], sealed=True, tenant=tenant)  # sealed once re-pointed
+        try:
+            key, sealed = await self._sealer.seal(event.event, tenant, envelope)
+        except SubjectErasedError:
+            self._report.erased += 1
+            return None
+        key_bytes = None if key is None else key.encode()
+        headers = headers_for(sealed, _traceparent(event))
+        return Outgoing(key_bytes, sealed, None, headers, sealed=sealed is not envelope, tenant=tenant)
+
+    async def _write(self, event: SourceEvent, out: Outgoing) -> None:
+        if isinstance(event.event, ThreadCopyBarrier):
+            pointed = await self._point(event, event.event, out)
+            if pointed is None:
+                return
+            out = pointed
+        broadcast = out.key is None
+        targets = list(range(self._partitions)) if out.key is None else [partition_of(out.key, self._partitions)]
+        value = encode(out.envelope) if out.value is None else out.value
+        headers = [*out.headers, (HEADER_COPY_OF, f"{event.partition}:{event.offset}".encode())]
+        chunk_id = str(uuid.uuid4()) if event.position in self._copied.torn else out.envelope.event_id
+        there = self._copied.broadcasts.get(event.position, set()) if broadcast else set()  # some, of a keyless one
+        for q in targets:
+            if q in there:
+                self._refuse_gap(q, event)
+                continue
+            self._written_to.add(q)
+            records = frame(value, headers, self._max_message_bytes, chunk_id)
+            for r in records:
+                sent = await self._producer.send(self._target, r.value, key=out.key, headers=r.headers, partition=q)
+                self._pending.append(sent)
+            if out.envelope.type == ThreadCopy.TYPE:
+                self._copies[event.position] = sent
+                self._pending_copies.append(event.position)
+            self._report.records += len(records)
+        if broadcast:
+            self._report.broadcasts += 1
+        elif out.sealed:
+            self._report.sealed += 1
+        else:
+            self._report.kept += 1
+
+    async def _point(self, event: SourceEvent, barrier: ThreadCopyBarrier, out: Outgoing) -> Outgoing | None:
+        """The barrier naming its copy's position in the target, sealed; None when it is left out."""
+        position = await self._copy_position((barrier.source_partition, barrier.source_offset))
+        if position is None:
+            why = (
+                f"copy barrier naming {barrier.source_partition}@{barrier.source_offset}, where no thread.copy was "
+                "copied (none there, or its subject is erased)"
+            )
+            self._report.leave_out(event.position, why)
+            return None
+        pointed = dataclasses.replace(barrier, source_partition=position[0], source_offset=position[1])
+        envelope = dataclasses.replace(out.envelope, payload=pointed.to_payload())
+        if event.opened is not None:
+            cipher = self._keys.get(event.opened.ref, event.key_id)
+            assert cipher is not None and cipher is not ERASED, "opened with this key in classify"
+            sealed = seal(envelope, event.opened, cipher, event.key_id)  # type: ignore[arg-type]
+            pointed_out = Outgoing(event.key, sealed, None, headers_for(sealed, _traceparent(event)), sealed=False)
+        else:
+            try:
+                key, sealed = await self._sealer.seal(pointed, out.tenant, envelope)
+            except SubjectErasedError:
+                self._report.erased += 1
+                return None
+            assert key is not None, "a barrier is keyed by its target thread"
+            pointed_out = Outgoing(key.encode(), sealed, None, headers_for(sealed, _traceparent(event)), sealed=True)
+        self._report.barriers += 1
+        return pointed_out
+
+    async def _copy_position(self, source: Position) -> Position | None:
+        found = self._copies.get(source)
+        if isinstance(found, asyncio.Future):
+            metadata = await found
+            found = self._copies[source] = (metadata.partition, metadata.offset)
+        return found
+
+    async def _settle(self) -> None:
+        """Wait until the broker acknowledged every record written (a failure is raised here)."""
+        pending, self._pending = self._pending, []
+        await asyncio.gather(*pending)
+        for source in self._pending_copies:
+            await self._copy_position(source)
+        self._pending_copies.clear()
+
+
+def _traceparent(event: SourceEvent) -> str | None:
+    raw = header(event.headers, HEADER_TRACEPARENT)
+    return raw.decode(errors="replace") if raw else None

@@ -1,0 +1,187 @@
+"""Copying a log written in the clear into sealed topics (`graphledger encrypt-log --to-prefix NEW`).
+
+A deployment that ran with `GRAPHLEDGER_ENCRYPT_EVENTS` off has events whose payloads are in the clear
+and whose record keys are thread ids and store keys, which no erasure can reach. This copies the
+checkpoint and store topics of `GRAPHLEDGER_TOPIC_PREFIX` into `NEW.checkpoints` and `NEW.store`,
+each event sealed with its subject's data key and keyed by its keyed hash, as a client with encryption
+on would have written it (`EventSealer` on the key store, as `graphledger import` seals). Writers must
+be stopped for the copy; the operator then switches to the new topics (docs/operations.md).
+
+The rules it keeps:
+- Each event keeps its envelope: type, event id and producer time (store items' timestamps come from
+  it), only its payload is sealed. Events already sealed (written by clients with encryption on) are
+  copied as they are. An event of an erased subject is left out: nothing of it may be written again.
+  A record that does not decode or validate (the projector dead-lettered it) is left out and listed,
+  since its payload may hold anything in the clear, and so are chunks of an event whose other chunks
+  the log lacks.
+- Order. A record goes to the partition the producers' partitioner gives its new key (murmur2 of the
+  key modulo the new topic's partitions), where a client's later writes of the same thread or item go:
+  never the source partition, whose number means nothing for a hashed key. Each source partition is
+  read in offset order, chunked events reassembled (an event sits at its last chunk, where the
+  projector applies it) and re-framed, and the partitions are merged by record time, the smaller
+  partition first on a tie. So one thread's (one item's) events keep their log order, and a thread
+  whose events sit on two source partitions (in the clear, then sealed by clients that turned
+  encryption on before this copy) keeps them in the order they were written.
+- `thread.copy.barrier` names the position of its copy's record in the source topic. The copy is
+  merged before its barrier (a barrier waits in the merge until its copy's partition has passed that
+  position: the copy was acknowledged before the barrier was written, so this never deadlocks on a
+  consistent log), and the barrier is rewritten, sealed again if it was sealed, to the copy's
+  position in the new topic as the broker acknowledged it. A barrier naming no copy is left out.
+- Keyless events (`runs.delete`, `namespace.erase`, `tenant.erase`) were written to every partition,
+  each copy applying to the threads or items of its own partition. Each source copy is written to every
+  new partition at its place in the merge: the threads of its source partition are spread over all
+  the new ones, and its place among each new partition's records is after their earlier events and
+  before their later ones, as it was in its source partition.
+- The copy reads each source partition up to its end as of the start (the high watermark of a fetch,
+  as the read API learns it: tansu's ListOffsets runs low). Every record written carries `gl-copy-of:
+  <source partition>:<source offset>`, so a second run reads the new topics first and writes only what
+  is missing: each new partition holds a prefix of what the merge, which is the same on every run,
+  sends to it, and a run that finds anything else refuses. A finished copy run again writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from graphledger.errors import GraphledgerError
+from graphledger.event_sealer import EventSealer
+from graphledger.log_tail import LogTail
+from graphledger.settings import Settings
+from graphledger.tenancy import check_tenant_name
+from graphledger_server.api.credentials import token_entries
+from graphledger_server.encrypt_log.copier import Copier, Sealing
+from graphledger_server.encrypt_log.report import TopicReport
+from graphledger_server.encrypt_log.source import Merge, SourceEvent
+from graphledger_server.encrypt_log.target import Copied
+from graphledger_server.keys.lookup import DataKeyCache
+from graphledger_server.keys.source import StoreKeySource
+from graphledger_server.keys.store import key_store_for
+from graphledger_server.log.clients import new_consumer, new_producer
+from graphledger_server.log.topics import ensure_topics, source_topics
+from graphledger_server.replay.preflight import inspect_sources, refuse_losses
+
+log = logging.getLogger(__name__)
+
+WINDOW_EVENTS = 512
+"""Events sealed together (their keys fetched in one request), written in order, then acknowledged."""
+PROGRESS_EVENTS = 50_000
+"""How often (in events) the copy logs its progress."""
+FETCH_BYTES = 8 * 1024 * 1024
+TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+
+
+async def encrypt_log(
+    settings: Settings, to_prefix: str, *, extra_tenants: Iterable[str] = (), accept_loss: bool = False
+) -> list[TopicReport]:
+    """Copy both source topics into `to_prefix`'s, sealed; see the module docstring."""
+    if not TOPIC_PREFIX.match(to_prefix):
+        raise GraphledgerError(f"--to-prefix {to_prefix!r} is not a topic prefix (1-200 of A-Z a-z 0-9 . _ -)")
+    if to_prefix == settings.topic_prefix:
+        raise GraphledgerError(
+            f"--to-prefix {to_prefix!r} is GRAPHLEDGER_TOPIC_PREFIX, the source: the copy goes to new topics"
+        )
+    refuse_losses(await inspect_sources(settings), accept_loss=accept_loss)
+    target = settings.model_copy(update={"topic_prefix": to_prefix})
+    pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=0, max_size=2)
+    tail = LogTail(settings)
+    consumer = new_consumer(settings, fetch_bytes=FETCH_BYTES)
+    producer: AIOKafkaProducer | None = None
+    try:
+        sealing = _sealing(settings, pool, extra_tenants)
+        await tail.start()
+        await consumer.start()
+        await consumer.topics()
+        counts = {t: _partition_count(consumer, t) for t in source_topics(settings)}
+        ends = await _ends(tail, counts, settings)
+        await ensure_topics(target.model_copy(update={"topic_partitions": counts[settings.checkpoint_topic]}))
+        producer = new_producer(target)
+        await producer.start()
+        reports = []
+        for source_topic, target_topic in zip(source_topics(settings), source_topics(target), strict=True):
+            partitions = sorted(await producer.partitions_for(target_topic))
+            copied = await Copied.read(consumer, tail, target_topic, partitions, ends[source_topic], settings)
+            report = TopicReport(source_topic, target_topic, len(partitions))
+            copier = Copier(report, producer, sealing, copied, settings)
+            await _copy_topic(Merge(consumer, source_topic, ends[source_topic], copier.classify), copier, report)
+            reports.append(report)
+        await _refuse_growth(tail, counts, ends, settings, reports)
+        return reports
+    finally:
+        if producer is not None:
+            await producer.stop()
+        await consumer.stop()
+        await tail.stop()
+        await pool.close()
+
+
+def _sealing(settings: Settings, pool: asyncpg.Pool, extra_tenants: Iterable[str]) -> Sealing:
+    key_store = key_store_for(settings, pool)
+    if key_store is None:
+        raise GraphledgerError(
+            "encrypt-log seals with the key store: set GRAPHLEDGER_KEY_ENCRYPTION_KEYS (the services' key-encryption "
+            "keys) and the key store's database (GRAPHLEDGER_POSTGRES_DSN)"
+        )
+    tenants = frozenset(check_tenant_name(t) for t in extra_tenants) | {
+        e.tenant.name for e in token_entries(settings) or () if e.tenant.name
+    }
+    sealer = EventSealer(StoreKeySource(key_store, settings), settings.key_cache_ttl_s)
+    return Sealing(sealer, DataKeyCache(key_store), tenants)
+
+
+async def _copy_topic(merge: Merge, copier: Copier, report: TopicReport) -> None:
+    """Copy the merged events a window at a time, then count the chunked events the source lacks parts of."""
+    window: list[SourceEvent] = []
+    async for event in merge.events():
+        window.append(event)
+        if len(window) >= WINDOW_EVENTS:
+            await copier.copy(window)
+            window = []
+            if report.events % PROGRESS_EVENTS < WINDOW_EVENTS:
+                log.info("%s: %d events copied, %d records written", report.source, report.events, report.records)
+    await copier.copy(window)
+    for position, why in merge.incomplete():
+        report.events += 1
+        report.leave_out(position, why)
+
+
+async def _refuse_growth(
+    tail: LogTail,
+    counts: dict[str, int],
+    ends: dict[str, dict[int, int]],
+    settings: Settings,
+    reports: list[TopicReport],
+) -> None:
+    """Fail when the source grew during the copy: a writer still runs, and its writes are not copied."""
+    now = await _ends(tail, counts, settings)
+    grown = {f"{t}:{p}": end - ends[t][p] for t, of in now.items() for p, end in of.items() if end > ends[t][p]}
+    if grown:
+        for report in reports:
+            for line in report.describe():
+                log.warning("%s", line)
+        raise GraphledgerError(
+            f"the source grew while it was copied ({', '.join(f'{tp} by {n}' for tp, n in sorted(grown.items()))}): "
+            "writers are still running, and what they wrote is not copied. Stop them and run encrypt-log again: it "
+            "writes only what is missing"
+        )
+
+
+def _partition_count(consumer: AIOKafkaConsumer, topic: str) -> int:
+    partitions = consumer.partitions_for_topic(topic)
+    if not partitions:
+        raise GraphledgerError(f"source topic {topic} does not exist: is GRAPHLEDGER_TOPIC_PREFIX the log to copy?")
+    return len(partitions)
+
+
+async def _ends(tail: LogTail, counts: dict[str, int], settings: Settings) -> dict[str, dict[int, int]]:
+    """Each partition's high watermark, from fetches (tansu's ListOffsets answers low)."""
+    starts = {TopicPartition(t, p): 0 for t, n in counts.items() for p in range(n)}
+    found = await tail.ends(starts, settings.consistency_timeout_s)
+    ends: dict[str, dict[int, int]] = {t: {} for t in counts}
+    for tp, end in found.items():
+        ends[tp.topic][tp.partition] = end
+    return ends

@@ -1,0 +1,169 @@
+"""A process's live view of `graphledger_offsets`: the next offset the projector will apply, per partition.
+
+One `AppliedOffsets` per process keeps the projector's rows in memory. Its own asyncpg connection
+`LISTEN`s on `graphledger_applied`, which the projector `NOTIFY`s after every batch commit, and re-reads
+the (small) table on each notification for its schema, so a waiting caller wakes one round trip after
+the commit that satisfies it. Waiters block on an `asyncio.Condition`; however many there are, the
+database sees one reader, not one polling loop per waiter. In case a notification is missed
+(reconnect, a projector that does not notify), the table is also re-read every `FALLBACK_REFRESH_S`
+while anyone waits. A lost connection is noticed when it closes and re-made with a capped backoff;
+until then `unreachable` says why. The read API waits on it for consistent reads, the eraser for its
+erasure events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import asyncpg
+
+from graphledger_server.driver_errors import is_database_error
+from graphledger_server.log.offsets import APPLIED_CHANNEL, OffsetStatements, group_offsets
+
+log = logging.getLogger(__name__)
+
+FALLBACK_REFRESH_S = 0.1
+RECONNECT_MIN_S = 0.1
+RECONNECT_MAX_S = 2.0
+CLOSE_TIMEOUT_S = 1.0
+APPLICATION_NAME = "graphledger-read-api-offsets"
+"""The watcher's session in `pg_stat_activity`."""
+
+Token = dict[tuple[str, int], int]
+
+
+class AppliedOffsets:
+    """The next offset the projector will apply, per (topic, partition), kept current by LISTEN/NOTIFY."""
+
+    def __init__(
+        self, dsn: str, schema: str, consumer_group: str, *, fallback_refresh_s: float = FALLBACK_REFRESH_S
+    ) -> None:
+        self._dsn = dsn
+        self._fallback_s = fallback_refresh_s
+        self._schema = schema
+        self._sql = OffsetStatements(schema)
+        self._group = consumer_group
+        self._next: Token = {}
+        self._changed = asyncio.Condition()
+        self._waiters = 0
+        self._task: asyncio.Task[None] | None = None
+        self._warned_no_table = False
+        self.listening = asyncio.Event()
+        """Set while the watcher holds its LISTEN connection and has read the table once."""
+        self.unreachable: str | None = None
+        """Why the watcher's last connection failed, until it connects again: no wait can end then."""
+        self._retry_now = asyncio.Event()
+        self._wake = asyncio.Event()
+        """Set by a notification for this schema, or by the LISTEN connection closing."""
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._watch(), name="graphledger-applied-offsets")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    @property
+    def waiting(self) -> int:
+        """Reads waiting for the projection right now."""
+        return self._waiters
+
+    async def reachable(self, timeout_s: float) -> bool:
+        """Whether the watcher is connected, asking it to reconnect now (not after its backoff) if not."""
+        if self.unreachable is None:
+            return True
+        self._retry_now.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.listening.wait(), timeout_s)
+        return self.unreachable is None
+
+    def applied(self, topic: str, partition: int) -> int:
+        """The next offset the projector will apply on the partition, as last read (0: none applied)."""
+        return self._next.get((topic, partition), 0)
+
+    def missing(self, token: Token) -> Token:
+        """The parts of `token` not applied yet: those whose `next_offset` is not past the token's offset."""
+        return {key: offset for key, offset in token.items() if self._next.get(key, 0) <= offset}
+
+    async def wait(self, token: Token, timeout_s: float) -> Token:
+        """Wait until `token` is applied; return what is still missing at the deadline (empty: reached)."""
+        if not self.missing(token):
+            return {}
+        self._waiters += 1
+        try:
+            async with asyncio.timeout(timeout_s), self._changed:
+                await self._changed.wait_for(lambda: not self.missing(token))
+        except TimeoutError:
+            pass
+        finally:
+            self._waiters -= 1
+        return self.missing(token)
+
+    async def _watch(self) -> None:
+        backoff = RECONNECT_MIN_S
+        while True:
+            try:
+                conn = await asyncpg.connect(self._dsn, server_settings={"application_name": APPLICATION_NAME})
+                try:
+                    self._wake.clear()
+                    conn.add_termination_listener(self._closed)
+                    await conn.add_listener(APPLIED_CHANNEL, self._notified)
+                    # Anything applied while we were not listening is in the table, not in a notification.
+                    await self._refresh(conn)
+                    self.listening.set()
+                    self.unreachable = None
+                    backoff = RECONNECT_MIN_S
+                    await self._listen(conn)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await conn.close(timeout=CLOSE_TIMEOUT_S)
+            except Exception as exc:
+                # Whatever Postgres answers, the watcher keeps trying: it is the process's only view
+                # of the projection's progress.
+                if not is_database_error(exc):
+                    raise
+                self.listening.clear()
+                self.unreachable = type(exc).__name__
+                log.warning("applied-offsets watcher failed (%s); reconnecting in %.1fs", exc, backoff)
+                self._retry_now.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._retry_now.wait(), backoff)
+                backoff = min(backoff * 2, RECONNECT_MAX_S)
+
+    def _notified(self, conn: object, pid: int, channel: str, payload: str) -> None:
+        # The payload is the schema the projector applied to; another schema's batch (a replay
+        # building beside us) cannot satisfy our readers.
+        if payload in ("", self._schema):
+            self._wake.set()
+
+    def _closed(self, conn: object) -> None:
+        self._wake.set()
+
+    async def _listen(self, conn: asyncpg.Connection) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._fallback_s)
+            if conn.is_closed():
+                raise asyncpg.ConnectionDoesNotExistError("the LISTEN connection closed")
+            notified = self._wake.is_set()
+            self._wake.clear()  # before reading: a notification during the read wakes the next one
+            if notified or self._waiters:
+                await self._refresh(conn)
+
+    async def _refresh(self, conn: asyncpg.Connection) -> None:
+        try:
+            offsets = await group_offsets(conn, self._sql, self._group)
+        except asyncpg.UndefinedTableError:
+            if not self._warned_no_table:
+                log.warning("no graphledger_offsets in schema %s yet; is it migrated?", self._schema)
+                self._warned_no_table = True
+            return
+        if offsets != self._next:
+            async with self._changed:
+                self._next = offsets
+                self._changed.notify_all()
