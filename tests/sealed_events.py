@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import asyncpg
 
 from graphledger.events.envelope import Envelope
-from graphledger.sealing import ERASED, sealed_ref, unseal
+from graphledger.sealing import ERASED, MISBOUND, sealed_key_id, sealed_ref, unseal
 from graphledger.settings import Settings
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.store import key_store_for
@@ -19,15 +19,15 @@ async def unsealed(settings: Settings, envelopes: Sequence[Envelope]) -> list[En
     pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=1)
     try:
         keys = DataKeyCache(key_store_for(settings, pool))
-        await keys.load({ref for e in envelopes if (ref := sealed_ref(e)) is not None})
+        await keys.load({(ref, sealed_key_id(e)) for e in envelopes if (ref := sealed_ref(e)) is not None})
         opened = []
         for envelope in envelopes:
             ref = sealed_ref(envelope)
             if ref is None:
                 opened.append(envelope)
                 continue
-            key = keys.get(ref)
-            assert key is not None and key is not ERASED, f"no data key for subject {ref}"
+            key = keys.get(ref, sealed_key_id(envelope))
+            assert key is not None and key is not ERASED and key is not MISBOUND, f"no data key for subject {ref}"
             opened.append(unseal(envelope, key)[0])
         return opened
     finally:
