@@ -47,9 +47,13 @@ settings-doc: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
-# Ten minutes of mixed traffic with a projector SIGKILL every minute; checks nothing was lost.
+# Ten minutes of mixed traffic with a projector SIGKILL every minute; checks nothing was lost. Then the
+# long runs of the checks `make test` runs short: a 2,000-turn conversation held by one process, and ten
+# minutes of writes through an outage of the read API and Postgres.
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak
+	GRAPHLEDGER_LONG_CONVERSATION_TURNS=2000 $(BIN)/python -m pytest -q tests/acceptance/test_thread_state.py
+	GRAPHLEDGER_OUTAGE_S=600 GRAPHLEDGER_OUTAGE_PACE_S=1 GRAPHLEDGER_CLIENT_FRESH_KEYS=2048 $(BIN)/python -m pytest -q tests/acceptance/test_outage_writes.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check libs services tests bench

@@ -34,6 +34,10 @@ SMALL_BOUND = 256 * 1024
 
 @contextmanager
 def projector_stopped(stack: DevStack) -> Iterator[None]:
+    """The projector stopped (SIGSTOP) for the block, once it applied everything written before: earlier
+    tests' records, a `runs.delete` among them, are no test's own and would be waited for."""
+    with KafkaSaver(stack.settings) as reader:
+        next(iter(reader.list(None, limit=1)), None)  # a list across threads waits for the whole topic
     pid = stack.pids()["projector"]
     os.kill(pid, signal.SIGSTOP)
     try:

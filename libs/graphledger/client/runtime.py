@@ -295,7 +295,12 @@ class ClientRuntime:
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the client's loop (it may use the publisher, the reader and the log)."""
-        return self._started_loop().run(coro)
+        try:
+            loop = self._started_loop()
+        except BaseException:
+            coro.close()
+            raise
+        return loop.run(coro)
 
     async def acall(self, coro: Coroutine[Any, Any, T]) -> T:
         return await self._arun(coro)
