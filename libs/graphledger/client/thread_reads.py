@@ -187,8 +187,10 @@ class ThreadReads:
         applied = answer.get("own_writes_from", end) if named is not None else end
         if checkpoint_id is not None:
             return _older(named, answer["tuple"], thread_id, checkpoint_ns, checkpoint_id, applied)
-        view = fold.from_answer(checkpoint_ns, answer["tuple"], answer.get("namespaces"))
-        view = self._threads.install(thread_id, named, partition, view, applied, end)
+        later = answer.get("later_writes", {})
+        view = fold.from_answer(checkpoint_ns, answer["tuple"], answer.get("namespaces"), later)
+        # Too many writes of newer checkpoints to send: the answer stands, the thread is not held.
+        view = self._threads.install(thread_id, named, partition, view, applied, end, hold=later is not None)
         return view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, None)
 
 

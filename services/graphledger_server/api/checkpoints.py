@@ -13,6 +13,7 @@ client's own that it names in `X-Graphledger-Own-Writes`), a list across threads
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -21,7 +22,7 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from pydantic import BaseModel
 
 from graphledger.sealing import ERASED
-from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER
+from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER, typed
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
 from graphledger_server.api.consistency import token_of
@@ -55,6 +56,15 @@ WITH RECURSIVE ns AS (
 )
 SELECT checkpoint_ns FROM ns WHERE checkpoint_ns IS NOT NULL LIMIT %(most)s
 """
+# The writes of a namespace's checkpoints newer than the newest one: writes that reached the log before
+# their put. %(thread)s, %(ns)s, %(newest)s -> the newest checkpoint id ('' for none).
+LATER_WRITES_SQL = """
+SELECT checkpoint_id, task_id, task_path, idx, channel, type, blob FROM checkpoint_writes
+WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s AND checkpoint_id > %(newest)s
+ORDER BY checkpoint_id, task_path, task_id, idx
+LIMIT %(most)s
+"""
+MAX_LATER_WRITES = 1000
 MAX_NAMESPACES = 1000
 """Most namespaces a get names; a thread with more answers without the list (the client then asks for each)."""
 
@@ -205,12 +215,35 @@ async def get_tuple(request: Request) -> Response:
         answer["tuple"] = _tuple(found, tenant) if found else None
         if found is None and await _erased(request, tenant, body.thread_id):
             answer["erased"] = True
-        elif (
-            body.checkpoint_id is None
-            and (namespaces := await _namespaces(request, tenant.thread(body.thread_id))) is not None
-        ):
-            answer["namespaces"] = namespaces
+        elif body.checkpoint_id is None:
+            # What a client holding the thread from this answer needs besides: the thread's namespaces, and
+            # the writes of checkpoints newer than the answer's (their puts are still to come), each on a
+            # connection of its own.
+            stored = tenant.thread(body.thread_id)
+            newest = found.config["configurable"]["checkpoint_id"] if found else ""
+            namespaces, later = await asyncio.gather(
+                _namespaces(request, stored), _later_writes(request, stored, body.checkpoint_ns, newest)
+            )
+            if namespaces is not None:
+                answer["namespaces"] = namespaces
+            answer["later_writes"] = later
     return _answer(request, answer)
+
+
+async def _later_writes(request: Request, stored_thread_id: str, checkpoint_ns: str, newest: str) -> Any:
+    """The pending writes of the namespace's checkpoints newer than `newest` (None: more than
+    `MAX_LATER_WRITES` rows, which the client then does not hold), by checkpoint id."""
+    params = {"thread": stored_thread_id, "ns": checkpoint_ns, "newest": newest, "most": MAX_LATER_WRITES + 1}
+    async with api_state(request).pool.connection() as conn:
+        rows = await (await conn.execute(LATER_WRITES_SQL, params, binary=True)).fetchall()
+    if len(rows) > MAX_LATER_WRITES:
+        return None
+    later: dict[str, list[Any]] = {}
+    for row in rows:
+        later.setdefault(row["checkpoint_id"], []).append(
+            [row["task_id"], row["channel"], typed(row["type"], row["blob"]), row["task_path"], row["idx"]]
+        )
+    return later
 
 
 async def _namespaces(request: Request, stored_thread_id: str) -> list[str] | None:

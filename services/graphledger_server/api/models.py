@@ -166,6 +166,11 @@ class GetResponse(BaseModel):
         "answer's projection (absent: too many to list); a client knows the others are empty.",
     )
     erased: bool = Field(False, description="The thread was erased: it has no checkpoint, and never will.")
+    later_writes: dict[str, list[list[Any]]] | None = Field(
+        None,
+        description="A get of the newest checkpoint: the pending writes of the namespace's newer checkpoints, whose "
+        "puts are still to come, by checkpoint id (null: too many to send).",
+    )
 
 
 class ListResponse(BaseModel):
