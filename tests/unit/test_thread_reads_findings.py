@@ -1,7 +1,7 @@
 """A bug the model-based test found (`tests/acceptance/test_model_based.py`, `reads_racing_own_writes`),
 reduced to `ThreadReads` with a read API answering by hand: a read folded this process's own records
 acknowledged while the read API answered onto that answer, although the answer reflects the log only
-below its end, and another process's record may lie between. Marked `xfail` (strict) until fixed.
+below its end, and another process's record may lie between.
 
 In the test's runs the wrong answers were of two kinds: a checkpoint or writes of its own without another
 process's delete, put or writes before them in the log (no log prefix answers that), and
