@@ -44,8 +44,10 @@ test-unit: $(STAMP)
 settings-doc: $(STAMP)
 	$(BIN)/python -m graphledger_server.commands.settings_doc --write README.md
 
+# BENCH_ARGS picks sections and sizes, e.g. `make bench BENCH_ARGS="--only conversations"` (a few minutes);
+# `$(BIN)/python -m bench --help` lists them.
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 # Ten minutes of mixed traffic with a projector SIGKILL every minute; checks nothing was lost.
 soak: $(STAMP)
