@@ -261,9 +261,8 @@ async def main(args: argparse.Namespace) -> None:
         conversation_rows: list[str] = []
         conversation_placement = ""
         if "conversations" in sections:
-            print(
-                f"conversations: {args.rounds} rounds, {args.conversation_turns} turns per side and round", flush=True
-            )
+            pace = conversation_bench.Pace(args.conversation_turns, args.run_seconds, args.rounds)
+            print(f"conversations: {pace.rounds} rounds; a run: {pace.seconds:g} s or {pace.turns} turns", flush=True)
             started = time.perf_counter()
             async with (
                 KafkaSaver(settings) as first,
@@ -273,9 +272,7 @@ async def main(args: argparse.Namespace) -> None:
             ):
                 placement.pin(stack.pids().values())  # the savers' new Postgres backends (the postmaster's children)
                 conversation_placement = placement.describe(stack.pids())
-                conversation_rows = await conversation_bench.run(
-                    [first, second], official, settle, args.conversation_turns, args.rounds
-                )
+                conversation_rows = await conversation_bench.run([first, second], official, settle, pace)
             minutes = (time.perf_counter() - started) / 60
             print(f"  conversation rows took {minutes:.1f} min; projector waits that ran out: {settle.timeouts}")
         rows: list[tuple[str, int, float, float]] = []
@@ -349,8 +346,14 @@ if __name__ == "__main__":
     parser.add_argument(
         "--conversation-turns",
         type=int,
-        default=800,
-        help="timed turns per side, row and round of the conversation rows (concurrency 1: a quarter; 0 skips them)",
+        default=600,
+        help="cap of timed turns of a conversation run (concurrency 1: a quarter; 0 skips the conversation rows)",
+    )
+    parser.add_argument(
+        "--run-seconds",
+        type=float,
+        default=conversation_bench.RUN_S,
+        help="seconds a conversation run starts turns for (it stops earlier at its cap of turns)",
     )
     parser.add_argument(
         "--rounds", type=int, default=conversation_bench.ROUNDS, help="rounds of every conversation row"

@@ -12,6 +12,7 @@ Workloads, each at concurrency 1, 16 and 64 (each concurrent worker runs convers
 - hop turn, at concurrency 1: the turns of a conversation alternate between two savers, as when a load
   balancer sends each turn to another pod (a KafkaSaver never holds the thread it is asked for); the
   non-hop row runs in the same rounds on one saver, for comparison.
+- the chat turn at concurrency 1 again, last: drift over the bench (see `run`).
 
 Sides: `InMemorySaver` (LangGraph with no persistence: the limit; a fresh one per run, so its memory
 does not grow over the bench), the official `AsyncPostgresSaver` on one connection and on a pool
@@ -19,12 +20,14 @@ without the per-instance lock (`bench/official.py`), and KafkaSaver.
 
 Every row runs in rounds; each round runs every side, in an order reversed every other round, so the
 machine's drift falls on all of them. Before each run the projector catches up with the log
-(`bench/settle.py`) and garbage is collected, outside the clock. A run reports turns per second (all
-turns over the wall time from the first start to the last end), the p50 latency of a turn, and the
-agent process's CPU per turn (user + system time of the bench process over the run, all its threads,
-divided by the turns). A row prints each side's medians over the rounds, and the ratio of
-KafkaSaver's median turns/s to the stronger official form's median, with its spread: the lowest and
-highest of the per-round ratios, each of a round's KafkaSaver against that round's stronger form.
+(`bench/settle.py`) and garbage is collected, outside the clock. A run's workers start turns for
+`RUN_S` seconds or until the run's cap of turns, whichever comes first, so a slow side cannot stretch
+the bench. A run reports turns per second (all turns over the wall time from the first start to the
+last end), the p50 latency of a turn, and the agent process's CPU per turn (user + system time of the
+bench process over the run, all its threads, divided by the turns). A row prints each side's medians
+over the rounds, and the ratio of KafkaSaver's median turns/s to the stronger official form's median,
+with its spread: the lowest and highest of the per-round ratios, each of a round's KafkaSaver against
+that round's stronger form.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from langgraph.graph import START, MessagesState, StateGraph
 
 ROUNDS = 3
 CONCURRENCY = (1, 16, 64)
+RUN_S = 2.0
+"""Seconds a run starts turns for (it stops earlier at its cap of turns)."""
 TURNS = 10
 """Turns per conversation: the history a turn reads and writes grows to 30 messages."""
 MESSAGE = "x" * 200
@@ -88,6 +93,7 @@ WITH_STATE = Workload("turn + `aget_state`", get_state=True)
 FIRST = Workload("first turn of a new thread", new_threads=True)
 HOP = Workload("hop turn (each turn on the other saver)", hop=True)
 NON_HOP = Workload("non-hop turn (same rounds)")
+AGAIN = Workload("chat turn, again after all rows (drift)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +108,7 @@ class Side:
 
 @dataclass(frozen=True, slots=True)
 class Run:
+    turns: int
     turns_per_s: float
     p50_ms: float
     cpu_ms: float
@@ -121,8 +128,11 @@ def _message(n: int) -> dict[str, Any]:
     return {"messages": [HumanMessage(f"message {n} " + MESSAGE)]}
 
 
-async def _run(savers: Sequence[Any], workload: Workload, concurrency: int, turns: int, settle: Settle) -> Run:
-    """About `turns` timed turns by `concurrency` workers; turn `n` of a conversation on `graphs[n % len]`."""
+async def _run(
+    savers: Sequence[Any], workload: Workload, concurrency: int, turns: int, seconds: float, settle: Settle
+) -> Run:
+    """Turns by `concurrency` workers, each starting turns for `seconds` or until its share of `turns`
+    is done; turn `n` of a conversation runs on `graphs[n % len(graphs)]`."""
     graphs = [chat_graph(s) for s in (savers[:2] if workload.hop else savers[:1])]
     per_worker = max(1, turns // concurrency)
     plans: list[list[tuple[dict[str, Any], int]]] = []
@@ -148,33 +158,53 @@ async def _run(savers: Sequence[Any], workload: Workload, concurrency: int, turn
 
     async def worker(plan: list[tuple[dict[str, Any], int]]) -> None:
         for config, n in plan:
+            if time.perf_counter() >= deadline:
+                break
             graph = graphs[n % len(graphs)]
-            started = time.perf_counter()
+            turn_started = time.perf_counter()
             await graph.ainvoke(_message(n), config)
             if workload.get_state:
                 await graph.aget_state(config)
-            latencies.append(time.perf_counter() - started)
+            latencies.append(time.perf_counter() - turn_started)
 
     cpu, started = _cpu_s(), time.perf_counter()
+    deadline = started + seconds
     await asyncio.gather(*(worker(plan) for plan in plans))
     elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu
-    return Run(len(latencies) / elapsed, statistics.median(latencies) * 1000, cpu / len(latencies) * 1000)
+    done = len(latencies)
+    return Run(done, done / elapsed, statistics.median(latencies) * 1000, cpu / done * 1000)
 
 
 def _runs(side: Side, workload: Workload) -> bool:
     return side.hops or not workload.hop
 
 
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """How long and how many turns a run may take."""
+
+    turns: int
+    """The cap of turns of a run at concurrency 16 and 64; a quarter at 1."""
+    seconds: float = RUN_S
+    rounds: int = ROUNDS
+
+
 async def _measure(
-    workloads: Sequence[Workload], sides: Sequence[Side], concurrency: int, turns: int, rounds: int, settle: Settle
+    workloads: Sequence[Workload], sides: Sequence[Side], concurrency: int, pace: Pace, settle: Settle
 ) -> dict[Workload, dict[str, list[Run]]]:
-    """`rounds` rounds; in each every side runs every workload, sides in an order reversed every other round."""
+    """`pace.rounds` rounds; in each every side runs every workload, sides in an order reversed every other
+    round. After the first round a run's cap is 1.5 times what the side did in its previous run, so
+    conversations are not opened (untimed, but not free) for turns the run will not reach."""
+    cap = pace.turns if concurrency > 1 else pace.turns // 4
     runs: dict[Workload, dict[str, list[Run]]] = {w: {s.name: [] for s in sides if _runs(s, w)} for w in workloads}
-    for r in range(rounds):
+    for r in range(pace.rounds):
         for side in sides if r % 2 == 0 else list(reversed(sides)):
             for workload in workloads:
-                if _runs(side, workload):
-                    runs[workload][side.name].append(await _run(side.savers(), workload, concurrency, turns, settle))
+                if not _runs(side, workload):
+                    continue
+                done = runs[workload][side.name]
+                turns = min(cap, int(done[-1].turns * 1.5) + concurrency) if done else cap
+                done.append(await _run(side.savers(), workload, concurrency, turns, pace.seconds, settle))
     return runs
 
 
@@ -213,16 +243,15 @@ def sides_of(ours: Sequence[Any], official: Mapping[str, Sequence[Any]]) -> list
     ]
 
 
-async def run(
-    ours: Sequence[Any], official: Mapping[str, Sequence[Any]], settle: Settle, turns: int, rounds: int = ROUNDS
-) -> list[str]:
+async def run(ours: Sequence[Any], official: Mapping[str, Sequence[Any]], settle: Settle, pace: Pace) -> list[str]:
     """The conversation rows as a Markdown table (header included); each row is printed as it completes.
 
-    `turns` is the timed turns per side, row and round at concurrency 16 and 64; a quarter at 1.
+    The last row repeats the first workload after all others: KafkaSaver's state and the broker's log
+    grow over the bench, and a side that slows down as they grow shows here against the first row.
     """
     sides = sides_of(ours, official)
     for side in sides:
-        await _run(side.savers(), CHAT, 4, WARM_UP_TURNS, settle)
+        await _run(side.savers(), CHAT, 4, WARM_UP_TURNS, pace.seconds, settle)
     lines = [
         "| workload | concurrency | "
         + " | ".join(f"{s.name} (limit)" if s.kind == "limit" else s.name for s in sides)
@@ -230,14 +259,16 @@ async def run(
         "|---|---:|" + "---:|" * len(sides) + "---|",
     ]
     print("\n".join(lines), flush=True)
+
+    def add(workload: Workload, concurrency: int, runs: Mapping[str, list[Run]]) -> None:
+        lines.append(_line(workload, concurrency, sides, runs))
+        print(lines[-1], flush=True)
+
     for workload in (CHAT, WITH_STATE, FIRST):
         for concurrency in CONCURRENCY:
-            n = turns if concurrency > 1 else turns // 4
-            runs = await _measure([workload], sides, concurrency, n, rounds, settle)
-            lines.append(_line(workload, concurrency, sides, runs[workload]))
-            print(lines[-1], flush=True)
-    runs = await _measure([HOP, NON_HOP], sides, 1, turns // 4, rounds, settle)
+            add(workload, concurrency, (await _measure([workload], sides, concurrency, pace, settle))[workload])
+    runs = await _measure([HOP, NON_HOP], sides, 1, pace, settle)
     for workload in (HOP, NON_HOP):
-        lines.append(_line(workload, 1, sides, runs[workload]))
-        print(lines[-1], flush=True)
+        add(workload, 1, runs[workload])
+    add(AGAIN, 1, (await _measure([AGAIN], sides, 1, pace, settle))[AGAIN])
     return lines
