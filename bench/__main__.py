@@ -48,6 +48,7 @@ from graphledger_server.log.offsets import OffsetStatements, group_offsets
 
 CONCURRENCY = (1, 16, 64)
 SEALING_ROUNDS = 6
+LABELS = {"aput": "`aput`", "graph.ainvoke": "`graph.ainvoke`, a new thread each"}
 SECTIONS = ("conversations", "checkpoints", "write-to-visible", "sealing", "store", "rebuild")
 
 
@@ -259,7 +260,7 @@ async def main(args: argparse.Namespace) -> None:
         # First, on empty topics: a read of a thread fetches its partition's tail, and tansu's fetch time
         # grows with every record a partition holds (a real broker's does not).
         conversation_rows: list[str] = []
-        conversation_placement = ""
+        conversation_placement = conversation_facts = ""
         if "conversations" in sections:
             pace = conversation_bench.Pace(args.conversation_turns, args.run_seconds, args.rounds)
             print(f"conversations: {pace.rounds} rounds; a run: {pace.seconds:g} s or {pace.turns} turns", flush=True)
@@ -275,6 +276,10 @@ async def main(args: argparse.Namespace) -> None:
                 conversation_rows = await conversation_bench.run([first, second], official, settle, pace)
             minutes = (time.perf_counter() - started) / 60
             print(f"  conversation rows took {minutes:.1f} min; projector waits that ran out: {settle.timeouts}")
+            conversation_facts = (
+                f"Conversations ({minutes:.1f} min): medians of {args.rounds} rounds, sides alternating; each cell is "
+                "turns/s, p50 turn latency, the agent process's CPU per turn"
+            )
         rows: list[tuple[str, int, float, float]] = []
         rate: float | None = None
         visible: tuple[float, float] | None = None
@@ -302,13 +307,11 @@ async def main(args: argparse.Namespace) -> None:
         print(f"Machine: {_machine(placement, stack)}")
         if conversation_rows:
             print(f"During the conversation rows: {conversation_placement}")
-            print(
-                f"Conversations: median of {args.rounds} rounds, sides alternating; each cell is turns/s, p50 turn "
-                "latency, the agent process's CPU per turn\n"
-            )
+            print(f"{conversation_facts}\n")
             print("\n".join(conversation_rows))
         checkpoint_rows = [
-            f"| {name} | {concurrency} | {mine:,.0f} | {theirs:,.0f} | {mine / theirs:.2f}x |"
+            f"| {LABELS[name]} (KafkaSaver vs AsyncPostgresSaver) | {concurrency} | {mine:,.0f}/s | {theirs:,.0f}/s "
+            f"| {mine / theirs:.2f}x |"
             for name, concurrency, mine, theirs in rows
         ]
         if rate is not None:
@@ -320,13 +323,12 @@ async def main(args: argparse.Namespace) -> None:
             checkpoint_rows.append(
                 f"| write-to-visible at 500/s, a new thread each | – | p50 {p50:.1f} ms, p99 {p99:.1f} ms | – | – |"
             )
-        if checkpoint_rows:
-            print("\n| operation | concurrency | KafkaSaver ops/s | AsyncPostgresSaver ops/s | ratio |")
+        if operation_rows := [*checkpoint_rows, *store_rows, *rebuild_rows]:
+            print("\n| operation | concurrency | graphledger | official | ratio |")
             print("|---|---:|---:|---:|---:|")
-            print("\n".join(checkpoint_rows))
-        for table in (sealing_rows, [*store_rows, *rebuild_rows]):
-            if table:
-                print("\n" + "\n".join(table))
+            print("\n".join(operation_rows))
+        if sealing_rows:
+            print("\n" + "\n".join(sealing_rows))
 
 
 if __name__ == "__main__":
