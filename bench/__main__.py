@@ -278,7 +278,8 @@ async def main(args: argparse.Namespace) -> None:
             print(f"  conversation rows took {minutes:.1f} min; projector waits that ran out: {settle.timeouts}")
             conversation_facts = (
                 f"Conversations ({minutes:.1f} min): medians of {args.rounds} rounds, sides alternating; each cell is "
-                "turns/s, p50 turn latency, the agent process's CPU per turn"
+                "turns/s, p50 turn latency, the agent process's CPU per turn (in brackets: its CPU over the run's "
+                "wall time, how busy its core was)"
             )
         rows: list[tuple[str, int, float, float]] = []
         rate: float | None = None
