@@ -11,7 +11,8 @@ read has unprojected records at all.
 Every fetch starts one record before the first offset asked about: a fetch that finds data is answered
 at once, while one positioned at the end of the log is held for its whole `max_wait` (tansu holds it
 even when the wait is 0, and answers a wait of 0 with no partitions at all). The record before is
-dropped from the answer. Reads that ask in the same turn of the event loop share one fetch per broker.
+dropped from the answer. At most one shared fetch per broker is in flight: the reads arriving meanwhile
+join the next one, sent when it is answered (after all of them began), so concurrent reads share fetches.
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ class LogTail:
         self._bootstrapped = client is not None
         self._bootstrap_lock = asyncio.Lock()
         self._rounds: dict[int, _Round] = {}
+        """Per broker, the round reads join: sent once the one in flight there has its answer."""
+        self._in_flight: dict[int, asyncio.Task[dict[TopicPartition, _Answer]]] = {}
 
     async def start(self) -> None:
         if not self._owned:
@@ -181,13 +184,20 @@ class LogTail:
     # -- fetches, shared by the reads of one loop turn -------------------------------------------------
 
     async def _shared_page(self, tp: TopicPartition, position: int, max_bytes: int) -> _Page | None:
-        """A page of `tp` from `position`, fetched in this loop turn's round for its leader."""
+        """A page of `tp` from `position`, fetched in the next round for its leader: every read that
+        arrives while a round is in flight there joins the one after it (sent after all of them began),
+        so many concurrent reads cost a fetch or two, not one each."""
         while True:
             node = await self._leader(tp)
             round_ = self._rounds.get(node)
             if round_ is None:
-                round_ = self._rounds[node] = _Round(asyncio.get_running_loop().create_future())
-                asyncio.get_running_loop().call_soon(self._send_round, node)
+                loop = asyncio.get_running_loop()
+                round_ = self._rounds[node] = _Round(loop.create_future())
+                in_flight = self._in_flight.get(node)
+                if in_flight is None or in_flight.done():
+                    loop.call_soon(self._send_round, node)
+                else:
+                    in_flight.add_done_callback(lambda _, n=node: self._send_round(n))
             earlier, most = round_.positions.get(tp, (position, max_bytes))
             round_.positions[tp] = (min(position, earlier), max(max_bytes, most))
             answer = (await asyncio.shield(round_.done)).get(tp)
@@ -197,7 +207,7 @@ class LogTail:
 
     def _send_round(self, node: int) -> None:
         round_ = self._rounds.pop(node)
-        task = asyncio.get_running_loop().create_task(self._fetch(node, round_.positions))
+        task = self._in_flight[node] = asyncio.get_running_loop().create_task(self._fetch(node, round_.positions))
 
         def settle(finished: asyncio.Task[dict[TopicPartition, _Answer]]) -> None:
             if round_.done.cancelled():
