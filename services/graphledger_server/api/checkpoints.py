@@ -56,8 +56,9 @@ WITH RECURSIVE ns AS (
 )
 SELECT checkpoint_ns FROM ns WHERE checkpoint_ns IS NOT NULL LIMIT %(most)s
 """
-# The writes of a namespace's checkpoints newer than the newest one: writes that reached the log before
-# their put. %(thread)s, %(ns)s, %(newest)s -> the newest checkpoint id ('' for none).
+# The writes of a namespace's checkpoints newer than an answer's: writes that reached the log before
+# their put. %(thread)s, %(ns)s, %(newest)s -> the stored thread id, the namespace, the answer's checkpoint
+# id ('' for none). Given the id, not found again here: a put applied since would hide its writes.
 LATER_WRITES_SQL = """
 SELECT checkpoint_id, task_id, task_path, idx, channel, type, blob FROM checkpoint_writes
 WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s AND checkpoint_id > %(newest)s
@@ -213,26 +214,36 @@ async def get_tuple(request: Request) -> Response:
     else:
         found = await _saver(request, tenant).aget_tuple(body.config(tenant.thread))
         answer["tuple"] = _tuple(found, tenant) if found else None
-        if found is None and await _erased(request, tenant, body.thread_id):
-            answer["erased"] = True
-        elif body.checkpoint_id is None:
-            # What a client holding the thread from this answer needs besides: the thread's namespaces, and
-            # the writes of checkpoints newer than the answer's (their puts are still to come), each on a
-            # connection of its own.
+        if body.checkpoint_id is None:
+            # What a client holding the thread from this answer needs besides, each on a connection of its
+            # own: the thread's namespaces, and the writes of checkpoints newer than the answer's (their
+            # puts are still to come); and, for no checkpoint at all, whether the thread was erased.
             stored = tenant.thread(body.thread_id)
             newest = found.config["configurable"]["checkpoint_id"] if found else ""
-            namespaces, later = await asyncio.gather(
-                _namespaces(request, stored), _later_writes(request, stored, body.checkpoint_ns, newest)
+            namespaces, later, erased = await asyncio.gather(
+                _namespaces(request, stored),
+                _later_writes(request, stored, body.checkpoint_ns, newest),
+                _erased(request, tenant, body.thread_id) if found is None else _false(),
             )
+        else:
+            namespaces, later = None, None
+            erased = found is None and await _erased(request, tenant, body.thread_id)
+        if erased:
+            answer["erased"] = True
+        elif body.checkpoint_id is None:
+            answer["later_writes"] = later
             if namespaces is not None:
                 answer["namespaces"] = namespaces
-            answer["later_writes"] = later
     return _answer(request, answer)
 
 
+async def _false() -> bool:
+    return False
+
+
 async def _later_writes(request: Request, stored_thread_id: str, checkpoint_ns: str, newest: str) -> Any:
-    """The pending writes of the namespace's checkpoints newer than `newest` (None: more than
-    `MAX_LATER_WRITES` rows, which the client then does not hold), by checkpoint id."""
+    """The pending writes of the namespace's checkpoints newer than `newest`, the answer's (None: more
+    than `MAX_LATER_WRITES` rows, which the client then does not hold), by checkpoint id."""
     params = {"thread": stored_thread_id, "ns": checkpoint_ns, "newest": newest, "most": MAX_LATER_WRITES + 1}
     async with api_state(request).pool.connection() as conn:
         rows = await (await conn.execute(LATER_WRITES_SQL, params, binary=True)).fetchall()
