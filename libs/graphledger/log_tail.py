@@ -13,6 +13,8 @@ at once, while one positioned at the end of the log is held for its whole `max_w
 even when the wait is 0, and answers a wait of 0 with no partitions at all). The record before is
 dropped from the answer. At most one shared fetch per broker is in flight: the reads arriving meanwhile
 join the next one, sent when it is answered (after all of them began), so concurrent reads share fetches.
+A compressed batch that does not decompress within `max_decompressed_batch_bytes`
+(`compressed_batches.py`) ends a scan: the tail is incomplete.
 """
 
 from __future__ import annotations
@@ -24,12 +26,19 @@ from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 from aiokafka.client import AIOKafkaClient
-from aiokafka.errors import KafkaError, NotLeaderForPartitionError, OffsetOutOfRangeError, for_code
+from aiokafka.errors import (
+    KafkaError,
+    NotLeaderForPartitionError,
+    OffsetOutOfRangeError,
+    UnsupportedCodecError,
+    for_code,
+)
 from aiokafka.partitioner import murmur2
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.protocol.offset import OffsetRequest
 from aiokafka.record.memory_records import MemoryRecords
 
+from graphledger.compressed_batches import UnreadableBatchError, bound_decompression
 from graphledger.errors import LogUnavailableError
 from graphledger.settings import Settings
 
@@ -91,6 +100,7 @@ class LogTail:
     """A window on the log: an aiokafka client (its own, or a producer's), no consumer group, no offsets."""
 
     def __init__(self, settings: Settings, client: AIOKafkaClient | None = None) -> None:
+        bound_decompression(settings.max_decompressed_batch_bytes)
         self._settings = settings
         self._client = client
         """Given: a started client someone else owns (a producer's)."""
@@ -316,7 +326,8 @@ class LogTail:
 
 
 def _records(raw: bytes | None) -> tuple[list[tuple[int, bytes | None]], int]:
-    """`(offset, key)` of the data records in a fetched record set, and its size in bytes."""
+    """`(offset, key)` of the data records in a fetched record set, up to its first unreadable batch (a
+    compressed one beyond the bound), and its size in bytes."""
     if not raw:
         return [], 0
     out: list[tuple[int, bytes | None]] = []
@@ -327,5 +338,9 @@ def _records(raw: bytes | None) -> tuple[list[tuple[int, bytes | None]], int]:
             break
         if getattr(batch, "is_control_batch", False):
             continue
-        out.extend((record.offset, record.key) for record in batch)
+        try:
+            out.extend((record.offset, record.key) for record in batch)
+        except (UnreadableBatchError, UnsupportedCodecError) as exc:
+            log.warning("a record batch at offset %d is unreadable (%s); the scan ends there", batch.base_offset, exc)
+            break
     return out, len(raw)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from graphledger.compressed_batches import UNREADABLE_HEADER
 from graphledger.errors import InvalidEventError, UnknownEventVersionError
 from graphledger.events import envelope
 from graphledger.events.chunks import ChunkRef, parse_header
@@ -139,6 +140,10 @@ def no_keys(ref: str, key_id: str | None) -> None:
 
 def classify(record: SourceRecord, to_event: ToEvent, keys: KeyLookup = no_keys) -> Classified:
     """What a record is, without touching the database (`keys`: the batch's data keys, fetched before)."""
+    unreadable = envelope.header(record.headers, UNREADABLE_HEADER)
+    if unreadable is not None:  # a compressed batch beyond the bound, in the consumer's answer
+        reason = "unreadable record batch, " + unreadable[:1000].decode(errors="replace")
+        return DeadLetter(record, reason, None, record.value)
     chunk_header = envelope.header(record.headers, envelope.HEADER_CHUNK)
     if chunk_header is not None:
         try:
