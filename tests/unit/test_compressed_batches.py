@@ -15,6 +15,7 @@ from aiokafka.record.memory_records import MemoryRecords
 from graphledger.compressed_batches import UNREADABLE_HEADER, bound_decompression
 from graphledger.log_tail import _records
 from graphledger_server.projection.checkpoints import CheckpointProjection
+from graphledger_server.projection.dead_letters import HEADER_OFFSET, outgoing_records
 from graphledger_server.projection.records import DeadLetter, SourceRecord, classify
 from hostile import compressed_batch, record_batch, record_bytes, zstd_bomb
 
@@ -95,3 +96,7 @@ def test_the_projector_dead_letters_the_placeholder_of_an_unreadable_batch() -> 
     record = SourceRecord("t", 0, placeholder.offset, None, None, tuple(placeholder.headers))
     letter = classify(record, CheckpointProjection("s").to_event)
     assert isinstance(letter, DeadLetter) and letter.reason.startswith("unreadable record batch, offsets 0..4:")
+    # Kafka producers send no record with neither key nor value: the dead-letter topic gets an empty value.
+    (outgoing,) = outgoing_records(letter, max_message_bytes=1024 * 1024)
+    assert outgoing.key is None and outgoing.value == b""
+    assert (HEADER_OFFSET, str(placeholder.offset).encode()) in outgoing.headers
