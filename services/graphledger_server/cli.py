@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from graphledger.errors import GraphledgerError
 from graphledger.settings import Settings
-from graphledger_server.commands import dlq, encrypt_log, erase, forks, importer, keys, offsets, replay, token
+from graphledger_server.commands import dlq, encrypt_log, erase, forks, importer, keys, offsets, parked, replay, token
 
 if TYPE_CHECKING:
     from graphledger_server.devstack.stack import DevStack
@@ -80,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 getattr(args, "offsets_command", None),
                 getattr(args, "replay_command", None),
                 getattr(args, "forks_command", None),
+                getattr(args, "parked_command", None),
                 getattr(args, "erase_command", None),
                 getattr(args, "keys_command", None),
             ],
@@ -173,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         commands.add_parser(name, help=help_text).set_defaults(run=_service)
     # Operators' commands, each in its own module (light to import: the client install runs --help).
-    for module in (replay, importer, dlq, forks, offsets, token, erase, keys, encrypt_log):
+    for module in (replay, importer, dlq, forks, parked, offsets, token, erase, keys, encrypt_log):
         module.register(commands)
     return parser
 

@@ -34,7 +34,7 @@ BATCH = r"INSERT INTO \S+graphledger_offsets|FOR UPDATE OF o"
 
 
 async def _settings(make_settings: Callable[..., Settings]) -> Settings:
-    settings = make_settings(topic_partitions=2, batch_max_wait_ms=20)
+    settings = make_settings(topic_partitions=2, batch_max_wait_ms=20, encrypt_events=False)  # events in the clear
     await ensure_topics(settings)
     await migrate(settings.postgres_dsn, settings.postgres_schema)
     return settings

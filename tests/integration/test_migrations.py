@@ -24,6 +24,9 @@ OUR_TABLES = (
     "graphledger_forks",  # 0007
     "graphledger_subjects",  # 0008
     "graphledger_thread_copies",  # 0008
+    "graphledger_parked",  # 0009
+    "graphledger_parked_records",  # 0009
+    "graphledger_parked_skips",  # 0009
 )
 # 0002_store: the store projection (its vector table only when configured: test_store_projection.py).
 STORE_TABLES = ("store", "store_migrations", "graphledger_store_index")

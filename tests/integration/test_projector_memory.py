@@ -61,7 +61,12 @@ async def _blob(db: asyncpg.Connection, schema: str, thread: str) -> bytes | Non
 
 @pytest.fixture
 async def settings(make_settings: Callable[..., Settings]) -> Settings:
-    s = make_settings(max_message_bytes=CHUNK_BYTES, batch_max_bytes=3 * CHUNK_BYTES + 2_000, batch_max_wait_ms=20)
+    s = make_settings(
+        max_message_bytes=CHUNK_BYTES,
+        batch_max_bytes=3 * CHUNK_BYTES + 2_000,
+        batch_max_wait_ms=20,
+        encrypt_events=False,  # events in the clear, as published here
+    )
     await ensure_topics(s)
     await migrate(s.postgres_dsn, s.postgres_schema)
     return s

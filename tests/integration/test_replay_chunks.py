@@ -80,6 +80,7 @@ async def settings(make_settings: Callable[..., Settings]) -> Settings:
         batch_max_bytes=3 * CHUNK_BYTES + 2_000,  # one chunked event's records or stored chunks, not two
         batch_max_wait_ms=20,
         replay_batch_max_events=20,
+        encrypt_events=False,  # events in the clear, as published here
     )
     await ensure_topics(s)
     await migrate(s.postgres_dsn, s.postgres_schema)

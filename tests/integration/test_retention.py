@@ -172,6 +172,7 @@ async def live(make_settings: Callable[..., Settings]) -> AsyncIterator[Live]:
         sweeper_interval_s=0.2,
         sweeper_batch_size=3,
         store_refresh_coalesce_s=0,
+        encrypt_events=False,  # the test publishes events in the clear
     )
     await ensure_topics(settings)
     await migrate(settings.postgres_dsn, settings.postgres_schema)

@@ -1,4 +1,5 @@
-"""A process's live view of `graphledger_offsets`: the next offset the projector will apply, per partition.
+"""A process's live view of `graphledger_offsets`: the next offset the projector will apply, per partition
+(as a read counts it: not past a subject the projector parked to wait for another partition, `waits_from`).
 
 One `AppliedOffsets` per process keeps the projector's rows in memory. Its own asyncpg connection
 `LISTEN`s on `graphledger_applied`, which the projector `NOTIFY`s after every batch commit, and re-reads
@@ -20,7 +21,7 @@ import logging
 import asyncpg
 
 from graphledger_server.driver_errors import is_database_error
-from graphledger_server.log.offsets import APPLIED_CHANNEL, OffsetStatements, group_offsets
+from graphledger_server.log.offsets import APPLIED_CHANNEL, OffsetStatements, visible_offsets
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ class AppliedOffsets:
 
     async def _refresh(self, conn: asyncpg.Connection) -> None:
         try:
-            offsets = await group_offsets(conn, self._sql, self._group)
+            offsets = await visible_offsets(conn, self._sql, self._group)
         except asyncpg.UndefinedTableError:
             if not self._warned_no_table:
                 log.warning("no graphledger_offsets in schema %s yet; is it migrated?", self._schema)

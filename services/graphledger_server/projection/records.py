@@ -1,8 +1,9 @@
 """Kafka records as the projector sees them, and their pure classification before a batch applies.
 
-A record is an event, a chunk of a larger event, a dead letter (undecodable or invalid), or an event
-from a newer graphledger that its partition must stop before. Classifying needs no database; chunks
-are resolved later, inside the batch transaction, where earlier chunks are stored.
+A record is an event, a chunk of a larger event, a dead letter (undecodable or invalid), a record of an
+erased subject, or an event from a newer graphledger, which parks its subject (`parked.py`).
+Classifying needs no database; chunks are resolved later, inside the batch transaction, where earlier
+chunks are stored.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class Decoded:
     """The reassembled value (the dead-letter topic needs it if Postgres rejects the event)."""
     subject: SealedSubject | None = None
     """The subject of a sealed event (opened with its data key), None for one in the clear."""
+    key_id: str | None = None
+    """The fresh key a sealed event opened with (None: its subject's own, or in the clear)."""
 
     @property
     def value(self) -> bytes | None:
@@ -80,7 +83,8 @@ class DeadLetter:
 
 @dataclass(frozen=True, slots=True)
 class TooNew:
-    """An event written by a newer graphledger: its partition stops here until a newer worker runs."""
+    """An event written by a newer graphledger (or claiming a version no release wrote): it parks its
+    subject until an operator releases it to a newer worker (`parked.py`)."""
 
     record: SourceRecord
     reason: str
@@ -168,6 +172,7 @@ def decode_value(
     """Decode, open (a sealed event) and validate an event's bytes (a record's value, or a reassembled
     chunked event)."""
     subject = None
+    key_id = None
     try:
         env = envelope.decode(value)
         if (ref := sealed_ref(env)) is not None:
@@ -181,7 +186,7 @@ def decode_value(
                 raise InvalidEventError(f"no data key for subject {ref}: is the key store the one the writers used?")
             env, subject = unseal(env, key)
         event = to_event(env)
-        return Decoded(record, event, chunk_event_id, value if chunk_event_id is not None else None, subject)
+        return Decoded(record, event, chunk_event_id, value if chunk_event_id is not None else None, subject, key_id)
     except UnknownEventVersionError as exc:
         return TooNew(record, str(exc))
     except InvalidEventError as exc:
