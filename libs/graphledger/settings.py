@@ -102,11 +102,12 @@ class Settings(BaseSettings):
         "503); also the deadline of the read API's and the client's fetches of the log's end.",
     )
 
-    client_log_reads: bool = Field(
-        True,
-        description="A client reading its own thread from the newest checkpoint it holds first checks the thread's "
-        "partition in Kafka itself (needs READ on the checkpoint topic); off, or with a tenant token: it asks the read "
-        "API, which checks the same.",
+    client_log_reads: bool | None = Field(
+        None,
+        description="A client reading a thread it holds checks the thread's partition in Kafka itself (needs READ on "
+        "the checkpoint topic) and answers without the read API when only its own records came since; off, it asks "
+        "the read API, which checks the same (no Postgres read). Unset: on, but for a client with a tenant token, "
+        "whose READ would show it other tenants' (sealed) records' sizes and times: grant it and set true to opt in.",
     )
     client_thread_memory_bytes: int = Field(
         DEFAULT_CLIENT_THREAD_MEMORY_BYTES,

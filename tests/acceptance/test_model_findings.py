@@ -84,7 +84,6 @@ def _partitions(saver: KafkaSaver) -> list[int]:
 # -- the client's fold (libs/graphledger/fold.py) -----------------------------------------------
 
 
-
 async def test_after_its_keep_latest_prune_the_writer_reads_no_parent(stack: DevStack) -> None:
     thread, reference = _thread(), ReferenceSaver()
     async with KafkaSaver(stack.settings) as writer:

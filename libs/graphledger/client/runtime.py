@@ -93,7 +93,8 @@ class ClientRuntime:
                 await self._prefetch_keys(self.sealer, pool)
             await self.publisher.start()
             # With a tenant, the partition's records of other tenants are not this client's to fetch.
-            if self._settings.client_log_reads and not self.tenant:
+            log_reads = self._settings.client_log_reads
+            if log_reads or (log_reads is None and not self.tenant):
                 self.log = LogTail(self._settings, self.publisher.kafka_client)
             self.thread_reads = ThreadReads(
                 self.threads,
