@@ -34,7 +34,7 @@ from graphledger.events.checkpoint import (
     ThreadExpire,
     ThreadPrune,
 )
-from graphledger.events.envelope import MAX_EPOCH_MS, Envelope
+from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.pg_text import json_text_problem, json_text_suspect
 from graphledger.tenancy import THREAD_SEPARATOR
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class TimedCheckpointEvent:
-    """A checkpoint event with its envelope's producer time (ms): a thread's activity time."""
+    """A checkpoint event with its time (ms, `envelope.append_time_ms`): a thread's activity time."""
 
     event: CheckpointEvent
     ts_ms: int
@@ -119,10 +119,10 @@ WHERE (tp.topic, tp.partition) IS DISTINCT FROM (EXCLUDED.topic, EXCLUDED.partit
    OR (tp.last_active_at IS NULL AND EXCLUDED.last_active_at IS NOT NULL)
 """
 
-# $1..$4 -> unnest(thread_id, topic, partition, ts_ms): ts_ms is the newest producer time of the
-# thread's events in the run (null: no activity, e.g. a prune), kept as the greatest ever seen, so a
-# replay in any batching writes the same value. The WHERE skips rewriting unchanged rows, which would
-# otherwise leave a dead tuple per thread per batch.
+# $1..$4 -> unnest(thread_id, topic, partition, ts_ms): ts_ms is the newest time (the broker's, at each
+# event's first append) of the thread's events in the run (null: no activity, e.g. a prune), kept as the
+# greatest ever seen, so a replay in any batching writes the same value. The WHERE skips rewriting
+# unchanged rows, which would otherwise leave a dead tuple per thread per batch.
 UPSERT_THREAD_PARTITIONS_SQL = (
     """
 INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, partition, last_active_at)
@@ -709,11 +709,8 @@ class CheckpointProjection:
     async def prepare(self, conn: asyncpg.Connection) -> None:
         """Nothing to read: checkpoint events are checked against no schema state."""
 
-    def to_event(self, env: Envelope) -> TimedCheckpointEvent:
-        event = to_checkpoint_event(env)
-        if not 0 <= env.produced_ms <= MAX_EPOCH_MS:
-            raise InvalidEventError(f"envelope ts {env.produced_ms} ms is not a time between 1970 and 9999")
-        return TimedCheckpointEvent(event, env.produced_ms)
+    def to_event(self, env: Envelope, appended_ms: int) -> TimedCheckpointEvent:
+        return TimedCheckpointEvent(to_checkpoint_event(env), appended_ms)
 
     def holds(self, event: TimedCheckpointEvent) -> tuple[int, int] | None:
         """A copy barrier applies once the copy's record (partition, offset of this topic) has."""
