@@ -153,9 +153,11 @@ def mixed_batch() -> list[Item]:
 
 
 def record(event: CheckpointEvent, partition: int, offset: int, topic: str = TOPIC) -> SourceRecord:
+    """The Kafka record of `event`, appended now (its time, which a thread's activity comes from)."""
     env = to_envelope(event)
     key = event.key.encode() if event.key is not None else None
-    return SourceRecord(topic, partition, offset, key, envelope.encode(env), tuple(envelope.headers_for(env)))
+    headers = tuple(envelope.headers_for(env))
+    return SourceRecord(topic, partition, offset, key, envelope.encode(env), headers, env.produced_ms)
 
 
 async def dump(conn: asyncpg.Connection, schema: str) -> dict[str, list[tuple[Any, ...]]]:

@@ -121,6 +121,11 @@ class FiniteRetentionError(GraphledgerError):
     """A source-of-truth topic has finite retention: replaying it would not rebuild every projection."""
 
 
+class TimestampTypeError(GraphledgerError):
+    """A source-of-truth topic stamps records with their producer's clock (`CreateTime`): expiry would
+    follow the writers' clocks instead of the broker's."""
+
+
 class OffsetResetError(GraphledgerError):
     """The reset was refused: it names what was wrong."""
 

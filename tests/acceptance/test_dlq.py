@@ -104,7 +104,7 @@ async def test_dead_letters_are_listed_shown_fixed_and_replayed_once(
     try:
         wrong_dims = store_put(("docs",), "d1", {"text": "hello"}, {"text": [0.1, 0.2, 0.3]})
         env = to_envelope(wrong_dims)
-        await producer.send_and_wait(
+        sent = await producer.send_and_wait(
             settings.store_topic, envelope.encode(env), key=wrong_dims.key.encode(), headers=envelope.headers_for(env)
         )
         await producer.send_and_wait(
@@ -164,8 +164,9 @@ async def test_dead_letters_are_listed_shown_fixed_and_replayed_once(
     await wait_for(item_applied, "the fixed put to be applied")
     row = await db.fetchrow(f"SELECT value->>'text' AS text, created_at FROM {schema}.store WHERE key = 'd1'")
     assert row["text"] == "hello"
-    # The fixed event keeps the original's time: the item's timestamps are when it was written.
-    assert int(row["created_at"].timestamp() * 1000) == env.produced_ms
+    # The fixed event keeps the original's time (its record's, carried in gl-appended-ms): the item's
+    # timestamps are when it was written.
+    assert int(row["created_at"].timestamp() * 1000) == sent.timestamp
 
     # replaying again publishes nothing
     code, _, err = await graphledger(settings, "dlq", "replay", str(store_letter["id"]), "--payload-file", str(fixed))

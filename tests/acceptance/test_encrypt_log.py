@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import operator
 import os
 import re
@@ -340,12 +341,11 @@ async def test_a_rerun_writes_nothing_and_a_cut_copy_resumes_to_the_same_log(cop
     try:
         for whole, part in zip(source_topics(copied.sealed), source_topics(cut), strict=True):
             records = await _records(copied.sealed, whole)
+            # The first half of each partition's events (whole: a chunked event's records together). Keys
+            # hash anywhere, but a topic's events outnumber its partitions, so some partition keeps one.
             for partition in {r.partition for r in records}:
-                mine = [r for r in records if r.partition == partition]
-                keep = len(mine) // 2
-                while keep and _inside_chunked_event(mine[keep - 1]):
-                    keep -= 1
-                for r in mine[:keep]:
+                events = _events([r for r in records if r.partition == partition])
+                for r in itertools.chain.from_iterable(events[: len(events) // 2]):
                     await producer.send_and_wait(part, r.value, key=r.key, headers=list(r.headers), partition=partition)
     finally:
         await producer.stop()
@@ -360,15 +360,23 @@ async def test_a_rerun_writes_nothing_and_a_cut_copy_resumes_to_the_same_log(cop
     # A target with a hole (a record missing before others of its partition) is not one a run left: refused.
     holed = copied.sealed.model_copy(update={"topic_prefix": f"holed{copied.run}"})
     await ensure_topics(holed)
-    records = [r for r in await _records(copied.sealed, copied.sealed.checkpoint_topic) if r.partition == 0]
-    hole = next(i for i, r in enumerate(records) if r.key is not None and header(r.headers, HEADER_CHUNK) is None)
+    # The hole is a keyed record outside a chunk with records after it, chosen by content: keys are keyed
+    # hashes of this run's thread ids, so which partition holds one differs from run to run.
+    every = await _records(copied.sealed, copied.sealed.checkpoint_topic)
+    missing = next(
+        r
+        for r, after in itertools.pairwise(every)
+        if r.key is not None and header(r.headers, HEADER_CHUNK) is None and after.partition == r.partition
+    )
+    records = [r for r in every if r.partition == missing.partition]
     producer = new_producer(holed)
     await producer.start()
     try:
-        for r in records[:hole] + records[hole + 1 :]:
-            await producer.send_and_wait(
-                holed.checkpoint_topic, r.value, key=r.key, headers=list(r.headers), partition=0
-            )
+        for r in records:
+            if r is not missing:
+                await producer.send_and_wait(
+                    holed.checkpoint_topic, r.value, key=r.key, headers=list(r.headers), partition=r.partition
+                )
     finally:
         await producer.stop()
     status, _, err = await encrypt_log(copied.original, holed.topic_prefix)
@@ -387,9 +395,16 @@ def _counts(output: str) -> list[dict[str, int]]:
     ]
 
 
-def _inside_chunked_event(record: ConsumerRecord[bytes, bytes]) -> bool:
-    raw = header(record.headers, HEADER_CHUNK)
-    return raw is not None and (ref := parse_header(raw)).index < ref.count - 1
+def _events(records: list[ConsumerRecord[bytes, bytes]]) -> list[list[ConsumerRecord[bytes, bytes]]]:
+    """One partition's records grouped by event: a chunked event's records (written one after the other)
+    together, up to its last chunk."""
+    events: list[list[ConsumerRecord[bytes, bytes]]] = [[]]
+    for r in records:
+        events[-1].append(r)
+        raw = header(r.headers, HEADER_CHUNK)
+        if raw is None or (ref := parse_header(raw)).index == ref.count - 1:
+            events.append([])
+    return [e for e in events if e]
 
 
 def _shape(record: ConsumerRecord[bytes, bytes]) -> tuple[Any, ...]:

@@ -51,7 +51,7 @@ async def test_v1_records_apply(fresh_database: str) -> None:
         STORE_TOPIC: ["store.put", "store.put-imported", "store.delete"],
     }  # fmt: skip
     records = [
-        SourceRecord(topic, 0, offset, b"k", fixture(name))
+        SourceRecord(topic, 0, offset, b"k", fixture(name), (), PRODUCED_MS)  # appended when v1 wrote it
         for topic, names_ in order.items()
         for offset, name in enumerate(names_)
     ]

@@ -338,6 +338,10 @@ async def test_data_postgres_rejects_is_dead_lettered_one_event_at_a_time(
     assert await offsets_of(db, settings, TOPIC) == {0: 5}
 
 
+APPENDED_MS = 1_767_225_600_000
+"""When the test's chunk records were appended (the reassembled event's time is its last chunk's)."""
+
+
 def chunk_records(value: bytes, event_id: str, first_offset: int, parts: int = 2) -> list[SourceRecord]:
     pieces = split(value, -(-len(value) // parts))
     return [
@@ -348,6 +352,7 @@ def chunk_records(value: bytes, event_id: str, first_offset: int, parts: int = 2
             b"k",
             piece,
             ((envelope.HEADER_CHUNK, ChunkRef(event_id, i, len(pieces)).header_value()),),
+            APPENDED_MS,
         )
         for i, piece in enumerate(pieces)
     ]

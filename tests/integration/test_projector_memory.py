@@ -30,6 +30,8 @@ from projection_helpers import TOPIC, put, record
 
 CHUNK_BYTES = 10_000
 EVENT_BLOB_BYTES = 25_000  # three chunks of CHUNK_BYTES
+APPENDED_MS = 1_767_225_600_000
+"""When the chunk records were appended (a reassembled event's time is its last chunk's)."""
 
 
 def _chunked(names: Sequence[str]) -> dict[str, tuple[bytes, list[tuple[bytes, tuple[tuple[str, bytes], ...]]]]]:
@@ -91,7 +93,7 @@ async def test_events_completing_beyond_the_budget_are_deferred(settings: Settin
     for round_ in range(3):
         for _, chunks in events.values():
             value, headers = chunks[round_]
-            log.append(SourceRecord(TOPIC, 0, len(log), b"k", value, headers))
+            log.append(SourceRecord(TOPIC, 0, len(log), b"k", value, headers, APPENDED_MS))
     log.append(record(put("after", 1), 0, len(log)))
     first_last = 6  # offset of a's last chunk
 

@@ -255,6 +255,10 @@ async def test_a_tampered_live_schema_fails_verification_and_nothing_switches(se
                 await run_replay(settings, out=None)
             assert [s.role for s in await schemas.list_schemas(conn, live)] == ["live", "rebuild"]
             assert await conn.fetchval(f"SELECT count(*) FROM {live}.store WHERE value ? 'tampered'") == 1
+            # Told to (a rebuild meant to differ), it switches to what the log says.
+            report = await run_replay(settings, accept_differences=True, out=None)
+            assert report.retired is not None and [c.table for c in report.checks if not c.equal] == ["store"]
+            assert await conn.fetchval(f"SELECT count(*) FROM {live}.store WHERE value ? 'tampered'") == 0
         finally:
             await conn.close()
 

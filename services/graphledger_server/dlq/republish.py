@@ -3,7 +3,9 @@
 The row is locked, the record published and the row marked replayed in one transaction: two replays
 of one dead letter, even concurrent ones, publish it once. The record is validated as the projector
 would before anything is published, so a fix that is still wrong fails here, not in the projector.
-A fixed payload keeps the event's type, id and time, and is sealed again when the dead letter was.
+A fixed payload keeps the event's type, id and time, and is sealed again when the dead letter was. The
+event keeps its time (`gl-appended-ms`, which the dead letter's headers carry) rather than taking the
+replay's, so a store item's TTL runs from when it was first written.
 """
 
 from __future__ import annotations
@@ -104,12 +106,14 @@ async def _replay_one(
         dropped.add(envelope.HEADER_CHUNK)
         headers = [(k, v) for k, v in decode_headers(row["record_headers"]) if k not in dropped]
         value = row["record_value"]
-        record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers))
+        # Checked as appended now; a dead letter recorded without its time (by an older projector) takes it.
+        now_ms = int(time.time() * 1000)
+        record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers), now_ms)
         if (name := key_name(record)) is not None:
             await keys.load([name])
         if payload is not None:
             value, headers = _with_payload(row, headers, payload, event_type, keys)
-            record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers))
+            record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers), now_ms)
         checked = decode_value(record, value, projections[topic].to_event, keys.get)
         match checked:
             case Decoded():

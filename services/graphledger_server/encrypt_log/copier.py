@@ -16,7 +16,15 @@ from graphledger.event_sealer import EventSealer
 from graphledger.events import Event, checkpoint_event, store_event
 from graphledger.events.checkpoint import ThreadCopy, ThreadCopyBarrier
 from graphledger.events.chunks import frame
-from graphledger.events.envelope import HEADER_TRACEPARENT, Envelope, decode, encode, header, headers_for
+from graphledger.events.envelope import (
+    HEADER_APPENDED,
+    HEADER_TRACEPARENT,
+    Envelope,
+    decode,
+    encode,
+    header,
+    headers_for,
+)
 from graphledger.sealing import ERASED, Misbound, seal, sealed_key_id, sealed_ref, unseal
 from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH, Settings
 from graphledger.subjects import LABEL_SEPARATOR, subject_of
@@ -188,7 +196,11 @@ class Copier:
         broadcast = out.key is None
         targets = list(range(self._partitions)) if out.key is None else [partition_of(out.key, self._partitions)]
         value = encode(out.envelope) if out.value is None else out.value
-        headers = [*out.headers, (HEADER_COPY_OF, f"{event.partition}:{event.offset}".encode())]
+        headers = [
+            *(h for h in out.headers if h[0] != HEADER_APPENDED),
+            (HEADER_APPENDED, str(event.timestamp).encode()),  # the event keeps its time, not the copy's
+            (HEADER_COPY_OF, f"{event.partition}:{event.offset}".encode()),
+        ]
         chunk_id = str(uuid.uuid4()) if event.position in self._copied.torn else out.envelope.event_id
         there = self._copied.broadcasts.get(event.position, set()) if broadcast else set()  # some, of a keyless one
         for q in targets:

@@ -8,17 +8,19 @@ on would have written it (`EventSealer` on the key store, as `graphledger import
 be stopped for the copy; the operator then switches to the new topics (docs/operations.md).
 
 The rules it keeps:
-- Each event keeps its envelope: type, event id and producer time (store items' timestamps come from
-  it), only its payload is sealed. Events already sealed (written by clients with encryption on) are
-  copied as they are. An event of an erased subject is left out: nothing of it may be written again.
-  A record that does not decode or validate (the projector dead-lettered it) is left out and listed,
-  since its payload may hold anything in the clear, and so are chunks of an event whose other chunks
-  the log lacks.
+- Each event keeps its envelope (type, event id, producer time), only its payload is sealed, and its
+  time: its records carry `gl-appended-ms`, the time of its first append to a log (its source record's
+  Kafka timestamp, or the time a source that is itself a copy carries), which store items' timestamps
+  and threads' activity come from, rather than the copy's. Events already sealed (written by clients
+  with encryption on) are copied as they are. An event of an erased subject is left out: nothing of it
+  may be written again. A record that does not decode or validate (the projector dead-lettered it) is
+  left out and listed, since its payload may hold anything in the clear, and so are chunks of an event
+  whose other chunks the log lacks.
 - Order. A record goes to the partition the producers' partitioner gives its new key (murmur2 of the
   key modulo the new topic's partitions), where a client's later writes of the same thread or item go:
   never the source partition, whose number means nothing for a hashed key. Each source partition is
   read in offset order, chunked events reassembled (an event sits at its last chunk, where the
-  projector applies it) and re-framed, and the partitions are merged by record time, the smaller
+  projector applies it) and re-framed, and the partitions are merged by event time, the smaller
   partition first on a tie. So one thread's (one item's) events keep their log order, and a thread
   whose events sit on two source partitions (in the clear, then sealed by clients that turned
   encryption on before this copy) keeps them in the order they were written.

@@ -75,7 +75,9 @@ class TopicProjection(Protocol):
         """Read what classifying events needs from the schema (after `migrate`, before the first batch)."""
         ...
 
-    def to_event(self, env: Envelope) -> Any: ...
+    def to_event(self, env: Envelope, appended_ms: int) -> Any:
+        """The typed event of `env`, at its time (`envelope.append_time_ms`); raises `InvalidEventError`."""
+        ...
 
     def holds(self, event: Any) -> tuple[int, int] | None:
         """`(partition, offset)` of this topic the projection must have applied before `event` applies

@@ -61,11 +61,27 @@ def projections_for(settings: Settings) -> dict[str, TopicProjection]:
     }
 
 
+LOG_APPEND_TIME = 1
+"""A record batch's timestamp type when the broker stamped it (`message.timestamp.type=LogAppendTime`)."""
+
+
 def _to_source(record: ConsumerRecord[bytes, bytes]) -> SourceRecord:
     headers = tuple(record.headers or ())
     return SourceRecord(
         record.topic, record.partition, record.offset, record.key, record.value, headers, record.timestamp
     )
+
+
+def _warn_of_create_time(record: ConsumerRecord[bytes, bytes], warned: set[str]) -> None:
+    """Once per topic: its records carry their producers' time, so a writer's clock dates its events."""
+    if record.timestamp_type != LOG_APPEND_TIME and record.topic not in warned:
+        warned.add(record.topic)
+        log.warning(
+            "records of %s carry their producer's time (CreateTime), not the broker's: store expiry and thread "
+            "idle times follow the writers' clocks. Set message.timestamp.type=LogAppendTime on it (`graphledger "
+            "topics ensure` does on the topics it creates; tansu keeps CreateTime whatever the topic says)",
+            record.topic,
+        )
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
@@ -135,6 +151,8 @@ class ProjectorWorker:
         self.health = WorkerHealth(settings.health_deadline_s, not_ready_reason="waiting for a partition assignment")
         self.group_offsets: GroupOffsetMirror | None = None
         self.assignment_failed: BaseException | None = None
+        self._create_time_topics: set[str] = set()
+        """Topics whose records were met stamped with their producer's time (warned of once)."""
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -302,6 +320,7 @@ class ProjectorWorker:
                 deadline = time.monotonic() + s.batch_max_wait_ms / 1000
             for tp, messages in fetched.items():
                 for message in messages:
+                    _warn_of_create_time(message, self._create_time_topics)
                     record = _to_source(message)
                     if full or (records and size + record.size > s.batch_max_bytes):
                         self.consumer.seek(tp, message.offset)
