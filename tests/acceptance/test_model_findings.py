@@ -191,7 +191,6 @@ async def test_a_copy_follows_the_targets_prune_acknowledged_before_it(stack: De
             assert await _ids(reader, _config(target)) == await _ids(reference, _config(target)) == ["3", "2", "1"]
 
 
-@pytest.mark.xfail(reason="a copy moves the target's partition row to the source's partition")
 async def test_delete_for_runs_reaches_a_copied_thread_at_its_own_partition(stack: DevStack) -> None:
     for _ in range(ATTEMPTS):
         source, target, reference = _thread(), _thread(), ReferenceSaver()
