@@ -215,7 +215,6 @@ async def test_delete_for_runs_reaches_a_copied_thread_at_its_own_partition(stac
             assert await _ids(reader, _config(target)) == await _ids(reference, _config(target)) == ["0"]
 
 
-@pytest.mark.xfail(strict=True, reason="a copy from an erased thread records its lineage; a second erase follows it")
 async def test_erasing_a_thread_again_spares_threads_copied_from_it_after_its_erasure(stack: DevStack) -> None:
     source, target = _thread(), _thread()
     async with KafkaSaver(stack.settings) as eraser, KafkaSaver(stack.settings) as other:

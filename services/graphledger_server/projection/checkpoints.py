@@ -220,10 +220,15 @@ WHERE (tp.thread_id = $1::text AND (tp.topic, tp.partition) IS DISTINCT FROM (EX
    OR (tp.last_active_at IS NULL AND EXCLUDED.last_active_at IS NOT NULL)
 """
 
-# A copy's lineage, for erasing the source's copies with it. $1 source, $2 target.
+# A copy's lineage, for erasing the source's copies with it: only when the copy copied something (a
+# source with no rows, erased among them, leaves nothing of it in the target, which a later erasure of
+# the source must then spare). $1 source, $2 target.
 RECORD_COPY_SQL = """
 INSERT INTO {schema}.graphledger_thread_copies (source_thread_id, target_thread_id)
-SELECT $1::text, $2::text WHERE $1::text <> $2::text
+SELECT $1::text, $2::text
+WHERE $1::text <> $2::text
+  AND (EXISTS (SELECT 1 FROM {schema}.checkpoints WHERE thread_id = $1::text)
+       OR EXISTS (SELECT 1 FROM {schema}.checkpoint_writes WHERE thread_id = $1::text))
 ON CONFLICT DO NOTHING
 """
 
