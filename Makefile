@@ -47,9 +47,12 @@ settings-doc: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
-# Ten minutes of mixed traffic with a projector SIGKILL every minute; checks nothing was lost.
+# Ten minutes of mixed traffic with a projector SIGKILL every minute; checks nothing was lost. Then the
+# model-based test at full length: 10,000 operations against the reference (about 15 minutes).
+MODEL_OPS ?= 10000
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak
+	GRAPHLEDGER_MODEL_OPS=$(MODEL_OPS) $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/acceptance/test_model_based.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check libs services tests bench

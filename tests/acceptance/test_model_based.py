@@ -391,4 +391,6 @@ def test_kafka_saver_matches_the_model(stack: DevStack) -> None:
         pickle.dump({"script": script, "outcomes": run.outcomes, "final": run.final, "erasures": run.erasures}, f)
     problems = [history.explain(v) for v in report.violations[:5]] + report.anomalies[:10] + run.errors[:10]
     assert not problems, f"{summary}\nhistory pickled to {dump}\n" + "\n".join(problems)
-    assert report.checked.total() > 0 and all(report.checked[k] for k in READ_KINDS if k not in excluded)
+    # Every kind of read was checked, and some were answered from what a process holds (the path under test).
+    assert all(report.checked[k] for k in READ_KINDS if k not in excluded), summary
+    assert sum(stats["answered"].get("held", 0) for stats in run.stats) > 0, summary
