@@ -70,8 +70,10 @@ FEATURES = {
     "copy is in flight (else only onto a fresh thread, left alone for a while)",
     "runs_delete_after_copy": "delete_for_runs in a script that copies threads (else the first half of the "
     "script deletes runs and copies nothing, the second half copies and deletes no runs)",
-    "erase_erased_threads": "erasing a thread erased before (else only threads the script believes live; it "
-    "believes a thread erased with every thread it copied the erased one to)",
+    "copies_around_erasure": "copies from a thread erased before or while they are made, and erasing a "
+    "thread again (else copies come from live threads, an erased thread is not erased again, and a thread "
+    "copied from in the last operations is not erased; the script believes a thread erased with every "
+    "thread it copied the erased one to)",
     "writes_before_put": "writes of a checkpoint before its put (a checkpoint not put yet, or put again after "
     "a delete dropped it); else writes name existing, newest or never-put checkpoints, and a checkpoint is put "
     "again only if nothing was written to it",
@@ -196,6 +198,8 @@ class Generator:
         """Fresh copy targets, with the operation index from which the script may use them."""
         self.copies: dict[str, list[str]] = {}
         """The threads each thread was copied to (while not erased)."""
+        self.copied_from: dict[str, int] = {}
+        """The last operation that copied from each thread."""
         self.index = 0
         self.count = 0
         self._ids: set[str] = set()
@@ -461,7 +465,8 @@ class Generator:
 
     def _copy_thread(self) -> dict[str, Any]:
         rng = self.rng
-        source = self._thread()
+        source = self._thread() if "copies_around_erasure" not in self.excluded else rng.choice(self.live)
+        self.copied_from[source] = self.index
         roll = rng.random()
         if "copy_onto_used_threads" in self.excluded:
             target = self._new_thread()
@@ -497,9 +502,13 @@ class Generator:
 
     def _erase(self) -> dict[str, Any]:
         erased = [t for t, s in self.threads.items() if s.erased]
-        if "erase_erased_threads" not in self.excluded and erased and self.rng.random() < 0.1:
+        around = "copies_around_erasure" not in self.excluded
+        if around and erased and self.rng.random() < 0.1:
             return {"thread": self.rng.choice(erased)}
-        name = self.rng.choice(self.live)
+        quiet = [
+            t for t in self.live if self.copied_from.get(t, -FRESH_TARGET_DELAY) <= self.index - FRESH_TARGET_DELAY
+        ]
+        name = self.rng.choice(self.live if around or not quiet else quiet)
         todo = [name]  # an erasure erases the threads copied from the erased one, transitively
         while todo:
             thread = todo.pop()

@@ -75,8 +75,9 @@ KNOWN_BUGS: dict[str, str] = {
     "the target's records before the barrier (even ones acknowledged before the copy began) may apply after it",
     "runs_delete_after_copy": "a copy moves the target's graphledger_thread_partitions row to the source's "
     "partition, so runs.delete reaches the copied rows only at its record on the source's partition",
-    "erase_erased_threads": "a copy from an erased thread records its lineage, so erasing that thread again "
-    "erases the copy's target, which holds nothing of it",
+    "copies_around_erasure": "a copy applied after its source's erasure record copies nothing but records its "
+    "lineage, so the erasure (if it looks its copies up after that) or any later erase of the source erases "
+    "the target",
     "writes_before_put": "a read API answer carries only the newest checkpoint's writes, so the fold (fold._put "
     "onto fold.from_answer) drops the projection's writes of a checkpoint put after them",
     "reads_racing_own_writes": "ThreadReads folds own records acknowledged after the read API took the log's "
