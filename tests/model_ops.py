@@ -74,6 +74,8 @@ FEATURES = {
     "thread again (else copies come from live threads, an erased thread is not erased again, and a thread "
     "copied from in the last operations is not erased; the script believes a thread erased with every "
     "thread it copied the erased one to)",
+    "erase_copies_of_copies": "erasing a thread whose copies were copied on (else only threads whose copies "
+    "have no copies of their own, as far as the script knows)",
     "writes_before_put": "writes of a checkpoint before its put (a checkpoint not put yet, or put again after "
     "a delete dropped it); else writes name existing, newest or never-put checkpoints, and a checkpoint is put "
     "again only if nothing was written to it",
@@ -505,10 +507,14 @@ class Generator:
         around = "copies_around_erasure" not in self.excluded
         if around and erased and self.rng.random() < 0.1:
             return {"thread": self.rng.choice(erased)}
-        quiet = [
-            t for t in self.live if self.copied_from.get(t, -FRESH_TARGET_DELAY) <= self.index - FRESH_TARGET_DELAY
-        ]
-        name = self.rng.choice(self.live if around or not quiet else quiet)
+        candidates = self.live
+        if not around:  # not a thread copied from lately: its copy may race the erasure
+            since = self.index - FRESH_TARGET_DELAY
+            candidates = [t for t in candidates if self.copied_from.get(t, since) <= since] or candidates
+        if "erase_copies_of_copies" in self.excluded:
+            deep = [t for t in candidates if any(self.copies.get(c) for c in self.copies.get(t, ()))]
+            candidates = [t for t in candidates if t not in deep] or candidates
+        name = self.rng.choice(candidates)
         todo = [name]  # an erasure erases the threads copied from the erased one, transitively
         while todo:
             thread = todo.pop()

@@ -78,6 +78,8 @@ KNOWN_BUGS: dict[str, str] = {
     "copies_around_erasure": "a copy applied after its source's erasure record copies nothing but records its "
     "lineage, so the erasure (if it looks its copies up after that) or any later erase of the source erases "
     "the target",
+    "erase_copies_of_copies": "an erase asked again after erasure_incomplete no longer finds the copies of a "
+    "copy erased in the attempt that failed (its lineage row went with its erasure): they keep the data",
     "writes_before_put": "a read API answer carries only the newest checkpoint's writes, so the fold (fold._put "
     "onto fold.from_answer) drops the projection's writes of a checkpoint put after them",
     "reads_racing_own_writes": "ThreadReads folds own records acknowledged after the read API took the log's "
@@ -299,7 +301,8 @@ def run_model(stack: DevStack, script: Script, log_dir: Path, apart: bool) -> Ru
         run.failed["final reads"] += len(pending)
         assert time.monotonic() < deadline or not pending, f"final reads kept failing: {pending[:3]}"
     stats = [Op(len(ops) + 10**6 + i, i, "stats", {}) for i in range(len(agents))]
-    run.stats = [o.result for o in _run_ops(agents, answers, stats).values()]
+    outcomes = _run_ops(agents, answers, stats)
+    run.stats = [outcomes[op.index].result for op in stats]
     keys = Op(len(ops) + 2 * 10**6, 0, "keys", {"threads": script.threads})
     thread_keys = _run_ops(agents, answers, [keys])[keys.index].result
     ends: dict[int, int] = {}
@@ -368,7 +371,8 @@ def _report(seed: int, run: Run, report: Report, excluded: dict[str, str]) -> st
         f"  violations: {len(report.violations)}; key order only: {dict(report.key_order)}; anomalies: "
         f"{len(report.anomalies)}; errors: {len(run.errors)}",
         f"  failures (retryable, or writes refused for an erased thread): {dict(run.failed)}",
-        f"  gets answered: {dict(answered)}; held bytes at the end: {[s['held_bytes'] for s in run.stats]}",
+        f"  gets answered: {dict(answered)}; held bytes at the end, by agent: {[s['held_bytes'] for s in run.stats]} "
+        f"(bounds {list(MEMORY_BYTES)}, then the fresh agent's default)",
     ]
     return "\n".join(lines)
 
@@ -395,3 +399,5 @@ def test_kafka_saver_matches_the_model(stack: DevStack) -> None:
     # Every kind of read was checked, and some were answered from what a process holds (the path under test).
     assert all(report.checked[k] for k in READ_KINDS if k not in excluded), summary
     assert sum(stats["answered"].get("held", 0) for stats in run.stats) > 0, summary
+    # And each agent held no more than its bound (the last one, fresh, has the default).
+    assert all(stats["held_bytes"] <= bound for stats, bound in zip(run.stats, MEMORY_BYTES, strict=False)), summary
