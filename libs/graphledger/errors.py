@@ -121,6 +121,14 @@ class FiniteRetentionError(GraphledgerError):
     """A source-of-truth topic has finite retention: replaying it would not rebuild every projection."""
 
 
+class TopicConfigError(GraphledgerError):
+    """A topic's configuration on the broker cannot work as graphledger needs; nothing was changed."""
+
+
+class SingleBrokerAcksError(TopicConfigError):
+    """A source topic's writes may be acknowledged by a single broker: losing it loses acknowledged writes."""
+
+
 class OffsetResetError(GraphledgerError):
     """The reset was refused: it names what was wrong."""
 

@@ -118,6 +118,7 @@ def _settings(broker: EmbeddedBroker, dsn: str, prefix: str, schema: str, **over
         "topic_prefix": prefix,
         "topic_partitions": 4,
         "topic_replication_factor": 1,
+        "topic_allow_single_broker_acks": True,
         "projector_group_id": f"g-{prefix}",
         "postgres_dsn": dsn,
         "postgres_schema": schema,
