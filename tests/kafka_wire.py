@@ -10,11 +10,13 @@ gives (DescribeConfigs of a real cluster, leader epochs, FENCED_LEADER_EPOCH).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 KAFKA_3_VERSIONS: dict[int, tuple[int, int]] = {
     0: (3, 11),  # Produce
@@ -130,3 +132,13 @@ class Wire:
 
     def of(self, api_key: int) -> list[Sent]:
         return [s for s in self.sent if s.api_key == api_key]
+
+
+def record_batch(records: Sequence[tuple[bytes | None, bytes | None]], base_offset: int = 0) -> bytes:
+    """One record batch (message format v2) holding `(key, value)` records from `base_offset` on."""
+    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, 0, 1 << 20)
+    for delta, (key, value) in enumerate(records):
+        builder.append(delta, 0, key, value, [])
+    batch = bytearray(builder.build())
+    batch[:8] = struct.pack(">q", base_offset)  # the broker sets it on append
+    return bytes(batch)

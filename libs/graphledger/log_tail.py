@@ -47,6 +47,7 @@ from graphledger.kafka_requests import (
     listed_offset,
     read_metadata,
 )
+from graphledger.partition_layout import PartitionLayout
 from graphledger.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,8 @@ class LogTail:
         """The Metadata request in flight per topic, which every read needing it waits for."""
         self._asked_at: dict[str, float] = {}
         self._clock = time.monotonic
+        self._layout = PartitionLayout(settings)
+        """The source topics' recorded partition counts, which `partition_count` checks the broker's against."""
 
     async def start(self) -> None:
         if not self._owned:
@@ -145,14 +148,17 @@ class LogTail:
         self._client = None
 
     async def partition_count(self, topic: str) -> int:
-        """How many partitions `topic` has (from the broker's metadata, refreshed as aiokafka does)."""
+        """How many partitions `topic` has (from the broker's metadata, refreshed as aiokafka does); for a
+        source topic, PartitionCountChangedError when that is not the count its layout records."""
         client = await self._ready()
         partitions = client.cluster.partitions_for_topic(topic)
-        if partitions is None:
-            try:
+        try:
+            if partitions is None:
                 partitions = await client._wait_on_metadata(topic)
-            except (KafkaError, OSError) as exc:
-                raise LogUnavailableError(f"Kafka did not describe topic {topic}: {exc or type(exc).__name__}") from exc
+            await self._layout.load(client)
+        except (KafkaError, OSError) as exc:
+            raise LogUnavailableError(f"Kafka did not describe topic {topic}: {exc or type(exc).__name__}") from exc
+        self._layout.check(topic, len(partitions))
         return len(partitions)
 
     async def partition_of(self, topic: str, key: bytes) -> int:

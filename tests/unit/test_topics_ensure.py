@@ -5,6 +5,8 @@ a cluster with replicas and broker defaults are tried here only."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -14,13 +16,13 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.protocol.api import RequestStruct, Response
 
-from graphledger.errors import SingleBrokerAcksError, TopicConfigError
+from graphledger.errors import PartitionCountChangedError, SingleBrokerAcksError, TopicConfigError
 from graphledger.settings import Settings
-from graphledger_server.log import durability, topics
+from graphledger_server.log import durability, layout, topics
 from graphledger_server.log.durability import Durability
-from kafka_wire import Wire
+from kafka_wire import Wire, record_batch
 
-CREATE_TOPICS, DESCRIBE_CONFIGS, METADATA = 19, 32, 3
+CREATE_TOPICS, DESCRIBE_CONFIGS, METADATA, FETCH = 19, 32, 3, 1
 TOPIC_RESOURCE = 2
 INVALID_REPLICATION_FACTOR = 38
 
@@ -40,11 +42,30 @@ class Cluster:
     describes_configs: bool = True
     broker_defaults: dict[str, str] = field(default_factory=lambda: {"min.insync.replicas": "1"})
     refuse_creation: str | None = None
+    layout: list[tuple[bytes, bytes]] = field(default_factory=list)
+    """The records of the layout topic, in offset order."""
 
     def wire(self) -> Wire:
         wire = Wire()
-        wire.handlers = {METADATA: self.metadata, CREATE_TOPICS: self.create, DESCRIBE_CONFIGS: self.describe}
+        wire.handlers = {
+            METADATA: self.metadata,
+            CREATE_TOPICS: self.create,
+            DESCRIBE_CONFIGS: self.describe,
+            FETCH: self.fetch,
+        }
         return wire
+
+    def fetch(self, node: int, request: RequestStruct) -> Response:
+        [topic] = request.to_object()["topics"]
+        [partition] = topic["partitions"]
+        assert topic["topic"] == "gl.layout" and partition["partition"] == 0
+        offset = partition["fetch_offset"]
+        records = record_batch(self.layout[offset:], offset) if offset < len(self.layout) else b""
+        end = len(self.layout)
+        return request.RESPONSE_TYPE(0, 0, 0, [("gl.layout", [(0, 0, end, end, 0, [], records)])])
+
+    def recorded(self) -> dict[str, int]:
+        return {key.decode(): json.loads(value)["partitions"] for key, value in self.layout}
 
     def metadata(self, node: int, request: RequestStruct) -> Response:
         names = request.to_object()["topics"]
@@ -56,7 +77,8 @@ class Cluster:
                 answers.append((3, name, False, []))
                 continue
             replicas = list(range(1, topic.replicas + 1))
-            partitions = [(0, p, 1, replicas, replicas, []) for p in range(topic.partitions)]
+            epoch = (0,) if request.API_VERSION >= 7 else ()  # the layout read asks v7: leader epochs
+            partitions = [(0, p, 1, *epoch, replicas, replicas, []) for p in range(topic.partitions)]
             answers.append((0, name, False, partitions))
         return request.RESPONSE_TYPE(0, [(1, "kafka-1", 9092, None)], "cluster", 1, answers)
 
@@ -91,9 +113,30 @@ class Cluster:
         return request.RESPONSE_TYPE(0, resources)
 
 
+class LayoutProducer:
+    """Stands in for the producer `topics ensure` records partition counts with."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def send(self, topic: str, value: bytes, *, key: bytes, partition: int) -> asyncio.Future[None]:
+        assert (topic, partition) == ("gl.layout", 0)
+        self.cluster.layout.append((key, value))
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
 @pytest.fixture
 def cluster(monkeypatch: pytest.MonkeyPatch) -> Cluster:
     cluster = Cluster()
+    monkeypatch.setattr(layout, "new_producer", lambda settings: LayoutProducer(cluster))
 
     def new_admin(settings: Settings) -> AIOKafkaAdminClient:
         admin = AIOKafkaAdminClient(bootstrap_servers="kafka-1:9092")
@@ -116,7 +159,7 @@ def sent(cluster: Cluster, api_key: int) -> list[dict[str, Any]]:
 async def test_created_source_topics_ask_for_two_in_sync_replicas(cluster: Cluster) -> None:
     reports = await topics.ensure_topics(settings(topic_replication_factor=3))
 
-    [create_checkpoints, create_store, create_dead_letters] = [
+    [create_checkpoints, create_store, create_dead_letters, _] = [
         request["create_topic_requests"][0] for request in sent(cluster, CREATE_TOPICS)
     ]
     for request in (create_checkpoints, create_store):
@@ -126,6 +169,14 @@ async def test_created_source_topics_ask_for_two_in_sync_replicas(cluster: Clust
     assert create_dead_letters["topic"] == "gl.dead-letters" and create_dead_letters["configs"] == []
     described = [r["resource_name"] for request in sent(cluster, DESCRIBE_CONFIGS) for r in request["resources"]]
     assert described == ["gl.checkpoints", "gl.store", "gl.dead-letters"]
+    create_layout = sent(cluster, CREATE_TOPICS)[3]["create_topic_requests"][0]
+    assert (create_layout["topic"], create_layout["num_partitions"], create_layout["replication_factor"]) == (
+        "gl.layout",
+        1,
+        3,
+    )
+    configs = {c["config_key"]: c["config_value"] for c in create_layout["configs"]}
+    assert configs == {"cleanup.policy": "compact", "min.insync.replicas": "2"}
     assert all(r["resource_type"] == TOPIC_RESOURCE for q in sent(cluster, DESCRIBE_CONFIGS) for r in q["resources"])
     by_name = {r.name: r for r in reports}
     assert (by_name["gl.checkpoints"].replication_factor, by_name["gl.checkpoints"].min_insync_replicas) == (3, 2)
@@ -218,3 +269,50 @@ def test_who_acknowledges_a_write() -> None:
     assert Durability("t", 1, None).acknowledgers == 1  # one replica, whatever the config
     assert Durability("t", 3, None).acknowledgers is None
     assert durability.check_existing(Durability("t", 3, 2), 2, allow_single_broker_acks=False) is None
+
+
+# -- the partition layout ---------------------------------------------------------------------------------
+
+
+async def test_the_partition_counts_are_recorded_once(cluster: Cluster) -> None:
+    reports = await topics.ensure_topics(settings(topic_replication_factor=3))
+    assert cluster.recorded() == {"gl.checkpoints": 12, "gl.store": 12}
+    assert [r.recorded_partitions for r in reports] == [12, 12, None]
+    await topics.ensure_topics(settings(topic_replication_factor=3))
+    assert len(cluster.layout) == 2  # recorded already: nothing written again
+    # The layout read asks Metadata v7 for the layout topic alone, never creating it.
+    reads = [s for s in cluster.last_wire.of(METADATA) if s.version == 7]  # type: ignore[attr-defined]
+    assert reads and all(r.obj() == {"topics": ["gl.layout"], "allow_auto_topic_creation": False} for r in reads)
+
+
+async def test_topics_from_before_the_layout_get_their_counts_recorded(cluster: Cluster) -> None:
+    cluster.topics["gl.checkpoints"] = Topic(6, 3, {"min.insync.replicas": "2"})
+    cluster.topics["gl.store"] = Topic(4, 3, {"min.insync.replicas": "2"})
+    await topics.ensure_topics(settings(topic_replication_factor=3))
+    assert cluster.recorded() == {"gl.checkpoints": 6, "gl.store": 4}  # what they have, not the setting's 12
+
+
+async def test_a_changed_partition_count_is_reported_and_nothing_changes(cluster: Cluster) -> None:
+    await topics.ensure_topics(settings(topic_replication_factor=3))
+    cluster.topics["gl.store"].partitions = 16  # kafka-topics.sh --alter --partitions 16
+    del cluster.topics["gl.dead-letters"]
+    created_before, layout_before = len(sent(cluster, CREATE_TOPICS)), list(cluster.layout)
+    with pytest.raises(PartitionCountChangedError) as refused:
+        await topics.ensure_topics(settings(topic_replication_factor=3))
+    assert "Kafka reports 16 partitions for gl.store, which gl.layout records with 12" in str(refused.value)
+    assert "docs/operations.md" in str(refused.value)
+    assert (refused.value.recorded, refused.value.found) == (12, 16)
+    assert sent(cluster, CREATE_TOPICS) == [] and cluster.layout == layout_before  # a new admin: nothing sent
+    assert created_before and "gl.dead-letters" not in cluster.topics
+
+
+async def test_a_missing_topic_is_created_only_with_its_recorded_count(cluster: Cluster) -> None:
+    await topics.ensure_topics(settings(topic_replication_factor=3))
+    del cluster.topics["gl.checkpoints"]
+    with pytest.raises(
+        TopicConfigError, match=re.escape("records it with 12 partitions, not GRAPHLEDGER_TOPIC_PARTITIONS 8")
+    ):
+        await topics.ensure_topics(settings(topic_replication_factor=3, topic_partitions=8))
+    assert "gl.checkpoints" not in cluster.topics
+    await topics.ensure_topics(settings(topic_replication_factor=3, topic_partitions=12))
+    assert cluster.topics["gl.checkpoints"].partitions == 12

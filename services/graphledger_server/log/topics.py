@@ -6,7 +6,8 @@ The checkpoint and store topics are the source of truth, so their retention must
 existing topic with finite retention unless `allow_finite_retention` is set. The dead-letter topic
 may expire. An acknowledged write to them must survive losing a broker: they are created with
 `min.insync.replicas` (`durability.py` says why and decides), and a topic one broker could acknowledge
-for is refused unless `allow_single_broker_acks`.
+for is refused unless `allow_single_broker_acks`. Their partition counts are recorded in the layout
+topic, and a source topic whose count is not the recorded one is refused (`layout.py`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from graphledger.errors import FiniteRetentionError, TopicConfigError
 from graphledger.settings import Settings
-from graphledger_server.log import durability
+from graphledger_server.log import durability, layout
 from graphledger_server.log.clients import new_admin
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,8 @@ class TopicReport:
     replication_factor: int = 0
     min_insync_replicas: int | None = None
     """As the broker describes it; None when it does not."""
+    recorded_partitions: int | None = None
+    """The count the layout topic records (source topics only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,12 @@ async def ensure_topics(
         if any(source and name not in existing for name, source in wanted.items()):
             durability.refuse_planned(settings, allow_single_broker_acks=allow_single_broker_acks)
         found = {name: await _describe(admin, name) for name in wanted if name in existing}
+        recorded = await layout.recorded_counts(admin, settings)
+        layout.refuse_changed_counts(
+            settings,
+            recorded,
+            {name: found[name].partitions if name in found else None for name in source_topics(settings)},
+        )
         warnings = [
             _check(settings, name, state, allow_finite_retention, allow_single_broker_acks)
             for name, state in found.items()
@@ -91,6 +100,8 @@ async def ensure_topics(
         for warning in warnings:
             if warning is not None:
                 log.warning("%s", warning)
+        counts = {name: found[name].partitions for name in source_topics(settings)}
+        recorded = await layout.record_counts(admin, settings, existing, recorded, counts)
         reports = []
         for name in wanted:
             state = found[name]
@@ -103,6 +114,7 @@ async def ensure_topics(
                 configs.get("retention.ms"),
                 state.replication_factor,
                 int(in_sync) if in_sync is not None else None,
+                recorded.get(name),
             )
             reports.append(report)
             log.info(
