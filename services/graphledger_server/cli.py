@@ -22,7 +22,18 @@ from typing import TYPE_CHECKING
 
 from graphledger.errors import GraphledgerError
 from graphledger.settings import Settings
-from graphledger_server.commands import dlq, encrypt_log, erase, forks, importer, keys, offsets, replay, token
+from graphledger_server.commands import (
+    dlq,
+    encrypt_log,
+    erase,
+    forks,
+    importer,
+    keys,
+    offsets,
+    repartition,
+    replay,
+    token,
+)
 
 if TYPE_CHECKING:
     from graphledger_server.devstack.stack import DevStack
@@ -158,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     topic_commands = topics.add_subparsers(dest="topics_command", required=True, metavar="COMMAND")
     ensure = topic_commands.add_parser(
         "ensure",
-        help="create the topics, or check that existing ones keep their events forever and survive losing a broker",
+        help="create the topics, or check that existing ones keep their events forever, survive losing a broker "
+        "and keep their recorded partition count",
     )
     ensure.add_argument(
         "--allow-finite-retention",
@@ -180,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         commands.add_parser(name, help=help_text).set_defaults(run=_service)
     # Operators' commands, each in its own module (light to import: the client install runs --help).
-    for module in (replay, importer, dlq, forks, offsets, token, erase, keys, encrypt_log):
+    for module in (replay, importer, dlq, forks, offsets, token, erase, keys, encrypt_log, repartition):
         module.register(commands)
     return parser
 
@@ -222,6 +234,7 @@ def _topics_ensure(args: argparse.Namespace, settings: Settings) -> int:
             f"topics: {report.name} {'created' if report.created else 'exists'}, "
             f"{report.partitions} partitions, retention.ms {retention}, "
             f"replication factor {report.replication_factor}, min.insync.replicas {in_sync}"
+            + (f", recorded in {settings.layout_topic}" if report.recorded_partitions is not None else "")
         )
     return 0
 
