@@ -69,6 +69,7 @@ SCAN_MAX_BYTES = 8 * 1024 * 1024
 (the read then waits for the projection to reach the log's end instead of looking at keys)."""
 LATEST = -1
 """ListOffsets' timestamp for the end of the log."""
+UNKNOWN_TOPIC = UnknownTopicOrPartitionError.errno
 RETRY_S = 0.05
 """Pause before asking again after a leader moved or the metadata was stale."""
 LEADERS_MAX_AGE_S = 5.0
@@ -302,10 +303,20 @@ class LogTail:
         leader (the read's deadline)."""
         leader = self._leaders.get(tp)
         if leader is not None and self._clock() - self._asked_at.get(tp.topic, 0.0) > LEADERS_MAX_AGE_S:
-            await self._ask_leaders(tp.topic)
+            try:
+                await self._ask_leaders(tp.topic)
+            except LogUnavailableError as exc:  # the fetch, to the leader we know, tells whether it still is
+                log.info("%s", exc)
             leader = self._leaders.get(tp)
         while leader is None or leader.node < 0:
-            await self._ask_leaders(tp.topic)
+            try:
+                await self._ask_leaders(tp.topic)
+            except LogUnavailableError as exc:
+                cause = exc.__cause__
+                if not isinstance(cause, KafkaError) or not cause.retriable or cause.errno == UNKNOWN_TOPIC:
+                    raise
+                await asyncio.sleep(RETRY_S)  # LEADER_NOT_AVAILABLE and the like: a topic being created, or moving
+                continue
             leader = self._leaders.get(tp)
             if leader is None:
                 raise LogUnavailableError(f"Kafka names no partition {tp.partition} of {tp.topic}")
@@ -336,8 +347,9 @@ class LogTail:
         topics, leaders = read_metadata(response)
         found = topics.get(topic)
         if found is None or found.error_code:
-            error = error_for(found.error_code if found is not None else UnknownTopicOrPartitionError.errno)
-            raise LogUnavailableError(f"Kafka did not describe topic {topic}: {error.message}")
+            error = error_for(found.error_code if found is not None else UNKNOWN_TOPIC)
+            # The cause is the broker's error: a client denied the topic reads through the read API instead.
+            raise LogUnavailableError(f"Kafka did not describe topic {topic}: {error.message}") from error()
         for tp in [tp for tp in self._leaders if tp.topic == topic]:
             del self._leaders[tp]
         self._leaders.update(leaders)

@@ -29,7 +29,13 @@ import logging
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.client import AIOKafkaClient
-from aiokafka.errors import KafkaError, KafkaTimeoutError, NotLeaderForPartitionError, UnknownTopicOrPartitionError
+from aiokafka.errors import (
+    KafkaError,
+    KafkaTimeoutError,
+    NotLeaderForPartitionError,
+    TopicAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
+)
 from aiokafka.record.memory_records import MemoryRecords
 
 from graphledger.errors import PartitionCountChangedError
@@ -72,7 +78,8 @@ def parse_record(key: bytes | None, value: bytes | None) -> tuple[str, int] | No
 
 async def read_layout(client: AIOKafkaClient, layout_topic: str, timeout_s: float) -> dict[str, int] | None:
     """Every source topic's recorded partition count (the last record of each wins); None when the layout
-    topic does not exist. Raises a KafkaError when Kafka does not answer in time."""
+    topic does not exist or this Kafka user may not read it. Raises a KafkaError when Kafka does not
+    answer in time."""
     try:
         async with asyncio.timeout(timeout_s):
             return await _read(client, layout_topic)
@@ -86,6 +93,8 @@ async def _read(client: AIOKafkaClient, layout_topic: str) -> dict[str, int] | N
     found = topics.get(layout_topic)
     if found is None or found.error_code == UnknownTopicOrPartitionError.errno:
         return None
+    if found.error_code == TopicAuthorizationFailedError.errno:
+        return _not_allowed(layout_topic)
     leader = leaders.get(tp)
     if found.error_code or leader is None or leader.node < 0:
         error = error_for(found.error_code)
@@ -102,6 +111,8 @@ async def _read(client: AIOKafkaClient, layout_topic: str) -> dict[str, int] | N
         if not answer:
             raise NotLeaderForPartitionError(f"Kafka node {leader.node} did not answer for {layout_topic}; retry")
         [(_, error_code, high_watermark, raw)] = answer
+        if error_code == TopicAuthorizationFailedError.errno:
+            return _not_allowed(layout_topic)
         if error_code:
             error = error_for(error_code)
             raise error(f"Kafka answered a fetch of {layout_topic} {error.message}; retry")
@@ -121,6 +132,13 @@ async def _read(client: AIOKafkaClient, layout_topic: str) -> dict[str, int] | N
         if not moved:
             break  # the rest of the log is compacted away or empty
     return counts
+
+
+def _not_allowed(layout_topic: str) -> None:
+    # A Kafka user without READ on the layout topic (granted before it existed) still writes: as without a
+    # record, each process keeps the count it first sees.
+    log.warning("this Kafka user may not read %s: grant it READ and DESCRIBE on the topic", layout_topic)
+    return None
 
 
 class PartitionLayout:

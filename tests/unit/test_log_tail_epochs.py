@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import TopicAuthorizationFailedError
+from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 from aiokafka.protocol.api import RequestStruct, Response
 
 from graphledger.errors import LogUnavailableError
@@ -342,3 +342,52 @@ def test_requests_encode_as_the_protocol_says() -> None:
         b"\x00\x00\x00\x05"  # partition_max_bytes
         b"\x00\x00\x00\x00"  # no forgotten topics
     )
+
+
+async def test_a_topic_the_user_may_not_describe_fails_with_that_cause() -> None:
+    cluster = led_by(1, 7, 10)
+    wire = cluster.wire()
+
+    def denied(node: int, request: RequestStruct) -> Response:
+        return request.RESPONSE_TYPE(
+            0, [(1, "k1", 9092, None)], "c", 1, [(TOPIC_AUTHORIZATION_FAILED, TOPIC, False, [])]
+        )
+
+    wire.handlers[METADATA] = denied
+    with pytest.raises(LogUnavailableError) as failed:
+        await tail(wire).tails({P0: 1}, 1)
+    assert isinstance(failed.value.__cause__, TopicAuthorizationFailedError)  # the client reads via the API then
+
+
+async def test_a_topic_without_leaders_yet_is_asked_about_again() -> None:
+    cluster = led_by(1, 7, 10)
+    wire = cluster.wire()
+    metadata = wire.handlers[METADATA]
+    answers = iter([5, 5])  # LEADER_NOT_AVAILABLE for the topic, twice
+
+    def electing(node: int, request: RequestStruct) -> Response:
+        code = next(answers, None)
+        if code is None:
+            return metadata(node, request)
+        return request.RESPONSE_TYPE(0, [(1, "k1", 9092, None)], "c", 1, [(code, TOPIC, False, [])])
+
+    wire.handlers[METADATA] = electing
+    assert await tail(wire).ends({P0: 1}, 1) == {P0: 10}
+    assert len(wire.of(METADATA)) == 3
+
+
+async def test_a_failed_refresh_of_old_leaders_keeps_the_known_one() -> None:
+    cluster = led_by(1, 7, 10)
+    wire = cluster.wire()
+    log = tail(wire)
+    now = [0.0]
+    log._clock = lambda: now[0]
+    assert await log.ends({P0: 1}, 1) == {P0: 10}
+    now[0] += LEADERS_MAX_AGE_S + 1
+
+    def away(node: int, request: RequestStruct) -> Response:
+        raise KafkaConnectionError("the broker asked went away")
+
+    wire.handlers[METADATA] = away
+    assert await log.ends({P0: 1}, 1) == {P0: 10}  # the fetch to the known leader tells whether it still leads
+    assert len(wire.of(FETCH)) == 2

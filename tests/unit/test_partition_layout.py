@@ -81,14 +81,16 @@ async def test_the_producer_refuses_to_route_once_a_refresh_shows_another_count(
 class LayoutTopic:
     """A cluster holding the layout topic, for the log tail's read of it."""
 
-    def __init__(self, records: list[tuple[bytes, bytes]] | None) -> None:
+    def __init__(self, records: list[tuple[bytes, bytes]] | None, error_code: int = 3) -> None:
         self.records = records
+        self.error_code = error_code
+        """What Metadata answers for the topic when there are no records: 3, it does not exist."""
 
     def metadata(self, node: int, request: RequestStruct) -> Response:
         [topic] = request.to_object()["topics"]
         assert request.to_object()["allow_auto_topic_creation"] is False
         if self.records is None:
-            answer = (3, topic, False, [])
+            answer = (self.error_code, topic, False, [])
         else:
             answer = (0, topic, False, [(0, 0, 1, 5, [1], [1], [])])
         return request.RESPONSE_TYPE(0, [(1, "k1", 9092, None)], "c", 1, [answer])
@@ -127,6 +129,17 @@ async def test_without_a_layout_topic_the_log_tail_keeps_the_first_count(caplog:
     assert await log.partition_count(CHECKPOINTS) == 3
     assert "gl.layout records no partition count for gl.checkpoints, gl.store" in caplog.text
     assert "graphledger topics ensure" in caplog.text
+    wire.cluster.partitions[CHECKPOINTS] = 4
+    with pytest.raises(PartitionCountChangedError):
+        await log.partition_count(CHECKPOINTS)
+
+
+async def test_a_user_without_read_on_the_layout_keeps_writing(caplog: pytest.LogCaptureFixture) -> None:
+    """Agents' Kafka users granted before the layout topic existed: TOPIC_AUTHORIZATION_FAILED is no outage."""
+    wire = LayoutTopic(None, error_code=29).wire({CHECKPOINTS: 3})
+    log = LogTail(SETTINGS, wire)  # type: ignore[arg-type]
+    assert await log.partition_count(CHECKPOINTS) == 3
+    assert "may not read gl.layout: grant it READ and DESCRIBE" in caplog.text
     wire.cluster.partitions[CHECKPOINTS] = 4
     with pytest.raises(PartitionCountChangedError):
         await log.partition_count(CHECKPOINTS)
