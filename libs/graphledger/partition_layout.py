@@ -156,6 +156,10 @@ class PartitionLayout:
     def loaded(self) -> bool:
         return self.recorded is not None
 
+    def guards(self, topic: str) -> bool:
+        """Whether `topic` is a source topic, whose count is checked."""
+        return topic in self._sources
+
     async def load(self, client: AIOKafkaClient, timeout_s: float = LOAD_TIMEOUT_S) -> None:
         """Read the layout topic once (callers at once share the read); a failure leaves it to the next call."""
         if self.recorded is not None:
@@ -203,7 +207,7 @@ class PartitionCheckedProducer(AIOKafkaProducer):  # type: ignore[misc]
         self.layout = layout
 
     async def send(self, topic, value=None, key=None, partition=None, timestamp_ms=None, headers=None):  # type: ignore[no-untyped-def]
-        if not self.layout.loaded:
+        if not self.layout.loaded and self.layout.guards(topic):
             try:
                 await self.layout.load(self.client)
             except (KafkaError, OSError) as exc:

@@ -2,7 +2,7 @@
 `<prefix>.layout`, and when the broker reports another count every writer, reader and projector stops
 with a clear error, writing nothing. tansu cannot add partitions (no CreatePartitions), so the count
 "changes" here by a newer layout record naming another one, which every process reads as it reads a
-real change; a count that changes under a running process is tried in tests/unit/test_partition_layout.py.
+real change; a count that changes under a running process is tried in tests/unit/test_partition_count_checks.py.
 """
 
 from __future__ import annotations

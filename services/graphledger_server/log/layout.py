@@ -55,9 +55,11 @@ async def record_counts(
         for name, error_code, *rest in response.topic_errors:
             if error_code not in (0, 36):  # 36: created meanwhile by another `topics ensure`
                 raise TopicConfigError(f"Kafka refused to create topic {name}: {rest[0] if rest else error_code}")
-    producer = new_producer(settings)
-    await producer.start()
+    # Not idempotent: a record written twice records the same count, and `topics ensure` then needs no
+    # IdempotentWrite (nor a broker that has InitProducerId, as tansu has not).
+    producer = new_producer(settings.model_copy(update={"kafka_idempotence": False}))
     try:
+        await producer.start()
         for topic, n in sorted(missing.items()):
             key, value = layout_record(topic, n)
             await (await producer.send(settings.layout_topic, value, key=key, partition=LAYOUT_PARTITION))
