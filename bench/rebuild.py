@@ -162,6 +162,7 @@ async def _standalone(events: int) -> None:
             kafka_idempotence=False,
             topic_partitions=4,
             topic_replication_factor=1,
+            topic_allow_single_broker_acks=True,
         )
         print("\n".join(await run(settings, events)))
     finally:

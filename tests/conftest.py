@@ -138,6 +138,7 @@ def make_settings(broker: EmbeddedBroker, pg: EmbeddedPostgres):
             "topic_prefix": f"t{uuid.uuid4().hex[:10]}",
             "topic_partitions": 4,
             "topic_replication_factor": 1,
+            "topic_allow_single_broker_acks": True,  # the one tansu broker
             "projector_group_id": f"g{uuid.uuid4().hex[:10]}",
         }
         if "postgres_dsn" not in overrides:
@@ -162,6 +163,7 @@ def empty_log(broker: EmbeddedBroker) -> dict[str, object]:
         "topic_prefix": f"t{uuid.uuid4().hex[:10]}",
         "topic_partitions": 4,
         "topic_replication_factor": 1,
+        "topic_allow_single_broker_acks": True,
     }
     asyncio.run(ensure_topics(Settings(**values)))  # type: ignore[arg-type]
     return values

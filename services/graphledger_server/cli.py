@@ -22,7 +22,18 @@ from typing import TYPE_CHECKING
 
 from graphledger.errors import GraphledgerError
 from graphledger.settings import Settings
-from graphledger_server.commands import dlq, encrypt_log, erase, forks, importer, keys, offsets, replay, token
+from graphledger_server.commands import (
+    dlq,
+    encrypt_log,
+    erase,
+    forks,
+    importer,
+    keys,
+    offsets,
+    repartition,
+    replay,
+    token,
+)
 
 if TYPE_CHECKING:
     from graphledger_server.devstack.stack import DevStack
@@ -157,12 +168,20 @@ def build_parser() -> argparse.ArgumentParser:
     topics = commands.add_parser("topics", help="manage the Kafka topics")
     topic_commands = topics.add_subparsers(dest="topics_command", required=True, metavar="COMMAND")
     ensure = topic_commands.add_parser(
-        "ensure", help="create the topics, or check that existing ones keep their events forever"
+        "ensure",
+        help="create the topics, or check that existing ones keep their events forever, survive losing a broker "
+        "and keep their recorded partition count",
     )
     ensure.add_argument(
         "--allow-finite-retention",
         action="store_true",
         help="accept source-of-truth topics with finite retention (replay will then miss expired events)",
+    )
+    ensure.add_argument(
+        "--allow-single-broker-acks",
+        action="store_true",
+        help="accept source topics whose writes one broker alone may acknowledge (replication factor or "
+        "min.insync.replicas 1: losing that broker loses acknowledged writes); for a one-broker cluster",
     )
     ensure.set_defaults(run=_topics_ensure)
 
@@ -173,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         commands.add_parser(name, help=help_text).set_defaults(run=_service)
     # Operators' commands, each in its own module (light to import: the client install runs --help).
-    for module in (replay, importer, dlq, forks, offsets, token, erase, keys, encrypt_log):
+    for module in (replay, importer, dlq, forks, offsets, token, erase, keys, encrypt_log, repartition):
         module.register(commands)
     return parser
 
@@ -201,12 +220,21 @@ def _topics_ensure(args: argparse.Namespace, settings: Settings) -> int:
 
     from graphledger_server.log.topics import ensure_topics
 
-    reports = asyncio.run(ensure_topics(settings, allow_finite_retention=args.allow_finite_retention))
+    reports = asyncio.run(
+        ensure_topics(
+            settings,
+            allow_finite_retention=args.allow_finite_retention,
+            allow_single_broker_acks=args.allow_single_broker_acks or None,
+        )
+    )
     for report in reports:
         retention = report.retention_ms if report.retention_ms is not None else "not reported by the broker"
+        in_sync = report.min_insync_replicas if report.min_insync_replicas is not None else "not reported by the broker"
         print(
             f"topics: {report.name} {'created' if report.created else 'exists'}, "
-            f"{report.partitions} partitions, retention.ms {retention}"
+            f"{report.partitions} partitions, retention.ms {retention}, "
+            f"replication factor {report.replication_factor}, min.insync.replicas {in_sync}"
+            + (f", recorded in {settings.layout_topic}" if report.recorded_partitions is not None else "")
         )
     return 0
 

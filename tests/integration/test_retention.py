@@ -38,8 +38,8 @@ from graphledger_server.devstack.ports import free_port, port_open
 from graphledger_server.log.topics import (
     LOG_APPEND_TIME,
     TIMESTAMP_TYPE,
+    described_configs,
     ensure_topics,
-    retention_configs,
     source_topics,
 )
 from graphledger_server.projection.migrate import migrate
@@ -400,8 +400,8 @@ async def test_topics_ensure_stamps_the_source_topics_with_the_brokers_clock(
     await admin.start()
     try:
         for topic in source_topics(settings):
-            assert await retention_configs(admin, topic, (TIMESTAMP_TYPE,)) == {TIMESTAMP_TYPE: LOG_APPEND_TIME}
-        assert await retention_configs(admin, settings.dead_letter_topic, (TIMESTAMP_TYPE,)) == {}
+            assert await described_configs(admin, topic, (TIMESTAMP_TYPE,)) == {TIMESTAMP_TYPE: LOG_APPEND_TIME}
+        assert await described_configs(admin, settings.dead_letter_topic, (TIMESTAMP_TYPE,)) == {}
         # A source topic someone made stamped with its writers' clocks is refused, naming the fix.
         stamped = make_settings()
         configs = {"retention.ms": "-1", TIMESTAMP_TYPE: "CreateTime"}

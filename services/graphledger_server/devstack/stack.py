@@ -382,6 +382,8 @@ class DevStack:
             f"  broker     {pid('broker'):<12} {settings.kafka_bootstrap_servers} (tansu, in memory), "
             f"topics {settings.checkpoint_topic}, {settings.store_topic}, {settings.dead_letter_topic} "
             f"with {settings.topic_partitions} partitions",
+            "             one broker: replication factor 1 and min.insync.replicas 1, so a write is acknowledged "
+            "by that broker alone (for development only; `topics ensure` refuses this for a cluster)",
             f"  projector  {pid('projector'):<12} group {settings.projector_group_id}, log {log_of('projector')}",
             f"  read API   {pid('api'):<12} {settings.api_url}, log {log_of('api')}",
             f"  sweeper    {pid('sweeper'):<12} TTL and retention, log {log_of('sweeper')}",
@@ -416,7 +418,11 @@ class DevStack:
             kafka_sasl_password=None,
             kafka_idempotence=False,
             topic_partitions=self.partitions,
+            # One broker: every write is acknowledged by it alone, and losing it (or its memory) loses
+            # them. Said so here and in the banner; a cluster must not run so (`topics ensure` refuses).
             topic_replication_factor=1,
+            topic_min_insync_replicas=1,
+            topic_allow_single_broker_acks=True,
             postgres_dsn=pg.dsn,
             api_host="127.0.0.1",
             api_port=api_port,
