@@ -154,8 +154,8 @@ class LeaderMetadataRequest(Request[_MetadataStruct]):
 
     def build(self, request_struct_class: type[_MetadataStruct]) -> _MetadataStruct:
         if request_struct_class.API_VERSION >= 4:
-            return request_struct_class(self.topics, False)  # type: ignore[call-arg]
-        return request_struct_class(self.topics)  # type: ignore[call-arg]
+            return request_struct_class(self.topics, False)
+        return request_struct_class(self.topics)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +179,7 @@ def read_metadata(response: Response) -> tuple[dict[str, TopicMetadata], dict[To
     with_epochs = response.API_VERSION >= EPOCH_METADATA_VERSION
     topics: dict[str, TopicMetadata] = {}
     leaders: dict[TopicPartition, Leader] = {}
-    for topic_error, topic, _internal, partitions in response.topics:  # type: ignore[attr-defined]
+    for topic_error, topic, _internal, partitions in response.topics:
         topics[topic] = TopicMetadata(topic_error, len(partitions))
         for partition in partitions:
             _error, index, node = partition[:3]
@@ -243,8 +243,8 @@ class EpochFetchRequest(Request[_FetchStruct]):
 def fetched_partitions(response: Response) -> Iterator[tuple[TopicPartition, int, int, bytes | None]]:
     """`(partition, error code, high watermark, records)` of each partition in a fetch's answer (a
     request-level error, v7 and later, is every partition's)."""
-    request_error = response.error_code if response.API_VERSION >= 7 else 0  # type: ignore[attr-defined]
-    for topic, partitions in response.topics:  # type: ignore[attr-defined]
+    request_error = response.error_code if response.API_VERSION >= 7 else 0
+    for topic, partitions in response.topics:
         for partition, error_code, high_watermark, *rest in partitions:
             yield TopicPartition(topic, partition), error_code or request_error, high_watermark, rest[-1]
 
@@ -294,15 +294,15 @@ class EpochListOffsetsRequest(Request[_ListOffsetsStruct]):
         )
         topics = [(self.tp.topic, [partition])]
         if version >= 2:
-            return request_struct_class(CONSUMER, self.isolation_level, topics)  # type: ignore[call-arg]
+            return request_struct_class(CONSUMER, self.isolation_level, topics)
         if self.isolation_level:
             raise ValueError("ListOffsets v1 reads uncommitted only")
-        return request_struct_class(CONSUMER, topics)  # type: ignore[call-arg]
+        return request_struct_class(CONSUMER, topics)
 
 
 def listed_offset(response: Response, tp: TopicPartition) -> tuple[int, int | None]:
     """The error code and offset ListOffsets answered for `tp` (`UNKNOWN_TOPIC_OR_PARTITION` when left out)."""
-    for topic, partitions in response.topics:  # type: ignore[attr-defined]
+    for topic, partitions in response.topics:
         for partition, error_code, *rest in partitions:
             if topic == tp.topic and partition == tp.partition:
                 return error_code, None if error_code else rest[1]  # rest: timestamp, offset[, leader epoch]

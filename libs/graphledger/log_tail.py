@@ -24,6 +24,7 @@ again, within the read's deadline.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -136,7 +137,7 @@ class LogTail:
         if not self._owned:
             return
         self._client = AIOKafkaClient(
-            **self._settings.kafka_client_options(),  # type: ignore[arg-type]
+            **self._settings.kafka_client_options(),
             client_id="graphledger-read-api",
             request_timeout_ms=int(self._settings.consistency_timeout_s * 1000),
         )
@@ -168,7 +169,8 @@ class LogTail:
     async def partition_of(self, topic: str, key: bytes) -> int:
         """The partition a record keyed `key` goes to: aiokafka's default partitioner, as the client's
         producer and Kafka's Java clients choose it (murmur2 of the key, positive, modulo the count)."""
-        return (murmur2(key) & 0x7FFFFFFF) % await self.partition_count(topic)
+        hashed: int = murmur2(key)
+        return (hashed & 0x7FFFFFFF) % await self.partition_count(topic)
 
     async def tails(self, starts: Mapping[TopicPartition, int], timeout_s: float) -> dict[TopicPartition, Tail]:
         """The tail of each partition from its start offset, read by fetches sent after this call."""
@@ -207,7 +209,9 @@ class LogTail:
         # records before the position are dropped.
         while position < page.end and scanned < SCAN_MAX_BYTES:
             more = await self._page(tp, position - 1)
-            found = [(offset, key) for offset, key in more.records if offset >= position] if more is not None else []
+            if more is None:
+                break
+            found = [(offset, key) for offset, key in more.records if offset >= position]
             if not found:
                 break
             records.extend(found)
@@ -231,13 +235,16 @@ class LogTail:
                 if in_flight is None or in_flight.done():
                     loop.call_soon(self._send_round, node)
                 else:
-                    in_flight.add_done_callback(lambda _, n=node: self._send_round(n))
+                    in_flight.add_done_callback(functools.partial(self._send_round_after, node))
             earlier, most = round_.positions.get(tp, (position, max_bytes))
             round_.positions[tp] = (min(position, earlier), max(max_bytes, most))
             answer = (await asyncio.shield(round_.done)).get(tp)
             if isinstance(answer, _Page) or answer is None:
                 return answer
             await self._recover(tp, answer)
+
+    def _send_round_after(self, node: int, _: object) -> None:
+        self._send_round(node)
 
     def _send_round(self, node: int) -> None:
         round_ = self._rounds.pop(node)

@@ -26,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.client import AIOKafkaClient
@@ -94,7 +96,8 @@ async def _read(client: AIOKafkaClient, layout_topic: str) -> dict[str, int] | N
     if found is None or found.error_code == UnknownTopicOrPartitionError.errno:
         return None
     if found.error_code == TopicAuthorizationFailedError.errno:
-        return _not_allowed(layout_topic)
+        _not_allowed(layout_topic)
+        return None
     leader = leaders.get(tp)
     if found.error_code or leader is None or leader.node < 0:
         error = error_for(found.error_code)
@@ -112,7 +115,8 @@ async def _read(client: AIOKafkaClient, layout_topic: str) -> dict[str, int] | N
             raise NotLeaderForPartitionError(f"Kafka node {leader.node} did not answer for {layout_topic}; retry")
         [(_, error_code, high_watermark, raw)] = answer
         if error_code == TopicAuthorizationFailedError.errno:
-            return _not_allowed(layout_topic)
+            _not_allowed(layout_topic)
+            return None
         if error_code:
             error = error_for(error_code)
             raise error(f"Kafka answered a fetch of {layout_topic} {error.message}; retry")
@@ -138,7 +142,6 @@ def _not_allowed(layout_topic: str) -> None:
     # A Kafka user without READ on the layout topic (granted before it existed) still writes: as without a
     # record, each process keeps the count it first sees.
     log.warning("this Kafka user may not read %s: grant it READ and DESCRIBE on the topic", layout_topic)
-    return None
 
 
 class PartitionLayout:
@@ -197,7 +200,7 @@ class PartitionLayout:
             raise PartitionCountChangedError(topic, expected, count, self.topic)
 
 
-class PartitionCheckedProducer(AIOKafkaProducer):  # type: ignore[misc]
+class PartitionCheckedProducer(AIOKafkaProducer):  # type: ignore[misc]  # aiokafka ships no types
     """aiokafka's producer, refusing to route a record of a source topic while the broker reports another
     partition count than the one recorded: the check runs where the partition is chosen, on the metadata
     the choice uses, so nothing goes to a partition of a changed layout."""
@@ -206,14 +209,23 @@ class PartitionCheckedProducer(AIOKafkaProducer):  # type: ignore[misc]
         super().__init__(**options)
         self.layout = layout
 
-    async def send(self, topic, value=None, key=None, partition=None, timestamp_ms=None, headers=None):  # type: ignore[no-untyped-def]
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any]:
         if not self.layout.loaded and self.layout.guards(topic):
             try:
                 await self.layout.load(self.client)
             except (KafkaError, OSError) as exc:
                 raise KafkaTimeoutError(f"cannot read {self.layout.topic}: {exc or type(exc).__name__}") from exc
-        return await super().send(topic, value, key, partition, timestamp_ms, headers)
+        sent: asyncio.Future[Any] = await super().send(topic, value, key, partition, timestamp_ms, headers)
+        return sent
 
-    def _partition(self, topic, partition, key, value, serialized_key, serialized_value):  # type: ignore[no-untyped-def]
+    def _partition(self, topic, partition, key, value, serialized_key, serialized_value):  # type: ignore[no-untyped-def]  # aiokafka's own
         self.layout.check(topic, len(self._metadata.partitions_for_topic(topic) or ()))
         return super()._partition(topic, partition, key, value, serialized_key, serialized_value)

@@ -7,6 +7,7 @@ import signal
 import ssl
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 
@@ -59,7 +60,7 @@ def server(settings: Settings) -> uvicorn.Server:
     return _Server(config)
 
 
-def tls_options(settings: Settings) -> dict[str, str]:
+def tls_options(settings: Settings) -> dict[str, Any]:
     """uvicorn's certificate options, checked first: a file that is missing, unreadable or not the
     key of its certificate stops the start with a message naming the settings."""
     if settings.api_tls_certfile is None or settings.api_tls_keyfile is None:

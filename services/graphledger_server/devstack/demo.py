@@ -22,10 +22,11 @@ from typing_extensions import TypedDict
 from graphledger.settings import Settings
 
 if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
     from langgraph.graph import StateGraph
     from langgraph.types import StateSnapshot
 
-INPUT = {"foo": ""}
+INPUT: Any = {"foo": ""}  # the guide's input: `bar` starts empty
 
 # The history the persistence guide documents, newest first: (step, source, values, next, what the next
 # task wrote).
@@ -52,7 +53,7 @@ def node_b(state: State) -> dict[str, Any]:
     return {"foo": "b", "bar": ["b"]}
 
 
-def build_graph() -> StateGraph:
+def build_graph() -> StateGraph[State]:
     """The persistence guide's graph, uncompiled."""
     from langgraph.graph import END, START, StateGraph
 
@@ -68,7 +69,9 @@ def build_graph() -> StateGraph:
 def settings_from_env(env: Mapping[str, str]) -> Settings:
     """Settings from a `GRAPHLEDGER_*` mapping (such as `DevStack.client_env()`), over the process env."""
     prefix = str(Settings.model_config.get("env_prefix", ""))
-    values = {key[len(prefix) :].lower(): value for key, value in env.items() if key.upper().startswith(prefix)}
+    values: dict[str, Any] = {
+        key[len(prefix) :].lower(): value for key, value in env.items() if key.upper().startswith(prefix)
+    }
     return Settings(**values)
 
 
@@ -129,7 +132,7 @@ async def _history_async(
 ) -> tuple[Any, StateSnapshot, list[StateSnapshot], dict[tuple[str, int], int]]:
     from graphledger import KafkaSaver
 
-    config = {"configurable": {"thread_id": thread_id}}
+    config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
     async with KafkaSaver(settings) as saver:
         graph = build_graph().compile(checkpointer=saver)
         result = await graph.ainvoke(INPUT, config)

@@ -25,7 +25,7 @@ from graphledger.events.envelope import (
     header,
     headers_for,
 )
-from graphledger.sealing import ERASED, Misbound, seal, sealed_key_id, sealed_ref, unseal
+from graphledger.sealing import Erased, Misbound, seal, sealed_key_id, sealed_ref, unseal
 from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH, Settings
 from graphledger.subjects import LABEL_SEPARATOR, record_key, subject_of
 from graphledger.tenancy import THREAD_SEPARATOR
@@ -134,8 +134,8 @@ class Copier:
                         f"{self._source}:{event.partition}@{event.offset} is sealed for subject {ref}, which the key "
                         "store does not know: run encrypt-log with the key store the writers used"
                     )
-                if key is not ERASED:
-                    opened, event.opened = unseal(envelope, key)  # type: ignore[arg-type]
+                if not isinstance(key, Erased):
+                    opened, event.opened = unseal(envelope, key)
                     event.event = self._to_event(opened)
         except UnknownEventVersionError as exc:
             raise GraphledgerError(
@@ -281,8 +281,8 @@ class Copier:
         if event.opened is not None:
             assert self._sealing is not None, "opened with the key store in classify"
             cipher = self._sealing.keys.get(event.opened.ref, event.key_id)
-            assert cipher is not None and cipher is not ERASED, "opened with this key in classify"
-            sealed = seal(envelope, event.opened, cipher, event.key_id)  # type: ignore[arg-type]
+            assert cipher is not None and not isinstance(cipher, Erased | Misbound), "opened with it in classify"
+            sealed = seal(envelope, event.opened, cipher, event.key_id)
             pointed_out = Outgoing(event.key, sealed, None, headers_for(sealed, _traceparent(event)), sealed=False)
         elif not self._seal_clear:  # a barrier in the clear stays so: only where it points changes
             pointed_out = Outgoing(

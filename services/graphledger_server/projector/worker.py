@@ -92,7 +92,7 @@ async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
         pass
 
 
-class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]
+class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no types
     """Seeks newly assigned partitions to their stored offsets; lets a revoke wait for the batch."""
 
     def __init__(self, worker: ProjectorWorker) -> None:
@@ -112,7 +112,7 @@ class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         # Paused before the first await: the fetcher would otherwise start from the offsets committed
         # to Kafka (monitoring only) while the stored ones are being read.
-        self.worker.consumer.pause(*assigned)  # type: ignore[union-attr]
+        self.worker.consumer.pause(*assigned)  # type: ignore[union-attr]  # assigned: the consumer runs
         try:
             await self.worker.check_partition_counts()
             await self.worker.seek_to_stored(assigned)
