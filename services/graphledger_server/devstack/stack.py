@@ -345,7 +345,8 @@ class DevStack:
         return settings_to_env(self.settings, CLIENT_FIELDS)
 
     def service_env(self) -> dict[str, str]:
-        """Every setting as a `GRAPHLEDGER_*` variable: what the children run with."""
+        """Every setting as a `GRAPHLEDGER_*` variable: what the children run with, and what an operator's
+        command needs to act on this stack (`graphledger dev --operator-env-file`)."""
         return settings_to_env(self.settings)
 
     def pids(self) -> dict[str, int]:
