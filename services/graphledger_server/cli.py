@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--demo",
         action="store_true",
-        help="run LangGraph's persistence example (node_a -> node_b) through the stack once ready, and check it",
+        help="run LangGraph's persistence examples through the stack once ready, and check them: the "
+        "checkpointed graph (node_a -> node_b) and the memory store, searched by meaning with OnnxEmbedder",
     )
     dev.add_argument("--exit-after-demo", action="store_true", help="stop the stack after the demo (needs --demo)")
     dev.set_defaults(run=_dev)

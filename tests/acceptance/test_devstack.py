@@ -83,6 +83,20 @@ def test_make_run_entry_point_runs_the_demo_and_leaves_nothing_behind(tmp_path: 
     assert out.count("values={'foo': 'b', 'bar': ['a', 'b']}") >= 4  # get_state and newest checkpoint, twice
     assert "then node_b wrote {'foo': 'b', 'bar': ['b']}" in out
 
+    # Then the memory store example (the demo compared every search with InMemoryStore's): the memories put
+    # in thread 1 found from thread 2 by meaning, the unindexed one last without a score, then by filter.
+    assert "KafkaStore(index={'dims': 384, 'embed': OnnxEmbedder(), 'fields': ['food_preference', '$']})" in out
+    recalled = out.split("store.search(namespace, query=..., limit=3) found, best first:\n", 1)[1].splitlines()[:3]
+    assert re.fullmatch(r"\s+0\.\d{3}  \{'food_preference': 'I like pizza'\}", recalled[0]), recalled
+    assert "'food_preference': 'I love Italian cuisine'" in recalled[1] and "0." in recalled[1], recalled
+    assert re.fullmatch(r"\s+-  \{'system_info': 'Last updated: 2024-01-01'\}", recalled[2]), recalled
+    filtered = out.split("store.search(namespace, filter={'context': 'Discussing dinner plans'}):\n", 1)[1]
+    found = filtered.splitlines()[0].strip()
+    assert found.startswith("-  {") and "'food_preference': 'I love Italian cuisine'" in found, filtered
+    # The memory with a TTL: read back at once, then gone.
+    assert "get right away  → {'food_preference': 'Today I feel like sushi'}" in out
+    assert re.search(r"get after \d+\.\d s → None: expired", out)
+
     # The env file holds what a client needs, pointing at the stack that ran.
     client = read_env_file(env_file)
     assert CLIENT_VARIABLES <= client.keys()

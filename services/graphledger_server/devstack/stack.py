@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import SecretStr
 
+from graphledger.embeddings.onnx import DIMS as ONNX_DIMS
 from graphledger.settings import Settings
 from graphledger_server.devstack.broker import EmbeddedBroker
 from graphledger_server.devstack.lifeline import PARENT_PID_ENV
@@ -41,8 +42,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_DEV_PARTITIONS = 4
-DEV_STORE_VECTOR_DIMS = 256
-"""The dev stack's store vectors: `HashEmbedder()`'s default dims, which the demo and tests embed with."""
+DEV_STORE_VECTOR_DIMS = ONNX_DIMS
+"""The dev stack's store vectors: the size `OnnxEmbedder` (MiniLM, in the dev install) makes, which the demo
+embeds with; tests embed with `HashEmbedder(dims)` of the stack's dims."""
 READY_TIMEOUT_S = 90.0  # first start of embedded Postgres runs initdb; the services then connect
 STOP_TIMEOUT_S = 15.0  # per stop: how long children get after SIGTERM before SIGKILL
 
