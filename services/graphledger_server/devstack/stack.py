@@ -298,29 +298,21 @@ class DevStack:
         _run(ensure_topics(self.settings))
 
     def _running_postgres(self) -> EmbeddedPostgres:
-        if self._pg is None:
-            raise RuntimeError("the dev stack is not started")
-        return self._pg
+        return _started(self._pg)
 
     def _running_broker(self) -> EmbeddedBroker:
-        if self._broker is None:
-            raise RuntimeError("the dev stack is not started")
-        return self._broker
+        return _started(self._broker)
 
     # -- what is running where -----------------------------------------------------------------
 
     @property
     def settings(self) -> Settings:
         """The settings every child runs with."""
-        if self._settings is None:
-            raise RuntimeError("the dev stack is not started")
-        return self._settings
+        return _started(self._settings)
 
     @property
     def work_dir(self) -> Path:
-        if self._work_dir is None:
-            raise RuntimeError("the dev stack is not started")
-        return self._work_dir
+        return _started(self._work_dir)
 
     @property
     def log_dir(self) -> Path:
@@ -555,6 +547,13 @@ class DevStack:
                 return response.status == 200
         except OSError:  # refused, timed out, or an HTTPError (a 503 while not ready)
             return False
+
+
+def _started(part: T | None) -> T:
+    """A part of the stack that exists once it started (its settings, work dir, Postgres, broker)."""
+    if part is None:
+        raise RuntimeError("the dev stack is not started")
+    return part
 
 
 def _run(coroutine: Coroutine[Any, Any, T]) -> T:
