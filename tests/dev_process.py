@@ -35,6 +35,23 @@ def log_tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def start_dev(
+    command: list[str], log: Path, *, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """`graphledger dev ...` (`command`) in a session of its own (a Ctrl-C elsewhere does not reach it), its
+    output in `log`, with `env` (default: `clean_env()`)."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=clean_env() if env is None else env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 def wait_ready(process: subprocess.Popen[bytes], env_file: Path, log: Path) -> None:
     """Return once `graphledger dev` wrote `env_file`; fail with its log if it exits first."""
     wait_until(lambda: env_file.exists() or process.poll() is not None, DEV_READY_TIMEOUT_S, f"{env_file}")

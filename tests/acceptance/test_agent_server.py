@@ -31,7 +31,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 
-from dev_process import clean_env, log_tail, read_env_file, settings_of, stop, wait_ready
+from dev_process import clean_env, log_tail, read_env_file, settings_of, start_dev, stop, wait_ready
 from graphledger import KafkaSaver, KafkaStore, Settings
 from graphledger_server.devstack.ports import free_port, wait_until
 from graphledger_server.sql import render
@@ -103,15 +103,7 @@ def ledger(project: Path) -> Iterator[Ledger]:
     """`graphledger dev --env-file <project>/.env`, ready once the env file appears."""
     env_file = project / ".env"
     out_path = project.parent / "graphledger-dev.out"
-    with open(out_path, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "graphledger_server", "dev", "--env-file", str(env_file)],
-            env=clean_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = start_dev([sys.executable, "-m", "graphledger_server", "dev", "--env-file", str(env_file)], out_path)
     try:
         wait_ready(process, env_file, out_path)
         # What the stack printed about itself: the projection's DSN and schema.

@@ -30,7 +30,7 @@ import psycopg
 import pytest
 from langgraph.checkpoint.postgres import PostgresSaver
 
-from dev_process import clean_env, log_tail, read_env_file, settings_of, stop, wait_ready
+from dev_process import clean_env, log_tail, read_env_file, settings_of, start_dev, stop, wait_ready
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.embeddings import HashEmbedder
 from graphledger.settings import Settings
@@ -112,16 +112,8 @@ def terminal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Terminal]:
     """`graphledger dev --env-file .env --operator-env-file .env.operator`, as the README starts it."""
     cwd = tmp_path_factory.mktemp("newcomer")
     log = cwd / "graphledger-dev.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [str(BIN / "graphledger"), "dev", "--env-file", ".env", "--operator-env-file", ".env.operator"],
-            cwd=cwd,
-            env=newcomer_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    command = [str(BIN / "graphledger"), "dev", "--env-file", ".env", "--operator-env-file", ".env.operator"]
+    process = start_dev(command, log, cwd=cwd, env=newcomer_env())
     try:
         wait_ready(process, cwd / ".env", log)
         client, operator = read_env_file(cwd / ".env"), read_env_file(cwd / ".env.operator")

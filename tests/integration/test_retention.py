@@ -9,11 +9,11 @@ short sweep intervals, and wait on conditions with deadlines.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Annotated, Any
 
 import asyncpg
@@ -24,6 +24,7 @@ from langgraph.channels import DeltaChannel
 from langgraph.graph import START, StateGraph
 from typing_extensions import TypedDict
 
+import polling
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.client.publisher import EventPublisher
 from graphledger.events import Event, to_envelope
@@ -32,10 +33,10 @@ from graphledger.events.store import StoreExpire, StorePut, StoreRefresh
 from graphledger.settings import Settings
 from graphledger_server.api.main import server
 from graphledger_server.devstack.ports import free_port, port_open
-from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projector.main import run_projector
 from graphledger_server.sweeper.main import SweeperRunner
+from projection_helpers import migrated
 from sealed_events import unsealed
 from store_helpers import Applier, dump, put, record
 
@@ -49,11 +50,9 @@ DEADLINE_S = 90.0
 
 
 @pytest.fixture
-async def db(fresh_database: str) -> AsyncIterator[asyncpg.Connection]:
-    await migrate(fresh_database, SCHEMA)
-    conn = await asyncpg.connect(fresh_database)
-    yield conn
-    await conn.close()
+async def settings(fresh_database: str) -> Settings:
+    """A projection without topics: the batches are applied by the test (`db` connects to it)."""
+    return await migrated(Settings(postgres_dsn=fresh_database, postgres_schema=SCHEMA))
 
 
 async def _expiry(conn: asyncpg.Connection, key: str, schema: str = SCHEMA) -> Any:
@@ -155,26 +154,19 @@ class Live:
         return await self.conn.fetchval("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
 
 
-async def wait_for(condition: Callable[[], Any], what: str, timeout_s: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.05)
+wait_for = partial(polling.wait_for, timeout_s=DEADLINE_S)
 
 
 @pytest.fixture
-async def live(make_settings: Callable[..., Settings]) -> AsyncIterator[Live]:
+async def live(ready_settings: Callable[..., Awaitable[Settings]]) -> AsyncIterator[Live]:
     port = free_port()
-    settings = make_settings(
+    settings = await ready_settings(
         api_port=port,
         api_url=f"http://127.0.0.1:{port}",
         sweeper_interval_s=0.2,
         sweeper_batch_size=3,
         store_refresh_coalesce_s=0,
     )
-    await ensure_topics(settings)
-    await migrate(settings.postgres_dsn, settings.postgres_schema)
     stop = asyncio.Event()
     projector = asyncio.create_task(run_projector(settings, stop, migrate_first=False))
     api = server(settings)
