@@ -153,11 +153,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the GRAPHLEDGER_* variables a client needs (KEY=VALUE lines) once the stack is ready; "
         "a file from an earlier run is removed at start, so its appearance means ready",
     )
+    dev.add_argument(
+        "--operator-env-file",
+        type=Path,
+        help="write every GRAPHLEDGER_* variable the stack's services run with (Postgres DSN, key-encryption "
+        "key, topic layout, vector dims), so operator commands (erase, replay, dlq, keys, ...) and the benches "
+        "run against this stack; written before --env-file, removed at start like it. Not for agents: it "
+        "holds the key-encryption key",
+    )
     dev.add_argument("--partitions", type=_positive_int, default=4, help="partitions of each topic (default 4)")
     dev.add_argument(
         "--demo",
         action="store_true",
-        help="run LangGraph's persistence example (node_a -> node_b) through the stack once ready, and check it",
+        help="run LangGraph's persistence examples through the stack once ready, and check them: the "
+        "checkpointed graph (node_a -> node_b) and the memory store, searched by meaning with OnnxEmbedder",
     )
     dev.add_argument("--exit-after-demo", action="store_true", help="stop the stack after the demo (needs --demo)")
     dev.set_defaults(run=_dev)
@@ -256,13 +265,18 @@ def _dev(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     from graphledger_server.devstack.stack import DevStack
 
-    if args.env_file is not None:
-        args.env_file.unlink(missing_ok=True)
+    for path in (args.operator_env_file, args.env_file):
+        if path is not None:
+            path.unlink(missing_ok=True)
     stack = DevStack(args.data_dir, partitions=args.partitions, base=settings, log_level=args.log_level)
     with _signals_raise_keyboard_interrupt():
         try:
             stack.start()
             print(stack.describe(), flush=True)
+            # The operator's file first: a script that waits for the client's file finds both.
+            if args.operator_env_file is not None:
+                write_env_file(args.operator_env_file, stack.service_env())
+                print(f"operator environment written to {args.operator_env_file}", flush=True)
             if args.env_file is not None:
                 write_env_file(args.env_file, stack.client_env())
                 print(f"client environment written to {args.env_file}", flush=True)

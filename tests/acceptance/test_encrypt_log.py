@@ -21,7 +21,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -53,6 +53,7 @@ from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.main import run_projector
 from graphledger_server.replay.checksums import table_sum
+from polling import wait_for
 from sealed_events import unsealed
 
 DIMS = 8
@@ -90,14 +91,6 @@ def _graph(saver: KafkaSaver) -> Any:
 
 def _index() -> dict[str, Any]:
     return {"dims": DIMS, "embed": HashEmbedder(DIMS), "fields": ["text"]}
-
-
-async def wait_for(condition: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S:.0f}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @dataclass
@@ -156,7 +149,7 @@ async def services(settings: Settings) -> AsyncIterator[Settings]:
         return bool(api.started)
 
     try:
-        await wait_for(listening, "the read API to listen")
+        await wait_for(listening, "the read API to listen", WAIT_S)
         yield settings
     finally:
         api.should_exit = True
@@ -190,7 +183,7 @@ async def _applied(settings: Settings) -> None:
         return all(have.get(tp, 0) >= end for tp, end in ends.items())
 
     try:
-        await wait_for(caught_up, f"the projection {settings.postgres_schema} to reach the log's end")
+        await wait_for(caught_up, f"the projection {settings.postgres_schema} to reach the log's end", WAIT_S)
     finally:
         await conn.close()
 

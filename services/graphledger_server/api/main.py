@@ -15,9 +15,8 @@ from graphledger.settings import Settings
 from graphledger.wire import SERVER_KEEPALIVE_S
 from graphledger_server import telemetry
 from graphledger_server.api.app import create_app
+from graphledger_server.signals import STOP_SIGNALS
 from graphledger_server.telemetry import api as api_telemetry
-
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class _Server(uvicorn.Server):
@@ -32,7 +31,7 @@ class _Server(uvicorn.Server):
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
         try:
             yield
         finally:
