@@ -56,7 +56,7 @@ def bound_decompression(max_bytes: int) -> None:
         return
     for name in _RECORD_MODULES:
         try:
-            module = importlib.import_module(name)
+            module: Any = importlib.import_module(name)  # aiokafka's record modules: untyped
         except ImportError:  # the C extension is optional (AIOKAFKA_NO_EXTENSIONS, other platforms)
             continue
         for attribute, decoder in _DECODERS.items():
@@ -223,7 +223,7 @@ def _bounded_partition_records(base: type) -> type:
     if getattr(base, "_graphledger_bounded", False):
         return base
 
-    class BoundedPartitionRecords(base):  # type: ignore[misc, valid-type]
+    class BoundedPartitionRecords(base):  # type: ignore[misc]  # base: aiokafka's class, untyped
         """aiokafka's per-partition fetch result, reading its batches through `_BoundedRecords`."""
 
         _graphledger_bounded = True

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -61,6 +61,7 @@ from hostile import (
     texts,
     zstd_bomb,
 )
+from polling import wait_until
 from projection_helpers import put
 from store_helpers import put as store_put
 from tenant_api import TenantApi
@@ -71,14 +72,6 @@ DELTA = "/v1/checkpoints/delta-history"
 API_THREAD = "hostile-api-thread"
 LAST = 2**63 - 1  # the largest count the read API takes (Postgres bigint)
 Headers = list[tuple[str, bytes]]
-
-
-def _wait(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S:.0f}s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +279,7 @@ def test_hostile_records_are_dead_lettered_and_the_partition_moves_on(stack: Any
         row = db.execute("SELECT 1 FROM checkpoints WHERE thread_id = %s", (thread,)).fetchone()
         return row is not None
 
-    _wait(applied, "the good event after the hostile ones")
+    wait_until(applied, WAIT_S, "the good event after the hostile ones")
     rows = dict(
         db.execute(
             'SELECT "offset", reason FROM graphledger_dead_letters'
@@ -514,7 +507,7 @@ def test_a_hostile_producer_harms_no_other_tenant_and_stops_no_partition(
             ).fetchone()
             return row is not None and row[0] >= words
 
-        _wait(lambda: projected(stored_thread, TURN), "the victim's first turn in the projection")
+        wait_until(lambda: projected(stored_thread, TURN), WAIT_S, "the victim's first turn in the projection")
 
         async def attack() -> float:
             victim, evil = Agent(two_tenants.settings(VICTIM), VICTIM), Agent(two_tenants.settings(EVIL), EVIL)
@@ -585,18 +578,19 @@ def test_a_hostile_producer_harms_no_other_tenant_and_stops_no_partition(
             return [f"{topic}:{p}" for topic in (ck, st) for p in partitions if f"{topic}:{p}" not in done]
 
         ck, st = settings.checkpoint_topic, settings.store_topic
-        deadline = sent + MOVE_ON_S
-        while missing := behind():
-            assert time.monotonic() < deadline, (
-                f"partitions {missing}: their other subjects did not move on within {MOVE_ON_S:g}s\n"
-                + "\n".join((stack.log_dir / "projector.log").read_text().splitlines()[-40:])
-            )
-            time.sleep(0.05)
+        try:
+            wait_until(lambda: not behind(), sent + MOVE_ON_S - time.monotonic(), "every partition's other subjects")
+        except TimeoutError:
+            projector_log = (stack.log_dir / "projector.log").read_text().splitlines()[-40:]
+            raise AssertionError(
+                f"partitions {behind()}: their other subjects did not move on within {MOVE_ON_S:g}s\n"
+                + "\n".join(projector_log)
+            ) from None
 
         # The victim: its old data and its keys are there, and its new writes apply.
         _say(victim_saver, conversation, "after")
         victim_store.put(memories, "new", {"said": "after"})
-        _wait(lambda: projected(stored_thread, 2 * TURN), "the victim's turn after the attack")
+        wait_until(lambda: projected(stored_thread, 2 * TURN), WAIT_S, "the victim's turn after the attack")
         state = victim_saver.get_tuple({"configurable": {"thread_id": conversation}})
         assert state is not None and state.checkpoint["channel_values"]["said"] == ["after"]
         history = list(victim_saver.list({"configurable": {"thread_id": conversation}}))

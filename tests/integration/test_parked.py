@@ -90,7 +90,8 @@ class Lab:
 
 def _record(env: Envelope, key: str | None, partition: int, offset: int) -> SourceRecord:
     value, headers = envelope.encode(env), tuple(envelope.headers_for(env))
-    return SourceRecord(TOPIC, partition, offset, None if key is None else key.encode(), value, headers)
+    key_bytes = None if key is None else key.encode()
+    return SourceRecord(TOPIC, partition, offset, key_bytes, value, headers, env.produced_ms)  # appended as produced
 
 
 def plain(
@@ -99,7 +100,8 @@ def plain(
     env = to_envelope(event)
     if version is not None:
         env = Envelope(env.type, env.event_id, env.produced_ms, env.payload, version=version)
-    return SourceRecord(TOPIC, partition, offset, key, envelope.encode(env), tuple(envelope.headers_for(env)))
+    value, headers = envelope.encode(env), tuple(envelope.headers_for(env))
+    return SourceRecord(TOPIC, partition, offset, key, value, headers, env.produced_ms)  # appended as produced
 
 
 def newer(record: SourceRecord, version: int = 99) -> SourceRecord:

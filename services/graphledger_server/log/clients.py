@@ -38,8 +38,7 @@ def new_consumer(
     record, whichever is more."""
     bound_decompression(settings.max_decompressed_batch_bytes)
     return AIOKafkaConsumer(
-        # The options are a `dict[str, object]`, one type per key, which aiokafka's keywords check.
-        **settings.kafka_client_options(),  # type: ignore[arg-type]
+        **settings.kafka_client_options(),
         group_id=group_id,
         enable_auto_commit=False,
         auto_offset_reset=auto_offset_reset,
@@ -50,4 +49,4 @@ def new_consumer(
 
 def new_admin(settings: Settings) -> AIOKafkaAdminClient:
     """An unstarted admin client (topics, their configs, consumer groups)."""
-    return AIOKafkaAdminClient(**settings.kafka_client_options())  # type: ignore[arg-type]  # as above
+    return AIOKafkaAdminClient(**settings.kafka_client_options())

@@ -43,6 +43,7 @@ from typing import Any, Protocol, assert_never
 
 import asyncpg
 
+from graphledger.errors import SchemaSwitchedError
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger.sealing import Erased as ErasedKey
@@ -52,7 +53,6 @@ from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.log.offsets import (
     OffsetStatements,
-    SchemaSwitchedError,
     TopicPartition,
     advance_offsets,
     lock_offsets,
@@ -95,7 +95,9 @@ class TopicProjection(Protocol):
         """Read what classifying events needs from the schema (after `migrate`, before the first batch)."""
         ...
 
-    def to_event(self, env: Envelope) -> Any: ...
+    def to_event(self, env: Envelope, appended_ms: int) -> Any:
+        """The typed event of `env`, at its time (`envelope.append_time_ms`); raises `InvalidEventError`."""
+        ...
 
     def holds(self, event: Any) -> tuple[int, int] | None:
         """`(partition, offset)` of this topic the projection must have applied before `event` applies
@@ -454,8 +456,9 @@ class BatchApplier:
         finished: set[chunk_store.ChunkKey] = set()
         for item, outcome in zip(items, outcomes, strict=True):
             record = item.record
-            key = parked.subject_key(record)
-            if key is not None and (subject := out.parked.get(((record.topic, record.partition), key))) is not None:
+            subject_key = parked.subject_key(record)
+            subject = None if subject_key is None else out.parked.get(((record.topic, record.partition), subject_key))
+            if subject is not None:
                 out.parked_records.append((subject, record))  # a later record of a parked subject waits with it
                 continue
             match item:
@@ -490,7 +493,7 @@ class BatchApplier:
             if d.subject is not None and d.key_id is not None and self.keys.unbound(d.subject.ref, d.key_id)
         }
         if binds:
-            context.bound = dict(await self.keys.bind(conn, binds))  # type: ignore[arg-type]
+            context.bound = dict(await self.keys.bind(conn, binds))
         refs, tenants, barriers = set(), set(), []
         for d in decoded:
             event = getattr(d.event, "event", d.event)
