@@ -34,7 +34,8 @@ COMMAND_TIMEOUT_S = 120
 
 @pytest.fixture
 async def settings(ready_settings: Callable[..., Awaitable[Settings]]) -> Settings:
-    return await ready_settings(batch_max_wait_ms=20, store_vector_dims=DIMS)
+    # Events in the clear, as published here (a projector that seals dead-letters them, `admission.py`).
+    return await ready_settings(batch_max_wait_ms=20, store_vector_dims=DIMS, encrypt_events=False)
 
 
 @pytest.fixture
