@@ -6,9 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, cast
 
-from graphledger.events import to_envelope
-from graphledger.events.checkpoint import ThreadDelete
-from graphledger.sealing import (
+from graphledger.erasure.sealing import (
     ERASED,
     MISBOUND,
     Erased,
@@ -19,6 +17,8 @@ from graphledger.sealing import (
     seal,
     unseal,
 )
+from graphledger.events import to_envelope
+from graphledger.events.checkpoint import ThreadDelete
 from graphledger_server.keys.lookup import DataKeyCache
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from langgraph.checkpoint.base import CheckpointTuple, writes_sort_key
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from pydantic import BaseModel
 
-from graphledger.sealing import ERASED
+from graphledger.erasure.sealing import ERASED
 from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER, typed
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
@@ -146,7 +146,7 @@ async def _settle_thread(
     """Wait until the projection reflects the thread as the log holds it now (less `own`)."""
     state = api_state(request)
     tenant = tenant_of(request).name
-    key = await state.thread_key(tenant, thread_id)
+    key = await state.record_key_of_thread(tenant, thread_id)
     read = KeyedRead(state.settings.checkpoint_topic, key, own, cached_through)
     token = token_of(request.headers.get(CONSISTENCY_HEADER))
     return (await state.barrier.before_keyed([read], token, tenant=tenant))[read]
@@ -271,7 +271,7 @@ async def _erased(request: Request, tenant: Tenant, thread_id: str) -> bool:
     state = api_state(request)
     if state.keys is None:
         return False
-    ref = (await state.thread_key(tenant.name, tenant.thread(thread_id))).decode()  # a thread's reference
+    ref = (await state.record_key_of_thread(tenant.name, tenant.thread(thread_id))).decode()  # a thread's reference
     return (await state.keys.store.find([ref])).get(ref) is ERASED
 
 

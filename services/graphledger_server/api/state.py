@@ -42,12 +42,12 @@ class ApiState:
     """The key store, with encryption on: record keys are hashes, and clients get their data keys here."""
     eraser: Eraser | None = None
 
-    async def thread_key(self, tenant: str, stored_thread_id: str) -> bytes:
+    async def record_key_of_thread(self, tenant: str, stored_thread_id: str) -> bytes:
         """The record key of the thread's records (a hash with encryption on)."""
         if self.keys is None:
             return stored_thread_id.encode()
         async with key_store_answers():
-            return await self.keys.thread_key(tenant, stored_thread_id)
+            return await self.keys.record_key_of_thread(tenant, stored_thread_id)
 
     async def item_key(self, tenant: str, stored_namespace: tuple[str, ...], item_key: str) -> bytes:
         if self.keys is None:

@@ -20,11 +20,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from graphledger.client.publisher import EventPublisher
-from graphledger.errors import GraphledgerError
-from graphledger.events import Event, to_envelope
-from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
-from graphledger.settings import Settings
-from graphledger.subjects import (
+from graphledger.erasure.subjects import (
     LABEL_SEPARATOR,
     Subject,
     namespace_subject,
@@ -32,6 +28,10 @@ from graphledger.subjects import (
     reference,
     thread_subject,
 )
+from graphledger.errors import GraphledgerError
+from graphledger.events import Event, to_envelope
+from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
+from graphledger.settings import Settings
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import Erasure
 from graphledger_server.log.applied import AppliedOffsets
@@ -89,7 +89,7 @@ class Eraser:
     async def erase_thread(self, tenant: str, stored_thread_id: str, erased_by: str) -> ErasureReport:
         """Erase the thread and, transitively, every thread copied from it."""
         report = ErasureReport()
-        hash_key = (await self._keys.tenant_keys(tenant)).hash_key
+        hash_key = (await self._keys.tenant_hashing(tenant)).hash_key
         todo, seen = [stored_thread_id], set()
         while todo:
             thread_id = todo.pop()
@@ -145,7 +145,7 @@ class Eraser:
         return report
 
     async def _ref(self, tenant: str, subject: Subject) -> str:
-        return reference((await self._keys.tenant_keys(tenant)).hash_key, subject)
+        return reference((await self._keys.tenant_hashing(tenant)).hash_key, subject)
 
     async def _erase_subject(
         self, erasure: Erasure, event: ThreadErase | NamespaceErase, erased_by: str, report: ErasureReport

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from graphledger.sealing import ERASED, DataKey, Erased, Misbound, SealedSubject, cipher_of
+from graphledger.erasure.sealing import ERASED, DataKey, Erased, Misbound, SealedSubject, cipher_of
 from graphledger_server.keys.store import KeyStore
 
 KeyName = tuple[str, str | None]

@@ -6,7 +6,7 @@ it with `ON CONFLICT DO NOTHING`, then reads what the table holds, so all of the
 An erasure replaces the wrapped key by NULL and stamps `erased_at` (a tombstone: the subject's key can
 never be created again), in the same transaction as its audit row.
 
-Fresh keys (`graphledger.key_pool`) are issued to a tenant bound to no subject; a reader of the log
+Fresh keys (`graphledger.erasure.fresh_keys`) are issued to a tenant bound to no subject; a reader of the log
 binds one to the subject of the first record sealed with it (`bind_fresh`), and a record naming a key
 bound to another subject does not open. An erasure destroys the fresh keys bound to its subject, and
 binding a key to an erased subject destroys it: both take the subject's advisory lock, so neither can
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from graphledger.erasure.sealing import ERASED, MISBOUND, Erased, Misbound, new_data_key
+from graphledger.erasure.subjects import Subject
 from graphledger.errors import SubjectErasedError
-from graphledger.sealing import ERASED, MISBOUND, Erased, Misbound, new_data_key
 from graphledger.settings import Settings
-from graphledger.subjects import Subject
 from graphledger_server.keys.ring import KeyRing, KeyRingError, Wrapped
 from graphledger_server.sql import XACT_LOCK_SQL, lock_key, render
 
