@@ -41,9 +41,9 @@ test: $(STAMP) $(AGENT_SERVER_STAMP)
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
 
-# Regenerate the README's settings table from graphledger.Settings (a test fails when it is stale).
+# Regenerate the settings table of docs/settings.md from graphledger.Settings (a test fails when it is stale).
 settings-doc: $(STAMP)
-	$(BIN)/python -m graphledger_server.commands.settings_doc --write README.md
+	$(BIN)/python -m graphledger_server.commands.settings_doc --write docs/settings.md
 
 # BENCH_ARGS picks sections and sizes: `make bench BENCH_ARGS="--only conversations"` runs the
 # conversation rows alone (about 6 minutes on 2 cores); `$(BIN)/python -m bench --help` lists the rest.

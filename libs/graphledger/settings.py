@@ -1,6 +1,6 @@
 """Every setting of graphledger, read from `GRAPHLEDGER_*` environment variables.
 
-One flat model so that one table in the README documents them all; the client reads the Kafka and
+One flat model so that one table (docs/settings.md) documents them all; the client reads the Kafka and
 read-API part, the services the rest. Defaults are named constants with their unit.
 """
 
