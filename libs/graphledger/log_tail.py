@@ -67,10 +67,30 @@ class Tail:
     """Whether `keys` covers all of `[start, end)`."""
 
 
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One record as a fetch brought it."""
+
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp: int
+    """Kafka's timestamp in ms (-1: none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """Records of one partition from a position (as many as one fetch brought), and where its log ends."""
+
+    end: int
+    records: tuple[LogRecord, ...]
+
+
 @dataclass(slots=True)
 class _Page:
     end: int
-    records: list[tuple[int, bytes | None]]
+    records: list[LogRecord]
     size: int
 
 
@@ -157,20 +177,36 @@ class LogTail:
             for tp, page in zip(starts, pages, strict=True)
         }
 
+    async def pages(self, positions: Mapping[TopicPartition, int], timeout_s: float) -> dict[TopicPartition, Page]:
+        """The records of each partition from its position (one fetch's worth, whole values) and the
+        log's end, by fetches sent after this call (shared with the other reads of this loop turn)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                found = await asyncio.gather(*(self._from(tp, position) for tp, position in positions.items()))
+        except TimeoutError:
+            raise LogUnavailableError(f"Kafka did not answer a fetch within {timeout_s:g}s; retry") from None
+        return dict(zip(positions, found, strict=True))
+
+    async def _from(self, tp: TopicPartition, position: int) -> Page:
+        page = await self._shared_page(tp, max(position - 1, 0), PAGE_BYTES)
+        if page is None:  # the log ends before `position - 1` (Kafka: out of range)
+            return Page(await self._list_end(tp), ())
+        return Page(page.end, tuple(r for r in page.records if r.offset >= position))
+
     async def _tail(self, tp: TopicPartition, start: int) -> Tail:
         page = await self._shared_page(tp, max(start - 1, 0), PAGE_BYTES)
         if page is None:  # the log ends before `start - 1` (Kafka: out of range)
             end = await self._list_end(tp)
             return Tail(start, end, (), complete=end <= start)
-        records = [(offset, key) for offset, key in page.records if offset >= start]
+        records = [(r.offset, r.key) for r in page.records if r.offset >= start]
         scanned = page.size
-        position = max(page.records[-1][0] + 1 if page.records else start, start)
+        position = max(page.records[-1].offset + 1 if page.records else start, start)
         # More than one page behind: read on from where the page stopped, up to the bound. Each fetch
         # starts one record back too (one at the position can come back empty), and a batch comes whole:
         # records before the position are dropped.
         while position < page.end and scanned < SCAN_MAX_BYTES:
             more = await self._page(tp, position - 1)
-            found = [(offset, key) for offset, key in more.records if offset >= position] if more is not None else []
+            found = [(r.offset, r.key) for r in more.records if r.offset >= position] if more is not None else []
             if not found:
                 break
             records.extend(found)
@@ -305,11 +341,11 @@ class LogTail:
         return self._client
 
 
-def _records(raw: bytes | None) -> tuple[list[tuple[int, bytes | None]], int]:
-    """`(offset, key)` of the data records in a fetched record set, and its size in bytes."""
+def _records(raw: bytes | None) -> tuple[list[LogRecord], int]:
+    """The data records in a fetched record set, and its size in bytes."""
     if not raw:
         return [], 0
-    out: list[tuple[int, bytes | None]] = []
+    out: list[LogRecord] = []
     records = MemoryRecords(raw)
     while records.has_next():
         batch = records.next_batch()
@@ -317,5 +353,5 @@ def _records(raw: bytes | None) -> tuple[list[tuple[int, bytes | None]], int]:
             break
         if getattr(batch, "is_control_batch", False):
             continue
-        out.extend((record.offset, record.key) for record in batch)
+        out.extend(LogRecord(r.offset, r.key, r.value, tuple(r.headers), r.timestamp) for r in batch)
     return out, len(raw)

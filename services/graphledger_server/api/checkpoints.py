@@ -6,20 +6,30 @@ the shared pool: constructing one is cheap, and a shared instance would serializ
 the saver's per-instance lock. Thread ids are the request tenant's (`tenant.py`): prefixed on the way
 in, unprefixed on the way out, and a list without a thread only ever sees the tenant's threads.
 
-Every read first waits until the projection reflects what the log held when it arrived
-(`read_barrier.py`): a thread's reads for the thread's unprojected records (less, on a get, the
-client's own that it names in `X-Graphledger-Own-Writes`), a list across threads for the whole topic.
+Every read reflects what the log held when it arrived (`read_barrier.py`). A get and a DeltaChannel
+history of a thread with records the projection has not applied answer at the log's end at once: the
+projection's answer read in one snapshot with its applied offset, and the thread's records since,
+folded as the projector applies them (`read_through.py`, `graphledger.fold`). When the fold cannot
+(a record that needs rows of other partitions, or the read API does not hold the records), they wait
+for the projection of the thread's records (less, on a get, the client's own that it names in
+`X-Graphledger-Own-Writes`), as a list of a thread does; a list across threads waits for the whole
+topic.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from langgraph.checkpoint.base import CheckpointTuple, writes_sort_key
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from psycopg import AsyncConnection, IsolationLevel
 from pydantic import BaseModel
 
+from graphledger import fold
 from graphledger.sealing import ERASED
 from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER
 from graphledger_server.api.auth import tenant_of
@@ -37,8 +47,12 @@ from graphledger_server.api.models import (
 )
 from graphledger_server.api.passthrough import PassThroughSerde, to_wire
 from graphledger_server.api.read_barrier import KeyedRead, OwnWrites, Settled
+from graphledger_server.api.read_through import thread_events
 from graphledger_server.api.state import api_state
 from graphledger_server.api.tenant import Tenant
+from graphledger_server.log.offsets import snapshot_offset
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/checkpoints", tags=["checkpoints"])
 
@@ -57,6 +71,16 @@ SELECT checkpoint_ns FROM ns WHERE checkpoint_ns IS NOT NULL LIMIT %(most)s
 """
 MAX_NAMESPACES = 1000
 """Most namespaces a get names; a thread with more answers without the list (the client then asks for each)."""
+
+# Whether the projection holds writes of a checkpoint newer than the namespace's newest (writes that
+# reached the log before their put): a put of it among the unprojected records would come with them,
+# which the fold does not know. %(thread)s, %(ns)s, %(newest)s -> the newest id ('': none).
+EARLY_WRITES_SQL = """
+SELECT EXISTS (
+    SELECT 1 FROM checkpoint_writes
+    WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s AND checkpoint_id > %(newest)s
+) AS early
+"""
 
 
 def _doc(request_model: type[BaseModel], response_model: type[BaseModel]) -> dict[str, Any]:
@@ -125,20 +149,60 @@ class TenantSaver(AsyncPostgresSaver):
         return (f"{where} AND {narrowed}" if where else f"WHERE {narrowed}"), [*params, self.thread_prefix]
 
 
-def _saver(request: Request, tenant: Tenant) -> AsyncPostgresSaver:
-    return TenantSaver(conn=api_state(request).pool, serde=PassThroughSerde(), thread_prefix=tenant.thread_prefix)
+def _saver(request: Request, tenant: Tenant, conn: AsyncConnection[Any] | None = None) -> AsyncPostgresSaver:
+    """The official saver on the pool, or on `conn` (a snapshot's connection)."""
+    on = api_state(request).pool if conn is None else conn
+    return TenantSaver(conn=on, serde=PassThroughSerde(), thread_prefix=tenant.thread_prefix)
 
 
 async def _settle_thread(
-    request: Request, thread_id: str, own: OwnWrites | None = None, cached_through: int | None = None
+    request: Request,
+    thread_id: str,
+    own: OwnWrites | None = None,
+    cached_through: int | None = None,
+    *,
+    through: bool = False,
 ) -> Settled:
-    """Wait until the projection reflects the thread as the log holds it now (less `own`)."""
+    """Wait until the projection reflects the thread as the log holds it now (less `own`); `through`:
+    unless the read API holds the thread's unprojected records (then `Settled.tail`)."""
     state = api_state(request)
     tenant = tenant_of(request).name
     key = await state.thread_key(tenant, thread_id)
     read = KeyedRead(state.settings.checkpoint_topic, key, own, cached_through)
     token = token_of(request.headers.get(CONSISTENCY_HEADER))
-    return (await state.barrier.before_keyed([read], token, tenant=tenant))[read]
+    return (await state.barrier.before_keyed([read], token, tenant=tenant, through=through))[read]
+
+
+@asynccontextmanager
+async def _snapshot(request: Request) -> AsyncIterator[AsyncConnection[Any]]:
+    """A connection in a repeatable-read transaction: the projection's rows and its applied offsets as
+    of one instant (a projector batch commits both at once)."""
+    async with api_state(request).pool.connection() as conn:
+        if conn.isolation_level is not IsolationLevel.REPEATABLE_READ:
+            await conn.set_isolation_level(IsolationLevel.REPEATABLE_READ)  # for its transactions only
+        async with conn.transaction():
+            yield conn
+
+
+async def _applied(request: Request, conn: AsyncConnection[Any], partition: int) -> int:
+    settings = api_state(request).settings
+    return await snapshot_offset(conn, settings.projector_group_id, settings.checkpoint_topic, partition)
+
+
+async def _thread_events(request: Request, settled: Settled, stored_thread_id: str, since: int) -> list[Any]:
+    """The thread's events among its unprojected records at or after `since`; raises `fold.Underivable`."""
+    state = api_state(request)
+    assert settled.tail is not None and state.opener is not None
+    if since < settled.tail.start:
+        raise fold.Underivable(f"records from {since} on are no longer all held")
+    key = await state.thread_key(tenant_of(request).name, stored_thread_id)
+    return thread_events(await state.opener.events(settled.tail, since), stored_thread_id, key.decode())
+
+
+def _fold(view: fold.View, events: Sequence[Any]) -> fold.View:
+    for event in events:
+        view = fold.apply(view, event)
+    return view
 
 
 def _own_writes(request: Request) -> OwnWrites | None:
@@ -170,7 +234,7 @@ def _config(config: Any, tenant: Tenant) -> dict[str, Any]:
     return configurable
 
 
-def _tuple(found: CheckpointTuple, tenant: Tenant) -> dict[str, Any]:
+def wire_tuple(found: CheckpointTuple, tenant: Tenant) -> dict[str, Any]:
     writes: list[Any] = found.pending_writes or []  # five-tuples: `TenantSaver._load_writes`
     checkpoint: dict[str, Any] = dict(found.checkpoint)
     checkpoint["channel_values"] = {k: to_wire(v) for k, v in found.checkpoint["channel_values"].items()}
@@ -191,34 +255,102 @@ def _answer(request: Request, body: dict[str, Any]) -> Response:
 async def get_tuple(request: Request) -> Response:
     """`AsyncPostgresSaver.aget_tuple`."""
     tenant = tenant_of(request)
-    body = await decode(request, GetRequest, api_state(request).settings.api_max_body_bytes)
+    state = api_state(request)
+    body = await decode(request, GetRequest, state.settings.api_max_body_bytes)
     own = _own_writes(request)
     cached = _cached_through(request) if own is not None and body.checkpoint_id is None else None
-    settled = await _settle_thread(request, tenant.thread(body.thread_id), own, cached)
+    settled = await _settle_thread(request, tenant.thread(body.thread_id), own, cached, through=True)
     answer: dict[str, Any] = {"log_partition": settled.partition, "log_end": settled.end}
-    if own is not None and own.partition == settled.partition:  # else the client's records were not heeded
-        answer["own_writes_from"] = settled.applied
+    heeded = own is not None and own.partition == settled.partition  # else the client's records were not
     if settled.current:
+        if heeded:
+            answer["own_writes_from"] = settled.applied
         answer.update(tuple=None, current=True)
-    else:
-        found = await _saver(request, tenant).aget_tuple(body.config(tenant.thread))
-        answer["tuple"] = _tuple(found, tenant) if found else None
-        if found is None and await _erased(request, tenant, body.thread_id):
-            answer["erased"] = True
-        elif (
-            body.checkpoint_id is None
-            and (namespaces := await _namespaces(request, tenant.thread(body.thread_id))) is not None
-        ):
-            answer["namespaces"] = namespaces
+        return _answer(request, answer)
+    if settled.tail is not None:
+        folded = await _get_through(request, tenant, body, settled)
+        if folded is not None:
+            if heeded:
+                answer["own_writes_from"] = settled.end  # the answer holds every record below the end
+            answer.update(folded)
+            return _answer(request, answer)
+        settled = await state.barrier.wait(settled, state.settings.checkpoint_topic, tenant=tenant.name)
+    if heeded:
+        answer["own_writes_from"] = settled.applied
+    found = await _saver(request, tenant).aget_tuple(body.config(tenant.thread))
+    answer["tuple"] = wire_tuple(found, tenant) if found else None
+    if found is None and await _erased(request, tenant, body.thread_id):
+        answer["erased"] = True
+    elif (
+        body.checkpoint_id is None
+        and (namespaces := await _namespaces(request, tenant.thread(body.thread_id))) is not None
+    ):
+        answer["namespaces"] = namespaces
     return _answer(request, answer)
+
+
+async def _get_through(request: Request, tenant: Tenant, body: GetRequest, settled: Settled) -> dict[str, Any] | None:
+    """The get's answer at the log's end: the projection's in a snapshot at its applied offset, and the
+    thread's records since folded in (None: the fold cannot, and the read waits).
+
+    A get by id of a checkpoint the projection does not hold yet folds from the newest checkpoint the
+    projection holds, through the records, to the one asked for (`fold.fold_to_checkpoint`)."""
+    stored = tenant.thread(body.thread_id)
+    ns, checkpoint_id = body.checkpoint_ns, body.checkpoint_id
+    async with _snapshot(request) as conn:
+        applied = await _applied(request, conn, settled.partition)
+        saver = _saver(request, tenant, conn)
+        found = await saver.aget_tuple(body.config(tenant.thread))
+        base = wire_tuple(found, tenant) if found else None
+        newest, namespaces = base, None
+        if checkpoint_id is not None and base is None:
+            newest_config = {"configurable": {"thread_id": stored, "checkpoint_ns": ns}}
+            found = await saver.aget_tuple(newest_config)  # type: ignore[arg-type]
+            newest = wire_tuple(found, tenant) if found else None
+        if checkpoint_id is None or base is None:
+            if await _early_writes(conn, stored, ns, newest):
+                log.info("thread %r has writes before their put in the projection: the read waits", body.thread_id)
+                return None
+            namespaces = await _namespaces_on(conn, stored)
+    try:
+        events = await _thread_events(request, settled, stored, applied)
+        if checkpoint_id is None:
+            view = _fold(fold.from_answer(ns, base, namespaces), events)
+        elif base is None:
+            view = fold.fold_to_checkpoint(fold.from_answer(ns, newest, namespaces), events, ns, checkpoint_id)
+        else:
+            view = fold.from_answer(ns, base)
+            for event in events:
+                view = fold.apply_to_checkpoint(view, event, ns, checkpoint_id)
+        if view.erased:
+            return {"tuple": None, "erased": True}
+        answered = view.namespace(ns).answer(body.thread_id, ns, checkpoint_id)
+    except fold.Underivable as exc:
+        log.debug("a get of thread %r waits for the projection: %s", body.thread_id, exc)
+        return None
+    folded: dict[str, Any] = {"tuple": answered}
+    if answered is None and await _erased(request, tenant, body.thread_id):
+        folded["erased"] = True
+    elif checkpoint_id is None and view.complete:
+        folded["namespaces"] = sorted(n for n, held in view.namespaces.items() if held is None or held.newest)
+    return folded
+
+
+async def _early_writes(conn: AsyncConnection[Any], stored: str, ns: str, newest: dict[str, Any] | None) -> bool:
+    newest_id = newest["config"]["checkpoint_id"] if newest is not None else ""
+    cursor = await conn.execute(EARLY_WRITES_SQL, {"thread": stored, "ns": ns, "newest": newest_id})
+    return bool((await cursor.fetchone())["early"])  # type: ignore[index]
 
 
 async def _namespaces(request: Request, stored_thread_id: str) -> list[str] | None:
     """Every namespace the thread has a checkpoint in (None: more than `MAX_NAMESPACES`)."""
     async with api_state(request).pool.connection() as conn:
-        cursor = await conn.execute(THREAD_NAMESPACES_SQL, {"thread": stored_thread_id, "most": MAX_NAMESPACES + 1})
-        rows = await cursor.fetchall()
-    names = [row["checkpoint_ns"] for row in rows]
+        return await _namespaces_on(conn, stored_thread_id)
+
+
+async def _namespaces_on(conn: AsyncConnection[Any], stored_thread_id: str) -> list[str] | None:
+    cursor = await conn.execute(THREAD_NAMESPACES_SQL, {"thread": stored_thread_id, "most": MAX_NAMESPACES + 1})
+    names = [row["checkpoint_ns"] for row in await cursor.fetchall()]  # type: ignore[call-overload]
     return names if len(names) <= MAX_NAMESPACES else None
 
 
@@ -256,20 +388,63 @@ async def list_tuples(request: Request) -> Response:
             f"more than {cap} checkpoints match (GRAPHLEDGER_API_MAX_RESULT_ITEMS); "
             "page with limit and before_checkpoint_id",
         )
-    return _answer(request, {"tuples": [_tuple(t, tenant) for t in found]})
+    return _answer(request, {"tuples": [wire_tuple(t, tenant) for t in found]})
 
 
 @router.post("/delta-history", **_doc(DeltaHistoryRequest, DeltaHistoryResponse))
 async def delta_history(request: Request) -> Response:
     """`AsyncPostgresSaver.aget_delta_channel_history`."""
     tenant = tenant_of(request)
-    body = await decode(request, DeltaHistoryRequest, api_state(request).settings.api_max_body_bytes)
-    await _settle_thread(request, tenant.thread(body.thread_id))
+    state = api_state(request)
+    body = await decode(request, DeltaHistoryRequest, state.settings.api_max_body_bytes)
+    settled = await _settle_thread(request, tenant.thread(body.thread_id), through=True)
+    if settled.tail is not None:
+        folded = await _history_through(request, tenant, body, settled)
+        if folded is not None:
+            return _answer(request, {"history": folded})
+        await state.barrier.wait(settled, state.settings.checkpoint_topic, tenant=tenant.name)
     saver = _saver(request, tenant)
     history = await saver.aget_delta_channel_history(config=body.config(tenant.thread), channels=body.channels)
+    return _answer(request, {"history": _history(history)})
+
+
+def _history(history: Any) -> dict[str, Any]:
     answer: dict[str, Any] = {}
     for channel, entry in history.items():
         answer[channel] = {"writes": [[task_id, ch, to_wire(v)] for task_id, ch, v in entry["writes"]]}
         if "seed" in entry:
             answer[channel]["seed"] = to_wire(entry["seed"])
-    return _answer(request, {"history": answer})
+    return answer
+
+
+async def _history_through(
+    request: Request, tenant: Tenant, body: DeltaHistoryRequest, settled: Settled
+) -> dict[str, Any] | None:
+    """The DeltaChannel history at the log's end: the projection's newest checkpoint and its history in a
+    snapshot at its applied offset, the thread's records since folded in (None: the fold cannot)."""
+    stored = tenant.thread(body.thread_id)
+    ns = body.checkpoint_ns
+    newest_config = {"configurable": {"thread_id": stored, "checkpoint_ns": ns}}
+    async with _snapshot(request) as conn:
+        applied = await _applied(request, conn, settled.partition)
+        saver = _saver(request, tenant, conn)
+        found = await saver.aget_tuple(newest_config)  # type: ignore[arg-type]
+        base = wire_tuple(found, tenant) if found else None
+        answered: dict[str, Any] = {}
+        if base is not None:
+            at_newest = {**newest_config["configurable"], "checkpoint_id": base["config"]["checkpoint_id"]}
+            history = await saver.aget_delta_channel_history(
+                config={"configurable": at_newest},  # type: ignore[arg-type]
+                channels=body.channels,
+            )
+            answered = _history(history)
+    try:
+        events = await _thread_events(request, settled, stored, applied)
+        start = fold.from_answer(ns, base)
+        if base is not None:
+            held = fold.with_history(start.namespace(ns), base["config"]["checkpoint_id"], answered)
+            start = fold.view({ns: held}, False)
+        return _fold(start, events).namespace(ns).delta_history(body.checkpoint_id, body.channels)
+    except fold.Underivable as exc:
+        log.debug("a DeltaChannel history of thread %r waits for the projection: %s", body.thread_id, exc)
+        return None

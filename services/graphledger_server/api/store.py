@@ -3,9 +3,11 @@
 The client embeds a search's query before asking (as it embeds values before publishing), so a
 search arrives with `query_vector`; this route never calls an embedder.
 
-Before the reads run, the projection reflects what the log held when the batch arrived
-(`read_barrier.py`): a get waits for its item's unprojected records, a search or listing for the end of
-every store partition, unless the batch asks for `own_writes` consistency in
+Every read reflects what the log held when the batch arrived (`read_barrier.py`). A get of an item with
+records the projection has not applied answers at the log's end without waiting: the projection's row
+and the item's records since, folded (`store_through.py`); one the fold cannot answer waits for them.
+A search or listing waits for the end of every store partition (and then the batch's gets are answered
+by the projection alone), unless the batch asks for `own_writes` consistency in
 `X-Graphledger-Search-Consistency` (then only its consistency token, the caller's own writes).
 
 Namespaces are the request tenant's (`tenant.py`): the tenant label is prepended to every namespace
@@ -28,10 +30,11 @@ from graphledger_server.api.codec import decode, respond
 from graphledger_server.api.consistency import token_of
 from graphledger_server.api.errors import ApiError
 from graphledger_server.api.models import ErrorBody
-from graphledger_server.api.read_barrier import KeyedRead
+from graphledger_server.api.read_barrier import KeyedRead, Settled
 from graphledger_server.api.state import api_state
 from graphledger_server.api.store_models import GetOp, StoreBatchRequest, StoreBatchResponse
 from graphledger_server.api.store_reader import StoreReader
+from graphledger_server.api.store_through import WAIT, items_through
 from graphledger_server.api.tenant import StoreOp
 
 router = APIRouter(prefix="/v1/store", tags=["store"])
@@ -84,8 +87,8 @@ async def store_batch(request: Request) -> Response:
     body = await decode(request, StoreBatchRequest, state.settings.api_max_body_bytes)
     cap = state.settings.api_max_result_items
     ops = [_capped(op, cap) for op in tenant.store_ops(body.ops)]
-    await _settle(request, ops)
-    results: list[Any] = await _reader(request).run(ops)
+    through = await _settle(request, ops)
+    results = await _results(request, ops, through)
     for i, (op, result) in enumerate(zip(ops, results, strict=True)):
         if not isinstance(op, GetOp) and len(result) > cap:
             raise ApiError(
@@ -98,8 +101,32 @@ async def store_batch(request: Request) -> Response:
     return respond(request, answer, max_bytes=state.settings.api_max_response_bytes)
 
 
-async def _settle(request: Request, ops: list[StoreOp]) -> None:
-    """Wait until the projection reflects what the reads of `ops` must see (the module docstring)."""
+async def _results(request: Request, ops: list[StoreOp], through: dict[int, Settled]) -> list[Any]:
+    """The ops' results: the projection's, and for the gets in `through` the folded item (or, when the fold
+    cannot answer, the projection's once it applied the item's records)."""
+    state = api_state(request)
+    results: list[Any] = [None] * len(ops)
+    plain = [i for i in range(len(ops)) if i not in through]
+    if through:
+        assert state.opener is not None and state.store_events is not None
+        gets = [(ops[i], settled) for i, settled in through.items()]
+        folded = await items_through(state.settings, state.store_pool, state.opener, state.store_events, gets)
+        for (i, settled), found in zip(through.items(), folded, strict=True):
+            if found is WAIT:
+                await state.barrier.wait(settled, state.settings.store_topic, tenant=tenant_of(request).name)
+                plain.append(i)
+            else:
+                results[i] = found
+    if plain:
+        plain.sort()
+        for i, found in zip(plain, await _reader(request).run([ops[i] for i in plain]), strict=True):
+            results[i] = found
+    return results
+
+
+async def _settle(request: Request, ops: list[StoreOp]) -> dict[int, Settled]:
+    """Wait until the projection reflects what the reads of `ops` must see (the module docstring), but for
+    the gets whose items' unprojected records the read API holds: those it returns, by op."""
     state = api_state(request)
     topic = state.settings.store_topic
     token = token_of(request.headers.get(CONSISTENCY_HEADER))
@@ -112,13 +139,14 @@ async def _settle(request: Request, ops: list[StoreOp]) -> None:
     tenant = tenant_of(request).name
     if not own_writes_only and any(not isinstance(op, GetOp) for op in ops):
         await state.barrier.before_topic(topic, token, tenant=tenant)  # covers the gets too
-        return
-    gets = [
-        KeyedRead(topic, await state.item_key(tenant, tuple(op.namespace), op.key))
-        for op in ops
+        return {}
+    gets = {
+        i: KeyedRead(topic, await state.item_key(tenant, tuple(op.namespace), op.key))
+        for i, op in enumerate(ops)
         if isinstance(op, GetOp)
-    ]
-    await state.barrier.before_keyed(list(dict.fromkeys(gets)), token, tenant=tenant)
+    }
+    settled = await state.barrier.before_keyed(list(dict.fromkeys(gets.values())), token, tenant=tenant, through=True)
+    return {i: settled[read] for i, read in gets.items() if settled[read].tail is not None}
 
 
 def _capped(op: StoreOp, cap: int) -> StoreOp:

@@ -1,0 +1,167 @@
+"""A key's unprojected records, opened and decoded as the projector does, for a read to fold them.
+
+A read of a thread (or of a store item) that finds records of its key the projection has not applied
+(`read_barrier.Settled.tail`) answers at the log's end without waiting: the projection's answer as of
+its applied offset `a` on the key's partition (read in the same snapshot as `a`), and the key's
+records in `[a, end)`, folded as the projector applies them (`graphledger.fold` for a thread,
+`store_fold` for an item). This module turns those records into events exactly as a projector batch
+would: the data keys of sealed ones loaded first (`keys/lookup.py`: fresh keys bound to their subject
+as the projector binds them), each record classified (`projection/records.py`), chunks reassembled at
+the chunk that completes their event. What the projector would not apply is left out: dead letters,
+records of erased subjects. Whatever the read cannot know from the records it holds raises
+`fold.Underivable`, and the read waits for the projection instead (`ReadBarrier.wait`):
+- a record from a newer graphledger (the projector stops its partition there);
+- a chunked event whose chunks are not all held (some went to the projection's chunk table);
+- the key store not answering for a sealed record's key.
+Decoding is kept per record (`Unprojected.note`), so each record is opened once while it is held.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, assert_never
+
+from graphledger import fold
+from graphledger.events.checkpoint import (
+    CheckpointEvent,
+    CheckpointPut,
+    CheckpointWrites,
+    RunsDelete,
+    ThreadCopy,
+    ThreadCopyBarrier,
+    ThreadDelete,
+    ThreadExpire,
+    ThreadPrune,
+)
+from graphledger.events.erasure import TenantErase, ThreadErase
+from graphledger.tenancy import THREAD_SEPARATOR
+from graphledger_server.api.unprojected import KeyTail, Unprojected
+from graphledger_server.keys.lookup import DataKeyCache
+from graphledger_server.projection import chunks
+from graphledger_server.projection.records import (
+    Chunk,
+    Classified,
+    DeadLetter,
+    Decoded,
+    Erased,
+    SourceRecord,
+    ToEvent,
+    TooNew,
+    classify,
+    decode_value,
+    key_name,
+)
+
+log = logging.getLogger(__name__)
+
+
+class RecordOpener:
+    """Opens held records into events, as the projector's batch does (one per read API process)."""
+
+    def __init__(self, unprojected: Unprojected, keys: DataKeyCache, to_event: Callable[[str], ToEvent]) -> None:
+        self._unprojected = unprojected
+        self._keys = keys
+        self._to_event = to_event
+        """The topic's envelope validation (the projection's `to_event`)."""
+
+    async def events(self, tail: KeyTail, since: int) -> list[tuple[int, Any]]:
+        """`(offset, event)` of the projection's events (its `to_event`'s, with their producer time) among
+        `tail`'s records at or after `since`, in log order (a chunked event at its completing chunk); raises
+        `fold.Underivable`."""
+        records = tail.records
+        await self._load_keys(r for r in records if self._unprojected.note(r) is None)
+        classified = [self._classified(r) for r in records]
+        out: list[tuple[int, Any]] = []
+        parts: dict[str, dict[int, SourceRecord]] = {}
+        for record, item in zip(records, classified, strict=True):
+            match item:
+                case Chunk():
+                    event_id = item.ref.event_id
+                    got = parts.setdefault(event_id, {})
+                    got.setdefault(item.ref.index, record)
+                    if len(got) < item.ref.count:
+                        continue
+                    if record.offset >= since:
+                        out.extend(self._admitted(self._reassembled(item, got), since))
+                    parts[event_id] = {}  # a later duplicate of a chunk starts nothing again
+                case Decoded() | DeadLetter() | Erased() | TooNew():
+                    out.extend(self._admitted(item, since))
+                case _:
+                    assert_never(item)
+        if any(got and max(r.offset for r in got.values()) >= since for got in parts.values()):
+            raise fold.Underivable("a chunked event's chunks are not all held (some are in the chunk table)")
+        return out
+
+    def _admitted(self, item: Decoded | DeadLetter | Erased | TooNew, since: int) -> list[tuple[int, Any]]:
+        match item:
+            case Decoded():
+                if item.record.offset < since:
+                    return []
+                if item.subject is not None and self._keys.is_erased(item.subject):
+                    return []
+                return [(item.record.offset, item.event)]
+            case DeadLetter() | Erased():
+                return []  # the projector dead-letters or skips it: no effect
+            case TooNew():
+                if item.record.offset < since:
+                    return []
+                raise fold.Underivable(f"a record from a newer graphledger: {item.reason}")
+            case _:
+                assert_never(item)
+
+    def _classified(self, record: SourceRecord) -> Classified:
+        noted = self._unprojected.note(record)
+        if noted is not None:
+            return noted  # type: ignore[no-any-return]
+        found = classify(record, self._to_event(record.topic), self._keys.get)
+        self._unprojected.set_note(record, found)
+        return found
+
+    def _reassembled(self, last: Chunk, parts: dict[int, SourceRecord]) -> Decoded | DeadLetter | TooNew | Erased:
+        record = last.record
+        value = chunks.assemble({i: r.value or b"" for i, r in parts.items()}, last.ref.count)
+        if value is None:
+            reason = f"chunks of event {last.ref.event_id} do not cover 0..{last.ref.count - 1}"
+            return DeadLetter(record, reason, None, None, last.ref.event_id)
+        return decode_value(record, value, self._to_event(record.topic), self._keys.get, last.ref.event_id)
+
+    async def _load_keys(self, records: Any) -> None:
+        names = {name for r in records if (name := key_name(r)) is not None}
+        if not names:
+            return
+        try:
+            await self._keys.load(names)
+        except Exception as exc:  # the key store is down: the projector cannot apply them either
+            log.warning("read-through could not load data keys (%s); the read waits for the projection", exc)
+            raise fold.Underivable(f"the key store did not answer: {type(exc).__name__}") from exc
+
+
+def thread_events(
+    events: Sequence[tuple[int, Any]], stored_thread_id: str, ref: str
+) -> list[CheckpointEvent | ThreadErase | TenantErase]:
+    """The events among a thread key's records that concern the thread: a record keyed like it but
+    naming another thread (a hash collision, a hostile producer) changes another thread's rows."""
+    mine: list[CheckpointEvent | ThreadErase | TenantErase] = []
+    for _, timed in events:
+        event = getattr(timed, "event", timed)  # the projection's timed wrapper
+        match event:
+            case CheckpointPut() | CheckpointWrites() | ThreadDelete() | ThreadPrune() | ThreadExpire():
+                if event.thread_id == stored_thread_id:
+                    mine.append(event)
+            case ThreadCopy():
+                pass  # keyed by its source, which it does not change
+            case ThreadCopyBarrier():
+                if event.target_thread_id == stored_thread_id:
+                    mine.append(event)
+            case RunsDelete():
+                mine.append(event)
+            case ThreadErase():
+                if event.ref == ref:
+                    mine.append(event)
+            case TenantErase():
+                if stored_thread_id.startswith(event.tenant + THREAD_SEPARATOR):
+                    mine.append(event)
+            case _:
+                raise fold.Underivable(f"an event {type(event).__name__} among a thread's records")
+    return mine
