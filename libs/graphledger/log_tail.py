@@ -1,12 +1,11 @@
-"""Where a partition's log ends right now, and the keys of its records past a given offset.
+"""Where a partition's log ends right now, and its records past a given offset.
 
-Used by the read API before every read, and by a client before it answers a read of its own thread
-from what it holds (`client/latest.py`). A consistent read (docs/architecture.md, "Consistency")
-must reflect every write acknowledged before it began. With `acks=all` the leader acknowledges a
-record only once the partition's high watermark has passed it, so the high watermark in the answer
-to a fetch *sent after the read began* bounds every such write. One fetch also brings the records
-between the projection's position and that end, whose keys tell whether the thread or item being
-read has unprojected records at all.
+Used by the read API before every read (`pages`: whole records, which it folds), and by a client
+before it answers a read of its own thread from what it holds (`tails`: keys). A consistent read
+(docs/architecture.md, "Consistency") must reflect every write acknowledged before it began. With
+`acks=all` the leader acknowledges a record only once the partition's high watermark has passed it, so
+the high watermark in the answer to a fetch *sent after the read began* bounds every such write. One
+fetch also brings the records between a given position and that end.
 
 Every fetch starts one record before the first offset asked about: a fetch that finds data is answered
 at once, while one positioned at the end of the log is held for its whole `max_wait` (tansu holds it

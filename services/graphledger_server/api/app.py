@@ -16,7 +16,7 @@ from graphledger_server.api.auth import AccessPolicy, TenantAuth, document_beare
 from graphledger_server.api.db import open_pool, open_store_pool
 from graphledger_server.api.key_quota import KeyCreationQuota
 from graphledger_server.api.read_barrier import ReadBarrier
-from graphledger_server.api.read_through import RecordOpener
+from graphledger_server.api.read_through import RecordOpener, ThreadViews
 from graphledger_server.api.state import ApiState
 from graphledger_server.api.store_through import StoreEvents
 from graphledger_server.api.unprojected import Unprojected
@@ -64,7 +64,7 @@ def create_app(settings: Settings) -> FastAPI:
         to_event = {settings.checkpoint_topic: checkpoint_events.to_event, settings.store_topic: store_events.to_event}
         opener = RecordOpener(unprojected, DataKeyCache(key_store), to_event.__getitem__)
         app.state.api = ApiState(
-            settings, pool, store_pool, offsets, barrier, quota, source, eraser, opener, store_events
+            settings, pool, store_pool, offsets, barrier, quota, source, eraser, opener, ThreadViews(), store_events
         )
         try:
             yield

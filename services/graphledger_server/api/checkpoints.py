@@ -18,6 +18,8 @@ topic.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -47,10 +49,10 @@ from graphledger_server.api.models import (
 )
 from graphledger_server.api.passthrough import PassThroughSerde, to_wire
 from graphledger_server.api.read_barrier import KeyedRead, OwnWrites, Settled
-from graphledger_server.api.read_through import thread_events
+from graphledger_server.api.read_through import HeldView, thread_events
 from graphledger_server.api.state import api_state
 from graphledger_server.api.tenant import Tenant
-from graphledger_server.log.offsets import snapshot_offset
+from graphledger_server.log.offsets import SNAPSHOT_OFFSET_SQL, snapshot_offset
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,28 @@ SELECT EXISTS (
     SELECT 1 FROM checkpoint_writes
     WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s AND checkpoint_id > %(newest)s
 ) AS early
+"""
+
+# What a get of a namespace's newest checkpoint folds the thread's unprojected records onto, in one
+# statement, so in one snapshot (a projector batch commits rows and offsets at once): the projection's
+# applied offset on the thread's partition, every namespace of the thread (at most %(most)s), the newest
+# checkpoint's row as the official saver selects it (its columns null without one), and whether writes
+# of a newer checkpoint wait for their put (as EARLY_WRITES_SQL). One round trip: the reads that
+# hop between processes pay for each. %(group)s, %(topic)s, %(partition)s, %(thread)s, %(ns)s, %(most)s.
+THROUGH_NEWEST_SQL = f"""
+SELECT o.applied, n.namespaces, t.*, e.early
+FROM (SELECT coalesce(({SNAPSHOT_OFFSET_SQL}), 0) AS applied) o
+CROSS JOIN LATERAL (SELECT ARRAY({THREAD_NAMESPACES_SQL}) AS namespaces) n
+LEFT JOIN LATERAL (
+    {AsyncPostgresSaver.SELECT_SQL} WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s
+    ORDER BY checkpoint_id DESC LIMIT 1
+) t ON true
+CROSS JOIN LATERAL (
+    SELECT EXISTS (
+        SELECT 1 FROM checkpoint_writes w
+        WHERE w.thread_id = %(thread)s AND w.checkpoint_ns = %(ns)s AND w.checkpoint_id > coalesce(t.checkpoint_id, '')
+    ) AS early
+) e
 """
 
 
@@ -259,7 +283,24 @@ async def get_tuple(request: Request) -> Response:
     body = await decode(request, GetRequest, state.settings.api_max_body_bytes)
     own = _own_writes(request)
     cached = _cached_through(request) if own is not None and body.checkpoint_id is None else None
-    settled = await _settle_thread(request, tenant.thread(body.thread_id), own, cached, through=True)
+    base = await _newest_base_started(request, tenant, body)
+    try:
+        return await _get(request, tenant, body, own, cached, base)
+    finally:
+        await _cancelled(base)
+
+
+async def _get(
+    request: Request,
+    tenant: Tenant,
+    body: GetRequest,
+    own: OwnWrites | None,
+    cached: int | None,
+    base: asyncio.Task[Base | None] | None,
+) -> Response:
+    state = api_state(request)
+    stored = tenant.thread(body.thread_id)
+    settled = await _settle_thread(request, stored, own, cached, through=True)
     answer: dict[str, Any] = {"log_partition": settled.partition, "log_end": settled.end}
     heeded = own is not None and own.partition == settled.partition  # else the client's records were not
     if settled.current:
@@ -267,11 +308,13 @@ async def get_tuple(request: Request) -> Response:
             answer["own_writes_from"] = settled.applied
         answer.update(tuple=None, current=True)
         return _answer(request, answer)
-    if settled.tail is not None:
-        folded = await _get_through(request, tenant, body, settled)
+    if settled.tail is not None and (body.checkpoint_id is None or settled.need is not None):
+        folded = await _get_through(request, tenant, body, settled, base)
         if folded is not None:
+            # The answer holds every record of the thread below `log_end` (the projection may have
+            # applied past the end the read learned), the client's named ones too.
             if heeded:
-                answer["own_writes_from"] = settled.end  # the answer holds every record below the end
+                answer["own_writes_from"] = folded["log_end"]
             answer.update(folded)
             return _answer(request, answer)
         settled = await state.barrier.wait(settled, state.settings.checkpoint_topic, tenant=tenant.name)
@@ -281,59 +324,171 @@ async def get_tuple(request: Request) -> Response:
     answer["tuple"] = wire_tuple(found, tenant) if found else None
     if found is None and await _erased(request, tenant, body.thread_id):
         answer["erased"] = True
-    elif (
-        body.checkpoint_id is None
-        and (namespaces := await _namespaces(request, tenant.thread(body.thread_id))) is not None
-    ):
+    elif body.checkpoint_id is None and (namespaces := await _namespaces(request, stored)) is not None:
         answer["namespaces"] = namespaces
     return _answer(request, answer)
 
 
-async def _get_through(request: Request, tenant: Tenant, body: GetRequest, settled: Settled) -> dict[str, Any] | None:
-    """The get's answer at the log's end: the projection's in a snapshot at its applied offset, and the
-    thread's records since folded in (None: the fold cannot, and the read waits).
+Base = tuple[int, dict[str, Any] | None, list[str] | None]
+"""The projection's applied offset on a thread's partition, the answer of a namespace's newest checkpoint
+and the thread's namespaces (None: too many), as of one snapshot."""
+
+
+async def _newest_base_started(request: Request, tenant: Tenant, body: GetRequest) -> asyncio.Task[Base | None] | None:
+    """For a get of the newest checkpoint, the projection's answer, read while the read learns where the
+    log ends (the two round trips overlap), unless a view the read API kept of the thread will do."""
+    state = api_state(request)
+    if body.checkpoint_id is not None or state.views is None or not state.settings.api_read_through_max_bytes:
+        return None
+    stored = tenant.thread(body.thread_id)
+    key = await state.thread_key(tenant.name, stored)
+    partition = await state.barrier.partition_of(state.settings.checkpoint_topic, key)
+    if state.views.usable(key, None, partition) is not None:
+        return None
+    return asyncio.create_task(_newest_base(request, tenant, stored, body.checkpoint_ns, partition))
+
+
+async def _cancelled(task: asyncio.Task[Any] | None) -> None:
+    if task is not None and not task.done():
+        task.cancel()
+    if task is not None:
+        with contextlib.suppress(BaseException):
+            await task
+
+
+async def _get_through(
+    request: Request, tenant: Tenant, body: GetRequest, settled: Settled, started: asyncio.Task[Base | None] | None
+) -> dict[str, Any] | None:
+    """The get's answer at the log's end: a view of the thread the read API kept, or the projection's
+    answer in a snapshot at its applied offset, with the thread's records since folded in (None: the
+    fold cannot, and the read waits).
 
     A get by id of a checkpoint the projection does not hold yet folds from the newest checkpoint the
     projection holds, through the records, to the one asked for (`fold.fold_to_checkpoint`)."""
+    state = api_state(request)
+    assert settled.tail is not None and state.views is not None
     stored = tenant.thread(body.thread_id)
     ns, checkpoint_id = body.checkpoint_ns, body.checkpoint_id
-    async with _snapshot(request) as conn:
-        applied = await _applied(request, conn, settled.partition)
-        saver = _saver(request, tenant, conn)
-        found = await saver.aget_tuple(body.config(tenant.thread))
-        base = wire_tuple(found, tenant) if found else None
-        newest, namespaces = base, None
-        if checkpoint_id is not None and base is None:
-            newest_config = {"configurable": {"thread_id": stored, "checkpoint_ns": ns}}
-            found = await saver.aget_tuple(newest_config)  # type: ignore[arg-type]
-            newest = wire_tuple(found, tenant) if found else None
-        if checkpoint_id is None or base is None:
-            if await _early_writes(conn, stored, ns, newest):
-                log.info("thread %r has writes before their put in the projection: the read waits", body.thread_id)
-                return None
-            namespaces = await _namespaces_on(conn, stored)
+    key = await state.thread_key(tenant.name, stored)
+    through = settled.end
     try:
-        events = await _thread_events(request, settled, stored, applied)
         if checkpoint_id is None:
-            view = _fold(fold.from_answer(ns, base, namespaces), events)
-        elif base is None:
-            view = fold.fold_to_checkpoint(fold.from_answer(ns, newest, namespaces), events, ns, checkpoint_id)
+            found = await _newest_view(request, tenant, body, settled, key, started)
+            if found is None:
+                return None
+            view, through = found
         else:
-            view = fold.from_answer(ns, base)
-            for event in events:
-                view = fold.apply_to_checkpoint(view, event, ns, checkpoint_id)
+            found = await _one_view(request, tenant, body, settled)
+            if found is None:
+                return None
+            view, through = found
         if view.erased:
-            return {"tuple": None, "erased": True}
+            return {"tuple": None, "erased": True, "log_end": through}
         answered = view.namespace(ns).answer(body.thread_id, ns, checkpoint_id)
     except fold.Underivable as exc:
         log.debug("a get of thread %r waits for the projection: %s", body.thread_id, exc)
         return None
-    folded: dict[str, Any] = {"tuple": answered}
+    if checkpoint_id is None:
+        state.views.keep(key, HeldView(settled.partition, through, view))
+    folded: dict[str, Any] = {"tuple": answered, "log_end": through}
     if answered is None and await _erased(request, tenant, body.thread_id):
         folded["erased"] = True
     elif checkpoint_id is None and view.complete:
         folded["namespaces"] = sorted(n for n, held in view.namespaces.items() if held is None or held.newest)
     return folded
+
+
+async def _newest_view(
+    request: Request,
+    tenant: Tenant,
+    body: GetRequest,
+    settled: Settled,
+    key: bytes,
+    started: asyncio.Task[Base | None] | None,
+) -> tuple[fold.View, int] | None:
+    """The thread's view at the log's end (or later: as of the offset returned with it), able to answer
+    the namespace's newest checkpoint: from the view kept of it, else from the projection (`started`, or
+    read now); raises `fold.Underivable`."""
+    state = api_state(request)
+    assert settled.tail is not None and state.views is not None
+    stored, ns = tenant.thread(body.thread_id), body.checkpoint_ns
+    kept = state.views.usable(key, settled.tail, settled.partition)
+    if kept is not None:
+        with contextlib.suppress(fold.Underivable):
+            view = _fold(kept.view, await _thread_events(request, settled, stored, kept.through))
+            view.namespace(ns).answer(body.thread_id, ns, None)  # raises when it does not hold the namespace
+            return view, settled.end
+    for _ in range(2):
+        if started is None:
+            started = asyncio.create_task(_newest_base(request, tenant, stored, ns, settled.partition))
+        based = await started
+        if based is None:
+            return None
+        applied, base, namespaces = based
+        if applied >= settled.tail.start:
+            events = await _thread_events(request, settled, stored, applied)
+            return _fold(fold.from_answer(ns, base, namespaces), events), max(applied, settled.end)
+        started = None  # the projection moved on while the read began: read it again
+    return None
+
+
+async def _one_view(
+    request: Request, tenant: Tenant, body: GetRequest, settled: Settled
+) -> tuple[fold.View, int] | None:
+    """The view of one checkpoint (a get by id) at the log's end (or later: as of the offset returned with
+    it); raises `fold.Underivable`."""
+    stored, ns, checkpoint_id = tenant.thread(body.thread_id), body.checkpoint_ns, body.checkpoint_id
+    assert checkpoint_id is not None
+    async with _snapshot(request) as conn:
+        applied = await _applied(request, conn, settled.partition)
+        saver = _saver(request, tenant, conn)
+        found = await saver.aget_tuple(body.config(tenant.thread))
+        base = wire_tuple(found, tenant) if found else None
+        if base is None:
+            newest_config = {"configurable": {"thread_id": stored, "checkpoint_ns": ns}}
+            found = await saver.aget_tuple(newest_config)  # type: ignore[arg-type]
+            newest = wire_tuple(found, tenant) if found else None
+            if await _early_writes(conn, stored, ns, newest):
+                return None
+            namespaces = await _namespaces_on(conn, stored)
+    events = await _thread_events(request, settled, stored, applied)
+    through = max(applied, settled.end)
+    if base is None:
+        view = fold.fold_to_checkpoint(fold.from_answer(ns, newest, namespaces), events, ns, checkpoint_id)
+        return view, through
+    view = fold.from_answer(ns, base)
+    for event in events:
+        view = fold.apply_to_checkpoint(view, event, ns, checkpoint_id)
+    return view, through
+
+
+async def _newest_base(
+    request: Request, tenant: Tenant, stored: str, ns: str, partition: int
+) -> tuple[int, dict[str, Any] | None, list[str] | None] | None:
+    """The applied offset, the newest checkpoint's answer and the namespaces, in one snapshot (None: the
+    projection holds writes before their put, or a checkpoint before format 4: the read waits)."""
+    settings = api_state(request).settings
+    params = {
+        "group": settings.projector_group_id,
+        "topic": settings.checkpoint_topic,
+        "partition": partition,
+        "thread": stored,
+        "ns": ns,
+        "most": MAX_NAMESPACES + 1,
+    }
+    async with api_state(request).pool.connection() as conn:
+        cursor = await conn.execute(THROUGH_NEWEST_SQL, params, binary=True)
+        row: dict[str, Any] = await cursor.fetchone()  # type: ignore[assignment]
+    if row["early"]:
+        log.info("thread %r has writes before their put in the projection: the read waits", stored)
+        return None
+    namespaces = row["namespaces"] if len(row["namespaces"]) <= MAX_NAMESPACES else None
+    if row["checkpoint_id"] is None:
+        return row["applied"], None, namespaces
+    if row["checkpoint"]["v"] < 4 and row["parent_checkpoint_id"]:
+        return None  # read with its parent's pending sends: a second statement, so a second snapshot
+    found = await _saver(request, tenant)._load_checkpoint_tuple(row)  # type: ignore[arg-type]
+    return row["applied"], wire_tuple(found, tenant), namespaces
 
 
 async def _early_writes(conn: AsyncConnection[Any], stored: str, ns: str, newest: dict[str, Any] | None) -> bool:
@@ -398,7 +553,7 @@ async def delta_history(request: Request) -> Response:
     state = api_state(request)
     body = await decode(request, DeltaHistoryRequest, state.settings.api_max_body_bytes)
     settled = await _settle_thread(request, tenant.thread(body.thread_id), through=True)
-    if settled.tail is not None:
+    if settled.tail is not None and settled.need is not None:
         folded = await _history_through(request, tenant, body, settled)
         if folded is not None:
             return _answer(request, {"history": folded})

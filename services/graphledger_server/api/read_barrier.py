@@ -1,19 +1,20 @@
-"""What the projection must have applied before a read runs, found in the log (invariant 5).
+"""What a read must reflect, found in the log, and the waits for the projection to reflect it (invariant 5).
 
 A read reflects every write acknowledged to any process before it began. The read API learns where
-each partition's log ends with a fetch sent after the read arrived (`log_tail`), and then:
-- a read of one thread (or one store item) looks at the keys of the partition's records the projection
-  has not applied yet: if none is the thread's, the projection already holds everything the read must
-  reflect and it runs at once; else it waits until the projection has applied the last of them.
-  Records without a key (`runs.delete`, published to every partition) count as the thread's.
-  The client may name its own records among them (`OwnWrites`): those it adds to the answer itself,
-  so only the others are waited for, and the answer says from which offset on the projection may lack
-  the client's own writes (`own_writes_from`);
+each partition's log ends with a fetch sent after the read arrived, and then:
+- a read of one thread (or one store item) looks at the partition's records the projection has not
+  applied yet, as the read API holds them (`unprojected.py`; without them, the keys of a scan of the
+  tail): if none is the key's, the projection already holds everything the read must reflect; else,
+  asked `through`, the read gets them to fold (`Settled.tail`, `read_through.py`) and waits only if it
+  cannot (`wait`), and otherwise it waits until the projection has applied the last of them. Records
+  without a key (`runs.delete`, erasures, published to every partition) count as the key's. The client
+  may name its own records among them (`OwnWrites`): a read that waits does not wait for those, and the
+  answer says from which offset on the projection may lack them (`own_writes_from`);
 - a read across threads, or a store search or listing, waits until the projection has reached the end
   of every partition of the topic.
 A consistency token the read also carries must name offsets within the log (`token_bounds`). When the
-projection cannot get there within `consistency_timeout_s` the read fails with a retryable 503, never
-with an older answer.
+projection cannot get there within `consistency_timeout_s` the read fails with a retryable 503 saying
+why it waited, never with an older answer.
 """
 
 from __future__ import annotations
@@ -83,10 +84,11 @@ class Settled:
     current: bool = False
     """Every record of the key since `cached_through` is the client's own: its kept answer is current."""
     tail: KeyTail | None = None
-    """Asked `through`: the key's records below `end` that the read API holds, when the projection has
-    not applied some of them (`need`); the read folds them (`read_through.py`), or `wait`s."""
+    """Asked `through`: the key's records below `end` that the read API holds; the read folds those the
+    projection has not applied (`read_through.py`), or `wait`s for them (`need`)."""
     need: int | None = None
-    """With `tail`: the last record of the key (less the client's own) the projection has not applied."""
+    """With `tail`: the last record of the key (less the client's own) the projection had not applied
+    when the read arrived (None: none)."""
     deadline: float = 0.0
     """The read's deadline (`time.monotonic()`)."""
 
@@ -122,19 +124,17 @@ class ReadBarrier:
                           for read in reads}  # fmt: skip
             applied = self._positions(partitions.values())
             pending = await unapplied_parts(token or {}, self._settings, self._offsets, self._log)
-            held = await self._held(partitions, deadline)
+            # The token's other partitions' ends come in the same fetch round as the reads' records.
+            others = self._positions(pending.keys() - set(partitions.values()))
+            held, other_ends = await asyncio.gather(
+                self._held(partitions, deadline),
+                self._log.ends(others, self._remaining(deadline)) if others else _none(),
+            )
             starts = {tp: applied[tp] for read, tp in partitions.items() if held[read] is None}
             for read, tp in partitions.items():
                 if held[read] is None and read.cached_through is not None:
                     starts[tp] = min(starts[tp], read.cached_through)
-            # The token's other partitions' ends come in the same fetch round as the tails.
-            tails, other_ends = await asyncio.gather(
-                self._log.tails(starts, self._remaining(deadline)),
-                self._log.ends(
-                    self._positions(pending.keys() - starts.keys() - set(partitions.values())),
-                    self._remaining(deadline),
-                ),
-            )
+            tails = await self._log.tails(starts, self._remaining(deadline)) if starts else {}
         ends = {**{tp: h.end for read, tp in partitions.items() if (h := held[read]) is not None}}
         check_within_log(pending, {**ends, **{tp: tail.end for tp, tail in tails.items()}, **other_ends})
         need: Token = dict(token or {})
@@ -164,11 +164,9 @@ class ReadBarrier:
                 others = [o for o in keyed if o >= applied[tp] and o not in own]
             else:  # too far behind to look at every key: the whole tail counts
                 others = [tail.end - 1]
-            if not others:
-                continue
             if through and kept is not None:
-                folded[read] = max(others)  # the caller folds them, or waits for them
-            else:
+                folded[read] = max(others, default=None)  # the caller folds them, or waits for them
+            elif others:
                 _require(need, tp, max(others))
         unheld = through and any(held[read] is None for read in partitions)
         await self._await(need, deadline, tenant, why=self._unheld_reason() if unheld else None)
@@ -184,6 +182,9 @@ class ReadBarrier:
             )
             for read, tp in partitions.items()
         }
+
+    async def partition_of(self, topic: str, key: bytes) -> int:
+        return await self._log.partition_of(topic, key)
 
     async def wait(self, settled: Settled, topic: str, *, tenant: str) -> Settled:
         """Wait until the projection applied what a read `through` found unapplied (`settled.need`)."""
@@ -261,6 +262,10 @@ async def _log_deadline(deadline: float) -> AsyncIterator[None]:
             yield
     except TimeoutError:
         raise LogUnavailableError("Kafka did not tell where the log ends before the read's deadline; retry") from None
+
+
+async def _none() -> dict[TopicPartition, int]:
+    return {}
 
 
 def _require(need: Token, tp: TopicPartition, offset: int) -> None:

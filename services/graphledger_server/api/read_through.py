@@ -19,10 +19,13 @@ Decoding is kept per record (`Unprojected.note`), so each record is opened once 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, assert_never
 
 from graphledger import fold
+from graphledger.events import envelope
 from graphledger.events.checkpoint import (
     CheckpointEvent,
     CheckpointPut,
@@ -34,6 +37,7 @@ from graphledger.events.checkpoint import (
     ThreadExpire,
     ThreadPrune,
 )
+from graphledger.events.envelope import HEADER_CHUNK
 from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.api.unprojected import KeyTail, Unprojected
@@ -69,7 +73,9 @@ class RecordOpener:
         """`(offset, event)` of the projection's events (its `to_event`'s, with their producer time) among
         `tail`'s records at or after `since`, in log order (a chunked event at its completing chunk); raises
         `fold.Underivable`."""
-        records = tail.records
+        # Before `since` only chunks matter (one may complete its event at or after it): nothing else
+        # there is opened.
+        records = [r for r in tail.records if r.offset >= since or envelope.header(r.headers, HEADER_CHUNK)]
         await self._load_keys(r for r in records if self._unprojected.note(r) is None)
         classified = [self._classified(r) for r in records]
         out: list[tuple[int, Any]] = []
@@ -165,3 +171,53 @@ def thread_events(
             case _:
                 raise fold.Underivable(f"an event {type(event).__name__} among a thread's records")
     return mine
+
+
+VIEWS_MAX_BYTES = 64 * 1024 * 1024
+"""Most bytes of folded thread views a read API process keeps (`fold.View.size`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldView:
+    """A thread as of an offset of its partition: every record of it below `through` folded in."""
+
+    partition: int
+    through: int
+    view: fold.View
+
+
+class ThreadViews:
+    """The views the last reads of threads folded, least recently used first out, by record key.
+
+    The log does not change, so a thread's view as of an offset stays its view as of that offset: the
+    next read of the thread folds only the records since onto it, and reads neither the projection nor
+    the records before (while the read API still holds the records since: `Unprojected`)."""
+
+    def __init__(self, max_bytes: int = VIEWS_MAX_BYTES) -> None:
+        self._views: OrderedDict[bytes, HeldView] = OrderedDict()
+        self._size = 0
+        self.max_bytes = max_bytes
+
+    def usable(self, key: bytes, tail: KeyTail | None, partition: int) -> HeldView | None:
+        """The thread's view, if the records since it are all in `tail` (or, without one, may be)."""
+        held = self._views.get(key)
+        if held is None or held.partition != partition:
+            return None
+        if tail is not None and not tail.start <= held.through <= tail.end:
+            return None
+        self._views.move_to_end(key)
+        return held
+
+    def keep(self, key: bytes, held: HeldView) -> None:
+        """Keep `held` unless a view as of a later offset is kept already."""
+        known = self._views.get(key)
+        if known is not None:
+            if known.partition == held.partition and known.through > held.through:
+                return
+            self._size -= known.view.size
+        self._views[key] = held
+        self._views.move_to_end(key)
+        self._size += held.view.size
+        while self._size > self.max_bytes and self._views:
+            _, dropped = self._views.popitem(last=False)
+            self._size -= dropped.view.size

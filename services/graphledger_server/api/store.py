@@ -146,7 +146,7 @@ async def _settle(request: Request, ops: list[StoreOp]) -> dict[int, Settled]:
         if isinstance(op, GetOp)
     }
     settled = await state.barrier.before_keyed(list(dict.fromkeys(gets.values())), token, tenant=tenant, through=True)
-    return {i: settled[read] for i, read in gets.items() if settled[read].tail is not None}
+    return {i: settled[read] for i, read in gets.items() if settled[read].need is not None}
 
 
 def _capped(op: StoreOp, cap: int) -> StoreOp:
