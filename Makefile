@@ -47,9 +47,11 @@ settings-doc: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
-# Ten minutes of mixed traffic with a projector SIGKILL every minute; checks nothing was lost.
+# Ten minutes of mixed traffic with a projector SIGKILL every minute; checks nothing was lost. Then
+# five minutes of turns hopping between agent processes with the projector stopped, under chat load.
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak
+	GRAPHLEDGER_READ_THROUGH_STOPPED_S=300 $(BIN)/python -m pytest -q -s tests/acceptance/test_read_through_hops.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check libs services tests bench
