@@ -229,21 +229,32 @@ class ReadBarrier:
         )
         return dict(zip(partitions, found, strict=True))
 
-    async def before_topic(self, topic: str, token: Token | None = None, *, tenant: str) -> None:
+    async def positions(self, topic: str) -> dict[TopicPartition, int]:
+        """Where the projection stands on every partition of `topic` now (`before_topic`'s `since`)."""
+        count = await self._log.partition_count(topic)
+        return self._positions(TopicPartition(topic, p) for p in range(count))
+
+    async def before_topic(
+        self, topic: str, token: Token | None = None, *, tenant: str, since: dict[TopicPartition, int] | None = None
+    ) -> bool:
         """Wait, in one of `tenant`'s wait slots, until the projection has reached the end every partition
-        of `topic` had on arrival."""
+        of `topic` had on arrival; returns whether it had already reached it at `since` (`positions` taken
+        before the call; by default, when it began): then a read of the projection that began after
+        `since` was taken reflects the log's end as well."""
         deadline = time.monotonic() + self._settings.consistency_timeout_s
         async with _log_deadline(deadline):
-            count = await self._log.partition_count(topic)
-            starts = self._positions(TopicPartition(topic, p) for p in range(count))
+            starts = since if since is not None else await self.positions(topic)
             pending = await unapplied_parts(token or {}, self._settings, self._offsets, self._log)
             ends = await self._log.ends({**starts, **self._positions(pending)}, self._remaining(deadline))
         check_within_log(pending, ends)
         need: Token = dict(token or {})
+        behind = False
         for tp, start in starts.items():
             if ends[tp] > start:
                 _require(need, tp, ends[tp] - 1)
+                behind = True
         await self._await(need, deadline, tenant, why=None)
+        return not behind
 
     def _positions(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """Where the projection stands on each partition: the offsets to fetch from."""
