@@ -8,7 +8,8 @@ while another command runs, so that a test can hold a node (a `gate:<name>` mess
 The graph is a chat: each turn appends the user's message and the node's reply to `messages`. A
 message `interrupt:<q>` makes the node ask `<q>` with `interrupt()` and reply with the answer given
 on resume; `gate:<name>` makes the node report `{"event": "in_node", "gate": name}` and wait for
-`gate_open` before replying. A turn answers how long its invoke took (`elapsed_ms`).
+`gate_open` before replying. A turn answers how long its invoke took (`elapsed_ms`) and its read of the
+thread (`get_ms`).
 
 `load_start` starts the bench's chat load in this process (`bench/conversations.py`: `concurrency`
 workers, each running conversations of ten turns of 200-character messages on threads of their own)
@@ -45,6 +46,18 @@ class Chat(TypedDict):
 class Pod:
     def __init__(self) -> None:
         self.saver = KafkaSaver.from_env()
+        self.get_s = 0.0
+        """Seconds the current turn's thread read (`get_tuple`) took."""
+        get_tuple = self.saver.get_tuple
+
+        def timed_get(config: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return get_tuple(config)
+            finally:
+                self.get_s += time.perf_counter() - started
+
+        self.saver.get_tuple = timed_get  # type: ignore[method-assign]
         self.store = KafkaStore.from_env()
         self.gates: dict[str, threading.Event] = {}
         self.lock = threading.Lock()
@@ -76,9 +89,13 @@ class Pod:
         op = command["op"]
         config = {"configurable": {"thread_id": command.get("thread", "")}}
         if op == "turn":  # one invoke and nothing else: a failure means the turn wrote nothing after its read
-            started = time.perf_counter()
+            started, self.get_s = time.perf_counter(), 0.0
             messages = self.graph.invoke({"messages": [command["text"]]}, config)["messages"]
-            return {"messages": messages, "elapsed_ms": (time.perf_counter() - started) * 1000}
+            return {
+                "messages": messages,
+                "elapsed_ms": (time.perf_counter() - started) * 1000,
+                "get_ms": self.get_s * 1000,
+            }
         if op == "load_start":
             self.loading.set()
             for n in range(command["concurrency"]):

@@ -2,10 +2,12 @@
 cost of a turn that stays in its process (invariant 5: the read API folds the unprojected records).
 
 Three agent processes on the dev stack: `load` runs the bench's chat load (`agent_process.py`,
-`load_start`), `a` and `b` run the measured turns, one after the other: a hop turn (a conversation whose
-turns alternate between `a` and `b`, so each turn's process did not write the previous turn and its
-read goes to the read API) and a turn that stays (a conversation on `a` alone, read from what `a`
-holds). Conversations have ten turns, as the bench's. The projector is stopped (SIGSTOP) for
+`load_start`), `a` and `b` run the measured turns in rounds: a hop turn (a conversation whose turns
+alternate between `a` and `b`, so each turn's process did not write the previous turn and its read goes
+to the read API) on one of them, then a turn that stays (a conversation of that other process alone,
+read from what it holds) on the other, so both processes run one turn a round and neither measures
+waking up from idling. Conversations have ten turns, as the bench's; a conversation's first turn (its
+process holds nothing of it) counts on neither side. The projector is stopped (SIGSTOP) for
 `GRAPHLEDGER_READ_THROUGH_STOPPED_S` (20 s in `make test`, 300 in `make soak`); every turn succeeds and
 sees every earlier turn of its conversation, and a hop turn's p50 is at most 1.5x a staying turn's.
 """
@@ -85,16 +87,19 @@ def test_turns_hop_between_processes_while_the_projector_is_stopped(stack: DevSt
         assert load.call("load_start", concurrency=LOAD_CONCURRENCY)["ok"]
         hops: list[float] = []
         stays: list[float] = []
-        hopping, staying = Conversation([a, b]), Conversation([a])
         with projector_stopped(stack):
             deadline = time.monotonic() + STOPPED_S
             while time.monotonic() < deadline:
-                if len(hopping.sent) == TURNS:
-                    hopping, staying = Conversation([a, b]), Conversation([a])
-                hop, stay = hopping.turn(), staying.turn()
-                if len(hopping.sent) > 1:  # the first turn of a thread is not a hop: its process holds nothing
-                    hops.append(hop)
-                    stays.append(stay)
+                hopping, staying = Conversation([a, b]), {a: Conversation([a]), b: Conversation([b])}
+                for n in range(TURNS):
+                    hop = hopping.turn()
+                    if n:
+                        hops.append(hop)
+                    other = staying[b if n % 2 == 0 else a]  # the process the hop turn did not run on
+                    first = not other.sent
+                    stay = other.turn()
+                    if not first:
+                        stays.append(stay)
             loaded = load.call("load_stop")
         assert loaded["ok"] and not loaded["errors"], loaded
         hop_p50, stay_p50 = statistics.median(hops), statistics.median(stays)
