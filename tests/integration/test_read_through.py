@@ -219,3 +219,17 @@ async def test_beyond_its_bound_the_read_waits_and_says_so(make_settings: Callab
         status, answer = await post(client, "/v1/checkpoints/get", {"thread_id": "t-bound", "checkpoint_ns": ""})
         assert status == 503 and answer["error"] == "consistency_timeout", answer
         assert "GRAPHLEDGER_API_READ_THROUGH_MAX_BYTES" in answer["message"]
+
+
+async def test_a_chunked_checkpoint_is_reassembled_and_read_through(settings: Settings) -> None:
+    async with read_api(settings) as client, KafkaSaver(settings) as a:
+        config = {"configurable": {"thread_id": "t-big", "checkpoint_ns": ""}}
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"note": "x" * (2 * settings.max_message_bytes)}  # three chunks or more
+        checkpoint["channel_versions"] = {"note": "1"}
+        await a.aput(config, checkpoint, {"source": "input", "step": -1}, {"note": "1"})
+        folded = await get(client, "t-big")
+        assert folded["tuple"]["checkpoint"]["id"] == checkpoint["id"]
+        async with projector(settings):
+            await fully_projected(settings, client)
+            assert await get(client, "t-big") == folded

@@ -80,22 +80,26 @@ class RecordOpener:
         classified = [self._classified(r) for r in records]
         out: list[tuple[int, Any]] = []
         parts: dict[str, dict[int, SourceRecord]] = {}
+        finished: set[str] = set()
         for record, item in zip(records, classified, strict=True):
             match item:
                 case Chunk():
                     event_id = item.ref.event_id
+                    if event_id in finished:
+                        continue  # a duplicate of a chunk of an event already complete
                     got = parts.setdefault(event_id, {})
                     got.setdefault(item.ref.index, record)
                     if len(got) < item.ref.count:
                         continue
                     if record.offset >= since:
                         out.extend(self._admitted(self._reassembled(item, got), since))
-                    parts[event_id] = {}  # a later duplicate of a chunk starts nothing again
+                    del parts[event_id]
+                    finished.add(event_id)
                 case Decoded() | DeadLetter() | Erased() | TooNew():
                     out.extend(self._admitted(item, since))
                 case _:
                     assert_never(item)
-        if any(got and max(r.offset for r in got.values()) >= since for got in parts.values()):
+        if any(max(r.offset for r in got.values()) >= since for got in parts.values()):
             raise fold.Underivable("a chunked event's chunks are not all held (some are in the chunk table)")
         return out
 
