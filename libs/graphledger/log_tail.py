@@ -176,18 +176,23 @@ class LogTail:
             for tp, page in zip(starts, pages, strict=True)
         }
 
-    async def pages(self, positions: Mapping[TopicPartition, int], timeout_s: float) -> dict[TopicPartition, Page]:
+    async def pages(
+        self, positions: Mapping[TopicPartition, int], timeout_s: float, *, below_end: bool = False
+    ) -> dict[TopicPartition, Page]:
         """The records of each partition from its position (one fetch's worth, whole values) and the
-        log's end, by fetches sent after this call (shared with the other reads of this loop turn)."""
+        log's end, by fetches sent after this call (shared with the other reads of this loop turn).
+        `below_end`: every position is known to be below its log's end, so the fetch starts at it, not
+        one record back (a broker may answer a fetch with the one batch that holds its first record)."""
+        back = 0 if below_end else 1
         try:
             async with asyncio.timeout(timeout_s):
-                found = await asyncio.gather(*(self._from(tp, position) for tp, position in positions.items()))
+                found = await asyncio.gather(*(self._from(tp, position, back) for tp, position in positions.items()))
         except TimeoutError:
             raise LogUnavailableError(f"Kafka did not answer a fetch within {timeout_s:g}s; retry") from None
         return dict(zip(positions, found, strict=True))
 
-    async def _from(self, tp: TopicPartition, position: int) -> Page:
-        page = await self._shared_page(tp, max(position - 1, 0), PAGE_BYTES)
+    async def _from(self, tp: TopicPartition, position: int, back: int) -> Page:
+        page = await self._shared_page(tp, max(position - back, 0), PAGE_BYTES)
         if page is None:  # the log ends before `position - 1` (Kafka: out of range)
             return Page(await self._list_end(tp), ())
         return Page(page.end, tuple(r for r in page.records if r.offset >= position))

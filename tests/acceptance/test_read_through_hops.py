@@ -78,6 +78,7 @@ class Conversation:
         return float(answer["elapsed_ms"])
 
 
+@pytest.mark.timeout(STOPPED_S + 240)  # the stack's start, the agents' and the stop beside the stopped time
 def test_turns_hop_between_processes_while_the_projector_is_stopped(stack: DevStack) -> None:
     pods = {name: AgentPod(name, stack.client_env(), stack.log_dir) for name in ("a", "b", "load")}
     a, b, load = pods["a"], pods["b"], pods["load"]

@@ -20,9 +20,11 @@ TP = TopicPartition(TOPIC, 0)
 class Log:
     """One partition's records; a page is at most `page` records from a position."""
 
-    def __init__(self, page: int = 100) -> None:
+    def __init__(self, page: int = 100, *, stingy: bool = False) -> None:
         self.records: list[LogRecord] = []
         self.page = page
+        self.stingy = stingy
+        """A fetch one record back answers that record's batch alone (nothing from the position on)."""
         self.fetches = 0
 
     def append(self, key: bytes | None, size: int = 10) -> int:
@@ -30,10 +32,13 @@ class Log:
         self.records.append(LogRecord(offset, key, b"v" * size, (), -1))
         return offset
 
-    async def pages(self, positions: Mapping[TopicPartition, int], timeout_s: float) -> dict[TopicPartition, Page]:
+    async def pages(
+        self, positions: Mapping[TopicPartition, int], timeout_s: float, *, below_end: bool = False
+    ) -> dict[TopicPartition, Page]:
         self.fetches += 1
+        page = 0 if self.stingy and not below_end else self.page
         return {
-            tp: Page(len(self.records), tuple(self.records[position : position + self.page]))
+            tp: Page(len(self.records), tuple(self.records[position : position + page]))
             for tp, position in positions.items()
         }
 
@@ -94,6 +99,13 @@ async def test_a_read_far_behind_reads_on_to_the_end_of_the_log() -> None:
     for _ in range(7):
         log.append(b"a")
     assert offsets(await held(log, applied).tail(TP, b"a", 1.0)) == list(range(7))
+
+
+async def test_a_fetch_one_record_back_that_brings_nothing_new_is_followed_by_one_at_the_position() -> None:
+    log, applied = Log(stingy=True), Applied()
+    for _ in range(3):
+        log.append(b"a")
+    assert offsets(await held(log, applied).tail(TP, b"a", 1.0)) == [0, 1, 2]
 
 
 async def test_beyond_its_bound_it_holds_nothing_more_until_the_projection_applies_what_it_holds() -> None:

@@ -215,7 +215,9 @@ class ReadBarrier:
                 f"the read API holds GRAPHLEDGER_API_READ_THROUGH_MAX_BYTES ({unprojected.max_bytes}) of unprojected "
                 "records and reads no more until the projector applies them"
             )
-        return "the read API could not read the unprojected records (the applied offsets are not known yet)"
+        if not unprojected.offsets_known:
+            return "the read API does not know the projection's applied offsets yet (its watcher is connecting)"
+        return "the read API could not read the unprojected records up to the log's end"
 
     async def _held(
         self, partitions: dict[KeyedRead, TopicPartition], deadline: float

@@ -15,8 +15,8 @@ offsets are the process's `AppliedOffsets`).
 
 Bounded by bytes (`api_read_through_max_bytes`): beyond it nothing more is read until the projector
 applies what is held; a read whose end lies beyond what is held gets None, and waits for the projection
-instead (the read says so when it times out). Nothing is held until the applied offsets are known (a
-read then waits too), so a start never reads the log from its beginning.
+instead (the read says so when it times out). Nothing is held until the applied offsets were read once
+(a read then waits too), so a start never reads the log from its beginning.
 """
 
 from __future__ import annotations
@@ -81,15 +81,27 @@ class Unprojected:
         self._size = 0
         self._full = False
         """An ingest stopped at the bound; cleared when a trim frees room."""
+        self._offsets_known = False
         self._task: asyncio.Task[None] | None = None
         self._warned_at = float("-inf")
         self.over_bound = 0
         """Reads that found the bound reached (they waited for the projection instead)."""
+        self.unreadable = 0
+        """Reads that found no records below the log's end where they read on (they waited instead)."""
 
     @property
     def size(self) -> int:
         """Bytes held, as the bound counts them."""
         return self._size
+
+    @property
+    def offsets_known(self) -> bool:
+        """Whether the applied offsets were read at least once. While the offsets watcher reconnects, the
+        last ones it read still bound what the projection has applied (committed offsets only grow; an
+        operator's reset going back starts the partition again at the next read of it)."""
+        if not self._offsets_known and self._offsets.listening.is_set():
+            self._offsets_known = True
+        return self._offsets_known
 
     @property
     def full(self) -> bool:
@@ -113,8 +125,8 @@ class Unprojected:
 
     async def tail(self, tp: TopicPartition, key: bytes, timeout_s: float) -> KeyTail | None:
         """The key's records up to the log's end now (a fetch sent after this call), or None when they
-        are not all held: read-through off, the applied offsets unknown, or the bound reached."""
-        if not self.enabled or not self._offsets.listening.is_set():
+        are not all held: read-through off, the applied offsets never known yet, or the bound reached."""
+        if not self.enabled or not self.offsets_known:
             return None
         part = self._trimmed(tp)
         pages = await self._log.pages({tp: part.position}, timeout_s)
@@ -126,12 +138,18 @@ class Unprojected:
                 self._over_bound()
                 return None
             before = part.position
-            page = (await self._log.pages({tp: part.position}, max(0.001, deadline - time.monotonic())))[tp]
+            remaining = max(0.001, deadline - time.monotonic())
+            page = (await self._log.pages({tp: part.position}, remaining, below_end=True))[tp]
             self._ingest(tp, part, page.records)
             if part.position == before:
-                return None  # nothing readable where the log should have records: wait instead
+                self.unreadable += 1
+                log.warning("no records of %s:%d from %d, below its end %d: the read waits", *tp, before, end)
+                return None
         part = self._partitions[tp]  # a reset meanwhile replaced it
         if part.low > end or part.position < end:
+            self.unreadable += 1
+            log.warning("%s:%d is held from %d to %d, not up to its end %d: the read waits", *tp, part.low,
+                        part.position, end)  # fmt: skip
             return None
         return KeyTail(part.low, end, _below(_merged(part.by_key.get(key), part.by_key.get(None)), end))
 
@@ -211,7 +229,7 @@ class Unprojected:
         """Read on every followed partition, dropping what the projection applied, until stopped."""
         while True:
             await asyncio.sleep(FOLLOW_INTERVAL_S)
-            if not self._offsets.listening.is_set():
+            if not self.offsets_known:
                 continue
             try:
                 positions = {}
