@@ -10,7 +10,8 @@ fetch also brings the records between a given position and that end.
 Every fetch starts one record before the first offset asked about: a fetch that finds data is answered
 at once, while one positioned at the end of the log is held for its whole `max_wait` (tansu holds it
 even when the wait is 0, and answers a wait of 0 with no partitions at all). The record before is
-dropped from the answer. Reads that ask in the same turn of the event loop share one fetch per broker.
+dropped from the answer. Reads that ask in the same turn of the event loop share one fetch per broker
+and lane (a round fetches each partition from the lowest position asked, so `pages` has a lane of its own).
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ LATEST = -1
 """ListOffsets' timestamp for the end of the log."""
 RETRY_S = 0.05
 """Pause before asking again after a leader moved or the metadata was stale."""
+TAILS_LANE = "tails"
+"""The round of fetches from the projection's positions (`ends`, `tails`)."""
+PAGES_LANE = "pages"
+"""The round of fetches of whole records from where the read API has read (`pages`), often far ahead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +120,8 @@ class LogTail:
         self._owned = client is None
         self._bootstrapped = client is not None
         self._bootstrap_lock = asyncio.Lock()
-        self._rounds: dict[int, _Round] = {}
+        self._rounds: dict[tuple[int, str], _Round] = {}
+        """Per leader and lane, the round of this loop turn."""
 
     async def start(self) -> None:
         if not self._owned:
@@ -192,7 +198,7 @@ class LogTail:
         return dict(zip(positions, found, strict=True))
 
     async def _from(self, tp: TopicPartition, position: int, back: int) -> Page:
-        page = await self._shared_page(tp, max(position - back, 0), PAGE_BYTES)
+        page = await self._shared_page(tp, max(position - back, 0), PAGE_BYTES, lane=PAGES_LANE)
         if page is None:  # the log ends before `position - 1` (Kafka: out of range)
             return Page(await self._list_end(tp), ())
         return Page(page.end, tuple(r for r in page.records if r.offset >= position))
@@ -220,14 +226,20 @@ class LogTail:
 
     # -- fetches, shared by the reads of one loop turn -------------------------------------------------
 
-    async def _shared_page(self, tp: TopicPartition, position: int, max_bytes: int) -> _Page | None:
-        """A page of `tp` from `position`, fetched in this loop turn's round for its leader."""
+    async def _shared_page(
+        self, tp: TopicPartition, position: int, max_bytes: int, lane: str = TAILS_LANE
+    ) -> _Page | None:
+        """A page of `tp` from `position`, fetched in this loop turn's round for its leader and `lane`.
+
+        A round fetches each partition from the lowest position asked: reads of whole records from
+        where the read API has read (`pages`) have a lane of their own, so that a scan from the
+        projection's position, far behind it, never takes the page they need."""
         while True:
             node = await self._leader(tp)
-            round_ = self._rounds.get(node)
+            round_ = self._rounds.get((node, lane))
             if round_ is None:
-                round_ = self._rounds[node] = _Round(asyncio.get_running_loop().create_future())
-                asyncio.get_running_loop().call_soon(self._send_round, node)
+                round_ = self._rounds[(node, lane)] = _Round(asyncio.get_running_loop().create_future())
+                asyncio.get_running_loop().call_soon(self._send_round, (node, lane))
             earlier, most = round_.positions.get(tp, (position, max_bytes))
             round_.positions[tp] = (min(position, earlier), max(max_bytes, most))
             answer = (await asyncio.shield(round_.done)).get(tp)
@@ -235,9 +247,9 @@ class LogTail:
                 return answer
             await self._recover(tp, answer)
 
-    def _send_round(self, node: int) -> None:
-        round_ = self._rounds.pop(node)
-        task = asyncio.get_running_loop().create_task(self._fetch(node, round_.positions))
+    def _send_round(self, key: tuple[int, str]) -> None:
+        round_ = self._rounds.pop(key)
+        task = asyncio.get_running_loop().create_task(self._fetch(key[0], round_.positions))
 
         def settle(finished: asyncio.Task[dict[TopicPartition, _Answer]]) -> None:
             if round_.done.cancelled():
