@@ -9,9 +9,14 @@ from collections.abc import Mapping
 from aiokafka import TopicPartition
 
 from graphledger import fold
+from graphledger.events import envelope, to_envelope
+from graphledger.events.erasure import ThreadErase
 from graphledger.log_tail import LogRecord, Page
-from graphledger_server.api.read_through import HeldView, ThreadViews
+from graphledger.sealing import ERASED
+from graphledger_server.api.read_through import HeldView, RecordOpener, ThreadViews
 from graphledger_server.api.unprojected import KeyTail, Unprojected
+from graphledger_server.keys.lookup import DataKeyCache
+from graphledger_server.projection.checkpoints import to_checkpoint_event
 
 TOPIC = "t.checkpoints"
 TP = TopicPartition(TOPIC, 0)
@@ -27,9 +32,9 @@ class Log:
         """A fetch one record back answers that record's batch alone (nothing from the position on)."""
         self.fetches = 0
 
-    def append(self, key: bytes | None, size: int = 10) -> int:
+    def append(self, key: bytes | None, size: int = 10, value: bytes | None = None, headers: tuple = ()) -> int:
         offset = len(self.records)
-        self.records.append(LogRecord(offset, key, b"v" * size, (), -1))
+        self.records.append(LogRecord(offset, key, b"v" * size if value is None else value, headers, -1))
         return offset
 
     async def pages(
@@ -138,6 +143,21 @@ async def test_nothing_is_held_until_the_applied_offsets_are_known() -> None:
     assert await held(log, applied).tail(TP, b"a", 1.0) is None
     assert log.fetches == 0
     assert await held(log, applied, max_bytes=0).tail(TP, b"a", 1.0) is None  # read-through off
+
+
+async def test_an_erasure_is_told_as_it_is_read_and_its_subjects_keys_open_nothing_after() -> None:
+    log, applied = Log(), Applied()
+    erase = to_envelope(ThreadErase("reft"))
+    log.append(b"a")
+    log.append(b"reft", value=envelope.encode(erase), headers=tuple(envelope.headers_for(erase)))
+    unprojected = held(log, applied)
+    keys = DataKeyCache(None)
+    opener = RecordOpener(unprojected, keys, lambda topic: to_checkpoint_event)
+    told: list[int] = []
+    unprojected.on_erasure = lambda record: (told.append(record.offset), opener.erasure(record))
+    await unprojected.tail(TP, b"a", 1.0)
+    assert told == [1]  # read once, though the read was of another key
+    assert keys.get("reft") is ERASED
 
 
 def test_a_kept_view_serves_reads_whose_records_since_are_held_and_a_later_one_replaces_it() -> None:

@@ -54,15 +54,16 @@ def create_app(settings: Settings) -> FastAPI:
         eraser = Eraser(settings, source, store_pool, offsets) if source is not None else None
         slots = WaitSlots(settings.api_max_consistency_waits, policy.tenant_count)
         topics = (settings.checkpoint_topic, settings.store_topic)
-        unprojected = Unprojected(log, offsets, topics, settings.api_read_through_max_bytes)
-        await unprojected.start()
-        barrier = ReadBarrier(settings, log, offsets, slots, unprojected)
-        quota = KeyCreationQuota(settings.api_max_key_creations_per_minute)
         # The projector's key cache and validation: records open and decode here as they do there.
         checkpoint_events = CheckpointProjection(settings.postgres_schema)
         store_events = StoreEvents(settings, store_pool)
         to_event = {settings.checkpoint_topic: checkpoint_events.to_event, settings.store_topic: store_events.to_event}
+        unprojected = Unprojected(log, offsets, topics, settings.api_read_through_max_bytes)
         opener = RecordOpener(unprojected, DataKeyCache(key_store), to_event.__getitem__)
+        unprojected.on_erasure = opener.erasure
+        await unprojected.start()
+        barrier = ReadBarrier(settings, log, offsets, slots, unprojected)
+        quota = KeyCreationQuota(settings.api_max_key_creations_per_minute)
         app.state.api = ApiState(
             settings, pool, store_pool, offsets, barrier, quota, source, eraser, opener, ThreadViews(), store_events
         )

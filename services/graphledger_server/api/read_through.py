@@ -8,8 +8,9 @@ records in `[a, end)`, folded as the projector applies them (`graphledger.fold` 
 would: the data keys of sealed ones loaded first (`keys/lookup.py`: fresh keys bound to their subject
 as the projector binds them), each record classified (`projection/records.py`), chunks reassembled at
 the chunk that completes their event. What the projector would not apply is left out: dead letters,
-records of erased subjects. Whatever the read cannot know from the records it holds raises
-`fold.Underivable`, and the read waits for the projection instead (`ReadBarrier.wait`):
+records of erased subjects (the key cache forgets a subject when its erasure record is read:
+`erasure`). Whatever the read cannot know from the records it holds raises `fold.Underivable`, and the
+read waits for the projection instead (`ReadBarrier.wait`):
 - a record from a newer graphledger (the projector stops its partition there);
 - a chunked event whose chunks are not all held (some went to the projection's chunk table);
 - the key store not answering for a sealed record's key.
@@ -25,8 +26,10 @@ from dataclasses import dataclass
 from typing import Any, assert_never
 
 from graphledger import fold
-from graphledger.events import envelope
+from graphledger.errors import InvalidEventError, UnknownEventVersionError
+from graphledger.events import checkpoint_event, envelope, store_event
 from graphledger.events.checkpoint import (
+    CHECKPOINT_EVENT_TYPES,
     CheckpointEvent,
     CheckpointPut,
     CheckpointWrites,
@@ -38,7 +41,7 @@ from graphledger.events.checkpoint import (
     ThreadPrune,
 )
 from graphledger.events.envelope import HEADER_CHUNK
-from graphledger.events.erasure import TenantErase, ThreadErase
+from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.api.unprojected import KeyTail, Unprojected
 from graphledger_server.keys.lookup import DataKeyCache
@@ -102,6 +105,23 @@ class RecordOpener:
         if any(max(r.offset for r in got.values()) >= since for got in parts.values()):
             raise fold.Underivable("a chunked event's chunks are not all held (some are in the chunk table)")
         return out
+
+    def erasure(self, record: SourceRecord) -> None:
+        """An erasure record was read: its subject's keys open nothing from now on (`Unprojected`'s
+        `on_erasure`), as in the projector's key cache once it applies the erasure. Erasures travel in
+        the clear; one that does not decode is a dead letter to the projector too, and erases nothing."""
+        try:
+            env = envelope.decode(record.value)
+            event = (checkpoint_event if env.type in CHECKPOINT_EVENT_TYPES else store_event)(env)
+        except (InvalidEventError, UnknownEventVersionError):
+            return
+        match event:
+            case ThreadErase() | NamespaceErase():
+                self._keys.erase(event.ref)
+            case TenantErase():
+                self._keys.erase_tenant(event.tenant)
+            case _:
+                pass  # not an erasure after all (its header said otherwise): nothing to forget
 
     def _admitted(self, item: Decoded | DeadLetter | Erased | TooNew, since: int) -> list[tuple[int, Any]]:
         match item:

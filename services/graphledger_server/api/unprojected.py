@@ -13,6 +13,10 @@ key's) in `[low, end)`. Between reads a background task reads on every `FOLLOW_I
 rarely fetches more than a few records, and drops what the projection has applied since (the applied
 offsets are the process's `AppliedOffsets`).
 
+Erasure records are reported as they are read (`on_erasure`), so the key cache the records are opened
+with forgets an erased subject before any record after its erasure is opened, wherever its erasure
+was made: as the projector's cache forgets it when it applies the erasure.
+
 Bounded by bytes (`api_read_through_max_bytes`): beyond it nothing more is read until the projector
 applies what is held; a read whose end lies beyond what is held gets None, and waits for the projection
 instead (the read says so when it times out). Nothing is held until the applied offsets were read once
@@ -26,13 +30,15 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import TopicPartition
 
 from graphledger.errors import LogUnavailableError
+from graphledger.events import envelope
+from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger.log_tail import LogRecord, LogTail
 from graphledger_server.log.applied import AppliedOffsets
 from graphledger_server.projection.records import SourceRecord
@@ -44,6 +50,8 @@ FOLLOW_INTERVAL_S = 0.2
 RECORD_OVERHEAD_BYTES = 200
 """What one held record costs beside its key, value and headers (objects, index entries)."""
 WARN_EVERY_S = 60.0
+ERASURES = frozenset(cls.TYPE.encode() for cls in (ThreadErase, NamespaceErase, TenantErase))
+"""The `gl-type` headers of erasure records."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +82,8 @@ class Unprojected:
 
     def __init__(self, log_tail: LogTail, offsets: AppliedOffsets, topics: Iterable[str], max_bytes: int) -> None:
         self._log = log_tail
+        self.on_erasure: Callable[[SourceRecord], None] | None = None
+        """Told of every erasure record as it is read, before any record after it is held."""
         self._offsets = offsets
         self._topics = tuple(topics)
         self.max_bytes = max_bytes
@@ -208,6 +218,8 @@ class Unprojected:
             if self._size + size > self.max_bytes:
                 self._full = True
                 return
+            if self.on_erasure is not None and envelope.header(record.headers, envelope.HEADER_TYPE) in ERASURES:
+                self.on_erasure(record)
             part.records.append(record)
             part.by_key.setdefault(record.key, deque()).append(record)
             part.size += size
