@@ -1,17 +1,29 @@
-"""`make bench`: graphledger's KafkaSaver side by side with the official AsyncPostgresSaver, one run.
+"""`make bench`: graphledger beside the official `langgraph-checkpoint-postgres` savers, one run.
 
-Both write to the same embedded Postgres (the official saver in its own schema). Printed: throughput
-of raw `aput` and of whole graph invocations at concurrency 1, 16 and 64, with ratios; projector apply
-rate; write-to-visible latency at a steady 500 checkpoints/s; the conversation rows (bench/conversations.py),
-the cost of sealing events (on against off, alternating rounds), the store rows (bench/store.py) and the
-replay rebuild rate (bench/rebuild.py). Numbers, not assertions: tests never time.
+Both write to the same embedded Postgres (the official saver in its own schema). The bench process is
+the agent and runs on a core of its own, the stack on the others (`bench/placement.py`). Sections, in
+the order they run (`--only` picks some):
+- conversations: chat turns, turn + `aget_state`, first turns of new threads, hop turns
+  (`bench/conversations.py`), beside both official forms and `InMemorySaver`;
+- checkpoints: raw `aput` and whole graph invocations at concurrency 1, 16 and 64, with ratios, and the
+  projector's apply rate;
+- write-to-visible: latency of a new thread's write at a steady 500 writes/s;
+- sealing: its cost, on against off in alternating rounds; store: `bench/store.py`; rebuild:
+  `bench/rebuild.py`.
+Printed at the end: the command that reproduces the run, the machine's facts, and Markdown tables.
+Numbers, not assertions: tests never time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import platform
+import shlex
+import shutil
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -27,14 +39,18 @@ from bench import conversations as conversation_bench
 from bench import rebuild as rebuild_bench
 from bench import store as store_bench
 from bench.official import official_savers
+from bench.placement import Placement
+from bench.settle import Settle
 from graphledger import KafkaSaver, KafkaStore
-from graphledger.settings import DEFAULT_PARTITIONS
+from graphledger.settings import DEFAULT_PARTITIONS, Settings
 from graphledger_server.devstack.demo import build_graph
 from graphledger_server.devstack.stack import DevStack
 from graphledger_server.log.offsets import OffsetStatements, group_offsets
 
 CONCURRENCY = (1, 16, 64)
 SEALING_ROUNDS = 6
+LABELS = {"aput": "`aput`", "graph.ainvoke": "`graph.ainvoke`, a new thread each"}
+SECTIONS = ("conversations", "checkpoints", "write-to-visible", "sealing", "store", "rebuild")
 
 
 def _message_history(i: int) -> list[dict[str, str]]:
@@ -96,7 +112,7 @@ async def _applied(conn: asyncpg.Connection, stack: DevStack) -> int:
     return sum(next_offset for (topic, _), next_offset in applied.items() if topic == settings.checkpoint_topic)
 
 
-async def _projector_rate(stack: DevStack, saver: KafkaSaver, total: int) -> float:
+async def _projector_rate(stack: DevStack, placement: Placement, saver: KafkaSaver, total: int) -> float:
     """Checkpoints applied per second by one projector catching up on a backlog of `total` puts."""
     conn = await asyncpg.connect(stack.settings.postgres_dsn)
     try:
@@ -104,7 +120,8 @@ async def _projector_rate(stack: DevStack, saver: KafkaSaver, total: int) -> flo
         await _run_puts(saver, 64, total)
         target = sum(saver.consistency_token.values()) + len(saver.consistency_token)
         before = await _applied(conn, stack)
-        stack.start_projector()
+        with placement.spawning():
+            stack.start_projector()
         while await _applied(conn, stack) == before:
             await asyncio.sleep(0.01)
         start, first = time.perf_counter(), await _applied(conn, stack)
@@ -115,7 +132,7 @@ async def _projector_rate(stack: DevStack, saver: KafkaSaver, total: int) -> flo
         await conn.close()
 
 
-async def _sealing(stack: DevStack, total: int, backlog: int) -> list[str]:
+async def _sealing(stack: DevStack, placement: Placement, total: int, backlog: int) -> list[str]:
     """What sealing costs: `aput` and store `aput` at concurrency 64 and the projector's apply rate, with
     `encrypt_events` on and off on the same stack, in alternating rounds (the machine is noisy)."""
     sealed = stack.settings
@@ -135,7 +152,7 @@ async def _sealing(stack: DevStack, total: int, backlog: int) -> list[str]:
                 rates["aput"][side].append(await _run_puts(saver, 64, total))
                 rates["store"][side].append(await store_bench.puts(store, f"sealing-{side}-{r}", 64, total // 4))
                 if r < 2:  # each apply row is a backlog: two rounds of it
-                    rates["apply"][side].append(await _projector_rate(stack, saver, backlog // 2))
+                    rates["apply"][side].append(await _projector_rate(stack, placement, saver, backlog // 2))
     lines = [
         "| sealing (docs/security.md) | concurrency | sealed | clear | ratio (median; spread over rounds) |",
         "|---|---:|---:|---:|---|",
@@ -195,50 +212,147 @@ async def _write_to_visible(stack: DevStack, saver: KafkaSaver, rate: int, secon
     return latencies
 
 
+def _command(argv: list[str]) -> str:
+    return " ".join(["python -m bench", *map(shlex.quote, argv)])
+
+
+def _machine(placement: Placement, stack: DevStack) -> str:
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in line
+        ),
+        platform.machine(),
+    )
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{model}, {placement.describe(stack.pids())}; load average {load} (1, 5, 15 min)"
+
+
+def _sections(args: argparse.Namespace) -> set[str]:
+    chosen = {name for given in args.only or SECTIONS for name in given.split(",")}
+    unknown = chosen - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"--only {', '.join(sorted(unknown))}: not a section; the sections are {', '.join(SECTIONS)}")
+    off = {
+        "store": not args.store,
+        "sealing": not args.sealing,
+        "conversations": not args.conversation_turns,
+        "rebuild": not args.rebuild_events,
+    }
+    return {s for s in chosen if not off.get(s)}
+
+
 async def main(args: argparse.Namespace) -> None:
+    sections = _sections(args)
+    placement = Placement.plan()
+    placement.to_stack()  # the stack's processes inherit the stack's cores
+    # The stack's data and logs stay in `work_dir` when the bench fails, and are deleted when it ends
+    # (hundreds of MB of Postgres data a run).
+    work_dir = Path(tempfile.mkdtemp(prefix="graphledger-bench-"))
+    try:
+        await _run(args, sections, placement, work_dir)
+    except BaseException:
+        print(f"the stack's logs and data are in {work_dir}", file=sys.stderr)
+        raise
+    shutil.rmtree(work_dir, ignore_errors=True)
+
+
+async def _run(args: argparse.Namespace, sections: set[str], placement: Placement, work_dir: Path) -> None:
     # The topics get the production default of 12 partitions: tansu scans its in-memory log to serve a
     # fetch, so a partition holding every record of the run would slow it down as the run goes on.
-    with DevStack(
-        Path(tempfile.mkdtemp(prefix="graphledger-bench-")), partitions=DEFAULT_PARTITIONS, log_level="WARNING"
-    ) as stack:
+    base = Settings(store_vector_dims=store_bench.DIMS)
+    with DevStack(work_dir, partitions=DEFAULT_PARTITIONS, base=base, log_level="WARNING") as stack:
+        placement.to_agent()
+        placement.pin(stack.pids().values())
         settings = stack.settings
         dsn = settings.postgres_dsn
-        print(f"graphledger bench — {args.total} ops per row, Postgres and broker embedded, 2 cores", flush=True)
+        print(f"graphledger bench: {', '.join(s for s in SECTIONS if s in sections)}", flush=True)
+        print(f"machine: {_machine(placement, stack)}", flush=True)
         # First, on empty topics: a read of a thread fetches its partition's tail, and tansu's fetch time
         # grows with every record a partition holds (a real broker's does not).
         conversation_rows: list[str] = []
-        if args.conversation_turns:
-            print("conversations (reads consistent across processes; see README, Performance)", flush=True)
-            async with KafkaSaver(settings) as first, KafkaSaver(settings) as second, official_savers(dsn) as official:
-                conversation_rows = await conversation_bench.run([first, second], official, args.conversation_turns)
-        async with (
-            KafkaSaver(settings) as ours,
-            AsyncPostgresSaver.from_conn_string(dsn) as official,
-        ):
-            await official.setup()
-            rows = await _side_by_side("aput", _run_puts, ours, official, args.total)
-            rows += await _side_by_side("graph.ainvoke", _run_graphs, ours, official, args.total // 8)
-            rate = await _projector_rate(stack, ours, args.backlog)
-            print(f"  projector apply    {rate:9.0f} checkpoints/s (backlog of {args.backlog})", flush=True)
-            latencies = sorted(await _write_to_visible(stack, ours, 500, args.seconds))
-            p50 = statistics.median(latencies)
-            p99 = latencies[int(len(latencies) * 0.99) - 1]
-            print(f"  write-to-visible   p50 {p50:6.1f} ms  p99 {p99:6.1f} ms at 500 checkpoints/s", flush=True)
-        sealing_rows = await _sealing(stack, args.total, args.backlog) if args.sealing else []
-        store_rows = await store_bench.run(stack, args.total, args.recall_items) if args.store else []
-        rebuild_rows = await rebuild_bench.run(settings, args.rebuild_events) if args.rebuild_events else []
+        conversation_placement = conversation_facts = ""
+        if "conversations" in sections:
+            pace = conversation_bench.Pace(args.conversation_turns, args.run_seconds, args.rounds)
+            print(f"conversations: {pace.rounds} rounds; a run: {pace.seconds:g} s or {pace.turns} turns", flush=True)
+            started = time.perf_counter()
+            async with (
+                KafkaSaver(settings) as first,
+                KafkaSaver(settings) as second,
+                official_savers(dsn) as official,
+                Settle(settings) as settle,
+            ):
+                placement.pin(stack.pids().values())  # the savers' new Postgres backends (the postmaster's children)
+                conversation_placement = placement.describe(stack.pids())
+                conversation_rows = await conversation_bench.run([first, second], official, settle, pace)
+            minutes = (time.perf_counter() - started) / 60
+            print(f"  conversation rows took {minutes:.1f} min; projector waits that ran out: {settle.timeouts}")
+            conversation_facts = (
+                f"Conversations ({minutes:.1f} min): medians of {args.rounds} rounds, sides alternating; each cell is "
+                "turns/s, p50 turn latency, the agent process's CPU per turn (in brackets: its CPU over the run's "
+                "wall time, how busy its core was)"
+            )
+        rows: list[tuple[str, int, float, float]] = []
+        rate: float | None = None
+        visible: tuple[float, float] | None = None
+        if {"checkpoints", "write-to-visible"} & sections:
+            async with KafkaSaver(settings) as ours:
+                if "checkpoints" in sections:
+                    async with AsyncPostgresSaver.from_conn_string(dsn) as official:
+                        await official.setup()
+                        rows = await _side_by_side("aput", _run_puts, ours, official, args.total)
+                        rows += await _side_by_side("graph.ainvoke", _run_graphs, ours, official, args.total // 8)
+                    rate = await _projector_rate(stack, placement, ours, args.backlog)
+                    print(f"  projector apply    {rate:9.0f} checkpoints/s (backlog of {args.backlog})", flush=True)
+                if "write-to-visible" in sections:
+                    latencies = sorted(await _write_to_visible(stack, ours, 500, args.seconds))
+                    visible = statistics.median(latencies), latencies[int(len(latencies) * 0.99) - 1]
+                    print(
+                        f"  write-to-visible   p50 {visible[0]:6.1f} ms  p99 {visible[1]:6.1f} ms at 500 checkpoints/s",
+                        flush=True,
+                    )
+        sealing_rows = await _sealing(stack, placement, args.total, args.backlog) if "sealing" in sections else []
+        store_rows = await store_bench.run(stack, args.total, args.recall_items) if "store" in sections else []
+        rebuild_rows = await rebuild_bench.run(settings, args.rebuild_events) if "rebuild" in sections else []
 
-        print("\n| operation | concurrency | KafkaSaver ops/s | AsyncPostgresSaver ops/s | ratio |")
-        print("|---|---:|---:|---:|---:|")
-        for name, concurrency, mine, theirs in rows:
-            print(f"| {name} | {concurrency} | {mine:,.0f} | {theirs:,.0f} | {mine / theirs:.2f}x |")
-        print(f"| projector apply (backlog {args.backlog:,}) | – | {rate:,.0f} checkpoints/s | – | – |")
-        print(f"| write-to-visible at 500/s | – | p50 {p50:.1f} ms, p99 {p99:.1f} ms | – | – |")
-        print("\n".join(["", *conversation_rows, "", *sealing_rows, "", *store_rows, *rebuild_rows]))
+        print(f"\nReproduce: `{_command(sys.argv[1:])}` (from the repository's root, after `make install`)")
+        print(f"Machine: {_machine(placement, stack)}")
+        if conversation_rows:
+            print(f"During the conversation rows: {conversation_placement}")
+            print(f"{conversation_facts}\n")
+            print("\n".join(conversation_rows))
+        checkpoint_rows = [
+            f"| {LABELS[name]} (KafkaSaver vs AsyncPostgresSaver) | {concurrency} | {mine:,.0f}/s | {theirs:,.0f}/s "
+            f"| {mine / theirs:.2f}x |"
+            for name, concurrency, mine, theirs in rows
+        ]
+        if rate is not None:
+            checkpoint_rows.append(
+                f"| projector apply (backlog {args.backlog:,}) | – | {rate:,.0f} checkpoints/s | – | – |"
+            )
+        if visible is not None:
+            p50, p99 = visible
+            checkpoint_rows.append(
+                f"| write-to-visible at 500/s, a new thread each | – | p50 {p50:.1f} ms, p99 {p99:.1f} ms | – | – |"
+            )
+        if operation_rows := [*checkpoint_rows, *store_rows, *rebuild_rows]:
+            print("\n| operation | concurrency | graphledger | official | ratio |")
+            print("|---|---:|---:|---:|---:|")
+            print("\n".join(operation_rows))
+        if sealing_rows:
+            print("\n" + "\n".join(sealing_rows))
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="SECTION",
+        help=f"run only this section (repeatable, or comma-separated): {', '.join(SECTIONS)}; "
+        "`--only conversations` takes about 6 minutes on 2 cores",
+    )
     parser.add_argument("--total", type=int, default=4000, help="aput calls per row (graph rows use total/8)")
     parser.add_argument("--backlog", type=int, default=20000, help="checkpoints for the projector rate")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of the write-to-visible run")
@@ -248,8 +362,17 @@ if __name__ == "__main__":
     parser.add_argument(
         "--conversation-turns",
         type=int,
-        default=800,
-        help="turns per side per round of the conversation rows (concurrency 1: a quarter; 0 skips them)",
+        default=600,
+        help="cap of timed turns of a conversation run (concurrency 1: a quarter; 0 skips the conversation rows)",
+    )
+    parser.add_argument(
+        "--run-seconds",
+        type=float,
+        default=conversation_bench.RUN_S,
+        help="seconds a conversation run starts turns for (it stops earlier at its cap of turns)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=conversation_bench.ROUNDS, help="rounds of every conversation row"
     )
     parser.add_argument(
         "--rebuild-events",

@@ -48,11 +48,10 @@ def delete(namespace: Sequence[str], key: str) -> StoreDelete:
 
 
 def record(event: StoreEvent, ts_ms: int, partition: int, offset: int, topic: str = STORE_TOPIC) -> SourceRecord:
-    """The Kafka record of `event`, produced at `ts_ms` (the item's timestamps come from it)."""
+    """The Kafka record of `event`, appended at `ts_ms` (the item's timestamps come from it)."""
     env = Envelope(event.TYPE, str(uuid.uuid4()), ts_ms, event.to_payload())
-    return SourceRecord(
-        topic, partition, offset, event.key.encode(), envelope.encode(env), tuple(envelope.headers_for(env))
-    )
+    headers = tuple(envelope.headers_for(env))
+    return SourceRecord(topic, partition, offset, event.key.encode(), envelope.encode(env), headers, ts_ms)
 
 
 def vec(*xs: float) -> list[float]:

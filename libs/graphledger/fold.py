@@ -97,13 +97,14 @@ class Row:
     _packed: list[bytes] = field(default_factory=list)
     """The answer without its writes, packed once (an unpack is a cheap deep copy for each reader)."""
 
-    def wire(self, thread_id: str, checkpoint_ns: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    def wire(self, thread_id: str, checkpoint_ns: str, values: Mapping[tuple[str, str], Any]) -> dict[str, Any]:
         """The tuple the read API answers for this checkpoint, less its pending writes (a fresh object)."""
         if not self._packed:
             self._packed.append(ormsgpack.packb(self._build(thread_id, checkpoint_ns, values)))
-        return ormsgpack.unpackb(self._packed[0])  # type: ignore[no-any-return]
+        wire: dict[str, Any] = ormsgpack.unpackb(self._packed[0])
+        return wire
 
-    def _build(self, thread_id: str, checkpoint_ns: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    def _build(self, thread_id: str, checkpoint_ns: str, values: Mapping[tuple[str, str], Any]) -> dict[str, Any]:
         if self.answer is not None:
             return {**self.answer, "pending_writes": []}
         assert self.put is not None
@@ -242,18 +243,28 @@ NEW: Final = view({}, True)
 ERASED: Final = view({}, True, erased=True)
 
 
-def from_answer(checkpoint_ns: str, answer: Mapping[str, Any] | None, namespaces: Iterable[str] | None = None) -> View:
-    """The view a read API answer gives: the namespace's newest checkpoint (`answer`, None: none) and,
-    with `namespaces` (every namespace of the thread), that the others exist but are not held."""
+def from_answer(
+    checkpoint_ns: str,
+    answer: Mapping[str, Any] | None,
+    namespaces: Iterable[str] | None = None,
+    later_writes: Mapping[str, Any] | None = None,
+) -> View:
+    """The view a read API answer gives: the namespace's newest checkpoint (`answer`, None: none), the
+    writes of newer checkpoints whose puts are still to come (`later_writes`) and, with `namespaces`
+    (every namespace of the thread), that the others exist but are not held."""
     held: dict[str, Namespace | None] = dict.fromkeys(namespaces or (), None)
-    held[checkpoint_ns] = namespace_of(answer)
+    held[checkpoint_ns] = namespace_of(answer, later_writes)
     return view(held, namespaces is not None)
 
 
-def namespace_of(answer: Mapping[str, Any] | None) -> Namespace:
+def namespace_of(answer: Mapping[str, Any] | None, later_writes: Mapping[str, Any] | None = None) -> Namespace:
     """A namespace whose newest checkpoint is the read API's `answer` (a get of the newest)."""
+    later = {
+        cid: tuple(sorted((_write_row(w) for w in rows), key=lambda r: writes_sort_key(r[3], r[0], r[4])))
+        for cid, rows in (later_writes or {}).items()
+    }
     if answer is None:
-        return EMPTY
+        return namespace(None, later, {}, {}, True) if later else EMPTY
     checkpoint = answer["checkpoint"]
     versions = {channel: str(v) for channel, v in (checkpoint.get("channel_versions") or {}).items()}
     cid = answer["config"]["checkpoint_id"]
@@ -279,7 +290,7 @@ def namespace_of(answer: Mapping[str, Any] | None) -> Namespace:
         for value in (values.get(channel),)
     }
     writes = tuple(_write_row(w) for w in answer.get("pending_writes") or ())
-    return namespace(row, {cid: writes} if writes else {}, blobs)
+    return namespace(row, {**later, cid: writes} if writes else later, blobs)
 
 
 def with_history(ns: Namespace, checkpoint_id: str, answered: Mapping[str, Any]) -> Namespace:
@@ -367,12 +378,12 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
             blobs[key] = typed(blob.type, blob.data or b"") if blob.type != "empty" else EMPTY_BLOB
         elif known is not None:
             blobs[key] = known
-        elif event.parent_checkpoint_id is None or (
-            parent_versions is not None and parent_versions.get(channel) != version
+        elif (parent_versions is not None and _newer(version, parent_versions.get(channel))) or (
+            newest is None and event.parent_checkpoint_id is None
         ):
-            blobs[key] = NO_BLOB  # the version is this put's own, written without a blob: inline or absent
-        elif channel in inline and inline[channel] is not True:
-            blobs[key] = NO_BLOB  # a primitive: inline, never a blob (True marks a DeltaChannel snapshot)
+            # A version newer than the parent's (LangGraph's versions only grow), or any of the first
+            # checkpoint: this put's own, which it wrote no blob for (inline, or absent).
+            blobs[key] = NO_BLOB
         else:
             raise Underivable(f"the value of channel {channel!r} at version {version} is not held")
     stored = {
@@ -388,6 +399,17 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
         return namespace(row, writes, blobs, ns.history, ns.history_complete)
     history, complete = _child_history(ns, event.parent_checkpoint_id)
     return namespace(row, writes, blobs, history, complete)
+
+
+def _newer(version: str, parent: str | None) -> bool:
+    """Whether `version` is later than the parent's version of the channel (None: the parent has none).
+    Versions are compared as LangGraph makes them: integers, or zero-padded strings."""
+    if parent is None:
+        return True
+    try:
+        return float(version) > float(parent)  # integer (or float) versions
+    except ValueError:
+        return version > parent  # LangGraph's zero-padded `counter.random` strings
 
 
 def _jsonb_inline(value: Any) -> dict[str, Any]:

@@ -69,6 +69,18 @@ class Settings(BaseSettings):
     topic_prefix: str = Field(DEFAULT_TOPIC_PREFIX, description="Prefix of every graphledger topic.")
     topic_partitions: int = Field(DEFAULT_PARTITIONS, ge=1, description="Partitions `topics ensure` creates.")
     topic_replication_factor: int = Field(3, ge=1, description="Replication factor `topics ensure` creates.")
+    topic_min_insync_replicas: int | None = Field(
+        None,
+        ge=1,
+        description="`min.insync.replicas` `topics ensure` gives the source topics: an `acks=all` write counts once "
+        "this many replicas hold it. Unset: min(2, `topic_replication_factor`).",
+    )
+    topic_allow_single_broker_acks: bool = Field(
+        False,
+        description="Let `topics ensure` accept source topics whose writes one broker alone may acknowledge "
+        "(replication factor or `min.insync.replicas` 1): losing that broker loses acknowledged writes. For a "
+        "one-broker cluster (the dev stack); `--allow-single-broker-acks` sets it for one run.",
+    )
     max_message_bytes: int = Field(
         DEFAULT_MAX_MESSAGE_BYTES,
         ge=10_000,
@@ -103,11 +115,12 @@ class Settings(BaseSettings):
         "503); also the deadline of the read API's and the client's fetches of the log's end.",
     )
 
-    client_log_reads: bool = Field(
-        True,
-        description="A client reading its own thread from the newest checkpoint it holds first checks the thread's "
-        "partition in Kafka itself (needs READ on the checkpoint topic); off, or with a tenant token: it asks the read "
-        "API, which checks the same.",
+    client_log_reads: bool | None = Field(
+        None,
+        description="A client reading a thread it holds checks the thread's partition in Kafka itself (needs READ on "
+        "the checkpoint topic) and answers without the read API when only its own records came since; off, it asks "
+        "the read API, which checks the same (no Postgres read). Unset: on, but for a client with a tenant token, "
+        "whose READ would show it other tenants' (sealed) records' sizes and times: grant it and set true to opt in.",
     )
     client_thread_memory_bytes: int = Field(
         DEFAULT_CLIENT_THREAD_MEMORY_BYTES,
@@ -348,6 +361,17 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _min_insync_within_replicas(self) -> Settings:
+        # More in-sync replicas than replicas: the broker would refuse every `acks=all` write.
+        wanted = self.topic_min_insync_replicas
+        if wanted is not None and wanted > self.topic_replication_factor:
+            raise ValueError(
+                f"topic_min_insync_replicas {wanted} exceeds topic_replication_factor {self.topic_replication_factor}: "
+                "the broker would refuse every write"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tls_files_come_in_pairs(self) -> Settings:
         if (self.api_tls_certfile is None) != (self.api_tls_keyfile is None):
             given = "api_tls_certfile" if self.api_tls_keyfile is None else "api_tls_keyfile"
@@ -396,6 +420,18 @@ class Settings(BaseSettings):
     @property
     def dead_letter_topic(self) -> str:
         return f"{self.topic_prefix}.dead-letters"
+
+    @property
+    def layout_topic(self) -> str:
+        """Where `topics ensure` records the source topics' partition counts (`graphledger.partition_layout`)."""
+        return f"{self.topic_prefix}.layout"
+
+    @property
+    def min_insync_replicas(self) -> int:
+        """The `min.insync.replicas` `topics ensure` gives the source topics."""
+        if self.topic_min_insync_replicas is not None:
+            return self.topic_min_insync_replicas
+        return min(2, self.topic_replication_factor)
 
     def api_ssl_context(self) -> ssl.SSLContext | None:
         """The context verifying the read API's certificate against `api_ca_file` alone; None: the system CAs.

@@ -12,7 +12,8 @@ projection contract suite:
 - an expire removes the item only if it is still expired at the sweeper's decision time;
 - a tenant's erasure removes every item of the tenant; a namespace's erasure needs the erasure's names
   (rows only the projection holds): `Underivable`.
-Vectors are not part of a get. Times are the envelope's producer time, as the projection takes them.
+Vectors are not part of a get. Times are the events' append times (`envelope.append_time_ms`), as the
+projection takes them.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class Item:
 
 
 def at_ms(ms: int) -> datetime:
-    """A producer time as the projection stores it (`'epoch' + ms * interval '1 millisecond'`)."""
+    """An event time as the projection stores it (`'epoch' + ms * interval '1 millisecond'`)."""
     return EPOCH + timedelta(milliseconds=ms)
 
 

@@ -6,26 +6,29 @@ upgraded with encryption on before anyone ran the copy, so its clients seal what
 the same topics (a thread written in both eras, a sealed copy). The copy of that log holds no
 sentinel or identifier in the clear, projects into a fresh schema exactly as the original projection,
 reads back through the client, resumes where a cut copy stopped, and then erases and replays as any
-sealed log does.
+sealed log does. `graphledger repartition` copies the same log into another partition count with the
+same machinery (docs/operations.md, "Changing the partition count"), and its copy projects the same rows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import operator
 import os
 import re
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import murmur2
 from aiokafka.structs import ConsumerRecord
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
@@ -50,6 +53,7 @@ from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.main import run_projector
 from graphledger_server.replay.checksums import table_sum
+from polling import wait_for
 from sealed_events import unsealed
 
 DIMS = 8
@@ -89,14 +93,6 @@ def _index() -> dict[str, Any]:
     return {"dims": DIMS, "embed": HashEmbedder(DIMS), "fields": ["text"]}
 
 
-async def wait_for(condition: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S:.0f}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 @dataclass
 class Log:
     run: str
@@ -118,6 +114,7 @@ def _settings(broker: EmbeddedBroker, dsn: str, prefix: str, schema: str, **over
         "topic_prefix": prefix,
         "topic_partitions": 4,
         "topic_replication_factor": 1,
+        "topic_allow_single_broker_acks": True,
         "projector_group_id": f"g-{prefix}",
         "postgres_dsn": dsn,
         "postgres_schema": schema,
@@ -152,7 +149,7 @@ async def services(settings: Settings) -> AsyncIterator[Settings]:
         return bool(api.started)
 
     try:
-        await wait_for(listening, "the read API to listen")
+        await wait_for(listening, "the read API to listen", WAIT_S)
         yield settings
     finally:
         api.should_exit = True
@@ -186,7 +183,7 @@ async def _applied(settings: Settings) -> None:
         return all(have.get(tp, 0) >= end for tp, end in ends.items())
 
     try:
-        await wait_for(caught_up, f"the projection {settings.postgres_schema} to reach the log's end")
+        await wait_for(caught_up, f"the projection {settings.postgres_schema} to reach the log's end", WAIT_S)
     finally:
         await conn.close()
 
@@ -327,6 +324,61 @@ async def test_the_copy_holds_no_content_or_identifier_in_the_clear(copied: Log)
     assert checkpoints["left out as unusable"] == store["left out as unusable"] == 0
 
 
+async def test_a_repartition_copy_projects_the_same_rows(copied: Log) -> None:
+    """The procedure of docs/operations.md, "Changing the partition count", steps 2 to 4: the log of 4
+    partitions (both eras of sealing, a copy and its barrier in each, a delete_for_runs to every partition,
+    chunked events) copied into 3, projected into a fresh schema with the same rows, then written to."""
+    original = copied.original
+    moved = copied.sealed.model_copy(
+        update={
+            "topic_prefix": f"moved{copied.run}",
+            "topic_partitions": 3,
+            "postgres_schema": "moved",
+            "projector_group_id": f"g-moved{copied.run}",
+        }
+    )
+    status, out, err = await graphledger(
+        original, "repartition", "--to-prefix", moved.topic_prefix, "--partitions", "3"
+    )
+    assert status == 0, err
+    checkpoints, store = _counts(out)
+    assert checkpoints["copy barriers repositioned"] == 2 and checkpoints["written to all 3 partitions"] == 4
+    assert checkpoints["sealed"] == store["sealed"] == 0  # as they were: in the clear or sealed
+    assert checkpoints["left out as unusable"] == store["left out as unusable"] == 0
+    for source, target in zip(source_topics(original), source_topics(moved), strict=True):
+        before, after = await _records(original, source), await _records(moved, target)
+        assert len(await _ends(moved, target)) == 3  # its count, as moved.layout records it
+        for r in after:  # a sealed record where a producer puts its key now; one in the clear goes with them
+            if r.key is not None and header(r.headers, HEADER_SUBJECT) is not None:
+                assert r.partition == (murmur2(r.key) & 0x7FFFFFFF) % 3
+        kept = {r.value for r in before if header(r.headers, HEADER_TYPE) != ThreadCopyBarrier.TYPE.encode()}
+        assert kept == {r.value for r in after if header(r.headers, HEADER_TYPE) != ThreadCopyBarrier.TYPE.encode()}
+
+    status, out, err = await graphledger(
+        original, "repartition", "--to-prefix", moved.topic_prefix, "--partitions", "3"
+    )
+    assert status == 0, err
+    assert [c["records written"] for c in _counts(out)] == [0, 0], out  # run again: nothing left to write
+
+    conn = await asyncpg.connect(original.postgres_dsn)
+    try:
+        async with services(moved) as reach, KafkaSaver(reach) as saver:
+            await _applied(reach)
+            assert await _sums(conn, "moved", USER_TABLES + LINEAGE_TABLES) == await _sums(
+                conn, "live", USER_TABLES + LINEAGE_TABLES
+            )
+            activity = [tuple(r) for r in await conn.fetch(ACTIVITY_SQL.format(schema="live"))]
+            assert [tuple(r) for r in await conn.fetch(ACTIVITY_SQL.format(schema="moved"))] == activity
+            state = await _graph(saver).aget_state({"configurable": {"thread_id": copied.threads["gamma"]}})
+            assert len(state.values["notes"]) == 2  # alpha's run, copied, then gamma's own
+            # Switched: agents write to the new topics, on the partitions of the new count.
+            await _invoke(saver, copied.threads["gamma"])
+            state = await _graph(saver).aget_state({"configurable": {"thread_id": copied.threads["gamma"]}})
+            assert len(state.values["notes"]) == 3
+    finally:
+        await conn.close()
+
+
 async def test_a_rerun_writes_nothing_and_a_cut_copy_resumes_to_the_same_log(copied: Log) -> None:
     status, out, err = await encrypt_log(copied.original, copied.sealed.topic_prefix)
     assert status == 0, err
@@ -340,12 +392,11 @@ async def test_a_rerun_writes_nothing_and_a_cut_copy_resumes_to_the_same_log(cop
     try:
         for whole, part in zip(source_topics(copied.sealed), source_topics(cut), strict=True):
             records = await _records(copied.sealed, whole)
+            # The first half of each partition's events (whole: a chunked event's records together). Keys
+            # hash anywhere, but a topic's events outnumber its partitions, so some partition keeps one.
             for partition in {r.partition for r in records}:
-                mine = [r for r in records if r.partition == partition]
-                keep = len(mine) // 2
-                while keep and _inside_chunked_event(mine[keep - 1]):
-                    keep -= 1
-                for r in mine[:keep]:
+                events = _events([r for r in records if r.partition == partition])
+                for r in itertools.chain.from_iterable(events[: len(events) // 2]):
                     await producer.send_and_wait(part, r.value, key=r.key, headers=list(r.headers), partition=partition)
     finally:
         await producer.stop()
@@ -360,15 +411,23 @@ async def test_a_rerun_writes_nothing_and_a_cut_copy_resumes_to_the_same_log(cop
     # A target with a hole (a record missing before others of its partition) is not one a run left: refused.
     holed = copied.sealed.model_copy(update={"topic_prefix": f"holed{copied.run}"})
     await ensure_topics(holed)
-    records = [r for r in await _records(copied.sealed, copied.sealed.checkpoint_topic) if r.partition == 0]
-    hole = next(i for i, r in enumerate(records) if r.key is not None and header(r.headers, HEADER_CHUNK) is None)
+    # The hole is a keyed record outside a chunk with records after it, chosen by content: keys are keyed
+    # hashes of this run's thread ids, so which partition holds one differs from run to run.
+    every = await _records(copied.sealed, copied.sealed.checkpoint_topic)
+    missing = next(
+        r
+        for r, after in itertools.pairwise(every)
+        if r.key is not None and header(r.headers, HEADER_CHUNK) is None and after.partition == r.partition
+    )
+    records = [r for r in every if r.partition == missing.partition]
     producer = new_producer(holed)
     await producer.start()
     try:
-        for r in records[:hole] + records[hole + 1 :]:
-            await producer.send_and_wait(
-                holed.checkpoint_topic, r.value, key=r.key, headers=list(r.headers), partition=0
-            )
+        for r in records:
+            if r is not missing:
+                await producer.send_and_wait(
+                    holed.checkpoint_topic, r.value, key=r.key, headers=list(r.headers), partition=r.partition
+                )
     finally:
         await producer.stop()
     status, _, err = await encrypt_log(copied.original, holed.topic_prefix)
@@ -387,9 +446,16 @@ def _counts(output: str) -> list[dict[str, int]]:
     ]
 
 
-def _inside_chunked_event(record: ConsumerRecord[bytes, bytes]) -> bool:
-    raw = header(record.headers, HEADER_CHUNK)
-    return raw is not None and (ref := parse_header(raw)).index < ref.count - 1
+def _events(records: list[ConsumerRecord[bytes, bytes]]) -> list[list[ConsumerRecord[bytes, bytes]]]:
+    """One partition's records grouped by event: a chunked event's records (written one after the other)
+    together, up to its last chunk."""
+    events: list[list[ConsumerRecord[bytes, bytes]]] = [[]]
+    for r in records:
+        events[-1].append(r)
+        raw = header(r.headers, HEADER_CHUNK)
+        if raw is None or (ref := parse_header(raw)).index == ref.count - 1:
+            events.append([])
+    return [e for e in events if e]
 
 
 def _shape(record: ConsumerRecord[bytes, bytes]) -> tuple[Any, ...]:

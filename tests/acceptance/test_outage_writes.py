@@ -4,7 +4,9 @@ with keys past their TTL (1 s here), and keeps running the turns of the threads 
 thread it does not hold fails at its first read, retryably. A pod started during the outage says what
 it cannot do. Once the outage ends, every acknowledged write is in the projection.
 
-`GRAPHLEDGER_OUTAGE_S` sets the outage's length (`make soak` runs ten minutes).
+`GRAPHLEDGER_OUTAGE_S` sets the outage's length, `GRAPHLEDGER_OUTAGE_PACE_S` the pause between the
+agent's rounds of writes (`make soak` runs ten minutes, a round a second): a pod starts at most
+`client_fresh_keys` new subjects through an outage (docs/security.md).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from graphledger_server.devstack.stack import DevStack
 pytestmark = pytest.mark.slow
 
 OUTAGE_S = float(os.environ.get("GRAPHLEDGER_OUTAGE_S", "6"))
+PACE_S = float(os.environ.get("GRAPHLEDGER_OUTAGE_PACE_S", "0"))
 WAIT_S = 120.0
 
 
@@ -40,7 +43,9 @@ def _ok(answer: dict[str, object]) -> dict[str, object]:
 
 
 def _pod(stack: DevStack, name: str) -> AgentPod:
-    return AgentPod(name, {**stack.client_env(), "GRAPHLEDGER_KEY_CACHE_TTL_S": "1"}, stack.log_dir)
+    fresh = os.environ.get("GRAPHLEDGER_CLIENT_FRESH_KEYS", "512")  # more for a longer outage
+    env = {**stack.client_env(), "GRAPHLEDGER_KEY_CACHE_TTL_S": "1", "GRAPHLEDGER_CLIENT_FRESH_KEYS": fresh}
+    return AgentPod(name, env, stack.log_dir)
 
 
 def test_agents_keep_writing_through_an_outage_of_the_read_api_and_postgres(stack: DevStack) -> None:
@@ -63,6 +68,7 @@ def test_agents_keep_writing_through_an_outage_of_the_read_api_and_postgres(stac
                 namespace = ["outage", uuid.uuid4().hex[:6]]
                 _ok(pod.call("store_put", namespace=namespace, key="k", value={"n": len(memories)}))
                 memories.append(namespace)
+                time.sleep(PACE_S)  # the agent's rate of new subjects, not a wait for anything
             # A thread the pod does not hold needs the projection: its turn fails at its first read.
             refused = pod.call("turn", thread=f"unheld-{uuid.uuid4().hex[:6]}", text="hello")
             assert not refused["ok"] and refused["retryable"], refused

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -13,9 +14,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
+from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.channels import DeltaChannel
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import START, StateGraph
+from langgraph.graph import START, StateGraph, add_messages
 from langgraph.types import interrupt
 from typing_extensions import TypedDict
 
@@ -218,3 +220,43 @@ def test_delta_channel_state_matches_in_memory_saver(saver) -> None:
         states.append((graph.get_state(config).values, len(history["items"]["writes"]), "seed" in history["items"]))
     assert states[0] == states[1]
     assert states[0][0]["items"] == [0, 1, 2, 3, 4, 5, 6]
+
+
+class ChatState(TypedDict):
+    messages: Annotated[list, add_messages]
+
+
+def _reply(state: ChatState) -> dict:
+    return {"messages": [AIMessage(f"heard {len(state['messages'])}")]}
+
+
+def test_a_patched_uuid4_gives_the_ids_in_memory_saver_gives(stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LangGraph's own tests (`test_large_cases.py::test_root_graph`) patch `uuid.uuid4` with a counter and
+    compare the ids it hands out (message ids, here) with a snapshot: a saver that draws from it on a
+    write or a read shifts them. Ids graphledger makes for itself come from elsewhere, so a graph on
+    KafkaSaver (started inside the patch) draws exactly what it draws on InMemorySaver."""
+    thread_id = f"root-graph-{uuid.uuid4().hex}"  # unique in the session's log, drawn before the patch
+
+    def run(make_saver: Any) -> tuple[Any, ...]:
+        drawn = itertools.count()
+        monkeypatch.setattr(uuid, "uuid4", lambda: uuid.UUID(f"00000000-0000-4000-8000-{next(drawn):012}"))
+        try:
+            with contextlib.ExitStack() as stack_:
+                checkpointer = stack_.enter_context(make_saver())
+                workflow = StateGraph(ChatState)
+                workflow.add_node("reply", _reply)
+                workflow.add_edge(START, "reply")
+                graph = workflow.compile(checkpointer=checkpointer)
+                config = {"configurable": {"thread_id": thread_id}}
+                outputs = [graph.invoke({"messages": [HumanMessage(text)]}, config) for text in ("hi", "again")]
+                history = list(graph.get_state_history(config))
+            return outputs, _summary(history), next(drawn)
+        finally:
+            monkeypatch.undo()
+
+    ours = run(lambda: KafkaSaver(stack.settings))
+    theirs = run(lambda: contextlib.nullcontext(InMemorySaver()))
+    assert ours == theirs
+    outputs, _, drawn = ours
+    assert [m.id for m in outputs[-1]["messages"]] == [f"00000000-0000-4000-8000-{n:012}" for n in range(4)]
+    assert drawn == 4  # one per message: nothing else drew from it

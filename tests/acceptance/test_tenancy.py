@@ -293,3 +293,19 @@ def test_token_commands_print_an_agents_or_an_operators_entry() -> None:
         assert len(token) >= 40 and entry == f"acme:{hash_token(token)}{suffix}"
     assert graphledger_token("hash", "acme", stdin="").returncode == 2
     assert graphledger_token("new", "no/slash").returncode == 2
+
+
+def test_a_tenant_client_that_opts_in_reads_the_threads_it_holds_without_the_read_api(tenant_api: TenantApi) -> None:
+    """`client_log_reads` is off by default with a tenant token (its READ would show it other tenants'
+    sealed records' sizes and times); a client granted READ that sets it answers its own thread's next
+    turns from what it holds, as a client without a tenant does."""
+    thread = f"held-{uuid.uuid4().hex[:8]}"
+    opted_in = tenant_api.settings("acme").model_copy(update={"client_log_reads": True})
+    with KafkaSaver(opted_in) as saver, KafkaSaver(tenant_api.settings("acme")) as default:
+        for one, name in ((saver, thread), (default, f"{thread}-default")):
+            graph = _graph(one, "acme speaking")
+            for _ in range(3):
+                graph.invoke({"said": []}, {"configurable": {"thread_id": name}})
+        assert saver._runtime.thread_reads is not None and default._runtime.thread_reads is not None
+        assert saver._runtime.thread_reads.answered["held"] == 2  # every turn's read but the first
+        assert default._runtime.thread_reads.answered["held"] == 0

@@ -1,7 +1,8 @@
 """What a process holds of a thread answers its reads as the projection would, without waiting for it.
 
 Regressions of the client's fast path: a read racing an eviction, long conversations, code that drives
-the saver directly, graphs with DeltaChannel state. The projector is stopped (SIGSTOP) where a test
+the saver directly, graphs with DeltaChannel state, a writer whose thread was erased (an outage of the
+read API: test_outage_writes.py). The projector is stopped (SIGSTOP) where a test
 says so: a read that waited for it would fail with `consistency_timeout` instead of answering.
 """
 
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from operator import add
 from typing import Annotated, Any, TypedDict
 
+import httpx
 import pytest
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import empty_checkpoint
@@ -24,6 +26,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 
 from graphledger import KafkaSaver
+from graphledger.errors import SubjectErasedError
 from graphledger_server.devstack.stack import DevStack
 
 LONG_CONVERSATION_TURNS = int(os.environ.get("GRAPHLEDGER_LONG_CONVERSATION_TURNS", "150"))
@@ -34,6 +37,10 @@ SMALL_BOUND = 256 * 1024
 
 @contextmanager
 def projector_stopped(stack: DevStack) -> Iterator[None]:
+    """The projector stopped (SIGSTOP) for the block, once it applied everything written before: earlier
+    tests' records, a `runs.delete` among them, are no test's own and would be waited for."""
+    with KafkaSaver(stack.settings) as reader:
+        next(iter(reader.list(None, limit=1)), None)  # a list across threads waits for the whole topic
     pid = stack.pids()["projector"]
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -158,3 +165,28 @@ async def test_a_delta_channel_conversation_is_read_from_what_the_process_holds(
                 theirs = await reference.ainvoke({"messages": [f"turn {turn}"]}, config)
                 assert mine == theirs
         assert calls["read_api"] == 0 and calls["held"] > 12, dict(calls)  # gets and histories alike
+
+
+async def test_a_writer_never_reads_back_what_it_wrote_after_its_thread_was_erased(stack: DevStack) -> None:
+    """An operator erases the thread while a writer holds it and its key: what the writer publishes
+    afterwards is skipped by the projector, and the writer's own next read answers nothing, as every
+    other process's does, instead of its own writes."""
+    async with KafkaSaver(stack.settings) as writer:
+        graph = chat(writer)
+        config = thread()
+        await graph.ainvoke({"messages": ["before"]}, config)
+        async with httpx.AsyncClient(base_url=stack.settings.api_url) as operator:  # a loopback API: no token
+            erased = await operator.post("/v1/erase", json={"thread_id": config["configurable"]["thread_id"]})
+        assert erased.status_code == 200, erased.text
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"note": "after the erasure"}
+        checkpoint["channel_versions"] = {"note": "1"}
+        try:  # sealed with the key it holds; or refused, if it learned of the erasure first
+            await writer.aput(config, checkpoint, {"source": "input", "step": -1}, {"note": "1"})
+        except SubjectErasedError:
+            pass
+        assert await writer.aget_tuple(config) is None
+        async with KafkaSaver(stack.settings) as other:
+            assert await other.aget_tuple(config) is None
+        with pytest.raises(SubjectErasedError):
+            await writer.aput(config, checkpoint, {"source": "input", "step": -1}, {"note": "1"})

@@ -16,10 +16,19 @@ from langgraph.channels import DeltaChannel
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
-from graphledger.events.checkpoint import RunsDelete, ThreadCopy, ThreadDelete, ThreadExpire, ThreadPrune
+from graphledger.events.checkpoint import (
+    RunsDelete,
+    ThreadCopy,
+    ThreadCopyBarrier,
+    ThreadDelete,
+    ThreadExpire,
+    ThreadPrune,
+)
+from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection, TimedCheckpointEvent
 from graphledger_server.projection.migrate import migrate
-from projection_helpers import TOPIC, Item, cid, count, dump, items, official_saver, put, writes
+from graphledger_server.projection.records import DeadLetter
+from projection_helpers import TOPIC, Item, cid, count, dump, items, official_saver, put, record, writes
 
 
 @pytest.fixture
@@ -79,7 +88,57 @@ async def test_copy_thread_copies_every_namespace_and_keeps_the_target_rows(conn
         target = [r[1:] for r in rows[table] if r[0] == "target"]
         assert source and all(r in target for r in source)
     assert await count(conn, "gl", "checkpoints", "thread_id = 'target'") == 3
-    assert ("target", TOPIC, 1, None) in rows["graphledger_thread_partitions"]
+    # Each thread stays on the partition of its own records; the copy travelled on the source's.
+    assert [r[:3] for r in rows["graphledger_thread_partitions"]] == [("src", TOPIC, 1), ("target", TOPIC, 3)]
+
+
+async def _partition_of(conn: asyncpg.Connection, thread_id: str) -> int | None:
+    return await conn.fetchval("SELECT partition FROM gl.graphledger_thread_partitions WHERE thread_id = $1", thread_id)
+
+
+async def test_delete_for_runs_reaches_a_copy_target_on_its_own_partition_before_its_next_write(
+    conn: asyncpg.Connection,
+) -> None:
+    """A read of a thread waits for the thread's own partition: `delete_for_runs` acknowledged after a
+    `copy_thread` must apply to the target there, among the target's records, not at the source's
+    partition (which the read does not wait for, and whose copy may apply before or after)."""
+    dead: list[DeadLetter] = []
+
+    async def sink(letters: Sequence[DeadLetter]) -> None:
+        dead.extend(letters)
+
+    applier = BatchApplier("gl", "g", {TOPIC: CheckpointProjection("gl")}, sink)
+    # The target's own run on partition 1, the source's on partition 0; then the copy, on the source's.
+    await applier.apply(conn, [record(put("target", 1, metadata={"run_id": "old"}), 1, 0)])
+    await applier.apply(
+        conn, [record(put("src", 5, metadata={"run_id": "copied"}), 0, 0), record(ThreadCopy("src", "target"), 0, 1)]
+    )
+    assert await _partition_of(conn, "target") == 1
+    # The copy's barrier on the target's partition, then partition 1's copy of delete_for_runs.
+    deleted = RunsDelete(("old", "copied"))
+    result = await applier.apply(conn, [record(ThreadCopyBarrier("target", 0, 1), 1, 1), record(deleted, 1, 2)])
+    assert (result.held, dead) == ({}, [])
+    assert await count(conn, "gl", "checkpoints", "thread_id = 'target'") == 0
+    assert await count(conn, "gl", "checkpoints", "thread_id = 'src'") == 1  # partition 0's copy has not applied
+    await applier.apply(conn, [record(deleted, 0, 2)])
+    assert await count(conn, "gl", "checkpoints", "thread_id = 'src'") == 0
+    assert (await _partition_of(conn, "target"), await _partition_of(conn, "src")) == (1, 0)
+
+
+async def test_a_new_copy_target_moves_to_its_own_partition_at_the_barrier(conn: asyncpg.Connection) -> None:
+    """A target without rows of its own is known on the source's partition from the copy (nothing of
+    it sits on its own partition yet) until the barrier, the first of its records there, applies."""
+
+    async def sink(letters: Sequence[DeadLetter]) -> None:
+        raise AssertionError(letters)
+
+    applier = BatchApplier("gl", "g", {TOPIC: CheckpointProjection("gl")}, sink)
+    await applier.apply(conn, [record(put("src", 1), 0, 0), record(ThreadCopy("src", "fresh"), 0, 1)])
+    assert await _partition_of(conn, "fresh") == 0
+    await applier.apply(conn, [record(ThreadCopyBarrier("fresh", 0, 1), 2, 0)])
+    assert await _partition_of(conn, "fresh") == 2
+    await applier.apply(conn, [record(RunsDelete(("nothing",)), 0, 2)])
+    assert await _partition_of(conn, "fresh") == 2
 
 
 async def test_runs_delete_touches_only_the_threads_of_its_partition(conn: asyncpg.Connection) -> None:

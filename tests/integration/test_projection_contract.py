@@ -197,7 +197,7 @@ class ProjectionContract(ABC):
     ) -> None:
         projection = await self.prepared(fresh_database, conn, "redelivered")
         items = [
-            (r.topic, r.partition, r.offset, projection.to_event(envelope.decode(r.value or b"")))
+            (r.topic, r.partition, r.offset, projection.to_event(envelope.decode(r.value), r.timestamp))
             for r in self.redeliverable(log_name)
         ]
         async with conn.transaction():

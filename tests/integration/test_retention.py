@@ -1,6 +1,6 @@
 """Store TTL, thread TTL, keep-last-N and the sweeper (docs/retention.md) on real Postgres and Kafka.
 
-Projection tests drive the store projection with events at chosen producer times (expiry is computed
+Projection tests drive the store projection with records appended at chosen times (expiry is computed
 from event times, so no test waits for a TTL to run out unless it says so). The live tests run a
 projector, a read API and sweepers in this process on an isolated topic prefix and database, with
 short sweep intervals, and wait on conditions with deadlines.
@@ -9,33 +9,44 @@ short sweep intervals, and wait on conditions with deadlines.
 from __future__ import annotations
 
 import asyncio
-import time
+import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Annotated, Any
 
 import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 from langgraph.channels import DeltaChannel
 from langgraph.graph import START, StateGraph
 from typing_extensions import TypedDict
 
+import polling
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.client.publisher import EventPublisher
+from graphledger.errors import TimestampTypeError
 from graphledger.events import Event, to_envelope
 from graphledger.events.envelope import Envelope, decode
 from graphledger.events.store import StoreExpire, StorePut, StoreRefresh
 from graphledger.settings import Settings
 from graphledger_server.api.main import server
 from graphledger_server.devstack.ports import free_port, port_open
-from graphledger_server.log.topics import ensure_topics
+from graphledger_server.log.topics import (
+    LOG_APPEND_TIME,
+    TIMESTAMP_TYPE,
+    described_configs,
+    ensure_topics,
+    source_topics,
+)
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projector.main import run_projector
 from graphledger_server.sweeper.main import SweeperRunner
+from projection_helpers import migrated
 from sealed_events import unsealed
 from store_helpers import Applier, dump, put, record
 
@@ -49,11 +60,9 @@ DEADLINE_S = 90.0
 
 
 @pytest.fixture
-async def db(fresh_database: str) -> AsyncIterator[asyncpg.Connection]:
-    await migrate(fresh_database, SCHEMA)
-    conn = await asyncpg.connect(fresh_database)
-    yield conn
-    await conn.close()
+async def settings(fresh_database: str) -> Settings:
+    """A projection without topics: the batches are applied by the test (`db` connects to it)."""
+    return await migrated(Settings(postgres_dsn=fresh_database, postgres_schema=SCHEMA))
 
 
 async def _expiry(conn: asyncpg.Connection, key: str, schema: str = SCHEMA) -> Any:
@@ -147,34 +156,27 @@ class Live:
         return self.settings.model_copy(update=overrides)
 
     async def publish_at(self, topic: str, event: Event, ts_ms: int) -> None:
-        """Publish `event` as if produced at `ts_ms` (its TTL and activity times come from that)."""
-        env = to_envelope(event)
-        await self.publisher.publish(topic, event.key, Envelope(env.type, env.event_id, ts_ms, env.payload))
+        """Publish `event` as a copy of one first appended at `ts_ms`, in the past: its TTL and activity
+        times come from that (`gl-appended-ms`)."""
+        await self.publisher.publish(topic, event.key, dataclasses.replace(to_envelope(event), appended_ms=ts_ms))
 
     async def now_ms(self) -> int:
         return await self.conn.fetchval("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
 
 
-async def wait_for(condition: Callable[[], Any], what: str, timeout_s: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.05)
+wait_for = partial(polling.wait_for, timeout_s=DEADLINE_S)
 
 
 @pytest.fixture
-async def live(make_settings: Callable[..., Settings]) -> AsyncIterator[Live]:
+async def live(ready_settings: Callable[..., Awaitable[Settings]]) -> AsyncIterator[Live]:
     port = free_port()
-    settings = make_settings(
+    settings = await ready_settings(
         api_port=port,
         api_url=f"http://127.0.0.1:{port}",
         sweeper_interval_s=0.2,
         sweeper_batch_size=3,
         store_refresh_coalesce_s=0,
     )
-    await ensure_topics(settings)
-    await migrate(settings.postgres_dsn, settings.postgres_schema)
     stop = asyncio.Event()
     projector = asyncio.create_task(run_projector(settings, stop, migrate_first=False))
     api = server(settings)
@@ -373,3 +375,95 @@ async def test_the_sweeper_applies_keep_last_n_and_thread_ttl(live: Live) -> Non
         # Only threads with something to delete got a prune: a second sweep published none for them.
         assert runners[0].published["old_checkpoints"] == 2
         assert runners[0].published["idle_thread"] == 1
+
+
+# -- the clock expiry follows: the broker's, not the writer's ---------------------------------------
+
+HOUR = 60 * MINUTE
+CLOCK_SLACK_MS = 1_000
+"""Postgres' clock against the appending clock (tansu: the producing process's, on the same machine)."""
+
+
+async def test_topics_ensure_stamps_the_source_topics_with_the_brokers_clock(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = make_settings()
+    await ensure_topics(settings)
+    admin = AIOKafkaAdminClient(**settings.kafka_client_options())  # type: ignore[arg-type]
+    await admin.start()
+    try:
+        for topic in source_topics(settings):
+            assert await described_configs(admin, topic, (TIMESTAMP_TYPE,)) == {TIMESTAMP_TYPE: LOG_APPEND_TIME}
+        assert await described_configs(admin, settings.dead_letter_topic, (TIMESTAMP_TYPE,)) == {}
+        # A source topic someone made stamped with its writers' clocks is refused, naming the fix.
+        stamped = make_settings()
+        configs = {"retention.ms": "-1", TIMESTAMP_TYPE: "CreateTime"}
+        await admin.create_topics([NewTopic(stamped.checkpoint_topic, 2, 1, topic_configs=configs)])
+    finally:
+        await admin.close()
+    with pytest.raises(TimestampTypeError, match=rf"{stamped.checkpoint_topic} has {TIMESTAMP_TYPE}=CreateTime"):
+        await ensure_topics(stamped)
+
+
+async def _gone(live: Live, table: str, where: str, *args: Any) -> bool:
+    return not await live.conn.fetchval(f"SELECT count(*) FROM {live.schema}.{table} WHERE {where}", *args)
+
+
+async def test_a_writer_whose_clock_is_an_hour_off_expires_nothing_early_and_nothing_late(live: Live) -> None:
+    """Two writers, one an hour ahead, one an hour behind: their events' `ts` says so, the records do not
+    (tansu stamps them with the producing process's clock, which is right here; Kafka, with
+    LogAppendTime, with its own whatever the writer's). Item TTLs and thread idle times run from the
+    records' times: the ahead writer's 6-second item and idle thread go within seconds, not an hour
+    late; the behind writer's 30-minute item and thread stay through sweeps, not expired at once."""
+    root = f"r{uuid.uuid4().hex[:8]}"
+    from projection_helpers import put as checkpoint_put
+
+    async def publish(topic: str, event: Event, skew_ms: int) -> None:
+        env = to_envelope(event)
+        await live.publisher.publish(topic, event.key, dataclasses.replace(env, produced_ms=env.produced_ms + skew_ms))
+
+    before = await live.now_ms()
+    for name, skew, ttl in (("ahead", HOUR, 0.1), ("behind", -HOUR, 30)):
+        await publish(live.settings.store_topic, StorePut((root,), name, b'{"n": 1}', ttl, None), skew)
+        await publish(live.settings.checkpoint_topic, checkpoint_put(f"{root}-{name}", 1), skew)
+    after = await live.now_ms()
+    items = f"prefix = '{root}'"
+    threads = f"starts_with(thread_id, '{root}-')"
+
+    async def all_projected() -> bool:
+        counts = [
+            await live.conn.fetchval(f"SELECT count(*) FROM {live.schema}.{table} WHERE {where}")
+            for table, where in (("store", items), ("graphledger_thread_partitions", threads))
+        ]
+        return counts == [2, 2]
+
+    await wait_for(all_projected, "the writers' events to be projected")
+    rows = await live.conn.fetch(
+        f"SELECT key, (extract(epoch FROM updated_at) * 1000)::bigint AS at, "
+        f"(extract(epoch FROM expires_at - updated_at) * 1000)::bigint AS ttl FROM {live.schema}.store WHERE {items}"
+    )
+    activity = await live.conn.fetch(
+        f"SELECT thread_id, (extract(epoch FROM last_active_at) * 1000)::bigint AS at "
+        f"FROM {live.schema}.graphledger_thread_partitions WHERE {threads}"
+    )
+    for at in [r["at"] for r in rows] + [r["at"] for r in activity]:
+        assert before - CLOCK_SLACK_MS <= at <= after + CLOCK_SLACK_MS, (before, at, after)
+    assert {r["key"]: r["ttl"] for r in rows} == {"ahead": 6_000, "behind": 30 * MINUTE}
+
+    # Thread TTL 30 minutes: the ahead writer's item expires within seconds; nothing of the behind one does.
+    runners, stops, tasks = await _sweepers(live, 1, thread_ttl_minutes=30)
+    await wait_for(lambda: _gone(live, "store", f"{items} AND key = 'ahead'"), "the ahead writer's item to expire")
+    target = runners[0].sweeps + 2
+    await wait_for(lambda: _ge(lambda: runners[0].sweeps, target), "two more sweeps")
+    stops[0].set()
+    await asyncio.gather(*tasks)
+    assert [r["key"] for r in await live.conn.fetch(f"SELECT key FROM {live.schema}.store WHERE {items}")] == ["behind"]
+    assert not await _gone(live, "checkpoints", threads)
+    assert runners[0].published["idle_thread"] == 0
+
+    # Thread TTL 6 seconds: the ahead writer's thread goes once idle that long, not an hour late.
+    runners, stops, tasks = await _sweepers(live, 1, thread_ttl_minutes=0.1)
+    await wait_for(lambda: _gone(live, "checkpoints", f"thread_id = '{root}-ahead'"), "the ahead writer's thread")
+    stops[0].set()
+    await asyncio.gather(*tasks)
+    assert not await _gone(live, "store", f"{items} AND key = 'behind'")

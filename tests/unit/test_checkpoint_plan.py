@@ -8,7 +8,14 @@ import pytest
 
 from graphledger.errors import InvalidEventError
 from graphledger.events import to_envelope
-from graphledger.events.checkpoint import RunsDelete, ThreadCopy, ThreadDelete, ThreadExpire, ThreadPrune
+from graphledger.events.checkpoint import (
+    RunsDelete,
+    ThreadCopy,
+    ThreadCopyBarrier,
+    ThreadDelete,
+    ThreadExpire,
+    ThreadPrune,
+)
 from graphledger_server.projection.checkpoints import (
     CopyThread,
     DataRun,
@@ -49,6 +56,14 @@ def test_plan_cuts_runs_at_operations_and_merges_consecutive_deletes() -> None:
     ]
     assert plan[1] == DeleteThreads(("a", "b"))
     assert plan[3] == CopyThread("a", "c", TOPIC, 0)
+
+
+def test_a_copy_barrier_records_its_target_on_the_barriers_own_partition() -> None:
+    copy, barrier = items([ThreadCopy("src", "dst")], partition=0), items([ThreadCopyBarrier("dst", 0, 0)], partition=2)
+    assert plan_batch(copy) == [CopyThread("src", "dst", TOPIC, 0)]
+    (run,) = plan_batch(barrier)
+    assert isinstance(run, DataRun) and run.threads == [["dst"], [TOPIC], [2], [None]]
+    assert run.checkpoints == [[] for _ in range(6)] and run.events == 0
 
 
 def test_plan_merges_duplicate_keys_as_sequential_application_would() -> None:

@@ -58,7 +58,7 @@ def _keep_last_record(version: int) -> SourceRecord:
     """A prune as a fictional older graphledger spelled it: strategy "keep_last"."""
     payload = {"thread_id": "t", "strategy": "keep_last"}
     env = Envelope(ThreadPrune.TYPE, str(uuid.uuid4()), PRODUCED_MS, payload, version)
-    return SourceRecord(CHECKPOINT_TOPIC, 0, 0, b"t", envelope.encode(env))
+    return SourceRecord(CHECKPOINT_TOPIC, 0, 0, b"t", envelope.encode(env), (), PRODUCED_MS)
 
 
 def _rename_keep_last(event_type: str, payload: dict[str, Any]) -> dict[str, Any]:

@@ -15,11 +15,12 @@ def test_a_thread_written_here_first_is_known_only_after_a_read_fixes_its_base()
     threads.acked("t", PARTITION, (10,), FIRST)
     held = threads.get("t")
     assert held is not None and not held.local and held.named() == frozenset({10})
-    # The read API answered as of offset 10 (nothing of the thread below it): the own put is folded on.
-    view = threads.install("t", held, PARTITION, fold.from_answer("", None, []), applied=5, end=10)
+    # The read API answered as of offset 11, the projection holding nothing of the thread: the own put,
+    # below the answer's end, is folded on.
+    view = threads.install("t", held, PARTITION, fold.from_answer("", None, []), applied=5, end=11)
     assert newest(view)["config"]["checkpoint_id"] == "01"  # type: ignore[index]
     held = threads.get("t")
-    assert held is not None and held.through == 10 and held.local
+    assert held is not None and held.through == 11 and held.local
 
 
 def test_a_local_read_forgets_the_own_records_below_the_end_it_saw() -> None:
@@ -63,7 +64,7 @@ def test_an_answer_replaced_meanwhile_is_returned_but_not_held() -> None:
     snapshot = threads.get("t")
     threads.forget("t")
     threads.acked("t", PARTITION, (8,), SECOND)  # held anew, after an eviction
-    view = threads.install("t", snapshot, PARTITION, fold.from_answer("", None, []), applied=0, end=8)
+    view = threads.install("t", snapshot, PARTITION, fold.from_answer("", None, []), applied=0, end=9)
     assert values(newest(view)) == {"msgs": ["a"], "n": 2}  # type: ignore[arg-type]
     held = threads.get("t")
     assert held is not None and not held.local  # the new holding is left as it is

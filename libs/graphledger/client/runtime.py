@@ -93,7 +93,8 @@ class ClientRuntime:
                 await self._prefetch_keys(self.sealer, pool)
             await self.publisher.start()
             # With a tenant, the partition's records of other tenants are not this client's to fetch.
-            if self._settings.client_log_reads and not self.tenant:
+            log_reads = self._settings.client_log_reads
+            if log_reads or (log_reads is None and not self.tenant):
                 self.log = LogTail(self._settings, self.publisher.kafka_client)
             self.thread_reads = ThreadReads(
                 self.threads,
@@ -209,7 +210,7 @@ class ClientRuntime:
         self.acked.record(acked)
         _, partition, _ = acked[0]
         if thread is not None:
-            self.threads.acked(thread, partition, tuple(offset for _, _, offset in acked), event)  # type: ignore[arg-type]
+            self.threads.acked(thread, partition, tuple(offset for _, _, offset in acked), event)  # type: ignore[arg-type]  # a thread's: a checkpoint event
         elif isinstance(event, checkpoint.RunsDelete):
             self.threads.acked_everywhere(partition, acked[-1][2], event)
         return acked
@@ -295,7 +296,12 @@ class ClientRuntime:
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the client's loop (it may use the publisher, the reader and the log)."""
-        return self._started_loop().run(coro)
+        try:
+            loop = self._started_loop()
+        except BaseException:
+            coro.close()
+            raise
+        return loop.run(coro)
 
     async def acall(self, coro: Coroutine[Any, Any, T]) -> T:
         return await self._arun(coro)
@@ -303,7 +309,7 @@ class ClientRuntime:
     async def _arun(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await `coro` on the runtime's loop, starting the runtime first (off the caller's loop)."""
         try:
-            loop = self._loop or await asyncio.to_thread(self._started_loop)
+            loop = self._loop if self._loop is not None else await asyncio.to_thread(self._started_loop)
         except BaseException:
             coro.close()
             raise

@@ -214,27 +214,31 @@ class HeldThreads:
         snapshot: Held | None,
         partition: int,
         answer: fold.View,
-        applied: int | None,
+        applied: int,
         end: int,
+        *,
+        hold: bool = True,
     ) -> fold.View:
         """The read API answered the thread as of `end` (the log's end when it read), holding every
-        record below `applied` (None: every record not named); returns the answer with the own records
-        it lacks folded in, and holds that when nothing replaced the snapshot meanwhile."""
+        record below `applied` but the own ones the read named (`snapshot`'s). Returns the answer with
+        those folded in: the own records below `end`, never one past it (another process's record may
+        lie before it). Holds the thread as of `end`, with every own record at or past `applied` folded
+        in, when nothing replaced the snapshot meanwhile."""
         held = self._threads.get(thread_id)
         current = held if held is not None and held.partition == partition else None
         named = snapshot.own if snapshot is not None and snapshot.partition == partition else ()
-        mine = named if current is None else _merged(named, current.own)
+        mine = [own for own in (named if current is None else _merged(named, current.own)) if own[0][-1] >= applied]
         view = answer
-        if applied is not None:
-            for _, event in (own for own in mine if own[0][-1] >= applied):
-                view = fold.apply(view, event)
-        if current is not None and snapshot is not None and current.epoch != snapshot.epoch:
-            return view  # held anew meanwhile: keep what is held
-        if current is None and snapshot is not None:
-            return view  # forgotten meanwhile: do not hold it again behind the bound's back
+        for _, event in (own for own in mine if own[0][-1] < end):
+            view = fold.apply(view, event)
+        if not hold or (snapshot is not None and (current is None or current.epoch != snapshot.epoch)):
+            return view  # forgotten or held anew meanwhile: keep what is held
+        beyond = [own for own in mine if own[0][-1] >= end]
+        kept = view
+        for _, event in beyond:
+            kept = fold.apply(kept, event)
         epoch = current.epoch if current is not None else next(_epochs)
-        own = tuple(o for o in mine if o[0][-1] >= end)
-        self._put(thread_id, _held(epoch, partition, end, view, own))
+        self._put(thread_id, _held(epoch, partition, end, kept, tuple(beyond)))
         return view
 
     def learn_history(

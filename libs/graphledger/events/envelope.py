@@ -4,6 +4,9 @@ The record value is an ormsgpack map `{"v": version, "type": ..., "id": uuid, "t
 Headers repeat type and version (and carry W3C `traceparent`) so a consumer can route or refuse an
 event without decoding it.
 
+An event's time is not its `ts` (the writer's clock) but its record's: the broker's time at the event's
+first append to a log (`append_time_ms`), which a copy carries in `gl-appended-ms`.
+
 Version policy: `SCHEMA_VERSION` is the version this code writes. A record with a lower version is
 upcast (`UPCASTERS`) before validation; a record with a higher version was written by a newer
 graphledger and raises `UnknownEventVersionError`, which a worker must not dead-letter (a newer worker
@@ -39,6 +42,9 @@ HEADER_KEY = "gl-key"
 SEALED_PAYLOAD = "sealed"
 """The one key of a sealed payload (`graphledger.sealing`)."""
 HEADER_TRACEPARENT = "traceparent"
+HEADER_APPENDED = "gl-appended-ms"
+"""On a copy's records (`encrypt-log`, `import`, `dlq replay`): the time, in ms since the epoch, of the
+event's first append to a log, which the copy keeps instead of taking its own append time."""
 
 Headers = Sequence[tuple[str, bytes]]
 
@@ -59,8 +65,12 @@ class Envelope:
     type: str
     event_id: str
     produced_ms: int
+    """The writer's clock, kept for the record: no projection reads it (`append_time_ms`)."""
     payload: dict[str, Any]
     version: int = SCHEMA_VERSION
+    appended_ms: int | None = None
+    """Set on a copy of an event: its first append's time, which `headers_for` writes in `gl-appended-ms`.
+    Not part of the value; None on a decoded envelope (the record's headers carry it)."""
 
 
 def new_envelope(event_type: str, payload: dict[str, Any]) -> Envelope:
@@ -92,6 +102,8 @@ def headers_for(envelope: Envelope, traceparent: str | None = None) -> list[tupl
         headers.append((HEADER_SUBJECT, ref.encode()))
         if isinstance(key_id := sealed.get("kid"), str):
             headers.append((HEADER_KEY, key_id.encode()))
+    if envelope.appended_ms is not None:
+        headers.append((HEADER_APPENDED, str(envelope.appended_ms).encode()))
     if traceparent:
         headers.append((HEADER_TRACEPARENT, traceparent.encode()))
     return headers
@@ -102,6 +114,30 @@ def header(headers: Headers | None, name: str) -> bytes | None:
         if key == name:
             return value
     return None
+
+
+def append_time_ms(timestamp: int, headers: Headers | None) -> int:
+    """An event's time: the broker's time at its first append to a log, in ms since the epoch.
+
+    `timestamp` is its record's Kafka timestamp (-1: none), the broker's append time on a topic with
+    `message.timestamp.type=LogAppendTime` (what `graphledger topics ensure` sets); a copy's record
+    carries the original's in `gl-appended-ms`. A copy follows its original, so the earlier of the two
+    counts: a writer can date its own event back (as it could delete it), never forward. Raises
+    `InvalidEventError` when neither says a time between 1970 and 9999.
+    """
+    times = [timestamp] if timestamp >= 0 else []
+    carried = header(headers, HEADER_APPENDED)
+    if carried is not None:
+        text = carried.decode(errors="replace")
+        if not text.isascii() or not text.isdigit() or len(text) > len(str(MAX_EPOCH_MS)):
+            raise InvalidEventError(f"{HEADER_APPENDED} {text[:40]!r} is not a time in ms since the epoch")
+        times.append(int(text))
+    if not times:
+        raise InvalidEventError("the record carries no timestamp: its event has no time")
+    appended = min(times)
+    if appended > MAX_EPOCH_MS:
+        raise InvalidEventError(f"record time {appended} ms is not a time between 1970 and 9999")
+    return appended
 
 
 def decode(value: bytes | None) -> Envelope:

@@ -27,6 +27,7 @@ from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import check_key_settings, key_store_for
 from graphledger_server.log.applied import AppliedOffsets
 from graphledger_server.projection.checkpoints import CheckpointProjection
+from graphledger_server.projection.records import ToEvent
 from graphledger_server.telemetry import api as telemetry
 
 
@@ -57,7 +58,10 @@ def create_app(settings: Settings) -> FastAPI:
         # The projector's key cache and validation: records open and decode here as they do there.
         checkpoint_events = CheckpointProjection(settings.postgres_schema)
         store_events = StoreEvents(settings, store_pool)
-        to_event = {settings.checkpoint_topic: checkpoint_events.to_event, settings.store_topic: store_events.to_event}
+        to_event: dict[str, ToEvent] = {
+            settings.checkpoint_topic: checkpoint_events.to_event,
+            settings.store_topic: store_events.to_event,
+        }
         unprojected = Unprojected(log, offsets, topics, settings.api_read_through_max_bytes)
         opener = RecordOpener(unprojected, DataKeyCache(key_store), to_event.__getitem__)
         unprojected.on_erasure = opener.erasure

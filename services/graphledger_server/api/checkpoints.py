@@ -26,6 +26,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, writes_sort_key
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg import AsyncConnection, IsolationLevel
@@ -33,7 +34,7 @@ from pydantic import BaseModel
 
 from graphledger import fold
 from graphledger.sealing import ERASED
-from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER
+from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER, typed
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
 from graphledger_server.api.consistency import token_of
@@ -71,6 +72,16 @@ WITH RECURSIVE ns AS (
 )
 SELECT checkpoint_ns FROM ns WHERE checkpoint_ns IS NOT NULL LIMIT %(most)s
 """
+# The writes of a namespace's checkpoints newer than an answer's: writes that reached the log before
+# their put. %(thread)s, %(ns)s, %(newest)s -> the stored thread id, the namespace, the answer's checkpoint
+# id ('' for none). Given the id, not found again here: a put applied since would hide its writes.
+LATER_WRITES_SQL = """
+SELECT checkpoint_id, task_id, task_path, idx, channel, type, blob FROM checkpoint_writes
+WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s AND checkpoint_id > %(newest)s
+ORDER BY checkpoint_id, task_path, task_id, idx
+LIMIT %(most)s
+"""
+MAX_LATER_WRITES = 1000
 MAX_NAMESPACES = 1000
 """Most namespaces a get names; a thread with more answers without the list (the client then asks for each)."""
 
@@ -322,10 +333,25 @@ async def _get(
         answer["own_writes_from"] = settled.applied
     found = await _saver(request, tenant).aget_tuple(body.config(tenant.thread))
     answer["tuple"] = wire_tuple(found, tenant) if found else None
-    if found is None and await _erased(request, tenant, body.thread_id):
+    if body.checkpoint_id is None:
+        # What a client holding the thread from this answer needs besides, each on a connection of its
+        # own: the thread's namespaces, and the writes of checkpoints newer than the answer's (their
+        # puts are still to come); and, for no checkpoint at all, whether the thread was erased.
+        newest = found.config["configurable"]["checkpoint_id"] if found else ""
+        namespaces, later, erased = await asyncio.gather(
+            _namespaces(request, stored),
+            _later_writes(request, stored, body.checkpoint_ns, newest),
+            _erased(request, tenant, body.thread_id) if found is None else _false(),
+        )
+    else:
+        namespaces, later = None, None
+        erased = found is None and await _erased(request, tenant, body.thread_id)
+    if erased:
         answer["erased"] = True
-    elif body.checkpoint_id is None and (namespaces := await _namespaces(request, stored)) is not None:
-        answer["namespaces"] = namespaces
+    elif body.checkpoint_id is None:
+        answer["later_writes"] = later
+        if namespaces is not None:
+            answer["namespaces"] = namespaces
     return _answer(request, answer)
 
 
@@ -384,7 +410,8 @@ async def _get_through(
             view, through = found
         if view.erased:
             return {"tuple": None, "erased": True, "log_end": through}
-        answered = view.namespace(ns).answer(body.thread_id, ns, checkpoint_id)
+        held = view.namespace(ns)
+        answered = held.answer(body.thread_id, ns, checkpoint_id)
     except fold.Underivable as exc:
         log.debug("a get of thread %r waits for the projection: %s", body.thread_id, exc)
         return None
@@ -393,9 +420,19 @@ async def _get_through(
     folded: dict[str, Any] = {"tuple": answered, "log_end": through}
     if answered is None and await _erased(request, tenant, body.thread_id):
         folded["erased"] = True
-    elif checkpoint_id is None and view.complete:
-        folded["namespaces"] = sorted(n for n, held in view.namespaces.items() if held is None or held.newest)
+    elif checkpoint_id is None:
+        folded["later_writes"] = _later_held(held)
+        if view.complete:
+            folded["namespaces"] = sorted(n for n, kept in view.namespaces.items() if kept is None or kept.newest)
     return folded
+
+
+def _later_held(held: fold.Namespace) -> dict[str, list[list[Any]]] | None:
+    """`later_writes` of a folded namespace: the writes of checkpoints newer than its newest, which
+    reached the log before their put (None: more than `MAX_LATER_WRITES`, as from the projection)."""
+    newest = held.newest.checkpoint_id if held.newest is not None else ""
+    later = {cid: [list(row) for row in rows] for cid, rows in held.writes.items() if cid > newest}
+    return later if sum(len(rows) for rows in later.values()) <= MAX_LATER_WRITES else None
 
 
 async def _newest_view(
@@ -445,8 +482,8 @@ async def _one_view(
         found = await saver.aget_tuple(body.config(tenant.thread))
         base = wire_tuple(found, tenant) if found else None
         if base is None:
-            newest_config = {"configurable": {"thread_id": stored, "checkpoint_ns": ns}}
-            found = await saver.aget_tuple(newest_config)  # type: ignore[arg-type]
+            newest_config: RunnableConfig = {"configurable": {"thread_id": stored, "checkpoint_ns": ns}}
+            found = await saver.aget_tuple(newest_config)
             newest = wire_tuple(found, tenant) if found else None
             if await _early_writes(conn, stored, ns, newest):
                 return None
@@ -478,7 +515,7 @@ async def _newest_base(
     }
     async with api_state(request).pool.connection() as conn:
         cursor = await conn.execute(THROUGH_NEWEST_SQL, params, binary=True)
-        row: dict[str, Any] = await cursor.fetchone()  # type: ignore[assignment]
+        row: dict[str, Any] = await cursor.fetchone()
     if row["early"]:
         log.info("thread %r has writes before their put in the projection: the read waits", stored)
         return None
@@ -487,14 +524,35 @@ async def _newest_base(
         return row["applied"], None, namespaces
     if row["checkpoint"]["v"] < 4 and row["parent_checkpoint_id"]:
         return None  # read with its parent's pending sends: a second statement, so a second snapshot
-    found = await _saver(request, tenant)._load_checkpoint_tuple(row)  # type: ignore[arg-type]
+    found = await _saver(request, tenant)._load_checkpoint_tuple(row)
     return row["applied"], wire_tuple(found, tenant), namespaces
 
 
 async def _early_writes(conn: AsyncConnection[Any], stored: str, ns: str, newest: dict[str, Any] | None) -> bool:
     newest_id = newest["config"]["checkpoint_id"] if newest is not None else ""
     cursor = await conn.execute(EARLY_WRITES_SQL, {"thread": stored, "ns": ns, "newest": newest_id})
-    return bool((await cursor.fetchone())["early"])  # type: ignore[index]
+    row = await cursor.fetchone()
+    return row is not None and bool(row["early"])
+
+
+async def _false() -> bool:
+    return False
+
+
+async def _later_writes(request: Request, stored_thread_id: str, checkpoint_ns: str, newest: str) -> Any:
+    """The pending writes of the namespace's checkpoints newer than `newest`, the answer's (None: more
+    than `MAX_LATER_WRITES` rows, which the client then does not hold), by checkpoint id."""
+    params = {"thread": stored_thread_id, "ns": checkpoint_ns, "newest": newest, "most": MAX_LATER_WRITES + 1}
+    async with api_state(request).pool.connection() as conn:
+        rows = await (await conn.execute(LATER_WRITES_SQL, params, binary=True)).fetchall()
+    if len(rows) > MAX_LATER_WRITES:
+        return None
+    later: dict[str, list[Any]] = {}
+    for row in rows:
+        later.setdefault(row["checkpoint_id"], []).append(
+            [row["task_id"], row["channel"], typed(row["type"], row["blob"]), row["task_path"], row["idx"]]
+        )
+    return later
 
 
 async def _namespaces(request: Request, stored_thread_id: str) -> list[str] | None:
@@ -505,7 +563,7 @@ async def _namespaces(request: Request, stored_thread_id: str) -> list[str] | No
 
 async def _namespaces_on(conn: AsyncConnection[Any], stored_thread_id: str) -> list[str] | None:
     cursor = await conn.execute(THREAD_NAMESPACES_SQL, {"thread": stored_thread_id, "most": MAX_NAMESPACES + 1})
-    names = [row["checkpoint_ns"] for row in await cursor.fetchall()]  # type: ignore[call-overload]
+    names = [row["checkpoint_ns"] for row in await cursor.fetchall()]
     return names if len(names) <= MAX_NAMESPACES else None
 
 
@@ -579,17 +637,17 @@ async def _history_through(
     snapshot at its applied offset, the thread's records since folded in (None: the fold cannot)."""
     stored = tenant.thread(body.thread_id)
     ns = body.checkpoint_ns
-    newest_config = {"configurable": {"thread_id": stored, "checkpoint_ns": ns}}
+    newest_config: RunnableConfig = {"configurable": {"thread_id": stored, "checkpoint_ns": ns}}
     async with _snapshot(request) as conn:
         applied = await _applied(request, conn, settled.partition)
         saver = _saver(request, tenant, conn)
-        found = await saver.aget_tuple(newest_config)  # type: ignore[arg-type]
+        found = await saver.aget_tuple(newest_config)
         base = wire_tuple(found, tenant) if found else None
         answered: dict[str, Any] = {}
         if base is not None:
             at_newest = {**newest_config["configurable"], "checkpoint_id": base["config"]["checkpoint_id"]}
             history = await saver.aget_delta_channel_history(
-                config={"configurable": at_newest},  # type: ignore[arg-type]
+                config={"configurable": at_newest},
                 channels=body.channels,
             )
             answered = _history(history)

@@ -124,11 +124,11 @@ class ReadBarrier:
                           for read in reads}  # fmt: skip
             applied = self._positions(partitions.values())
             pending = await unapplied_parts(token or {}, self._settings, self._offsets, self._log)
-            # The token's other partitions' ends come in the same fetch round as the reads' records.
-            others = self._positions(pending.keys() - set(partitions.values()))
+            # The token's other partitions' ends are fetched while the reads' records are.
+            elsewhere = self._positions(pending.keys() - set(partitions.values()))
             held, other_ends = await asyncio.gather(
                 self._held(partitions, deadline),
-                self._log.ends(others, self._remaining(deadline)) if others else _none(),
+                self._log.ends(elsewhere, self._remaining(deadline)) if elsewhere else _none(),
             )
             starts = {tp: applied[tp] for read, tp in partitions.items() if held[read] is None}
             for read, tp in partitions.items():
@@ -174,7 +174,7 @@ class ReadBarrier:
             read: Settled(
                 tp.partition,
                 self._offsets.applied(tp.topic, tp.partition),
-                held[read].end if held[read] is not None else tails[tp].end,  # type: ignore[union-attr]
+                kept.end if (kept := held[read]) is not None else tails[tp].end,
                 current[read],
                 held[read] if read in folded else None,
                 folded.get(read),

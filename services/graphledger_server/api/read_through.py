@@ -73,7 +73,7 @@ class RecordOpener:
         """The topic's envelope validation (the projection's `to_event`)."""
 
     async def events(self, tail: KeyTail, since: int) -> list[tuple[int, Any]]:
-        """`(offset, event)` of the projection's events (its `to_event`'s, with their producer time) among
+        """`(offset, event)` of the projection's events (its `to_event`'s, with their time) among
         `tail`'s records at or after `since`, in log order (a chunked event at its completing chunk); raises
         `fold.Underivable`."""
         # Before `since` only chunks matter (one may complete its event at or after it): nothing else
@@ -143,7 +143,7 @@ class RecordOpener:
     def _classified(self, record: SourceRecord) -> Classified:
         noted = self._unprojected.note(record)
         if noted is not None:
-            return noted  # type: ignore[no-any-return]
+            return noted
         found = classify(record, self._to_event(record.topic), self._keys.get)
         self._unprojected.set_note(record, found)
         return found

@@ -79,7 +79,7 @@ def _reader(request: Request) -> StoreReader:
     },
     responses={
         200: {"model": StoreBatchResponse, "content": {MSGPACK: {}}},
-        **{status: _ERRORS for status in (400, 401, 413, 415, 422, 503)},  # type: ignore[dict-item]
+        **{status: _ERRORS for status in (400, 401, 413, 415, 422, 503)},
     },
 )
 async def store_batch(request: Request) -> Response:
@@ -164,7 +164,9 @@ async def _results(request: Request, ops: list[StoreOp], through: dict[int, Sett
     plain = [i for i in range(len(ops)) if i not in through]
     if through:
         assert state.opener is not None and state.store_events is not None
-        gets = [(ops[i], settled) for i, settled in through.items()]
+        gets = [
+            (op, settled) for i, settled in through.items() if isinstance(op := ops[i], GetOp)
+        ]  # `through` holds gets only
         folded = await items_through(state.settings, state.store_pool, state.opener, state.store_events, gets)
         for (i, settled), found in zip(through.items(), folded, strict=True):
             if found is WAIT:

@@ -49,8 +49,8 @@ class StoreEvents:
                 await self._projection.prepare(conn)
             self._prepared = True
 
-    def to_event(self, env: Envelope) -> TimedStoreEvent:
-        return self._projection.to_event(env)
+    def to_event(self, env: Envelope, appended_ms: int) -> TimedStoreEvent:
+        return self._projection.to_event(env, appended_ms)
 
 
 async def items_through(

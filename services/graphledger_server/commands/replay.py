@@ -36,6 +36,12 @@ def register(commands: Any) -> None:
     run.add_argument(
         "--no-switch", dest="switch", action="store_false", help="rebuild and verify, but keep the live schema"
     )
+    run.add_argument(
+        "--accept-differences",
+        action="store_true",
+        help="switch even when the rebuild differs from the live schema (after an upgrade that applies events "
+        "otherwise, such as one that dates them by another clock)",
+    )
     run.set_defaults(run=_run)
     sub.add_parser("list", help="the live schema, a rebuild in progress and old schemas").set_defaults(run=_list)
     drop = sub.add_parser("drop-old", help="drop old schemas a replay switched away from")
@@ -53,7 +59,14 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     gc.collect()
     gc.freeze()
     report = asyncio.run(
-        run_replay(settings, accept_loss=args.accept_loss, restart=args.restart, switch=args.switch, out=sys.stderr)
+        run_replay(
+            settings,
+            accept_loss=args.accept_loss,
+            restart=args.restart,
+            switch=args.switch,
+            accept_differences=args.accept_differences,
+            out=sys.stderr,
+        )
     )
     rate = report.events / report.seconds if report.seconds else 0.0
     print(f"replay: rebuilt {report.live!r} in {report.rebuilt!r}: {report.events:,} events in "

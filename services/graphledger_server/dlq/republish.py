@@ -3,7 +3,9 @@
 The row is locked, the record published and the row marked replayed in one transaction: two replays
 of one dead letter, even concurrent ones, publish it once. The record is validated as the projector
 would before anything is published, so a fix that is still wrong fails here, not in the projector.
-A fixed payload keeps the event's type, id and time, and is sealed again when the dead letter was.
+A fixed payload keeps the event's type, id and time, and is sealed again when the dead letter was. The
+event keeps its time (`gl-appended-ms`, which the dead letter's headers carry) rather than taking the
+replay's, so a store item's TTL runs from when it was first written.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ import asyncpg
 import ormsgpack
 from aiokafka import AIOKafkaProducer
 
-from graphledger.errors import DeadLetterError, GraphledgerError
+from graphledger.errors import DeadLetterError
 from graphledger.events import chunks, envelope
-from graphledger.sealing import Erased, Misbound, sealed_key_id, sealed_ref, unseal
 from graphledger.sealing import seal as seal_envelope
 from graphledger.settings import Settings
+from graphledger_server.dlq.sealed import Opened, open_sealed
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.store import key_store_for
 from graphledger_server.log.clients import new_producer
@@ -104,12 +106,15 @@ async def _replay_one(
         dropped.add(envelope.HEADER_CHUNK)
         headers = [(k, v) for k, v in decode_headers(row["record_headers"]) if k not in dropped]
         value = row["record_value"]
-        record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers))
+        # Checked as appended now; a dead letter recorded without its time (by an older projector) takes it.
+        now_ms = int(time.time() * 1000)
+        record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers), now_ms)
         if (name := key_name(record)) is not None:
             await keys.load([name])
         if payload is not None:
-            value, headers = _with_payload(row, headers, payload, event_type, keys)
-            record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers))
+            opened = await open_sealed(row["record_value"], keys)
+            value, headers = _with_payload(row, headers, payload, event_type, opened)
+            record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers), now_ms)
         checked = decode_value(record, value, projections[topic].to_event, keys.get)
         match checked:
             case Decoded():
@@ -134,7 +139,7 @@ async def _replay_one(
 
 
 def _with_payload(
-    row: Any, headers: list[tuple[str, bytes]], payload: dict[str, Any], event_type: str | None, keys: DataKeyCache
+    row: Any, headers: list[tuple[str, bytes]], payload: dict[str, Any], event_type: str | None, opened: Opened | None
 ) -> tuple[bytes, list[tuple[str, bytes]]]:
     """The record value of `payload` in the dead letter's envelope (type, id, time), at today's version;
     sealed with the dead letter's subject's key when it was sealed (the log holds no content in the clear)."""
@@ -154,20 +159,8 @@ def _with_payload(
     env = envelope.Envelope(kind, event_id, produced_ms, payload)
     own_headers = (envelope.HEADER_TYPE, envelope.HEADER_VERSION, envelope.HEADER_SUBJECT, envelope.HEADER_KEY)
     kept = [(k, v) for k, v in headers if k not in own_headers]
-    try:
-        original_env = envelope.decode(row["record_value"])
-        ref, key_id = sealed_ref(original_env), sealed_key_id(original_env)
-    except GraphledgerError:
-        ref, key_id = None, None
-    if ref is not None:
-        key = keys.get(ref, key_id)
-        if key is None or isinstance(key, Erased | Misbound):
-            raise DeadLetterError(f"the dead letter's subject {ref} has no key (erased, or another key store)")
-        try:
-            _, subject = unseal(original_env, key)
-        except GraphledgerError as exc:
-            raise DeadLetterError(f"the dead letter's sealed payload does not open: {exc}") from None
-        env = seal_envelope(env, subject, key, key_id)
+    if opened is not None:
+        env = seal_envelope(env, opened.subject, opened.key, opened.key_id)
     return envelope.encode(env), [*envelope.headers_for(env), *kept]
 
 

@@ -13,7 +13,7 @@ from graphledger.errors import InvalidEventError
 from graphledger.events import Event
 from graphledger.events.checkpoint import ThreadCopyBarrier
 from graphledger.events.chunks import parse_header
-from graphledger.events.envelope import HEADER_CHUNK, Envelope, header
+from graphledger.events.envelope import HEADER_CHUNK, Envelope, append_time_ms, header
 from graphledger.sealing import SealedSubject
 
 Position = tuple[int, int]
@@ -30,6 +30,8 @@ class SourceEvent:
     partition: int
     offset: int
     timestamp: int
+    """Its time (`append_time_ms` of its last record): when it was first appended to a log, which its
+    copy carries in `gl-appended-ms`, and the order the merge writes the partitions in."""
     key: bytes | None
     value: bytes
     headers: list[tuple[str, bytes]]
@@ -86,7 +88,7 @@ class Feed:
             headers = list(r.headers or ())
             chunk_header = header(headers, HEADER_CHUNK)
             if chunk_header is None:
-                return SourceEvent(self.partition, r.offset, r.timestamp, r.key, r.value or b"", headers)
+                return _timed(SourceEvent(self.partition, r.offset, r.timestamp, r.key, r.value or b"", headers))
             try:
                 ref = parse_header(chunk_header)
             except InvalidEventError as exc:
@@ -100,8 +102,18 @@ class Feed:
                 del self.chunks[ref.event_id]
                 value = b"".join(parts.parts[i] for i in range(parts.count))
                 kept = [h for h in headers if h[0] != HEADER_CHUNK]
-                return SourceEvent(self.partition, r.offset, r.timestamp, r.key, value, kept)
+                return _timed(SourceEvent(self.partition, r.offset, r.timestamp, r.key, value, kept))
         return None
+
+
+def _timed(event: SourceEvent) -> SourceEvent:
+    """The event at its time (its last record's Kafka timestamp, or the time a copy of it carries); one
+    without is left out, as the projector dead-letters it."""
+    try:
+        event.timestamp = append_time_ms(event.timestamp, event.headers)
+    except InvalidEventError as exc:
+        event.problem = str(exc)
+    return event
 
 
 class Merge:
@@ -135,7 +147,7 @@ class Merge:
             if not heads:
                 return
             ready = [f for f in heads if not self._waits(f)]
-            chosen = min(ready or heads, key=lambda f: (f.head.timestamp, f.partition))  # type: ignore[union-attr]
+            chosen = min(ready or heads, key=lambda f: (f.head.timestamp, f.partition))  # type: ignore[union-attr]  # heads only
             event = chosen.head
             assert event is not None
             chosen.head, chosen.taken = None, event.offset

@@ -5,7 +5,7 @@ followed by the `checkpoint.writes` made against it, as the official saver wrote
 the blobs of the channel versions its checkpoint lists that no earlier put of the thread carried; blob
 rows no checkpoint lists (left by deletions) ride on the namespace's last put, so the projection's
 tables hold what the source's hold. A store row becomes one `store.put` with its vectors, its
-`created_at` in `created_ms` and its `updated_at` as the envelope time.
+`created_at` in `created_ms` and its `updated_at` as its time (what a copy carries in `gl-appended-ms`).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def _writes_by_checkpoint(
 
 
 def store_put(row: Mapping[str, Any], vectors: Sequence[Vector]) -> tuple[StorePut, int]:
-    """The put of one `store` row and its vector rows, and the envelope time it must carry."""
+    """The put of one `store` row and its vector rows, and the time it carries as a copy (ms)."""
     ttl = row["ttl_minutes"]
     event = StorePut(
         tuple(row["prefix"].split(".")),

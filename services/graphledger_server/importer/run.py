@@ -6,14 +6,15 @@ children on its partition) and store items (in `(prefix, key)` order). After a c
 by Kafka its last position is recorded (`progress.py`); a rerun continues after it, and a finished
 import publishes nothing unless `restart` is asked for. Republishing is harmless anyway: puts are
 upserts of the same rows, regular writes never overwrite, special writes overwrite with the same
-bytes, and store puts carry the item's original times, so the projection ends up the same.
+bytes, and store puts carry the item's original times (`created_ms`, and `updated_at` in the
+`gl-appended-ms` header a copy carries), so the projection ends up the same.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -24,7 +25,7 @@ from graphledger.client.publisher import EventPublisher
 from graphledger.errors import ImportMismatchError
 from graphledger.event_sealer import EventSealer
 from graphledger.events import Event
-from graphledger.events.envelope import Envelope, new_envelope
+from graphledger.events.envelope import new_envelope
 from graphledger.settings import Settings
 from graphledger_server.importer.plan import store_put, thread_events
 from graphledger_server.importer.progress import Progress
@@ -146,10 +147,10 @@ class _Run:
         self.sealer = sealer
         """Seals the imported events as a client would (in the unnamed tenant); None: in the clear."""
 
-    async def _publish(self, topic: str, event: Event, produced_ms: int | None = None) -> None:
-        env = new_envelope(event.TYPE, event.to_payload())
-        if produced_ms is not None:
-            env = Envelope(event.TYPE, str(uuid.uuid4()), produced_ms, env.payload)
+    async def _publish(self, topic: str, event: Event, appended_ms: int | None = None) -> None:
+        """Publish `event`; a store item carries its source row's `updated_at` as its time (`appended_ms`),
+        so it expires as it would have there. A thread's events take the import's time: its activity."""
+        env = dataclasses.replace(new_envelope(event.TYPE, event.to_payload()), appended_ms=appended_ms)
         key = event.key
         if self.sealer is not None:
             key, env = await self.sealer.seal(event, "", env)

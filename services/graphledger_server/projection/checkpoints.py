@@ -34,7 +34,7 @@ from graphledger.events.checkpoint import (
     ThreadExpire,
     ThreadPrune,
 )
-from graphledger.events.envelope import MAX_EPOCH_MS, Envelope
+from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.pg_text import json_text_problem, json_text_suspect
 from graphledger.tenancy import THREAD_SEPARATOR
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class TimedCheckpointEvent:
-    """A checkpoint event with its envelope's producer time (ms): a thread's activity time."""
+    """A checkpoint event with its time (ms, `envelope.append_time_ms`): a thread's activity time."""
 
     event: CheckpointEvent
     ts_ms: int
@@ -119,10 +119,10 @@ WHERE (tp.topic, tp.partition) IS DISTINCT FROM (EXCLUDED.topic, EXCLUDED.partit
    OR (tp.last_active_at IS NULL AND EXCLUDED.last_active_at IS NOT NULL)
 """
 
-# $1..$4 -> unnest(thread_id, topic, partition, ts_ms): ts_ms is the newest producer time of the
-# thread's events in the run (null: no activity, e.g. a prune), kept as the greatest ever seen, so a
-# replay in any batching writes the same value. The WHERE skips rewriting unchanged rows, which would
-# otherwise leave a dead tuple per thread per batch.
+# $1..$4 -> unnest(thread_id, topic, partition, ts_ms): ts_ms is the newest time (the broker's, at each
+# event's first append) of the thread's events in the run (null: no activity, e.g. a prune), kept as the
+# greatest ever seen, so a replay in any batching writes the same value. The WHERE skips rewriting
+# unchanged rows, which would otherwise leave a dead tuple per thread per batch.
 UPSERT_THREAD_PARTITIONS_SQL = (
     """
 INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, partition, last_active_at)
@@ -182,10 +182,13 @@ DELETE FROM {schema}.graphledger_thread_partitions WHERE thread_id = ANY($1::tex
 
 # copy_thread: the source's rows under the target id, keeping whatever the target already has
 # (a copy onto itself changes nothing; DISTINCT keeps its partition upsert from touching a row twice).
+# The source is on the partition that carried this event. The target stays on its own, the partition
+# its record key hashes to, where its reads wait and its copy of a `runs.delete` applies: a target
+# without a row yet is recorded on the source's until the copy's barrier, the first of its records
+# there, moves it (so a `runs.delete` of the source's partition still reaches the rows copied here).
 # The target's last activity is the copy's time ($5, null without one); the source's stays.
 # $1 source, $2 target, $3 topic, $4 partition (the source's, which carried this event).
-COPY_THREAD_SQL = (
-    """
+COPY_THREAD_SQL = """
 WITH c AS (
     INSERT INTO {schema}.checkpoints
         (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
@@ -208,14 +211,24 @@ INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, part
 SELECT DISTINCT t, $3::text, $4::int,
        CASE WHEN t = $2::text THEN 'epoch'::timestamptz + $5::bigint * interval '1 millisecond' END
 FROM unnest(ARRAY[$1::text, $2::text]) AS t
+ON CONFLICT (thread_id) DO UPDATE SET
+    topic = CASE WHEN tp.thread_id = $1::text THEN EXCLUDED.topic ELSE tp.topic END,
+    partition = CASE WHEN tp.thread_id = $1::text THEN EXCLUDED.partition ELSE tp.partition END,
+    last_active_at = greatest(tp.last_active_at, EXCLUDED.last_active_at)
+WHERE (tp.thread_id = $1::text AND (tp.topic, tp.partition) IS DISTINCT FROM (EXCLUDED.topic, EXCLUDED.partition))
+   OR EXCLUDED.last_active_at > tp.last_active_at
+   OR (tp.last_active_at IS NULL AND EXCLUDED.last_active_at IS NOT NULL)
 """
-    + MERGE_THREAD_ACTIVITY_SQL
-)
 
-# A copy's lineage, for erasing the source's copies with it. $1 source, $2 target.
+# A copy's lineage, for erasing the source's copies with it: only when the copy copied something (a
+# source with no rows, erased among them, leaves nothing of it in the target, which a later erasure of
+# the source must then spare). $1 source, $2 target.
 RECORD_COPY_SQL = """
 INSERT INTO {schema}.graphledger_thread_copies (source_thread_id, target_thread_id)
-SELECT $1::text, $2::text WHERE $1::text <> $2::text
+SELECT $1::text, $2::text
+WHERE $1::text <> $2::text
+  AND (EXISTS (SELECT 1 FROM {schema}.checkpoints WHERE thread_id = $1::text)
+       OR EXISTS (SELECT 1 FROM {schema}.checkpoint_writes WHERE thread_id = $1::text))
 ON CONFLICT DO NOTHING
 """
 
@@ -548,7 +561,10 @@ def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
         event, ts_ms = (item.event, item.ts_ms) if isinstance(item, TimedCheckpointEvent) else (item, None)
         match event:
             case ThreadCopyBarrier():
-                pass  # it changes no row: the batch applier held it until the copy had applied
+                # The batch applier held it until the copy had applied. Keyed by the target, it travels
+                # on the target's partition: the target's row moves there (from the source's, where a
+                # copy records a target it finds no row of).
+                data_run().touch(event.target_thread_id, topic, partition, ts_ms)
             case CheckpointPut():
                 data_run().put(topic, partition, offset, event, ts_ms)
             case CheckpointWrites():
@@ -698,11 +714,8 @@ class CheckpointProjection:
     async def prepare(self, conn: asyncpg.Connection) -> None:
         """Nothing to read: checkpoint events are checked against no schema state."""
 
-    def to_event(self, env: Envelope) -> TimedCheckpointEvent:
-        event = to_checkpoint_event(env)
-        if not 0 <= env.produced_ms <= MAX_EPOCH_MS:
-            raise InvalidEventError(f"envelope ts {env.produced_ms} ms is not a time between 1970 and 9999")
-        return TimedCheckpointEvent(event, env.produced_ms)
+    def to_event(self, env: Envelope, appended_ms: int) -> TimedCheckpointEvent:
+        return TimedCheckpointEvent(to_checkpoint_event(env), appended_ms)
 
     def holds(self, event: TimedCheckpointEvent) -> tuple[int, int] | None:
         """A copy barrier applies once the copy's record (partition, offset of this topic) has."""

@@ -2,7 +2,8 @@
 
 The dead-letter record carries the original key, value and headers plus why and where it came from;
 the row keeps the same (a chunked event reassembled), so `graphledger dlq` can inspect and republish
-it from Postgres alone. Both are written before the batch commits, and the row's key
+it from Postgres alone. Both are copies of the event: their headers carry its time in `gl-appended-ms`,
+so a republished event keeps it. Both are written before the batch commits, and the row's key
 (topic, partition, offset) makes a retried batch add no second row. Every statement on the table is here.
 """
 
@@ -16,7 +17,7 @@ import ormsgpack
 
 from graphledger.events import envelope
 from graphledger.events.chunks import frame
-from graphledger_server.projection.records import DeadLetter, subject_ref
+from graphledger_server.projection.records import DeadLetter, subject_ref, with_append_time
 from graphledger_server.sql import render
 
 HEADER_REASON = "gl-dlq-reason"
@@ -93,9 +94,10 @@ def outgoing_records(letter: DeadLetter, max_message_bytes: int) -> list[Outgoin
         (HEADER_PARTITION, str(record.partition).encode()),
         (HEADER_OFFSET, str(record.offset).encode()),
     ]
+    headers = with_append_time(record)
     if letter.chunk_event_id is None:
-        return [OutgoingRecord(record.key, letter.value, [*record.headers, *dlq])]
-    original = [(k, v) for k, v in record.headers if k != envelope.HEADER_CHUNK]
+        return [OutgoingRecord(record.key, letter.value, [*headers, *dlq])]
+    original = [(k, v) for k, v in headers if k != envelope.HEADER_CHUNK]
     framed = frame(letter.value or b"", original, max_message_bytes, letter.chunk_event_id)
     return [OutgoingRecord(record.key, r.value, [*r.headers, *dlq]) for r in framed]
 
@@ -111,7 +113,7 @@ async def record_dead_letters(conn: asyncpg.Connection, schema: str, letters: Se
             [reason_text(d.reason) for d in letters],
             [d.record.key for d in letters],
             [d.value for d in letters],
-            [encode_headers(d.record.headers) for d in letters],
+            [encode_headers(with_append_time(d.record)) for d in letters],
             [subject_ref(d.record) for d in letters],
         )
 

@@ -39,7 +39,9 @@ class SourceRecord:
     value: bytes | None
     headers: tuple[Header, ...] = ()
     timestamp: int = -1
-    """The record's Kafka timestamp in ms (-1: unknown); the write-to-visible metric starts here."""
+    """The record's Kafka timestamp in ms (-1: none): the broker's append time on the source topics
+    (`message.timestamp.type=LogAppendTime`), so its event's time (`append_time_ms`); the
+    write-to-visible metric starts here too."""
 
     @property
     def size(self) -> int:
@@ -104,8 +106,9 @@ class Chunk:
 
 Classified = Decoded | DeadLetter | TooNew | Erased | Chunk
 
-ToEvent = Callable[[Envelope], Any]
-"""Validates an envelope into a typed event of one topic; raises `InvalidEventError`."""
+ToEvent = Callable[[Envelope, int], Any]
+"""Validates an envelope, at its time (`append_time_ms`), into a typed event of one topic; raises
+`InvalidEventError`."""
 
 
 def header_type(record: SourceRecord) -> str | None:
@@ -130,6 +133,17 @@ def key_name(record: SourceRecord) -> tuple[str, str | None] | None:
         return None
     raw = envelope.header(record.headers, envelope.HEADER_KEY)
     return ref, None if raw is None else raw[:MAX_EVENT_ID_CHARS].decode(errors="replace")
+
+
+def with_append_time(record: SourceRecord) -> tuple[Header, ...]:
+    """The record's headers with its event's time in `gl-appended-ms`, for a copy of it (a dead letter,
+    and so a `dlq replay` of it, keeps the time of the event it copies); as they are when it has none."""
+    try:
+        appended = envelope.append_time_ms(record.timestamp, record.headers)
+    except InvalidEventError:
+        return record.headers
+    kept = tuple(h for h in record.headers if h[0] != envelope.HEADER_APPENDED)
+    return (*kept, (envelope.HEADER_APPENDED, str(appended).encode()))
 
 
 def no_keys(ref: str, key_id: str | None) -> None:
@@ -161,7 +175,7 @@ def decode_value(
     chunk_event_id: str | None = None,
 ) -> Decoded | DeadLetter | TooNew | Erased:
     """Decode, open (a sealed event) and validate an event's bytes (a record's value, or a reassembled
-    chunked event)."""
+    chunked event, which takes the time of `record`, its last chunk)."""
     subject = None
     try:
         env = envelope.decode(value)
@@ -175,7 +189,7 @@ def decode_value(
             if key is None:
                 raise InvalidEventError(f"no data key for subject {ref}: is the key store the one the writers used?")
             env, subject = unseal(env, key)
-        event = to_event(env)
+        event = to_event(env, envelope.append_time_ms(record.timestamp, record.headers))
         return Decoded(record, event, chunk_event_id, value if chunk_event_id is not None else None, subject)
     except UnknownEventVersionError as exc:
         return TooNew(record, str(exc))

@@ -18,12 +18,13 @@ them (`plan_segments`): a refresh restarts the TTL at its event's time, an expir
 is still expired at its decision time. Both compare event times, never `now()`, so a replay
 computes the same `expires_at` and removes the same items.
 
-Timestamps come from the envelope's producer time, never `now()`, so a replay writes identical rows,
-whatever its batch boundaries. Vector rows take the time of the put that wrote them for both
-`created_at` and `updated_at` (the official store keeps a vector row's `created_at` across re-puts,
-which would make it depend on how a replay batches). A put whose vectors do not fit the schema's
-vector table (other dims, or no table at all) is refused in `to_event`, so it is dead-lettered
-with a reason naming the dims instead of failing its batch.
+Timestamps come from each event's time, the broker's at its first append (`envelope.append_time_ms`):
+never `now()`, so a replay writes identical rows whatever its batch boundaries, and never the writer's
+clock (the envelope's `ts`), so a writer whose clock is off neither shortens nor stretches a TTL. Vector
+rows take the time of the put that wrote them for both `created_at` and `updated_at` (the official store
+keeps a vector row's `created_at` across re-puts, which would make it depend on how a replay batches). A
+put whose vectors do not fit the schema's vector table (other dims, or no table at all) is refused in
+`to_event`, so it is dead-lettered with a reason naming the dims instead of failing its batch.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ def prefix_of(namespace: Sequence[str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class TimedStoreEvent:
-    """A store event with its envelope's producer time (ms), which becomes the item's timestamps."""
+    """A store event with its time (ms, `envelope.append_time_ms`), which becomes the item's timestamps."""
 
     event: StoreEvent
     ts_ms: int
@@ -325,7 +326,8 @@ def plan_run(items: Sequence[tuple[str, int, int, TimedStoreEvent]]) -> StoreRun
             run.replaced[0].append(prefix)
             run.replaced[1].append(key)
             for field_name, embedding in m.vectors or ():
-                for column, value in zip(run.vector_rows, (prefix, key, field_name, m.vectors_ms), strict=True):
+                row: tuple[Any, ...] = (prefix, key, field_name, m.vectors_ms)
+                for column, value in zip(run.vector_rows, row, strict=True):
                     column.append(value)
                 run.embeddings.extend(embedding)
                 run.dims = len(embedding)
@@ -370,16 +372,15 @@ class StoreProjection:
         """A store event requires nothing of other partitions."""
         return None
 
-    def to_event(self, env: Envelope) -> TimedStoreEvent:
-        """The typed event, refusing what its batch's statements would fail on (`InvalidEventError`)."""
+    def to_event(self, env: Envelope, appended_ms: int) -> TimedStoreEvent:
+        """The typed event at its time, refusing what its batch's statements would fail on
+        (`InvalidEventError`)."""
         if not self._prepared:
             raise RuntimeError("StoreProjection.prepare() was not awaited before the first event")
         event = store_event(env)
-        if not 0 <= env.produced_ms <= MAX_EPOCH_MS:
-            raise InvalidEventError(f"envelope ts {env.produced_ms} ms is not a time between 1970 and 9999")
         match event:
             case NamespaceErase() | TenantErase():
-                return TimedStoreEvent(event, env.produced_ms)
+                return TimedStoreEvent(event, appended_ms)
             case StorePut():
                 if event.created_ms is not None and event.created_ms > MAX_EPOCH_MS:
                     raise InvalidEventError(f"created_ms {event.created_ms} is not a time between 1970 and 9999")
@@ -396,7 +397,7 @@ class StoreProjection:
             raise InvalidEventError(
                 f"namespace, key and field names take {prefix_bytes} bytes; at most {MAX_KEY_BYTES}"
             )
-        return TimedStoreEvent(event, env.produced_ms)
+        return TimedStoreEvent(event, appended_ms)
 
     def _check_vectors(self, event: StorePut) -> None:
         if not event.vectors:

@@ -18,10 +18,11 @@ import time
 from collections.abc import Sequence
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from aiokafka.structs import ConsumerRecord
 
+from graphledger.partition_layout import PartitionCheckedProducer
 from graphledger.settings import Settings
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.health.state import WorkerHealth, caught_up
@@ -61,11 +62,27 @@ def projections_for(settings: Settings) -> dict[str, TopicProjection]:
     }
 
 
+LOG_APPEND_TIME = 1
+"""A record batch's timestamp type when the broker stamped it (`message.timestamp.type=LogAppendTime`)."""
+
+
 def _to_source(record: ConsumerRecord[bytes, bytes]) -> SourceRecord:
     headers = tuple(record.headers or ())
     return SourceRecord(
         record.topic, record.partition, record.offset, record.key, record.value, headers, record.timestamp
     )
+
+
+def _warn_of_create_time(record: ConsumerRecord[bytes, bytes], warned: set[str]) -> None:
+    """Once per topic: its records carry their producers' time, so a writer's clock dates its events."""
+    if record.timestamp_type != LOG_APPEND_TIME and record.topic not in warned:
+        warned.add(record.topic)
+        log.warning(
+            "records of %s carry their producer's time (CreateTime), not the broker's: store expiry and thread "
+            "idle times follow the writers' clocks. Set message.timestamp.type=LogAppendTime on it (`graphledger "
+            "topics ensure` does on the topics it creates; tansu keeps CreateTime whatever the topic says)",
+            record.topic,
+        )
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
@@ -75,7 +92,7 @@ async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
         pass
 
 
-class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]
+class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no types
     """Seeks newly assigned partitions to their stored offsets; lets a revoke wait for the batch."""
 
     def __init__(self, worker: ProjectorWorker) -> None:
@@ -95,8 +112,9 @@ class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         # Paused before the first await: the fetcher would otherwise start from the offsets committed
         # to Kafka (monitoring only) while the stored ones are being read.
-        self.worker.consumer.pause(*assigned)  # type: ignore[union-attr]
+        self.worker.consumer.pause(*assigned)  # type: ignore[union-attr]  # assigned: the consumer runs
         try:
+            await self.worker.check_partition_counts()
             await self.worker.seek_to_stored(assigned)
         except BaseException as exc:
             self.worker.assignment_failed = exc  # aiokafka only logs a listener's error: the loop raises it
@@ -121,7 +139,7 @@ class ProjectorWorker:
         self.batch_lock = asyncio.Lock()
         self.pool: asyncpg.Pool | None = None
         self.consumer: AIOKafkaConsumer | None = None
-        self.producer: AIOKafkaProducer | None = None
+        self.producer: PartitionCheckedProducer | None = None
         self._offsets = OffsetStatements(settings.postgres_schema)
         self._stop = asyncio.Event()
         self.guard = LogGuard()
@@ -135,6 +153,8 @@ class ProjectorWorker:
         self.health = WorkerHealth(settings.health_deadline_s, not_ready_reason="waiting for a partition assignment")
         self.group_offsets: GroupOffsetMirror | None = None
         self.assignment_failed: BaseException | None = None
+        self._create_time_topics: set[str] = set()
+        """Topics whose records were met stamped with their producer's time (warned of once)."""
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -209,6 +229,16 @@ class ProjectorWorker:
         self.telemetry.outstanding_dead_letters = counts
 
     # -- assignment ----------------------------------------------------------------------------------
+
+    async def check_partition_counts(self) -> None:
+        """Stop (PartitionCountChangedError) when a topic has another partition count than its layout
+        records: its threads' records may sit on two partitions, which this worker would apply apart.
+        Every count change reaches here: the group rebalances when a subscribed topic's count changes."""
+        assert self.consumer is not None and self.producer is not None
+        layout = self.producer.layout
+        await layout.load(self.producer.client)
+        for topic in self.topics:
+            layout.check(topic, len(self.consumer.partitions_for_topic(topic) or ()))
 
     def forget(self, partitions: set[TopicPartition]) -> None:
         self.guard.forget(partitions)
@@ -302,6 +332,7 @@ class ProjectorWorker:
                 deadline = time.monotonic() + s.batch_max_wait_ms / 1000
             for tp, messages in fetched.items():
                 for message in messages:
+                    _warn_of_create_time(message, self._create_time_topics)
                     record = _to_source(message)
                     if full or (records and size + record.size > s.batch_max_bytes):
                         self.consumer.seek(tp, message.offset)

@@ -73,13 +73,16 @@ async def run_replay(
     accept_loss: bool = False,
     restart: bool = False,
     switch: bool = True,
+    accept_differences: bool = False,
     out: TextIO | None = sys.stderr,
     stop: asyncio.Event | None = None,
 ) -> ReplayReport:
     """Rebuild `settings.postgres_schema` from the log and (with `switch`) put the rebuild in its place.
 
     Resumes an unfinished rebuild unless `restart`. Raises `LossRefusedError` before touching anything
-    when the log lacks events (unless `accept_loss`), `ReplayVerificationError` when the rebuild differs.
+    when the log lacks events (unless `accept_loss`), `ReplayVerificationError` when the rebuild differs
+    (unless `accept_differences`: a rebuild meant to differ, by a version that applies events otherwise
+    than the one that built the live schema, switches all the same).
     """
     live, group = settings.postgres_schema, settings.projector_group_id
     rebuilt = schemas.rebuild_name(live)
@@ -107,7 +110,9 @@ async def run_replay(
                     await indexes.create_like_live(conn, live, rebuilt)
                 with telemetry.span("replay.catch_up"):
                     await _catch_up(conn, rebuilder, progress, live, group, stop)
-                report = await _verify_and_switch(conn, rebuilder, progress, live, group, switch=switch)
+                report = await _verify_and_switch(
+                    conn, rebuilder, progress, live, group, switch=switch, accept_differences=accept_differences
+                )
             finally:
                 await rebuilder.close()
         finally:
@@ -134,7 +139,14 @@ async def _catch_up(
 
 
 async def _verify_and_switch(
-    conn: asyncpg.Connection, rebuilder: Rebuilder, progress: Progress, live: str, group: str, *, switch: bool
+    conn: asyncpg.Connection,
+    rebuilder: Rebuilder,
+    progress: Progress,
+    live: str,
+    group: str,
+    *,
+    switch: bool,
+    accept_differences: bool,
 ) -> ReplayReport:
     rebuilt = rebuilder.schema
     async with conn.transaction():
@@ -162,7 +174,9 @@ async def _verify_and_switch(
             checks = await compare(conn, live, rebuilt)
             for check in checks:
                 log.info("verify %s", check.describe())
-            if not all(c.equal for c in checks):
+            if not all(c.equal for c in checks) and accept_differences:
+                log.warning("the rebuild of %r differs from it; switching as told (--accept-differences)", live)
+            elif not all(c.equal for c in checks):
                 raise ReplayVerificationError(
                     f"the rebuild of {live!r} differs from it at the same offsets, nothing switched (the rebuild "
                     f"stays in {rebuilt!r}; `replay run --restart` starts over): "

@@ -1,0 +1,305 @@
+"""The graphledger bugs the model-based test found (`test_model_based.py`, `KNOWN_BUGS`), each reduced to a
+few operations on the dev stack: what the writer (or any reader) answers against what the reference
+(`model_reference.py`, the official saver's rules) and the projection answer. Each is marked `xfail`
+until fixed: a strict one turns the suite red once the bug is gone, so that its mark and its entry in
+`KNOWN_BUGS` are removed together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import asyncpg
+import pytest
+
+from graphledger import KafkaSaver
+from graphledger.errors import GraphledgerError
+from graphledger.settings import Settings
+from graphledger_server.devstack.stack import DevStack
+from model_reference import ReferenceSaver
+
+pytestmark = pytest.mark.slow
+
+PADDING = 3000
+"""Records put ahead on one partition so that the projector applies another partition first."""
+ATTEMPTS = 4
+"""Tries of a race that needs the two threads on different partitions, fetched in one order."""
+
+
+def _checkpoint(cid: str, values: dict[str, Any] | None = None, versions: dict[str, str] | None = None) -> Any:
+    values = values or {}
+    return {"v": 4, "id": cid, "ts": "2026-01-01T00:00:00+00:00", "channel_values": values,
+            "channel_versions": dict.fromkeys(values, "1") if versions is None else versions,
+            "versions_seen": {}, "updated_channels": None}  # fmt: skip
+
+
+def _config(thread: str, parent: str | None = None, ns: str = "") -> Any:
+    configurable = {"thread_id": thread, "checkpoint_ns": ns}
+    if parent is not None:
+        configurable["checkpoint_id"] = parent
+    return {"configurable": configurable}
+
+
+def _thread() -> str:
+    return f"f-{uuid.uuid4().hex[:8]}"
+
+
+@contextmanager
+def _frozen(stack: DevStack) -> Iterator[None]:
+    pid = stack.pids()["projector"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+async def _projection(stack: DevStack, config: Any) -> Any:
+    """What a process with nothing of its own reads (it waits for the projection)."""
+    async with KafkaSaver(stack.settings) as reader:
+        return await reader.aget_tuple(config)
+
+
+async def _ids(saver: Any, config: Any) -> list[str]:
+    return [t.config["configurable"]["checkpoint_id"] async for t in saver.alist(config)]
+
+
+def _positions(saver: KafkaSaver) -> list[tuple[int, int]]:
+    """The partition and offset of each event the saver publishes from now on."""
+    seen: list[tuple[int, int]] = []
+    publish = saver._runtime.publisher.publish
+
+    async def publishing(*args: Any, **kwargs: Any) -> Any:
+        positions = await publish(*args, **kwargs)
+        seen.append(positions[-1][1:])
+        return positions
+
+    saver._runtime.publisher.publish = publishing  # type: ignore[method-assign]
+    return seen
+
+
+# -- the client's fold (libs/graphledger/fold.py) -----------------------------------------------
+
+
+async def test_after_its_keep_latest_prune_the_writer_reads_no_parent(stack: DevStack) -> None:
+    thread, reference = _thread(), ReferenceSaver()
+    async with KafkaSaver(stack.settings) as writer:
+        for saver in (writer, reference):
+            await saver.aput(_config(thread), _checkpoint("1"), {}, {})
+            await saver.aput(_config(thread, "1"), _checkpoint("2"), {}, {})
+        await writer.aget_tuple(_config(thread))
+        for saver in (writer, reference):
+            await saver.aprune([thread])
+        mine = await writer.aget_tuple(_config(thread))  # a prune keep_latest is waited for (not held)
+        assert (await reference.aget_tuple(_config(thread))).parent_config is None
+        assert (await _projection(stack, _config(thread))).parent_config is None
+        assert mine.parent_config is None  # it reads checkpoint 1 as the parent
+
+
+async def test_writes_ahead_of_their_checkpoint_survive_a_keep_latest_prune(stack: DevStack) -> None:
+    thread, reference = _thread(), ReferenceSaver()
+    async with KafkaSaver(stack.settings) as writer:
+        for saver in (writer, reference):
+            await saver.aput(_config(thread), _checkpoint("1"), {}, {})
+            await saver.aput_writes(_config(thread, "2"), [("x", 1)], "task")
+        await writer.aget_tuple(_config(thread))
+        for saver in (writer, reference):
+            await saver.aprune([thread])
+            await saver.aput(_config(thread, "1"), _checkpoint("2"), {}, {})
+        mine = await writer.aget_tuple(_config(thread))  # a prune keep_latest is waited for (not held)
+        expected = [("task", "x", 1)]
+        assert (await reference.aget_tuple(_config(thread))).pending_writes == expected
+        assert (await _projection(stack, _config(thread))).pending_writes == expected
+        assert mine.pending_writes == expected  # it reads []
+
+
+async def test_keep_latest_drops_a_subgraph_call_whose_root_it_prunes(stack: DevStack) -> None:
+    thread, reference = _thread(), ReferenceSaver()
+    call = _config(thread, ns="call:1")
+    async with KafkaSaver(stack.settings) as writer:
+        for saver in (writer, reference):
+            await saver.aput(_config(thread), _checkpoint("1"), {}, {})
+            await saver.aput(call, _checkpoint("2"), {"parents": {"": "1"}}, {})  # a call started from 1
+            await saver.aput(_config(thread, "1"), _checkpoint("3"), {}, {})
+            await saver.aget_tuple(call)
+            await saver.aprune([thread])
+        assert await reference.aget_tuple(call) is None
+        assert await _projection(stack, call) is None
+        assert await writer.aget_tuple(call) is None  # it reads checkpoint 2
+
+
+async def test_a_put_naming_an_older_checkpoints_version_reads_its_blob(stack: DevStack) -> None:
+    thread, reference = _thread(), ReferenceSaver()
+    async with KafkaSaver(stack.settings) as writer, KafkaSaver(stack.settings) as other:
+        for first, second in ((writer, other), (reference, reference)):
+            await first.aput(_config(thread), _checkpoint("1", {"xs": [1]}, {"xs": "a"}), {}, {"xs": "a"})
+            await second.aput(_config(thread, "1"), _checkpoint("2", {}, {"xs": "b"}), {}, {})
+        await writer.aget_tuple(_config(thread))  # the projection has both puts; the writer holds the thread
+        for saver in (writer, reference):
+            # xs at version a again: not the parent's (b) and not newer (LangGraph's versions only grow): the
+            # writer does not hold its value (checkpoint 1's blob row), so its read waits for the projection
+            await saver.aput(_config(thread, "2"), _checkpoint("3", {}, {"xs": "a"}), {}, {})
+        mine = await writer.aget_tuple(_config(thread))
+        expected = {"xs": [1]}
+        assert (await reference.aget_tuple(_config(thread))).checkpoint["channel_values"] == expected
+        assert (await _projection(stack, _config(thread))).checkpoint["channel_values"] == expected
+        assert mine.checkpoint["channel_values"] == expected  # it reads {}
+
+
+async def test_a_put_after_another_processes_writes_to_it_reads_them(stack: DevStack) -> None:
+    thread, reference = _thread(), ReferenceSaver()
+    async with KafkaSaver(stack.settings) as writer, KafkaSaver(stack.settings) as other:
+        for first, second in ((writer, other), (reference, reference)):
+            await first.aput(_config(thread), _checkpoint("1"), {}, {})
+            await second.aput_writes(_config(thread, "2"), [("x", 1)], "task")  # ahead of checkpoint 2's put
+            await first.aget_tuple(_config(thread))  # answered by the read API: checkpoint 1
+            await first.aput(_config(thread, "1"), _checkpoint("2"), {}, {})
+        expected = [("task", "x", 1)]
+        assert (await reference.aget_tuple(_config(thread))).pending_writes == expected
+        assert (await _projection(stack, _config(thread))).pending_writes == expected
+        assert (await writer.aget_tuple(_config(thread))).pending_writes == expected  # it reads []
+
+
+# -- the projection (services/graphledger_server/projection) ------------------------------------
+
+
+@pytest.mark.xfail(reason="a copy applies at the source's partition, before the target's earlier records")
+async def test_a_copy_follows_the_targets_prune_acknowledged_before_it(stack: DevStack) -> None:
+    for _ in range(ATTEMPTS):
+        source, target, reference = _thread(), _thread(), ReferenceSaver()
+        async with KafkaSaver(stack.settings) as writer:
+            positions = _positions(writer)
+            for saver in (writer, reference):
+                await saver.aput(_config(source), _checkpoint("1"), {}, {})
+                await saver.aput(_config(source, "1"), _checkpoint("2"), {}, {})
+                await saver.aput(_config(target), _checkpoint("3"), {}, {})
+            if positions[0][0] == positions[2][0]:
+                continue
+            with _frozen(stack):
+                # Records ahead of the target's prune: the projector reaches it after the source's copy.
+                await asyncio.gather(
+                    *(writer.aput_writes(_config(target, "3"), [("x", i)], f"t{i}") for i in range(PADDING))
+                )
+                for saver in (writer, reference):
+                    await saver.aprune([target])
+                for saver in (writer, reference):
+                    await saver.acopy_thread(source, target)
+        async with KafkaSaver(stack.settings) as reader:
+            assert await _ids(reader, _config(target)) == await _ids(reference, _config(target)) == ["3", "2", "1"]
+
+
+async def test_delete_for_runs_reaches_a_copied_thread_at_its_own_partition(stack: DevStack) -> None:
+    for _ in range(ATTEMPTS):
+        source, target, reference = _thread(), _thread(), ReferenceSaver()
+        run = f"run-{uuid.uuid4().hex[:8]}"
+        async with KafkaSaver(stack.settings) as writer:
+            positions = _positions(writer)
+            for saver in (writer, reference):
+                await saver.aput(_config(source), _checkpoint("1"), {"run_id": run}, {})
+                await saver.aput(_config(target), _checkpoint("0"), {"run_id": "another"}, {})
+                await saver.acopy_thread(source, target)
+            if positions[0][0] == positions[1][0]:
+                continue
+            await _projection(stack, _config(target))  # the copy applied
+            with _frozen(stack):
+                # Records ahead on the source's partition: the projector reaches its runs.delete last.
+                await asyncio.gather(
+                    *(writer.aput_writes(_config(source, "1"), [("x", i)], f"t{i}") for i in range(PADDING))
+                )
+                for saver in (writer, reference):
+                    await saver.adelete_for_runs([run])
+        async with KafkaSaver(stack.settings) as reader:
+            assert await _ids(reader, _config(target)) == await _ids(reference, _config(target)) == ["0"]
+
+
+async def test_erasing_a_thread_again_spares_threads_copied_from_it_after_its_erasure(stack: DevStack) -> None:
+    source, target = _thread(), _thread()
+    async with KafkaSaver(stack.settings) as eraser, KafkaSaver(stack.settings) as other:
+        await eraser.aput(_config(source), _checkpoint("1"), {}, {})
+        await eraser.aerase_thread(source)
+        await other.acopy_thread(source, target)  # the other process does not know: the copy copies nothing
+        await other.aput(_config(target), _checkpoint("2"), {}, {})
+        await eraser.aerase_thread(source)  # again, as a retry after erasure_incomplete does
+    # The same lineage row makes an erase erase a copy made while it runs, when the copy's record lands
+    # after the erasure's and applies before the erase looks the copies up (the model test's seed 878292367).
+    found = await _projection(stack, _config(target))
+    assert found is not None and found.config["configurable"]["checkpoint_id"] == "2"  # the target was erased
+
+
+@pytest.fixture(scope="module")
+def short_deadline_stack() -> Iterator[DevStack]:
+    """A stack whose read API waits 2 s for the projection (an erase too)."""
+    with DevStack(partitions=4, base=Settings(consistency_timeout_s=2.0)) as dev:
+        yield dev
+
+
+async def _applied(stack: DevStack, partition: int) -> int:
+    """The projection's next offset on the checkpoint topic's partition."""
+    settings = stack.settings
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        found = await conn.fetchval(
+            f"SELECT next_offset FROM {settings.postgres_schema}.graphledger_offsets "
+            "WHERE consumer_group = $1 AND topic = $2 AND partition = $3",
+            settings.projector_group_id,
+            settings.checkpoint_topic,
+            partition,
+        )
+        return found or 0
+    finally:
+        await conn.close()
+
+
+async def _until_past(stack: DevStack, partition: int, offset: int) -> None:
+    """Poll the projection's offset every 2 ms (a wider poll lets the projector apply the next erasure too)."""
+    for _ in range(10_000):
+        if await _applied(stack, partition) > offset:
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError(f"the projection did not pass offset {offset} of partition {partition} in 20 s")
+
+
+@pytest.mark.xfail(reason="an erase asked again no longer finds the copies of an erased copy")
+async def test_an_erase_asked_again_after_erasure_incomplete_erases_copies_of_copies(
+    short_deadline_stack: DevStack,
+) -> None:
+    """The race this needs (the projector stopped between applying the source's erasure and the copy's) is
+    tried up to ATTEMPTS times; the test is skipped if it never happened."""
+    stack = short_deadline_stack
+    for _ in range(ATTEMPTS):
+        source, copy, copy_of_copy = _thread(), _thread(), _thread()
+        async with KafkaSaver(stack.settings) as writer:
+            positions = _positions(writer)
+            await writer.aput(_config(source), _checkpoint("1"), {}, {})
+            await writer.acopy_thread(source, copy)
+            await writer.acopy_thread(copy, copy_of_copy)  # it holds the source's checkpoint too
+            partition = positions[0][0]
+            last = max(offset for p, offset in positions if p == partition)
+        await _projection(stack, _config(copy_of_copy))
+        async with KafkaSaver(stack.settings) as eraser:
+            erasing = asyncio.create_task(eraser.aerase_thread(source))
+            # The source's erasure lands right after its last record; once it is applied the eraser erases
+            # the copy, whose erasure the projector, stopped now, cannot apply in time: erasure_incomplete.
+            await _until_past(stack, partition, last + 1)
+            with _frozen(stack):
+                try:
+                    await erasing
+                except GraphledgerError as exc:
+                    incomplete = copy in str(exc)
+                else:
+                    incomplete = False
+            if not incomplete:
+                continue
+            await _projection(stack, _config(copy))  # later, once the copy's erasure is applied
+            await eraser.aerase_thread(source)  # asked again, as the error says
+        async with KafkaSaver(stack.settings) as reader:
+            assert await _ids(reader, _config(copy)) == []
+            assert "1" not in await _ids(reader, _config(copy_of_copy))  # the source's checkpoint is still there
+        return
+    pytest.skip("the projector never stopped between the two erasures")

@@ -1,0 +1,426 @@
+"""The check of the model-based test: every read against the reference at the log prefixes its time
+allows (`tests/acceptance/test_model_based.py` runs the operations; `model_reference.py` is the
+reference).
+
+**Log order.** All of a thread's records are on one partition, so a thread's writes are ordered by the
+offsets their records landed at (each agent reports them). A write's effect on a thread sits at its
+record on the thread's partition: a put, writes, delete or prune at its own record; `copy_thread` at
+its barrier on the target's partition, copying the source as of the copy's record on the source's
+partition; `delete_for_runs` at its copy on the thread's partition; an erasure at the first
+`thread.erase` record of the thread in the log (the test scans the topic for them: an erase also erases
+every thread copied from the erased one, each at a record of its own, and an erase that answered
+`erasure_incomplete` and was asked again published some of them in the attempt that failed), with the
+time of the erase call that erased it.
+
+**The window.** A read of a thread is correct when it equals the reference after some prefix of the
+thread's writes in log order that holds every write acknowledged before the read began and no write
+begun after it ended (times from one monotonic clock shared by every process of the machine). A
+read across threads (`list` without a thread) is checked thread by thread.
+
+**What is not checked.** A write that failed in a way that leaves unknown whether it landed (a
+retryable publish error, an erase that never completed) makes its threads unchecked from its start:
+the test counts them; with Kafka up they do not happen.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
+
+from model_ops import READ_KINDS, WRITE_KINDS, Op, build_graph, unpack
+from model_reference import ReferenceSaver
+
+WRITES = frozenset(WRITE_KINDS)
+READS = frozenset(READ_KINDS)
+NO_EFFECT_ERRORS = frozenset({"SubjectErasedError"})
+"""Errors raised before anything is published: the write did not happen."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What an agent answered for one operation."""
+
+    ok: bool
+    t0: float
+    t1: float
+    records: list[list[tuple[int, int]]]
+    result: Any = None
+    error: str | None = None
+    error_type: str | None = None
+    retryable: bool = False
+
+    @classmethod
+    def from_answer(cls, answer: dict[str, Any]) -> Outcome:
+        return cls(
+            ok=answer["ok"],
+            t0=answer["t0"],
+            t1=answer["t1"],
+            records=[[(p, o) for p, o in event] for event in answer["records"]],
+            result=unpack(answer["result"]) if "result" in answer else None,
+            error=answer.get("error"),
+            error_type=answer.get("error_type"),
+            retryable=answer.get("retryable", False),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """One write's effect on one thread, at its record's place on the thread's partition."""
+
+    thread: str
+    partition: int
+    offset: int
+    op: Op
+    outcome: Outcome
+    kind: str
+    """The operation's kind, or `erase_copy` for a thread erased because it was copied from another."""
+    source: tuple[str, int, int] | None = None
+    """A copy's source thread and its copy record (partition, offset)."""
+
+    def describe(self, start: float) -> str:
+        times = f"[{self.outcome.t0 - start:9.4f}, {self.outcome.t1 - start:9.4f}]"
+        detail = {k: v for k, v in self.op.args.items() if k not in ("checkpoint", "writes")}
+        if self.op.kind == "put":
+            a = self.op.args
+            detail = {"ns": a["ns"], "id": a["checkpoint"]["id"], "parent": a["parent"],
+                      "run_id": a["metadata"].get("run_id"), "versions": a["new_versions"]}  # fmt: skip
+        elif self.op.kind == "put_writes":
+            a = self.op.args
+            detail = {"ns": a["ns"], "id": a["checkpoint_id"], "task": a["task_id"],
+                      "channels": [c for c, _ in a["writes"]]}  # fmt: skip
+        source = f" from {self.source}" if self.source else ""
+        where = f"@{self.partition}:{self.offset} op#{self.op.index} agent {self.op.agent}"
+        return f"{where} {self.kind}{source} {times} {detail}"
+
+
+@dataclass
+class Verdict:
+    op: Op
+    outcome: Outcome
+    thread: str
+    window: tuple[int, int]
+    answer: Any
+    candidates: list[Any]
+
+
+class _GraphReads(BaseCheckpointSaver[str]):
+    """The checkpointer of the graph whose `aget_state` the check computes: its get answers from
+    `tuples`, its delta history from `history` (`tuples` when None), and it notes the latter's use."""
+
+    tuples: ReferenceSaver
+    history: ReferenceSaver | None = None
+    walked = False
+
+    async def aget_tuple(self, config: Any) -> CheckpointTuple | None:
+        return self.tuples.get_tuple(config)
+
+    async def aget_delta_channel_history(self, *, config: Any, channels: Any) -> Any:
+        self.walked = True
+        return (self.history or self.tuples).get_delta_channel_history(config=config, channels=channels)
+
+
+class History:
+    """Every operation with its outcome, the writes ordered by log order per thread."""
+
+    def __init__(
+        self,
+        ops: list[Op],
+        outcomes: dict[int, Outcome],
+        threads: list[str],
+        erasures: dict[str, list[tuple[int, int]]],
+    ) -> None:
+        self.ops = ops
+        self.outcomes = outcomes
+        self.threads = threads
+        self.start = min((o.t0 for o in outcomes.values()), default=0.0)
+        self.effects: dict[str, list[Effect]] = defaultdict(list)
+        self.tainted: dict[str, float] = {}
+        """Threads whose writes are not all known, from the time the unknown one began."""
+        self.anomalies: list[str] = []
+        self._states: dict[str, dict[int, ReferenceSaver]] = defaultdict(dict)
+        broadcasts: list[tuple[int, int, Op, Outcome]] = []
+        for op in ops:
+            out = outcomes.get(op.index)
+            if out is None or op.kind not in WRITES:
+                continue
+            if not out.ok:
+                if out.error_type in NO_EFFECT_ERRORS and op.kind == "prune":
+                    # One event per thread, in order: those published before the refused one count.
+                    for thread, event in zip(dict.fromkeys(op.args["threads"]), out.records, strict=False):
+                        partition, offset = event[-1]
+                        self.effects[thread].append(Effect(thread, partition, offset, op, out, "prune"))
+                    continue
+                if out.error_type in NO_EFFECT_ERRORS and not out.records:
+                    continue
+                for thread in op.threads() or threads:
+                    self.tainted[thread] = min(self.tainted.get(thread, out.t0), out.t0)
+                continue
+            for thread, (partition, offset), kind, source in _write_effects(op, out):
+                if thread is None:
+                    broadcasts.append((partition, offset, op, out))
+                else:
+                    self.effects[thread].append(Effect(thread, partition, offset, op, out, kind, source))
+        self.partition: dict[str, int] = {}
+        for thread, effects in self.effects.items():
+            partitions = {e.partition for e in effects}
+            if len(partitions) > 1:
+                self.anomalies.append(f"thread {thread}: records on partitions {sorted(partitions)}")
+            self.partition[thread] = effects[0].partition
+        self._erasures(erasures)
+        for partition, offset, op, out in broadcasts:
+            for thread, p in self.partition.items():
+                if p == partition:
+                    self.effects[thread].append(Effect(thread, partition, offset, op, out, op.kind))
+        for effects in self.effects.values():
+            effects.sort(key=lambda e: e.offset)
+        self._graph_reads = _GraphReads()
+        self._graph = build_graph(self._graph_reads)
+
+    def _erasures(self, erasures: dict[str, list[tuple[int, int]]]) -> None:
+        """Each erased thread's first `thread.erase` record, as an effect of the erase call that erased
+        it: the one naming it, or the first whose thread it was copied from (transitively); and the
+        check that exactly those copies were erased that were made before their source's erasure."""
+        calls = [op for op in self.ops if op.kind == "erase" and (o := self.outcomes.get(op.index)) and o.ok]
+        calls.sort(key=lambda op: self.outcomes[op.index].t0)
+        first = {thread: min(records, key=lambda r: r[1]) for thread, records in erasures.items()}
+        copies = [(op.args["source"], op.args["target"], self.outcomes[op.index].records[0][-1]) for op in self.ops
+                  if op.kind == "copy_thread" and (o := self.outcomes.get(op.index)) and o.ok]  # fmt: skip
+        expected: dict[str, Op] = {}
+        for call in calls:
+            todo = [call.args["thread"]]
+            while todo:
+                thread = todo.pop()
+                if thread in expected:
+                    continue
+                expected[thread] = call
+                if thread not in first:
+                    self.anomalies.append(f"thread {thread} was copied from a thread erased by op#{call.index} before "
+                                          "that erasure, but has no thread.erase record")  # fmt: skip
+                    continue
+                _, erased_at = first[thread]
+                todo.extend(t for s, t, (p, o) in copies if s == thread and s != t and o < erased_at)
+        for thread in first.keys() - expected.keys():
+            self.anomalies.append(f"thread {thread} was erased (records {erasures[thread]}) by no erase call")
+        for thread, call in expected.items():
+            if thread not in first:
+                continue
+            partition, offset = first[thread]
+            kind = "erase" if call.args["thread"] == thread else "erase_copy"
+            self.effects[thread].append(Effect(thread, partition, offset, call, self.outcomes[call.index], kind))
+        self.erase_calls = calls
+        self.erased_copies = {t for t, c in expected.items() if c.args["thread"] != t}
+
+    # -- the reference after a prefix ------------------------------------------------------------
+
+    def state(self, thread: str, k: int) -> ReferenceSaver:
+        """The reference holding `thread` after its first `k` writes in log order."""
+        memo = self._states[thread]
+        if k in memo:
+            return memo[k]
+        known = [i for i in memo if i <= k]
+        start = max(known, default=0)
+        state = memo[start].snapshot() if known else ReferenceSaver()
+        effects = self.effects[thread]
+        for i in range(start, k):
+            self._apply(state, effects[i])
+            if (i + 1) % 32 == 0 and i + 1 < k:
+                memo[i + 1] = state.snapshot()
+        memo[k] = state
+        return state
+
+    def _apply(self, state: ReferenceSaver, effect: Effect) -> None:
+        a, thread = effect.op.args, effect.thread
+        match effect.kind:
+            case "put":
+                configurable = {
+                    "thread_id": thread,
+                    "checkpoint_ns": a["ns"],
+                    "checkpoint_id": a["parent"],
+                    **a["extra"],
+                }
+                state.put({"configurable": configurable}, a["checkpoint"], a["metadata"], a["new_versions"])
+            case "put_writes":
+                configurable = {"thread_id": thread, "checkpoint_ns": a["ns"], "checkpoint_id": a["checkpoint_id"]}
+                state.put_writes({"configurable": configurable}, a["writes"], a["task_id"], a["task_path"])
+            case "delete_thread":
+                state.delete_thread(thread)
+            case "prune":
+                state.prune([thread], strategy=a["strategy"])
+            case "delete_for_runs":
+                state.delete_for_runs(a["run_ids"])
+            case "copy_thread":
+                assert effect.source is not None
+                source, partition, offset = effect.source
+                if source != thread:
+                    source_effects = self.effects.get(source, [])
+                    if source_effects and source_effects[0].partition != partition:
+                        self.anomalies.append(f"copy op#{effect.op.index}: its record is not on {source}'s partition")
+                    before = bisect.bisect_left([e.offset for e in source_effects], offset)
+                    state.rows_of(source, self.state(source, before))
+                    state.copy_thread(source, thread)
+                    state.delete_thread(source)
+                    state.erased.discard(source)
+            case "erase" | "erase_copy":
+                state.erase(thread)
+            case kind:
+                raise AssertionError(f"no effect for {kind}")
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def window(self, thread: str, t0: float, t1: float) -> tuple[int, int]:
+        """The prefixes (lengths `lo..hi`) a read of `thread` running from `t0` to `t1` may reflect."""
+        effects = self.effects.get(thread, [])
+        lo = max((i + 1 for i, e in enumerate(effects) if e.outcome.t1 < t0), default=0)
+        hi = min((i for i, e in enumerate(effects) if e.outcome.t0 > t1), default=len(effects))
+        return lo, hi
+
+    async def candidates(self, op: Op, thread: str, lo: int, hi: int) -> list[Any]:
+        """What the read may answer: the reference's answer after each prefix of `lo..hi` writes."""
+        if op.kind != "get_state":
+            return [self._answer(op, thread, self.state(thread, k)) for k in range(lo, hi + 1)]
+        # `aget_state` makes two reads: the newest tuple, then (when a channel stores no value there)
+        # the delta history of its ancestors, at the same or a later prefix.
+        found = []
+        for k in range(lo, hi + 1):
+            reads = self._graph_reads
+            reads.tuples, reads.history, reads.walked = self.state(thread, k), None, False
+            found.append(await self._graph.aget_state({"configurable": {"thread_id": thread}}))
+            if reads.walked:
+                for later in range(k + 1, hi + 1):
+                    reads.history = self.state(thread, later)
+                    found.append(await self._graph.aget_state({"configurable": {"thread_id": thread}}))
+        return found
+
+    def _answer(self, op: Op, thread: str, state: ReferenceSaver) -> Any:
+        a = op.args
+        match op.kind:
+            case "get_tuple":
+                config = {"thread_id": thread, "checkpoint_ns": a["ns"]}
+                if a["checkpoint_id"] is not None:
+                    config["checkpoint_id"] = a["checkpoint_id"]
+                return state.get_tuple({"configurable": config})
+            case "list":
+                config = {"thread_id": thread}
+                if a["ns"] is not None:
+                    config["checkpoint_ns"] = a["ns"]
+                before = {"configurable": {"checkpoint_id": a["before"]}} if a["before"] else None
+                return list(state.list({"configurable": config}, filter=a["filter"], before=before, limit=a["limit"]))
+            case "list_all":
+                return list(state.list({"configurable": {"thread_id": thread}}, filter=a["filter"]))
+            case kind:
+                raise AssertionError(f"not a read: {kind}")
+
+    def reads(self) -> Iterator[tuple[Op, Outcome, str, Any]]:
+        """Every successful read, as `(op, outcome, thread, answer for the thread)`."""
+        for op in self.ops:
+            out = self.outcomes.get(op.index)
+            if out is None or not out.ok or op.kind not in READS:
+                continue
+            if op.kind == "list_all":
+                for thread in self.threads:
+                    yield op, out, thread, [t for t in out.result if t.config["configurable"]["thread_id"] == thread]
+            else:
+                yield op, out, op.args["thread"], out.result
+
+    async def check(self) -> Report:
+        report = Report()
+        for op, out, thread, answer in self.reads():
+            if thread in self.tainted and out.t1 >= self.tainted[thread]:
+                report.unchecked[op.kind] += 1
+                continue
+            lo, hi = self.window(thread, out.t0, out.t1)
+            report.checked[op.kind] += 1
+            report.candidates += max(0, hi - lo + 1)
+            if lo > hi:
+                self.anomalies.append(f"op#{op.index}: empty window {lo}..{hi} on {thread}")
+                continue
+            expected = await self.candidates(op, thread, lo, hi)
+            if not any(answer == e for e in expected):
+                report.violations.append(Verdict(op, out, thread, (lo, hi), answer, expected))
+            elif op.kind in ("get_tuple", "list") and not any(_ordered(answer) == _ordered(e) for e in expected):
+                report.key_order[op.kind] += 1
+        report.anomalies = list(self.anomalies)
+        return report
+
+    def explain(self, verdict: Verdict) -> str:
+        """A violation with the thread's writes around its window, for the failure message."""
+        op, out, thread = verdict.op, verdict.outcome, verdict.thread
+        lo, hi = verdict.window
+        lines = [
+            f"VIOLATION op#{op.index} agent {op.agent} {op.kind} {op.args} on {thread} "
+            f"[{out.t0 - self.start:.4f}, {out.t1 - self.start:.4f}]: prefixes {lo}..{hi} allowed",
+            f"  answered: {_short(verdict.answer)}",
+        ]
+        for expected in verdict.candidates:
+            lines.append(f"  a reference answer in the window: {_short(expected)}")
+        for i, effect in enumerate(self.effects.get(thread, [])):
+            marker = ">" if lo <= i + 1 <= hi else " "
+            lines.append(f"  {marker} {i + 1:4d} {effect.describe(self.start)}")
+        return "\n".join(lines)
+
+
+@dataclass
+class Report:
+    checked: Counter[str] = field(default_factory=Counter)
+    unchecked: Counter[str] = field(default_factory=Counter)
+    key_order: Counter[str] = field(default_factory=Counter)
+    """Reads equal to the reference only up to the key order of checkpoint or metadata (jsonb's)."""
+    violations: list[Verdict] = field(default_factory=list)
+    anomalies: list[str] = field(default_factory=list)
+    candidates: int = 0
+
+
+def _write_effects(op: Op, out: Outcome) -> list[tuple[str | None, tuple[int, int], str, Any]]:
+    """Per kind: `(thread or None for every thread of the partition, (partition, offset), kind, source)`."""
+    last = [event[-1] for event in out.records]
+    a = op.args
+    match op.kind:
+        case "put" | "put_writes" | "delete_thread":
+            return [(a["thread"], last[0], op.kind, None)]
+        case "prune":
+            return [(t, at, "prune", None) for t, at in zip(dict.fromkeys(a["threads"]), last, strict=True)]
+        case "copy_thread":
+            (cp, co), barrier = last
+            return [(a["target"], barrier, "copy_thread", (a["source"], cp, co))]
+        case "delete_for_runs":
+            return [(None, at, "delete_for_runs", None) for at in last]
+        case "erase":
+            return []  # at the thread.erase records the test finds in the log (`History._erasures`)
+        case kind:
+            raise AssertionError(kind)
+
+
+def _ordered(value: Any) -> Any:
+    """Checkpoint and metadata dicts as item lists, so that key order counts (channel values as a mapping)."""
+    if isinstance(value, CheckpointTuple):
+        return (value.config, _keys(value.checkpoint), _keys(value.metadata), value.parent_config, value.pending_writes)
+    if isinstance(value, list):
+        return [_ordered(v) for v in value]
+    return value
+
+
+def _keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return [(k, v if k == "channel_values" else _keys(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return [_keys(v) for v in value]
+    return value
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, CheckpointTuple):
+        c, conf = value.checkpoint, value.config["configurable"]
+        parent = value.parent_config["configurable"]["checkpoint_id"] if value.parent_config else None
+        return (
+            f"Tuple(id={conf['checkpoint_id']} ns={conf['checkpoint_ns']!r} "
+            f"parent={parent} values={c.get('channel_values')} metadata={value.metadata} "
+            f"writes={value.pending_writes})"
+        )
+    if isinstance(value, list):
+        return "[" + ", ".join(_short(v) for v in value) + "]"
+    return repr(value)
