@@ -541,7 +541,7 @@ class TestCheckpointFold:
         events = _scenarios()[scenario]
         records = [checkpoints.record(e, 0, offset) for offset, e in enumerate(events)]
         projection = CheckpointProjection("final")
-        timed = [projection.to_event(envelope.decode(r.value or b"")) for r in records]
+        timed = [projection.to_event(envelope.decode(r.value or b""), r.timestamp) for r in records]
         mine = thread_events(list(enumerate(timed)), "t", FOLD_REF)
         positions = [offset for offset, e in enumerate(timed) if e.event in mine]
         subject = SealedSubject(FOLD_REF, "thread", "", "t")
@@ -618,7 +618,8 @@ def _store_scenario(seed: int) -> list[tuple[Any, int]]:
 def _store_record(event: Any, ts_ms: int, offset: int) -> SourceRecord:
     env = envelope.Envelope(event.TYPE, f"e{offset}", ts_ms, event.to_payload())
     key = event.key.encode() if event.key is not None else None
-    return SourceRecord(store.STORE_TOPIC, 0, offset, key, envelope.encode(env), tuple(envelope.headers_for(env)))
+    headers = tuple(envelope.headers_for(env))
+    return SourceRecord(store.STORE_TOPIC, 0, offset, key, envelope.encode(env), headers, ts_ms)  # appended at ts_ms
 
 
 async def _items(conn: asyncpg.Connection, schema: str, items: list[tuple[str, str]]) -> dict[Any, Any]:
@@ -649,7 +650,7 @@ class TestStoreFold:
         await final.apply(conn, records)
         steps = await contract.applier(fresh_database, conn, "steps", [])
         to_event = final.projections[store.STORE_TOPIC].to_event
-        timed = [to_event(envelope.decode(r.value or b"")) for r in records]
+        timed = [to_event(envelope.decode(r.value or b""), r.timestamp) for r in records]
         items = sorted({(".".join(e.namespace), e.item_key) for e, _ in scenario if hasattr(e, "item_key")})
         expected = await _items(conn, "final", items)
         kinds: set[str] = set()

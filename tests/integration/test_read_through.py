@@ -160,6 +160,22 @@ async def test_another_process_reads_a_thread_at_once_as_the_projection_will_ans
             assert await history(client, "t-hop", channels) == delta
 
 
+async def test_writes_ahead_of_their_put_come_with_the_answer_as_the_projection_gives_them(settings: Settings) -> None:
+    async with read_api(settings) as client, KafkaSaver(settings) as a, KafkaSaver(settings) as b:
+        config = {"configurable": {"thread_id": "t-ahead", "checkpoint_ns": ""}}
+        first, second = empty_checkpoint(), empty_checkpoint()
+        await a.aput(config, first, {"source": "input", "step": -1}, {})
+        ahead = {"configurable": {**config["configurable"], "checkpoint_id": second["id"]}}
+        await b.aput_writes(ahead, [("x", 1)], "task")  # another process's writes, before their put
+        folded = await get(client, "t-ahead")
+        assert folded["tuple"]["config"]["checkpoint_id"] == first["id"]
+        # A client holding the thread from this answer folds them in when the checkpoint is put.
+        assert list(folded["later_writes"]) == [second["id"]]
+        async with projector(settings):
+            await fully_projected(settings, client)
+            assert await get(client, "t-ahead") == folded
+
+
 async def test_a_write_whose_effect_needs_the_projection_waits_for_it(settings: Settings) -> None:
     async with read_api(settings) as client, KafkaSaver(settings) as a:
         config = {"configurable": {"thread_id": "t-prune"}}

@@ -16,7 +16,7 @@ from graphledger.sealing import ERASED
 from graphledger_server.api.read_through import HeldView, RecordOpener, ThreadViews
 from graphledger_server.api.unprojected import KeyTail, Unprojected
 from graphledger_server.keys.lookup import DataKeyCache
-from graphledger_server.projection.checkpoints import to_checkpoint_event
+from graphledger_server.projection.checkpoints import CheckpointProjection
 
 TOPIC = "t.checkpoints"
 TP = TopicPartition(TOPIC, 0)
@@ -152,7 +152,7 @@ async def test_an_erasure_is_told_as_it_is_read_and_its_subjects_keys_open_nothi
     log.append(b"reft", value=envelope.encode(erase), headers=tuple(envelope.headers_for(erase)))
     unprojected = held(log, applied)
     keys = DataKeyCache(None)
-    opener = RecordOpener(unprojected, keys, lambda topic: to_checkpoint_event)
+    opener = RecordOpener(unprojected, keys, lambda topic: CheckpointProjection("s").to_event)
     told: list[int] = []
     unprojected.on_erasure = lambda record: (told.append(record.offset), opener.erasure(record))
     await unprojected.tail(TP, b"a", 1.0)
