@@ -27,11 +27,9 @@ from graphledger.settings import Settings
 from graphledger.wire import MSGPACK
 from graphledger_server.api.main import server as api_server
 from graphledger_server.devstack.ports import free_port
-from graphledger_server.log.topics import ensure_topics
-from graphledger_server.projection.migrate import migrate
 from graphledger_server.projector.main import run_projector
+from polling import WAIT_S, wait_for
 
-WAIT_S = 60.0
 CONSISTENCY_TIMEOUT_S = 3.0
 """A read that waits for the projector fails after this: a read that must not wait answers well within it."""
 
@@ -51,21 +49,15 @@ def chat(saver: KafkaSaver) -> Any:
     return builder.compile(checkpointer=saver)
 
 
-async def wait_for(condition: Callable[[], Awaitable[bool]], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 @pytest.fixture
-async def settings(make_settings: Callable[..., Settings]) -> Settings:
-    s = make_settings(api_port=free_port(), consistency_timeout_s=CONSISTENCY_TIMEOUT_S, batch_max_wait_ms=5)
-    s = s.model_copy(update={"api_url": f"http://127.0.0.1:{s.api_port}"})
-    await ensure_topics(s)
-    await migrate(s.postgres_dsn, s.postgres_schema)
-    return s
+async def settings(ready_settings: Callable[..., Awaitable[Settings]]) -> Settings:
+    port = free_port()
+    return await ready_settings(
+        api_port=port,
+        api_url=f"http://127.0.0.1:{port}",
+        consistency_timeout_s=CONSISTENCY_TIMEOUT_S,
+        batch_max_wait_ms=5,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -221,11 +213,11 @@ async def test_a_store_get_reads_through_and_a_search_waits(settings: Settings) 
             assert projected["results"] == [item, None]
 
 
-async def test_beyond_its_bound_the_read_waits_and_says_so(make_settings: Callable[..., Settings]) -> None:
-    s = make_settings(api_port=free_port(), consistency_timeout_s=1.0, api_read_through_max_bytes=1)
-    s = s.model_copy(update={"api_url": f"http://127.0.0.1:{s.api_port}"})
-    await ensure_topics(s)
-    await migrate(s.postgres_dsn, s.postgres_schema)
+async def test_beyond_its_bound_the_read_waits_and_says_so(ready_settings: Callable[..., Awaitable[Settings]]) -> None:
+    port = free_port()
+    s = await ready_settings(
+        api_port=port, api_url=f"http://127.0.0.1:{port}", consistency_timeout_s=1.0, api_read_through_max_bytes=1
+    )
     async with read_api(s) as client, KafkaSaver(s) as a:
         config = {"configurable": {"thread_id": "t-bound", "checkpoint_ns": ""}}
         checkpoint = empty_checkpoint()
