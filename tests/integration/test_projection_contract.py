@@ -11,7 +11,10 @@ and each projection runs them by subclassing it with its own events:
 - events of other keys (threads, namespaces) leave a key's rows alone, even on its partition, in its batch;
 - a replay of the same records into a fresh schema, with other batch boundaries and the partitions
   split over lanes as the rebuild splits them, equals the live projection row for row, and by the
-  replay's own checksums.
+  replay's own checksums;
+- the fold the read API lays over the projection (`graphledger.fold`, `graphledger.store_fold`) answers
+  a read as the projection does once it has applied the same events, for every event type, or says it
+  cannot for the events the docs list as ones a read waits for (`TestCheckpointFold`, `TestStoreFold`).
 """
 
 from __future__ import annotations
@@ -26,14 +29,32 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 import asyncpg
+import orjson
 import pytest
 
 import projection_helpers as checkpoints
 import store_helpers as store
+from graphledger import fold, store_fold
+from graphledger.erasure.sealing import SealedSubject
 from graphledger.events import envelope
-from graphledger.events.checkpoint import ThreadCopy, ThreadDelete, ThreadPrune
+from graphledger.events.checkpoint import (
+    CheckpointPut,
+    RunsDelete,
+    ThreadCopy,
+    ThreadCopyBarrier,
+    ThreadDelete,
+    ThreadExpire,
+    ThreadPrune,
+)
+from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.events.store import StoreExpire, StoreRefresh
+from graphledger_server.api.checkpoints import THREAD_NAMESPACES_SQL, TenantSaver, wire_tuple
+from graphledger_server.api.passthrough import PassThroughSerde
+from graphledger_server.api.read_through import thread_events
+from graphledger_server.api.store_sql import item_rows_statement
+from graphledger_server.api.tenant import Tenant
 from graphledger_server.log.offsets import OffsetStatements, group_offsets
+from graphledger_server.projection import erasure
 from graphledger_server.projection.batch import BatchApplier, TopicProjection
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
@@ -387,3 +408,264 @@ class TestStoreProjection(ProjectionContract):
 
     async def rows(self, conn: asyncpg.Connection, schema: str) -> Rows:
         return await store.dump(conn, schema)
+
+
+# -- the fold equals the SQL --------------------------------------------------------------------------
+#
+# The read API answers a read at the log's end from the projection's answer at its applied offset and
+# the key's records since, folded in Python (`graphledger.fold`, `graphledger.store_fold`). For each
+# event type, a scenario is applied record by record with the projection's SQL; from every point of it,
+# the answers the projection gives there, with the rest of the scenario folded on, must be the answers
+# the projection gives after applying all of it, or the fold must say it cannot (`Underivable`: the
+# read then waits for the projection), and that only for the events docs/architecture.md lists.
+
+FOLD_REF = "reft"
+"""The reference of thread `t` as a sealed event of it would have recorded it (for `thread.erase`)."""
+
+
+def _scenarios() -> dict[str, list[Any]]:
+    put, writes = checkpoints.put, checkpoints.writes
+    chain = [
+        put("t", 1, inline={"n": 1}, blobs={"msgs": b"m1", "empty": None}, metadata={"run_id": "r1"}),
+        writes("t", 1, "task-a", [("msgs", b"w1")]),
+        put("t", 2, parent=1, blobs={"msgs": b"m2"}, refs={"empty": 1}, metadata={"run_id": "r2"}),
+    ]
+    return {
+        "checkpoint.put": [
+            *chain,
+            put("t", 2, parent=1, blobs={"msgs": b"m2-again"}, refs={"empty": 1}, metadata={"again": True}),
+            put("t", 3, parent=2, inline={"n": 3}, refs={"msgs": 2, "empty": 1}),
+            put("t", 4, parent=3, ns="child:x", blobs={"sub": b"s4"}),
+            # A put again of an older checkpoint: its row changes, the newest does not.
+            put("t", 1, inline={"n": 1}, blobs={"msgs": b"m1", "empty": None}, metadata={"run_id": "r1", "x": 1}),
+        ],
+        "checkpoint.writes": [
+            *chain,
+            writes("t", 2, "task-b", [("msgs", b"w2"), ("n", b"w3")], task_path="~b"),
+            writes("t", 2, "task-b", [("msgs", b"never")], task_path="~b"),  # a regular write never replaces
+            writes("t", 2, "task-c", [("__error__", b"e1")], upsert=True, first_idx=-1),
+            writes("t", 2, "task-c", [("__error__", b"e2")], upsert=True, first_idx=-1, task_path="~c"),
+            writes("t", 1, "task-z", [("msgs", b"late")]),  # a late write of the parent
+        ],
+        "thread.delete": [*chain, ThreadDelete("t"), put("t", 5, blobs={"msgs": b"m5"})],
+        "thread.prune (delete)": [*chain, ThreadPrune("t", "delete"), put("t", 5, blobs={"msgs": b"m5"})],
+        "thread.prune (keep_latest)": [*chain, ThreadPrune("t", "keep_latest"), writes("t", 2, "x", [("msgs", b"w")])],
+        "thread.copy": [*chain, ThreadCopy("t", "t-copy"), writes("t", 2, "task-b", [("msgs", b"w2")])],
+        "thread.copy.barrier": [
+            put("s", 1, blobs={"msgs": b"s1"}),
+            ThreadCopy("s", "t"),
+            ThreadCopyBarrier("t", 0, 1),
+            put("t", 2, parent=1, blobs={"msgs": b"t2"}),
+        ],
+        "thread.expire": [*chain, ThreadExpire("t", 2**40), writes("t", 2, "x", [("n", b"1")])],
+        "runs.delete": [*chain, RunsDelete(("r1",)), RunsDelete(("r-other",)), writes("t", 2, "x", [("n", b"1")])],
+        "runs.delete (the newest's run)": [*chain, RunsDelete(("r2",)), writes("t", 1, "x", [("n", b"1")])],
+        # After an erasure the thread's records are sealed under its destroyed key: none applies.
+        "thread.erase": [*chain, ThreadErase(FOLD_REF)],
+        "tenant.erase": [*chain, TenantErase("other"), writes("t", 2, "x", [("n", b"1")]), TenantErase("t")],
+    }
+
+
+WAITS = {
+    "thread.prune (keep_latest)": ThreadPrune,
+    "thread.copy.barrier": ThreadCopyBarrier,
+    "thread.expire": ThreadExpire,
+    "runs.delete (the newest's run)": RunsDelete,
+}
+"""Scenarios whose event the fold cannot derive (a read that meets it waits for the projection)."""
+
+
+class ThreadAnswers:
+    """What reads of one thread answer in one schema, as the read API answers them (`wire_tuple`)."""
+
+    def __init__(self, conn: Any, thread_id: str) -> None:
+        self.saver = TenantSaver(conn=conn, serde=PassThroughSerde(), thread_prefix=None)
+        self.conn = conn
+        self.thread_id = thread_id
+
+    async def namespaces(self) -> list[str]:
+        cursor = await self.conn.execute(THREAD_NAMESPACES_SQL, {"thread": self.thread_id, "most": 100})
+        return [row["checkpoint_ns"] for row in await cursor.fetchall()]
+
+    async def get(self, ns: str, checkpoint_id: str | None = None) -> dict[str, Any] | None:
+        configurable = {"thread_id": self.thread_id, "checkpoint_ns": ns}
+        if checkpoint_id is not None:
+            configurable["checkpoint_id"] = checkpoint_id
+        found = await self.saver.aget_tuple({"configurable": configurable})  # type: ignore[arg-type]
+        return wire_tuple(found, Tenant("")) if found is not None else None
+
+    async def ids(self) -> list[tuple[str, str]]:
+        config = {"configurable": {"thread_id": self.thread_id}}
+        return [
+            (t.config["configurable"]["checkpoint_ns"], t.config["configurable"]["checkpoint_id"])
+            async for t in self.saver.alist(config)  # type: ignore[arg-type]
+        ]
+
+
+async def _pg(dsn: str, schema: str) -> Any:
+    import psycopg
+    from psycopg.rows import dict_row
+
+    return await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, row_factory=dict_row, options=f"-c search_path={schema}"
+    )
+
+
+def _fold_newest(base: dict[str, Any] | None, namespaces: list[str], events: Sequence[Any], ns: str) -> Any:
+    view = fold.from_answer(ns, base, namespaces)
+    for event in events:
+        view = fold.apply(view, event)
+    return None if view.erased else view.namespace(ns).answer("t", ns, None), view
+
+
+def _fold_one(
+    base: dict[str, Any] | None, newest: dict[str, Any] | None, namespaces: list[str], events: Sequence[Any],
+    ns: str, checkpoint_id: str,
+) -> Any:  # fmt: skip
+    if base is None:
+        view = fold.fold_to_checkpoint(fold.from_answer(ns, newest, namespaces), events, ns, checkpoint_id)
+    else:
+        view = fold.from_answer(ns, base)
+        for event in events:
+            view = fold.apply_to_checkpoint(view, event, ns, checkpoint_id)
+    return None if view.erased else view.namespace(ns).answer("t", ns, checkpoint_id)
+
+
+class TestCheckpointFold:
+    """`graphledger.fold` against `CheckpointProjection`'s SQL, for every checkpoint event type."""
+
+    @pytest.mark.parametrize("scenario", list(_scenarios()))
+    async def test_the_fold_of_unprojected_events_equals_the_projection(
+        self, fresh_database: str, conn: asyncpg.Connection, scenario: str
+    ) -> None:
+        events = _scenarios()[scenario]
+        records = [checkpoints.record(e, 0, offset) for offset, e in enumerate(events)]
+        projection = CheckpointProjection("final")
+        timed = [projection.to_event(envelope.decode(r.value or b""), r.timestamp) for r in records]
+        mine = thread_events(list(enumerate(timed)), "t", FOLD_REF)
+        positions = [offset for offset, e in enumerate(timed) if e.event in mine]
+        subject = SealedSubject(FOLD_REF, "thread", "", "t")
+        contract = TestCheckpointProjection()
+
+        final = await contract.applier(fresh_database, conn, "final", [])
+        await erasure.record_subjects(conn, erasure.ErasureStatements("final"), [subject])
+        for record in records:  # one at a time: a barrier's copy must have committed before it
+            await final.apply(conn, [record])
+        steps = await contract.applier(fresh_database, conn, "steps", [])
+        await erasure.record_subjects(conn, erasure.ErasureStatements("steps"), [subject])
+        at_end, at_step = await _pg(fresh_database, "final"), await _pg(fresh_database, "steps")
+        try:
+            end, step = ThreadAnswers(at_end, "t"), ThreadAnswers(at_step, "t")
+            namespaces_end = await end.namespaces()
+            read_ns = sorted({"", *namespaces_end, *(e.checkpoint_ns for e in events if hasattr(e, "checkpoint_ns"))})
+            expected = {ns: await end.get(ns) for ns in read_ns}
+            ever = {
+                (e.checkpoint_ns, e.checkpoint_id)
+                for e in events
+                if isinstance(e, CheckpointPut) and e.thread_id == "t"
+            }
+            expected_one = {key: await end.get(*key) for key in sorted(ever)}
+            derived: set[str] = set()
+            underivable: set[str] = set()
+            folds = ones = 0
+            for k in range(len(records) + 1):
+                suffix = [e for offset, e in zip(positions, mine, strict=True) if offset >= k]
+                kinds = {type(e).TYPE for e in suffix}
+                namespaces = await step.namespaces()
+                for ns in read_ns:
+                    base = await step.get(ns)
+                    try:
+                        answer, view = _fold_newest(base, namespaces, suffix, ns)
+                    except fold.Underivable:
+                        underivable |= kinds
+                        continue
+                    assert answer == expected[ns], (scenario, k, ns)
+                    if view.complete and not view.erased:
+                        held = sorted(n for n, h in view.namespaces.items() if h is None or h.newest)
+                        assert held == namespaces_end, (scenario, k)
+                    derived |= kinds
+                    folds += len(suffix) > 0
+                for ns, checkpoint_id in sorted(ever):
+                    base, newest = await step.get(ns, checkpoint_id), await step.get(ns)
+                    try:
+                        answer = _fold_one(base, newest, namespaces, suffix, ns, checkpoint_id)
+                    except fold.Underivable:
+                        continue
+                    assert answer == expected_one[(ns, checkpoint_id)], (scenario, k, ns, checkpoint_id)
+                    ones += len(suffix) > 0
+                if k < len(records):
+                    await steps.apply(conn, [records[k]])
+        finally:
+            await at_end.close()
+            await at_step.close()
+        waiting = WAITS.get(scenario)
+        if waiting is None:
+            assert not underivable, f"{scenario}: the fold could not derive a read after {sorted(underivable)}"
+        else:
+            assert waiting.TYPE in underivable and waiting.TYPE not in derived  # the read waits: documented
+        assert folds and ones, scenario  # the scenario exercised the fold, of the newest and of one checkpoint
+
+
+def _store_scenario(seed: int) -> list[tuple[Any, int]]:
+    """Random puts, deletes, refreshes and expiries of a few items, a tenant's erasure among them and an
+    imported put (which carries its creation time)."""
+    events = store.random_events(random.Random(seed), 40, maintenance=True)
+    ts = events[-1][1]
+    imported = dataclasses.replace(store.put(["c"], "k1", {"imported": True}), created_ms=store.T0 - 5_000)
+    return [*events[:20], (TenantErase("c"), events[19][1]), *events[20:], (imported, ts + 1)]
+
+
+def _store_record(event: Any, ts_ms: int, offset: int) -> SourceRecord:
+    env = envelope.Envelope(event.TYPE, f"e{offset}", ts_ms, event.to_payload())
+    key = event.key.encode() if event.key is not None else None
+    headers = tuple(envelope.headers_for(env))
+    return SourceRecord(store.STORE_TOPIC, 0, offset, key, envelope.encode(env), headers, ts_ms)  # appended at ts_ms
+
+
+async def _items(conn: asyncpg.Connection, schema: str, items: list[tuple[str, str]]) -> dict[Any, Any]:
+    """Each item's row as `store_fold.Item` (None: no row), read as the read API reads it."""
+    sql, args = item_rows_statement(schema, items)
+    found: dict[Any, Any] = {}
+    for row in await conn.fetch(sql, *args):
+        item = None
+        if row["created_at"] is not None:
+            value = orjson.loads(row["value"])
+            item = store_fold.Item(row["prefix"], row["key"], value, row["created_at"], row["updated_at"],
+                                   row["expires_at"], row["ttl"])  # fmt: skip
+        found[(row["prefix"], row["key"])] = item
+    return found
+
+
+class TestStoreFold:
+    """`graphledger.store_fold` against `StoreProjection`'s SQL: what a store get answers."""
+
+    @pytest.mark.parametrize("seed", [0, 1, 2, 3])
+    async def test_the_fold_of_unprojected_events_equals_the_projection(
+        self, fresh_database: str, conn: asyncpg.Connection, seed: int
+    ) -> None:
+        scenario = _store_scenario(seed)
+        records = [_store_record(e, ts, offset) for offset, (e, ts) in enumerate(scenario)]
+        contract = TestStoreProjection()
+        final = await contract.applier(fresh_database, conn, "final", [])
+        await final.apply(conn, records)
+        steps = await contract.applier(fresh_database, conn, "steps", [])
+        to_event = final.projections[store.STORE_TOPIC].to_event
+        timed = [to_event(envelope.decode(r.value or b""), r.timestamp) for r in records]
+        items = sorted({(".".join(e.namespace), e.item_key) for e, _ in scenario if hasattr(e, "item_key")})
+        expected = await _items(conn, "final", items)
+        kinds: set[str] = set()
+        for k in range(len(records) + 1):
+            at_k = await _items(conn, "steps", items)
+            for prefix, key in items:
+                found = at_k[(prefix, key)]
+                for event in timed[k:]:
+                    mine = getattr(event.event, "item_key", key) == key and (
+                        ".".join(getattr(event.event, "namespace", prefix.split("."))) == prefix
+                    )
+                    if mine:
+                        found = store_fold.apply(found, event.event, event.ts_ms)
+                        kinds.add(event.TYPE)
+                assert found == expected[(prefix, key)], (seed, k, prefix, key)
+            if k < len(records):
+                await steps.apply(conn, [records[k]])
+        assert kinds == {"store.put", "store.delete", "store.refresh", "store.expire", "tenant.erase"}

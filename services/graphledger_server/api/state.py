@@ -18,6 +18,8 @@ from graphledger.settings import Settings
 from graphledger_server.api.errors import ApiError, unavailable
 from graphledger_server.api.key_quota import KeyCreationQuota
 from graphledger_server.api.read_barrier import ReadBarrier
+from graphledger_server.api.read_through import RecordOpener, ThreadViews
+from graphledger_server.api.store_through import StoreEvents
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.erase import Eraser, ErasureIncompleteError, NotASubjectError
 from graphledger_server.keys.source import StoreKeySource
@@ -41,6 +43,12 @@ class ApiState:
     keys: StoreKeySource | None = None
     """The key store, with encryption on: record keys are hashes, and clients get their data keys here."""
     eraser: Eraser | None = None
+    opener: RecordOpener | None = None
+    """Opens the unprojected records a read folds (`read_through.py`)."""
+    views: ThreadViews | None = None
+    """The threads' views the last reads folded (`read_through.py`)."""
+    store_events: StoreEvents | None = None
+    """The store projection's validation, for the store records a get folds (`store_through.py`)."""
 
     async def record_key_of_thread(self, tenant: str, stored_thread_id: str) -> bytes:
         """The record key of the thread's records (a hash with encryption on)."""
