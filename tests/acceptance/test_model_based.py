@@ -67,8 +67,6 @@ FINAL_READ_DEADLINE_S = 180.0
 """How long the last reads are asked again while they fail retryably (a restarted projector catching up)."""
 
 KNOWN_BUGS: dict[str, str] = {
-    "copy_onto_used_threads": "the projection applies a copy at the copy's record on the source's partition, so "
-    "the target's records before the barrier (even ones acknowledged before the copy began) may apply after it",
     "erase_copies_of_copies": "an erase asked again after erasure_incomplete no longer finds the copies of a "
     "copy erased in the attempt that failed (its lineage row went with its erasure): they keep the data",
 }

@@ -3,7 +3,9 @@
 A batch is a list of `(topic, partition, offset, event)` in log order. Planning (pure) cuts it into
 steps: a run of consecutive data events (`checkpoint.put`, `checkpoint.writes`) becomes one
 `DataRun` with one array parameter set per table, deduplicated here with the semantics that applying
-the events one by one would have; every other event is a barrier applied on its own, in order.
+the events one by one would have; every other event is a barrier applied on its own, in order. A copy
+is two of them: its record stages the source's rows (`StageCopy`), its barrier, on the target's
+partition, moves them into the target (`ApplyCopy`).
 Applying (I/O) sends each `DataRun` as one `INSERT ... SELECT FROM unnest(...)` per table, so a
 batch of thousands of events costs a handful of round trips.
 
@@ -180,49 +182,103 @@ WITH c AS (DELETE FROM {schema}.checkpoints WHERE thread_id = ANY($1::text[])),
 DELETE FROM {schema}.graphledger_thread_partitions WHERE thread_id = ANY($1::text[])
 """
 
-# copy_thread: the source's rows under the target id, keeping whatever the target already has
-# (a copy onto itself changes nothing; DISTINCT keeps its partition upsert from touching a row twice).
-# The source is on the partition that carried this event. The target stays on its own, the partition
-# its record key hashes to, where its reads wait and its copy of a `runs.delete` applies: a target
-# without a row yet is recorded on the source's until the copy's barrier, the first of its records
-# there, moves it (so a `runs.delete` of the source's partition still reaches the rows copied here).
-# The target's last activity is the copy's time ($5, null without one); the source's stays.
-# $1 source, $2 target, $3 topic, $4 partition (the source's, which carried this event).
-COPY_THREAD_SQL = """
-WITH c AS (
-    INSERT INTO {schema}.checkpoints
-        (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
-    SELECT $2::text, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata
-    FROM {schema}.checkpoints WHERE thread_id = $1::text
+# copy_thread, in two steps (docs/architecture.md, "copy_thread"). The copy's record, on the source's
+# partition, stages the source's rows as they are at its place in the source's log, under the record's
+# position; the copy's barrier, on the target's partition, moves them into the target. So the copy applies
+# to the target among the target's own records, in their log order, whichever partition the projector
+# reaches first; the barrier waits for the stage (`CheckpointProjection.holds`).
+
+# thread.copy: the stage. A copy onto itself stages no rows (it would change nothing at its barrier, and
+# the official saver's rule for it is none). The source is recorded on the partition that carried this
+# event (its own); the target is not touched here. A stage already there (a redelivery) stays.
+# $1 source, $2 target, $3 topic, $4 partition, $5 offset (the copy's record), $6 its time (ms, null: none).
+STAGE_COPY_SQL = (
+    """
+WITH stage AS (
+    INSERT INTO {schema}.graphledger_copy_stages
+        (topic, partition, "offset", source_thread_id, target_thread_id, copied_at)
+    VALUES ($3::text, $4::int, $5::bigint, $1::text, $2::text,
+            'epoch'::timestamptz + $6::bigint * interval '1 millisecond')
+    ON CONFLICT DO NOTHING
+), c AS (
+    INSERT INTO {schema}.graphledger_staged_checkpoints
+        (topic, partition, "offset", checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
+    SELECT $3::text, $4::int, $5::bigint, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint,
+           metadata
+    FROM {schema}.checkpoints WHERE thread_id = $1::text AND $1::text <> $2::text
     ON CONFLICT DO NOTHING
 ), b AS (
-    INSERT INTO {schema}.checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
-    SELECT $2::text, checkpoint_ns, channel, version, type, blob
-    FROM {schema}.checkpoint_blobs WHERE thread_id = $1::text
+    INSERT INTO {schema}.graphledger_staged_blobs
+        (topic, partition, "offset", checkpoint_ns, channel, version, type, blob)
+    SELECT $3::text, $4::int, $5::bigint, checkpoint_ns, channel, version, type, blob
+    FROM {schema}.checkpoint_blobs WHERE thread_id = $1::text AND $1::text <> $2::text
     ON CONFLICT DO NOTHING
 ), w AS (
-    INSERT INTO {schema}.checkpoint_writes
-        (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
-    SELECT $2::text, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob
-    FROM {schema}.checkpoint_writes WHERE thread_id = $1::text
+    INSERT INTO {schema}.graphledger_staged_writes
+        (topic, partition, "offset", checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
+    SELECT $3::text, $4::int, $5::bigint, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path
+    FROM {schema}.checkpoint_writes WHERE thread_id = $1::text AND $1::text <> $2::text
     ON CONFLICT DO NOTHING
 )
 INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, partition, last_active_at)
-SELECT DISTINCT t, $3::text, $4::int,
-       CASE WHEN t = $2::text THEN 'epoch'::timestamptz + $5::bigint * interval '1 millisecond' END
-FROM unnest(ARRAY[$1::text, $2::text]) AS t
-ON CONFLICT (thread_id) DO UPDATE SET
-    topic = CASE WHEN tp.thread_id = $1::text THEN EXCLUDED.topic ELSE tp.topic END,
-    partition = CASE WHEN tp.thread_id = $1::text THEN EXCLUDED.partition ELSE tp.partition END,
-    last_active_at = greatest(tp.last_active_at, EXCLUDED.last_active_at)
-WHERE (tp.thread_id = $1::text AND (tp.topic, tp.partition) IS DISTINCT FROM (EXCLUDED.topic, EXCLUDED.partition))
-   OR EXCLUDED.last_active_at > tp.last_active_at
-   OR (tp.last_active_at IS NULL AND EXCLUDED.last_active_at IS NOT NULL)
+VALUES ($1::text, $3::text, $4::int, NULL::timestamptz)
 """
+    + MERGE_THREAD_ACTIVITY_SQL
+)
 
-# A copy's lineage, for erasing the source's copies with it: only when the copy copied something (a
-# source with no rows, erased among them, leaves nothing of it in the target, which a later erasure of
-# the source must then spare). $1 source, $2 target.
+# thread.copy.barrier: the stage of the copy it names (with this target: a barrier moves no other
+# thread's stage) into the target, keeping whatever the target has by now, as a copy onto a thread with
+# rows always did; then the stage goes. Taking the stage's rows with DELETE ... RETURNING moves each row
+# once, even against a tenant's erasure on another partition deleting them at the same time (the row
+# lock decides). The target is recorded on this partition (its own), active at the later of the copy's
+# time and the barrier's (the barrier's alone when no stage is left).
+# $1 topic, $2 the copy record's partition, $3 its offset, $4 target, $5 this partition, $6 this
+# record's time (ms, null: none).
+APPLY_COPY_SQL = (
+    """
+WITH stage AS (
+    DELETE FROM {schema}.graphledger_copy_stages
+    WHERE topic = $1::text AND partition = $2::int AND "offset" = $3::bigint AND target_thread_id = $4::text
+    RETURNING copied_at
+), c AS (
+    DELETE FROM {schema}.graphledger_staged_checkpoints s USING stage
+    WHERE s.topic = $1::text AND s.partition = $2::int AND s."offset" = $3::bigint
+    RETURNING s.checkpoint_ns, s.checkpoint_id, s.parent_checkpoint_id, s.type, s.checkpoint, s.metadata
+), b AS (
+    DELETE FROM {schema}.graphledger_staged_blobs s USING stage
+    WHERE s.topic = $1::text AND s.partition = $2::int AND s."offset" = $3::bigint
+    RETURNING s.checkpoint_ns, s.channel, s.version, s.type, s.blob
+), w AS (
+    DELETE FROM {schema}.graphledger_staged_writes s USING stage
+    WHERE s.topic = $1::text AND s.partition = $2::int AND s."offset" = $3::bigint
+    RETURNING s.checkpoint_ns, s.checkpoint_id, s.task_id, s.task_path, s.idx, s.channel, s.type, s.blob
+), ci AS (
+    INSERT INTO {schema}.checkpoints
+        (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
+    SELECT $4::text, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata FROM c
+    ON CONFLICT DO NOTHING
+), bi AS (
+    INSERT INTO {schema}.checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+    SELECT $4::text, checkpoint_ns, channel, version, type, blob FROM b
+    ON CONFLICT DO NOTHING
+), wi AS (
+    INSERT INTO {schema}.checkpoint_writes
+        (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+    SELECT $4::text, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob FROM w
+    ON CONFLICT DO NOTHING
+)
+INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, partition, last_active_at)
+SELECT $4::text, $1::text, $5::int,
+       greatest((SELECT copied_at FROM stage), 'epoch'::timestamptz + $6::bigint * interval '1 millisecond')
+"""
+    + MERGE_THREAD_ACTIVITY_SQL
+)
+
+# A copy's lineage, for erasing the source's copies with it: recorded with the stage, in the source's
+# log order, so an erasure of the source that follows the copy there finds it, whether or not the
+# barrier has moved the stage yet. Only when the copy copied something (a source with no rows, erased
+# among them, leaves nothing of it in the target, which a later erasure of the source must then spare).
+# $1 source, $2 target.
 RECORD_COPY_SQL = """
 INSERT INTO {schema}.graphledger_thread_copies (source_thread_id, target_thread_id)
 SELECT $1::text, $2::text
@@ -255,6 +311,46 @@ DELETE FROM {schema}.graphledger_thread_copies
 WHERE starts_with(source_thread_id, $1::text) OR starts_with(target_thread_id, $1::text)
 """
 
+# Erasure of threads ($1 -> thread ids), in the copies in flight: the stages into an erased thread (whose
+# barriers, sealed with its key, are skipped from now on). A stage from an erased thread stays: the copy's
+# lineage names its target (`RECORD_COPY_SQL`, at the copy's record), which the eraser erases next,
+# dropping the stage, as it erases the rows an earlier copy landed there. So what a copy lands does not
+# depend on whether the source's erasure applied before its barrier or after.
+ERASE_STAGED_COPIES_SQL = """
+WITH erased AS (
+    SELECT topic, partition, "offset" FROM {schema}.graphledger_copy_stages WHERE target_thread_id = ANY($1::text[])
+), c AS (
+    DELETE FROM {schema}.graphledger_staged_checkpoints s USING erased e
+    WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
+), b AS (
+    DELETE FROM {schema}.graphledger_staged_blobs s USING erased e
+    WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
+), w AS (
+    DELETE FROM {schema}.graphledger_staged_writes s USING erased e
+    WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
+)
+DELETE FROM {schema}.graphledger_copy_stages WHERE target_thread_id = ANY($1::text[])
+"""
+# The same for a tenant: every stage whose source or target starts with $1 (`<tenant>/`; a tenant's
+# erasure follows no lineage, and its threads are all erased at once).
+ERASE_TENANT_STAGED_COPIES_SQL = """
+WITH erased AS (
+    SELECT topic, partition, "offset" FROM {schema}.graphledger_copy_stages
+    WHERE starts_with(source_thread_id, $1::text) OR starts_with(target_thread_id, $1::text)
+), c AS (
+    DELETE FROM {schema}.graphledger_staged_checkpoints s USING erased e
+    WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
+), b AS (
+    DELETE FROM {schema}.graphledger_staged_blobs s USING erased e
+    WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
+), w AS (
+    DELETE FROM {schema}.graphledger_staged_writes s USING erased e
+    WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
+)
+DELETE FROM {schema}.graphledger_copy_stages
+WHERE starts_with(source_thread_id, $1::text) OR starts_with(target_thread_id, $1::text)
+"""
+
 # delete_for_runs, one partition's copy: checkpoints of this partition's threads whose metadata
 # run_id is listed, with their writes. Returns the channel versions they referenced, so that
 # GC_BLOBS_SQL (a second statement, which sees the deletion) can drop the blobs left unreferenced.
@@ -275,6 +371,53 @@ WITH deleted AS (
 SELECT DISTINCT d.thread_id, d.checkpoint_ns, v.key AS channel, v.value AS version
 FROM deleted d
 CROSS JOIN LATERAL jsonb_each_text(d.versions) AS v
+"""
+
+# delete_for_runs, in the copies staged on this partition (whose copy's record came before this
+# `runs.delete` here): the staged checkpoints whose metadata run_id is listed, with their writes, as the
+# copy's target loses them when the `runs.delete` of its own partition comes after the barrier. So a
+# delete_for_runs racing a copy leaves the target none of the runs' checkpoints in either order, even
+# when it reaches the target's partition before the barrier and the source's after the copy. Returns
+# the freed versions for GC_STAGED_BLOBS_SQL, as DELETE_RUNS_SQL does for GC_BLOBS_SQL.
+# $1 -> run ids, $2 topic, $3 partition.
+DELETE_STAGED_RUNS_SQL = """
+WITH deleted AS (
+    DELETE FROM {schema}.graphledger_staged_checkpoints c
+    WHERE c.topic = $2::text AND c.partition = $3::int AND c.metadata ->> 'run_id' = ANY($1::text[])
+    RETURNING c."offset", c.checkpoint_ns, c.checkpoint_id, c.checkpoint -> 'channel_versions' AS versions
+), w AS (
+    DELETE FROM {schema}.graphledger_staged_writes sw
+    USING deleted d
+    WHERE sw.topic = $2::text AND sw.partition = $3::int AND sw."offset" = d."offset"
+      AND sw.checkpoint_ns = d.checkpoint_ns AND sw.checkpoint_id = d.checkpoint_id
+)
+SELECT DISTINCT d."offset", d.checkpoint_ns, v.key AS channel, v.value AS version
+FROM deleted d
+CROSS JOIN LATERAL jsonb_each_text(d.versions) AS v
+"""
+
+# Staged blobs that deleted staged checkpoints referenced and no remaining checkpoint of their stage and
+# namespace does (GC_BLOBS_SQL's rule, within the stage). $1 topic, $2 partition,
+# $3..$6 -> unnest("offset", checkpoint_ns, channel, version) of the freed versions.
+GC_STAGED_BLOBS_SQL = """
+WITH freed AS (
+    SELECT * FROM unnest($3::bigint[], $4::text[], $5::text[], $6::text[])
+        AS f("offset", checkpoint_ns, channel, version)
+), scopes AS (
+    SELECT DISTINCT "offset", checkpoint_ns FROM freed
+), referenced AS (
+    SELECT c."offset", c.checkpoint_ns, v.key AS channel, v.value AS version
+    FROM scopes s
+    JOIN {schema}.graphledger_staged_checkpoints c
+      ON c.topic = $1::text AND c.partition = $2::int AND c."offset" = s."offset" AND c.checkpoint_ns = s.checkpoint_ns
+    CROSS JOIN LATERAL jsonb_each_text(c.checkpoint -> 'channel_versions') AS v
+), garbage AS (
+    SELECT * FROM freed EXCEPT SELECT * FROM referenced
+)
+DELETE FROM {schema}.graphledger_staged_blobs b
+USING garbage g
+WHERE b.topic = $1::text AND b.partition = $2::int AND b."offset" = g."offset"
+  AND b.checkpoint_ns = g.checkpoint_ns AND b.channel = g.channel AND b.version = g.version
 """
 
 # Blobs that deleted checkpoints referenced and no remaining checkpoint of their thread and
@@ -400,11 +543,27 @@ class DeleteThreads:
 
 
 @dataclass(frozen=True, slots=True)
-class CopyThread:
+class StageCopy:
+    """`thread.copy`: the source's rows as they are here, staged under the copy record's position."""
+
     source: str
     target: str
     topic: str
     partition: int
+    offset: int
+    ts_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyCopy:
+    """`thread.copy.barrier`: the stage of the copy at `copy_partition`, `copy_offset` (of `topic`) into the
+    target, on the barrier's own partition."""
+
+    target: str
+    topic: str
+    partition: int
+    copy_partition: int
+    copy_offset: int
     ts_ms: int | None = None
 
 
@@ -445,7 +604,17 @@ class EraseTenant:
     tenant: str
 
 
-Step = DataRun | DeleteThreads | CopyThread | PruneKeepLatest | ExpireThread | DeleteRuns | EraseThread | EraseTenant
+Step = (
+    DataRun
+    | DeleteThreads
+    | StageCopy
+    | ApplyCopy
+    | PruneKeepLatest
+    | ExpireThread
+    | DeleteRuns
+    | EraseThread
+    | EraseTenant
+)
 
 
 @dataclass(slots=True)
@@ -561,10 +730,10 @@ def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
         event, ts_ms = (item.event, item.ts_ms) if isinstance(item, TimedCheckpointEvent) else (item, None)
         match event:
             case ThreadCopyBarrier():
-                # The batch applier held it until the copy had applied. Keyed by the target, it travels
-                # on the target's partition: the target's row moves there (from the source's, where a
-                # copy records a target it finds no row of).
-                data_run().touch(event.target_thread_id, topic, partition, ts_ms)
+                # The batch applier held it until the copy had applied (staged). Keyed by the target, it
+                # travels on the target's partition: the copy lands among the target's records, in order.
+                target, at = event.target_thread_id, (event.source_partition, event.source_offset)
+                barrier(ApplyCopy(target, topic, partition, *at, ts_ms))
             case CheckpointPut():
                 data_run().put(topic, partition, offset, event, ts_ms)
             case CheckpointWrites():
@@ -574,7 +743,7 @@ def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
             case ThreadPrune():
                 barrier(PruneKeepLatest(event.thread_id, topic, partition, event.keep))
             case ThreadCopy():
-                barrier(CopyThread(event.source_thread_id, event.target_thread_id, topic, partition, ts_ms))
+                barrier(StageCopy(event.source_thread_id, event.target_thread_id, topic, partition, offset, ts_ms))
             case ThreadExpire():
                 barrier(ExpireThread(event.thread_id, event.idle_before_ms))
             case RunsDelete():
@@ -604,13 +773,18 @@ class CheckpointStatements:
         self.upsert_thread_partitions = render(UPSERT_THREAD_PARTITIONS_SQL, schema)
         self.thread_idle = render(THREAD_IDLE_SQL, schema)
         self.delete_threads = render(DELETE_THREADS_SQL, schema)
-        self.copy_thread = render(COPY_THREAD_SQL, schema)
+        self.stage_copy = render(STAGE_COPY_SQL, schema)
+        self.apply_copy = render(APPLY_COPY_SQL, schema)
         self.record_copy = render(RECORD_COPY_SQL, schema)
         self.erase_threads = render(ERASE_THREADS_SQL, schema)
         self.erase_tenant_threads = render(ERASE_TENANT_THREADS_SQL, schema)
+        self.erase_staged_copies = render(ERASE_STAGED_COPIES_SQL, schema)
+        self.erase_tenant_staged_copies = render(ERASE_TENANT_STAGED_COPIES_SQL, schema)
         self.erasure = erasure.ErasureStatements(schema)
         self.delete_runs = render(DELETE_RUNS_SQL, schema)
         self.gc_blobs = render(GC_BLOBS_SQL, schema)
+        self.delete_staged_runs = render(DELETE_STAGED_RUNS_SQL, schema)
+        self.gc_staged_blobs = render(GC_STAGED_BLOBS_SQL, schema)
         self.newest_checkpoints = render(NEWEST_CHECKPOINTS_SQL, schema)
         self.insert_forks = render(INSERT_FORKS_SQL, schema)
         self.prune = prune.PruneStatements(schema)
@@ -625,9 +799,16 @@ async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps
                 forks.extend(await _apply_run(conn, sql, step))
             case DeleteThreads():
                 await conn.execute(sql.delete_threads, list(step.thread_ids))
-            case CopyThread():
-                await conn.execute(sql.copy_thread, step.source, step.target, step.topic, step.partition, step.ts_ms)
+            case StageCopy():
+                await conn.execute(
+                    sql.stage_copy, step.source, step.target, step.topic, step.partition, step.offset, step.ts_ms
+                )
                 await conn.execute(sql.record_copy, step.source, step.target)
+            case ApplyCopy():
+                await conn.execute(
+                    sql.apply_copy, step.topic, step.copy_partition, step.copy_offset, step.target, step.partition,
+                    step.ts_ms,
+                )  # fmt: skip
             case PruneKeepLatest():
                 await conn.execute(
                     sql.upsert_thread_partitions, [step.thread_id], [step.topic], [step.partition], [None]
@@ -640,13 +821,18 @@ async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps
             case DeleteRuns():
                 rows = await conn.fetch(sql.delete_runs, list(step.run_ids), step.topic, step.partition)
                 await gc_blobs(conn, sql, [tuple(r) for r in rows])
+                staged = await conn.fetch(sql.delete_staged_runs, list(step.run_ids), step.topic, step.partition)
+                if staged:
+                    await conn.execute(sql.gc_staged_blobs, step.topic, step.partition, *_columns(staged, 4))
             case EraseThread():
                 names = await erasure.names_of(conn, sql.erasure, "thread", [step.ref])
                 if names:
                     await conn.execute(sql.erase_threads, [name for name, _ in names])
+                    await conn.execute(sql.erase_staged_copies, [name for name, _ in names])
                 await erasure.delete_traces(conn, sql.erasure, [step.ref])
             case EraseTenant():
                 await conn.execute(sql.erase_tenant_threads, step.tenant + THREAD_SEPARATOR)
+                await conn.execute(sql.erase_tenant_staged_copies, step.tenant + THREAD_SEPARATOR)
                 refs = await erasure.tenant_refs(conn, sql.erasure, "thread", step.tenant)
                 await erasure.delete_traces(conn, sql.erasure, refs)
             case _:
@@ -718,7 +904,8 @@ class CheckpointProjection:
         return TimedCheckpointEvent(to_checkpoint_event(env), appended_ms)
 
     def holds(self, event: TimedCheckpointEvent) -> tuple[int, int] | None:
-        """A copy barrier applies once the copy's record (partition, offset of this topic) has."""
+        """A copy barrier applies once the copy's record (partition, offset of this topic) has: its stage
+        is committed then (or there is none: the copy was dead-lettered or skipped as erased)."""
         match event.event:
             case ThreadCopyBarrier(source_partition=partition, source_offset=offset):
                 return partition, offset
