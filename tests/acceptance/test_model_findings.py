@@ -276,7 +276,6 @@ async def _until_past(stack: DevStack, partition: int, offset: int) -> None:
     raise AssertionError(f"the projection did not pass offset {offset} of partition {partition} in 20 s")
 
 
-@pytest.mark.xfail(reason="an erase asked again no longer finds the copies of an erased copy")
 async def test_an_erase_asked_again_after_erasure_incomplete_erases_copies_of_copies(
     short_deadline_stack: DevStack,
 ) -> None:

@@ -366,6 +366,30 @@ async def test_a_copy_lands_the_same_whether_its_sources_erasure_applies_before_
     assert await count(conn, "gl", "graphledger_copy_stages", "target_thread_id = 't'") == 0
 
 
+async def _lineage(conn: asyncpg.Connection) -> list[tuple[str, str]]:
+    rows = await conn.fetch("SELECT source_thread_id, target_thread_id FROM gl.graphledger_thread_copies ORDER BY 1, 2")
+    return [(r[0], r[1]) for r in rows]
+
+
+async def test_erasing_a_copy_passes_its_copies_on_to_its_source(conn: asyncpg.Connection) -> None:
+    """s -> t -> u: once t's erasure applied (an eraser of s that failed right after, with
+    erasure_incomplete, erased t but not u), s's lineage names u, so the erase of s asked again erases
+    u. Once u is erased too, no lineage is left."""
+    copy_ref = "0c" * 16
+    await _subjects(conn, (SOURCE_REF, "", "s"), (TARGET_REF, "", "t"), (copy_ref, "", "u"))
+    await apply(conn, items([put("s", 1), ThreadCopy("s", "t"), ThreadCopy("s", "s")]))
+    await apply(conn, items([ThreadCopyBarrier("t", 0, 1), ThreadCopy("t", "u"), ThreadCopy("t", "s")], 1))
+    await apply(conn, items([ThreadCopyBarrier("u", 1, 1)], 2))
+    assert await _lineage(conn) == [("s", "t"), ("t", "s"), ("t", "u")]
+    await apply(conn, items([ThreadErase(SOURCE_REF)], first_offset=2))
+    assert await _lineage(conn) == [("s", "t"), ("t", "u")]  # s's lineage as a copy went, as a source stays
+    await apply(conn, items([ThreadErase(TARGET_REF)], partition=1, first_offset=3))
+    assert await _lineage(conn) == [("s", "u"), ("t", "u")]
+    assert await _ids(conn, "u") == [cid(1)]  # the copy of the copy, still to be erased
+    await apply(conn, items([ThreadErase(copy_ref)], partition=2, first_offset=1))
+    assert (await _lineage(conn), await _ids(conn, "u")) == ([], [])
+
+
 async def test_erasing_the_target_drops_its_stages(conn: asyncpg.Connection) -> None:
     await _subjects(conn, (TARGET_REF, "", "t"))
     await apply(conn, items([put("s", 1), ThreadCopy("s", "t"), ThreadCopy("s", "other")]))

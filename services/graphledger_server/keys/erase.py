@@ -10,7 +10,9 @@ In this order, each step idempotent, so an erase that fails half way is simply a
    (every copy from it before that point is in `graphledger_thread_copies`, recorded at the copy's
    record whether or not its barrier has landed the rows yet; later copies copy nothing), each copy is
    erased the same way, with what is still staged for it. A replay opens none of their events either, so it
-   rebuilds exactly what the live projection holds.
+   rebuilds exactly what the live projection holds. A copy's erasure passes its own copies on to its
+   source's lineage, so an erase asked again after `ErasureIncompleteError` still finds the copies of the
+   copies the failed attempt erased.
 """
 
 from __future__ import annotations

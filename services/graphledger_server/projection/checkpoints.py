@@ -290,13 +290,26 @@ ON CONFLICT DO NOTHING
 
 # Erasure: everything of the listed threads ($1 -> thread ids), forks included, and their lineage as
 # copies. Their lineage as sources stays: the eraser reads it once this applied, to erase each copy
-# (whose erasure then drops that row).
+# (whose erasure then drops that row). A dropped row S -> T (T erased) passes T's copies on to S first:
+# S -> U for each T -> U, so an erase of S asked again after an attempt that erased T and failed before
+# U (`ErasureIncompleteError`) still finds U, which holds S's rows through T. The lineage left once every
+# copy is erased is the same: U's erasure drops S -> U with T -> U. (None S -> S: a thread is no copy of itself.)
 ERASE_THREADS_SQL = """
 WITH c AS (DELETE FROM {schema}.checkpoints WHERE thread_id = ANY($1::text[])),
      b AS (DELETE FROM {schema}.checkpoint_blobs WHERE thread_id = ANY($1::text[])),
      w AS (DELETE FROM {schema}.checkpoint_writes WHERE thread_id = ANY($1::text[])),
      p AS (DELETE FROM {schema}.graphledger_thread_partitions WHERE thread_id = ANY($1::text[])),
-     f AS (DELETE FROM {schema}.graphledger_forks WHERE thread_id = ANY($1::text[]))
+     f AS (DELETE FROM {schema}.graphledger_forks WHERE thread_id = ANY($1::text[])),
+     l AS (
+         INSERT INTO {schema}.graphledger_thread_copies (source_thread_id, target_thread_id)
+         SELECT s.source_thread_id, t.target_thread_id
+         FROM {schema}.graphledger_thread_copies s
+         JOIN {schema}.graphledger_thread_copies t ON t.source_thread_id = s.target_thread_id
+         WHERE s.target_thread_id = ANY($1::text[])
+           AND t.target_thread_id <> ALL($1::text[])
+           AND s.source_thread_id <> t.target_thread_id
+         ON CONFLICT DO NOTHING
+     )
 DELETE FROM {schema}.graphledger_thread_copies WHERE target_thread_id = ANY($1::text[])
 """
 # Erasure of a tenant: every thread whose stored id starts with $1 (`<tenant>/`; starts_with, not
