@@ -33,6 +33,7 @@ run: $(STAMP)
 
 test: $(STAMP) $(AGENT_SERVER_STAMP)
 	$(BIN)/ruff check libs services tests bench
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 # tests/unit alone: pure code, no broker, Postgres or dev stack (tests/conftest.py refuses a unit test
@@ -63,6 +64,7 @@ soak: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check libs services tests bench
 	$(BIN)/ruff format --check libs services tests bench
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) $(AGENT_SERVER_VENV) .pytest_cache

@@ -42,7 +42,7 @@ from bench.official import official_savers
 from bench.placement import Placement
 from bench.settle import Settle
 from graphledger import KafkaSaver, KafkaStore
-from graphledger.settings import DEFAULT_PARTITIONS
+from graphledger.settings import DEFAULT_PARTITIONS, Settings
 from graphledger_server.devstack.demo import build_graph
 from graphledger_server.devstack.stack import DevStack
 from graphledger_server.log.offsets import OffsetStatements, group_offsets
@@ -261,7 +261,8 @@ async def main(args: argparse.Namespace) -> None:
 async def _run(args: argparse.Namespace, sections: set[str], placement: Placement, work_dir: Path) -> None:
     # The topics get the production default of 12 partitions: tansu scans its in-memory log to serve a
     # fetch, so a partition holding every record of the run would slow it down as the run goes on.
-    with DevStack(work_dir, partitions=DEFAULT_PARTITIONS, log_level="WARNING") as stack:
+    base = Settings(store_vector_dims=store_bench.DIMS)
+    with DevStack(work_dir, partitions=DEFAULT_PARTITIONS, base=base, log_level="WARNING") as stack:
         placement.to_agent()
         placement.pin(stack.pids().values())
         settings = stack.settings

@@ -29,6 +29,7 @@ from graphledger.events import chunks, envelope, to_envelope
 from graphledger.events.checkpoint import Blob, CheckpointPut, CheckpointWrites, Write
 from graphledger.events.store import StorePut
 from graphledger.settings import Settings
+from graphledger_server.keys.ring import new_key_entry
 from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.replay import indexes
@@ -162,6 +163,10 @@ async def _standalone(events: int) -> None:
             kafka_idempotence=False,
             topic_partitions=4,
             topic_replication_factor=1,
+            topic_allow_single_broker_acks=True,
+            # The rebuild opens the key store, as `graphledger replay run` does with sealing on (the default):
+            # this Postgres's key store gets a key of its own, as the dev stack's does.
+            key_encryption_keys=new_key_entry("bench"),
         )
         print("\n".join(await run(settings, events)))
     finally:

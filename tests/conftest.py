@@ -20,10 +20,11 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import asyncpg
 import pytest
 
 os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
@@ -38,7 +39,9 @@ from graphledger_server.keys.ring import new_key_entry
 os.environ.setdefault("GRAPHLEDGER_KEY_ENCRYPTION_KEYS", new_key_entry("test"))
 
 KINDS = ("unit", "integration", "acceptance")
-SERVER_FIXTURES = frozenset({"pg", "broker", "stack", "fresh_database", "make_settings", "empty_log", "filled_log"})
+SERVER_FIXTURES = frozenset(
+    {"pg", "broker", "stack", "fresh_database", "make_settings", "ready_settings", "db", "empty_log", "filled_log"}
+)
 """The fixtures that start the session's Postgres, broker or dev stack, or need one of them."""
 
 
@@ -138,6 +141,7 @@ def make_settings(broker: EmbeddedBroker, pg: EmbeddedPostgres):
             "topic_prefix": f"t{uuid.uuid4().hex[:10]}",
             "topic_partitions": 4,
             "topic_replication_factor": 1,
+            "topic_allow_single_broker_acks": True,  # the one tansu broker
             "projector_group_id": f"g{uuid.uuid4().hex[:10]}",
         }
         if "postgres_dsn" not in overrides:
@@ -146,6 +150,29 @@ def make_settings(broker: EmbeddedBroker, pg: EmbeddedPostgres):
         return Settings(**values)  # type: ignore[arg-type]
 
     return make
+
+
+@pytest.fixture
+def ready_settings(make_settings: Callable[..., Settings]) -> Callable[..., Awaitable[Settings]]:
+    """`make_settings` (awaited), then its topics created and its projection migrated: what a test's
+    projector, read API or command finds in a deployment before it starts."""
+    from graphledger_server.log.topics import ensure_topics
+    from projection_helpers import migrated
+
+    async def make(**overrides: object) -> Settings:
+        settings = make_settings(**overrides)
+        await ensure_topics(settings)
+        return await migrated(settings)
+
+    return make
+
+
+@pytest.fixture
+async def db(settings: Settings) -> AsyncIterator[asyncpg.Connection]:
+    """A connection to the database of the test module's `settings` fixture."""
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    yield conn
+    await conn.close()
 
 
 @pytest.fixture(scope="session")
@@ -162,6 +189,7 @@ def empty_log(broker: EmbeddedBroker) -> dict[str, object]:
         "topic_prefix": f"t{uuid.uuid4().hex[:10]}",
         "topic_partitions": 4,
         "topic_replication_factor": 1,
+        "topic_allow_single_broker_acks": True,
     }
     asyncio.run(ensure_topics(Settings(**values)))  # type: ignore[arg-type]
     return values

@@ -1,4 +1,5 @@
-"""Builders of checkpoint events and records, and row dumps, for the projection and projector tests."""
+"""Builders of checkpoint events and records, row dumps, and the migrated projection, for the projection and
+projector tests."""
 
 from __future__ import annotations
 
@@ -25,9 +26,20 @@ from graphledger.events.checkpoint import (
     ThreadPrune,
     Write,
 )
+from graphledger.settings import Settings
+from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.records import SourceRecord
+from graphledger_server.projection.vector_index import VectorIndex
 
 TOPIC = "test.checkpoints"
+
+
+async def migrated(settings: Settings) -> Settings:
+    """`settings`, once their projection schema is migrated as they say, the vector table included (what
+    `graphledger migrate` does)."""
+    await migrate(settings.postgres_dsn, settings.postgres_schema, vectors=VectorIndex.from_settings(settings))
+    return settings
+
 
 Item = tuple[str, int, int, CheckpointEvent]
 """What `CheckpointProjection.apply` takes: topic, partition, offset, event."""

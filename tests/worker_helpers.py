@@ -1,15 +1,14 @@
-"""An in-process projector, publishing checkpoint events to chosen partitions, waiting on conditions and
-reading `/livez` and `/readyz`: for the worker health and Kafka group offset tests."""
+"""An in-process projector, publishing checkpoint events to chosen partitions and reading `/livez` and
+`/readyz`: for the worker health and Kafka group offset tests."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -18,18 +17,7 @@ from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import CheckpointEvent
 from graphledger.settings import Settings
 from graphledger_server.projector.main import run_projector
-
-WAIT_S = 60.0
-POLL_S = 0.05
-
-
-async def wait_for(condition: Callable[[], Awaitable[bool]], what: str, timeout_s: float = WAIT_S) -> None:
-    """Poll an async condition until it holds; fail naming `what` after the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        await asyncio.sleep(POLL_S)
+from polling import WAIT_S
 
 
 @contextlib.asynccontextmanager

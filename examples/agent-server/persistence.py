@@ -18,8 +18,8 @@ from langgraph.store.base import IndexConfig
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.embeddings import HashEmbedder
 
-EMBEDDING_DIMS = 256
-"""Must equal the projection's `GRAPHLEDGER_STORE_VECTOR_DIMS` (`graphledger dev` uses 256)."""
+EMBEDDING_DIMS = 384
+"""Must equal the projection's `GRAPHLEDGER_STORE_VECTOR_DIMS` (`graphledger dev` uses 384, `OnnxEmbedder`'s)."""
 
 MEMORY_INDEX: IndexConfig = {"dims": EMBEDDING_DIMS, "embed": HashEmbedder(EMBEDDING_DIMS), "fields": ["text"]}
 """What a memory's vector is made from: its "text". HashEmbedder is deterministic and offline but not

@@ -76,6 +76,24 @@ class LogUnavailableError(GraphledgerError):
     retryable = True
 
 
+class PartitionCountChangedError(LogUnavailableError):
+    """The broker reports another partition count for a source topic than the one its layout records:
+    a thread's records would go to (or be looked for on) another partition than its earlier ones."""
+
+    retryable = False
+
+    def __init__(self, topic: str, recorded: int, found: int, layout_topic: str) -> None:
+        super().__init__(
+            f"Kafka reports {found} partitions for {topic}, which {layout_topic} records with {recorded}: a "
+            f"thread's records would go to another partition than its earlier ones, so nothing is written to "
+            f"or read from it. A partition count changes only by copying the log into new topics "
+            f'(docs/operations.md, "Changing the partition count")'
+        )
+        self.topic = topic
+        self.recorded = recorded
+        self.found = found
+
+
 class SubjectErasedError(GraphledgerError):
     """The thread, store namespace or tenant was erased: nothing more can be read or written for it."""
 
@@ -121,7 +139,15 @@ class FiniteRetentionError(GraphledgerError):
     """A source-of-truth topic has finite retention: replaying it would not rebuild every projection."""
 
 
-class TimestampTypeError(GraphledgerError):
+class TopicConfigError(GraphledgerError):
+    """A topic's configuration on the broker cannot work as graphledger needs; nothing was changed."""
+
+
+class SingleBrokerAcksError(TopicConfigError):
+    """A source topic's writes may be acknowledged by a single broker: losing it loses acknowledged writes."""
+
+
+class TimestampTypeError(TopicConfigError):
     """A source-of-truth topic stamps records with their producer's clock (`CreateTime`): expiry would
     follow the writers' clocks instead of the broker's."""
 

@@ -139,7 +139,7 @@ class EventSealer:
         """The key to seal the subject's event with, and the id of the fresh key it is (None: its own)."""
         cached = self._keys.get(ref)
         now = self._clock()
-        if cached is not None and cached.key is not ERASED and self.pool is not None:
+        if cached is not None and not isinstance(cached.key, Erased) and self.pool is not None:
             if now >= cached.fresh_until:
                 cached.fresh_until = now + RECHECK_S  # one check at a time; in use meanwhile
                 self._asked(tenant, ref, subject)

@@ -97,13 +97,14 @@ class Row:
     _packed: list[bytes] = field(default_factory=list)
     """The answer without its writes, packed once (an unpack is a cheap deep copy for each reader)."""
 
-    def wire(self, thread_id: str, checkpoint_ns: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    def wire(self, thread_id: str, checkpoint_ns: str, values: Mapping[tuple[str, str], Any]) -> dict[str, Any]:
         """The tuple the read API answers for this checkpoint, less its pending writes (a fresh object)."""
         if not self._packed:
             self._packed.append(ormsgpack.packb(self._build(thread_id, checkpoint_ns, values)))
-        return ormsgpack.unpackb(self._packed[0])  # type: ignore[no-any-return]
+        wire: dict[str, Any] = ormsgpack.unpackb(self._packed[0])
+        return wire
 
-    def _build(self, thread_id: str, checkpoint_ns: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    def _build(self, thread_id: str, checkpoint_ns: str, values: Mapping[tuple[str, str], Any]) -> dict[str, Any]:
         if self.answer is not None:
             return {**self.answer, "pending_writes": []}
         assert self.put is not None

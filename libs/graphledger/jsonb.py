@@ -60,4 +60,5 @@ def _number(token: str) -> int | float:
     printed = format(Decimal(token), "f")
     if printed.startswith("-") and not Decimal(printed):  # numeric has no negative zero
         printed = printed[1:]
-    return json.loads(printed)
+    number: int | float = json.loads(printed)
+    return number

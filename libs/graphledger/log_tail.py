@@ -13,24 +13,43 @@ at once, while one positioned at the end of the log is held for its whole `max_w
 even when the wait is 0, and answers a wait of 0 with no partitions at all). The record before is
 dropped from the answer. At most one shared fetch per broker is in flight: the reads arriving meanwhile
 join the next one, sent when it is answered (after all of them began), so concurrent reads share fetches.
+
+Each fetch names the partition's leader epoch, learned with its leader from a Metadata request of our
+own (`kafka_requests.py`: aiokafka's carry no epochs), so that a deposed leader answers with an error
+instead of its stale high watermark. An answer saying the leader moved or the epoch is not the
+replica's (NOT_LEADER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, ...) refreshes the leaders and asks
+again, within the read's deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 from aiokafka.client import AIOKafkaClient
-from aiokafka.errors import KafkaError, NotLeaderForPartitionError, OffsetOutOfRangeError, for_code
+from aiokafka.errors import KafkaError, NotLeaderForPartitionError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from aiokafka.partitioner import murmur2
-from aiokafka.protocol.fetch import FetchRequest
-from aiokafka.protocol.offset import OffsetRequest
 from aiokafka.record.memory_records import MemoryRecords
 
 from graphledger.errors import LogUnavailableError
+from graphledger.kafka_requests import (
+    NO_EPOCH,
+    EpochFetchRequest,
+    EpochListOffsetsRequest,
+    FetchPosition,
+    Leader,
+    LeaderMetadataRequest,
+    error_for,
+    fetched_partitions,
+    listed_offset,
+    read_metadata,
+)
+from graphledger.partition_layout import PartitionLayout
 from graphledger.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -52,8 +71,13 @@ SCAN_MAX_BYTES = 8 * 1024 * 1024
 (the read then waits for the projection to reach the log's end instead of looking at keys)."""
 LATEST = -1
 """ListOffsets' timestamp for the end of the log."""
+UNKNOWN_TOPIC = UnknownTopicOrPartitionError.errno
 RETRY_S = 0.05
 """Pause before asking again after a leader moved or the metadata was stale."""
+LEADERS_MAX_AGE_S = 5.0
+"""Age at which a topic's leaders and epochs are asked for again before a fetch: after an election, a
+deposed leader not yet told it lost the partition answers an epoch it still holds with its stale end,
+so this bounds how long after an election a read can be sent to it (docs/architecture.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +124,20 @@ class LogTail:
         self._rounds: dict[int, _Round] = {}
         """Per broker, the round reads join: sent once the one in flight there has its answer."""
         self._in_flight: dict[int, asyncio.Task[dict[TopicPartition, _Answer]]] = {}
+        self._leaders: dict[TopicPartition, Leader] = {}
+        """Each partition's leader and leader epoch, from our own Metadata requests."""
+        self._asking: dict[str, asyncio.Future[None]] = {}
+        """The Metadata request in flight per topic, which every read needing it waits for."""
+        self._asked_at: dict[str, float] = {}
+        self._clock = time.monotonic
+        self._layout = PartitionLayout(settings)
+        """The source topics' recorded partition counts, which `partition_count` checks the broker's against."""
 
     async def start(self) -> None:
         if not self._owned:
             return
         self._client = AIOKafkaClient(
-            **self._settings.kafka_client_options(),  # type: ignore[arg-type]
+            **self._settings.kafka_client_options(),
             client_id="graphledger-read-api",
             request_timeout_ms=int(self._settings.consistency_timeout_s * 1000),
         )
@@ -121,20 +153,24 @@ class LogTail:
         self._client = None
 
     async def partition_count(self, topic: str) -> int:
-        """How many partitions `topic` has (from the broker's metadata, refreshed as aiokafka does)."""
+        """How many partitions `topic` has (from the broker's metadata, refreshed as aiokafka does); for a
+        source topic, PartitionCountChangedError when that is not the count its layout records."""
         client = await self._ready()
         partitions = client.cluster.partitions_for_topic(topic)
-        if partitions is None:
-            try:
+        try:
+            if partitions is None:
                 partitions = await client._wait_on_metadata(topic)
-            except (KafkaError, OSError) as exc:
-                raise LogUnavailableError(f"Kafka did not describe topic {topic}: {exc or type(exc).__name__}") from exc
+            await self._layout.load(client)
+        except (KafkaError, OSError) as exc:
+            raise LogUnavailableError(f"Kafka did not describe topic {topic}: {exc or type(exc).__name__}") from exc
+        self._layout.check(topic, len(partitions))
         return len(partitions)
 
     async def partition_of(self, topic: str, key: bytes) -> int:
         """The partition a record keyed `key` goes to: aiokafka's default partitioner, as the client's
         producer and Kafka's Java clients choose it (murmur2 of the key, positive, modulo the count)."""
-        return (murmur2(key) & 0x7FFFFFFF) % await self.partition_count(topic)
+        hashed: int = murmur2(key)
+        return (hashed & 0x7FFFFFFF) % await self.partition_count(topic)
 
     async def tails(self, starts: Mapping[TopicPartition, int], timeout_s: float) -> dict[TopicPartition, Tail]:
         """The tail of each partition from its start offset, read by fetches sent after this call."""
@@ -153,12 +189,12 @@ class LogTail:
                 pages = await asyncio.gather(
                     *(self._shared_page(tp, max(start - 1, 0), END_BYTES) for tp, start in starts.items())
                 )
+                return {
+                    tp: page.end if page is not None else await self._list_end(tp)
+                    for tp, page in zip(starts, pages, strict=True)
+                }
         except TimeoutError:
             raise LogUnavailableError(f"Kafka did not answer a fetch within {timeout_s:g}s; retry") from None
-        return {
-            tp: page.end if page is not None else await self._list_end(tp)
-            for tp, page in zip(starts, pages, strict=True)
-        }
 
     async def _tail(self, tp: TopicPartition, start: int) -> Tail:
         page = await self._shared_page(tp, max(start - 1, 0), PAGE_BYTES)
@@ -173,7 +209,9 @@ class LogTail:
         # records before the position are dropped.
         while position < page.end and scanned < SCAN_MAX_BYTES:
             more = await self._page(tp, position - 1)
-            found = [(offset, key) for offset, key in more.records if offset >= position] if more is not None else []
+            if more is None:
+                break
+            found = [(offset, key) for offset, key in more.records if offset >= position]
             if not found:
                 break
             records.extend(found)
@@ -197,13 +235,16 @@ class LogTail:
                 if in_flight is None or in_flight.done():
                     loop.call_soon(self._send_round, node)
                 else:
-                    in_flight.add_done_callback(lambda _, n=node: self._send_round(n))
+                    in_flight.add_done_callback(functools.partial(self._send_round_after, node))
             earlier, most = round_.positions.get(tp, (position, max_bytes))
             round_.positions[tp] = (min(position, earlier), max(max_bytes, most))
             answer = (await asyncio.shield(round_.done)).get(tp)
             if isinstance(answer, _Page) or answer is None:
                 return answer
             await self._recover(tp, answer)
+
+    def _send_round_after(self, node: int, _: object) -> None:
+        self._send_round(node)
 
     def _send_round(self, node: int) -> None:
         round_ = self._rounds.pop(node)
@@ -232,31 +273,27 @@ class LogTail:
     async def _fetch(
         self, node: int, positions: Mapping[TopicPartition, tuple[int, int]]
     ) -> dict[TopicPartition, _Answer]:
-        """One fetch from `node`: per partition a page, None when the position is past the log's end
-        (Kafka's OFFSET_OUT_OF_RANGE), or the error to recover from."""
-        by_topic: dict[str, list[tuple[int, int, int]]] = {}
-        for tp, (position, max_bytes) in positions.items():
-            by_topic.setdefault(tp.topic, []).append((tp.partition, position, max_bytes))
+        """One fetch from `node`, naming each partition's leader epoch: per partition a page, None when
+        the position is past the log's end (Kafka's OFFSET_OUT_OF_RANGE), or the error to recover from."""
         total = sum(max_bytes for _, max_bytes in positions.values())
         wait_ms = FETCH_MAX_WAIT_MS if all(position for position, _ in positions.values()) else EMPTY_MAX_WAIT_MS
-        request = FetchRequest(wait_ms, 0, total, READ_UNCOMMITTED, list(by_topic.items()))
+        at = {tp: FetchPosition(offset, max_bytes, self._epoch(tp)) for tp, (offset, max_bytes) in positions.items()}
+        request = EpochFetchRequest(wait_ms, 0, total, READ_UNCOMMITTED, at)
         try:
             response = await (await self._ready()).send(node, request)
         except (KafkaError, OSError) as exc:
             failure = LogUnavailableError(f"a fetch from Kafka node {node} failed: {exc or type(exc).__name__}")
             return dict.fromkeys(positions, failure)
         answers: dict[TopicPartition, _Answer] = {}
-        for topic, partitions in response.topics:
-            for partition, error_code, high_watermark, *rest in partitions:
-                tp = TopicPartition(topic, partition)
-                error = for_code(error_code)
-                if error is OffsetOutOfRangeError:
-                    answers[tp] = None
-                elif error_code:
-                    answers[tp] = error()
-                else:
-                    records, size = _records(rest[-1])
-                    answers[tp] = _Page(high_watermark, records, size)
+        for tp, error_code, high_watermark, raw in fetched_partitions(response):
+            error = error_for(error_code)
+            if error is OffsetOutOfRangeError:
+                answers[tp] = None
+            elif error_code:
+                answers[tp] = error(f"Kafka node {node} answered a fetch of {tp.topic}:{tp.partition} {error.message}")
+            else:
+                records, size = _records(raw)
+                answers[tp] = _Page(high_watermark, records, size)
         for tp in positions:  # a broker that left a partition out of its answer: ask again
             answers.setdefault(tp, NotLeaderForPartitionError(f"Kafka node {node} did not answer for {tp}"))
         return answers
@@ -264,34 +301,86 @@ class LogTail:
     async def _list_end(self, tp: TopicPartition) -> int:
         """The end offset by ListOffsets, for a partition whose log is shorter than the projection's
         position (a broker that lost records); tansu never gets here (it answers such a fetch empty)."""
-        request = OffsetRequest(-1, READ_UNCOMMITTED, [(tp.topic, [(tp.partition, LATEST)])])
-        try:
-            response = await (await self._ready()).send(await self._leader(tp), request)
-        except (KafkaError, OSError) as exc:
-            raise LogUnavailableError(f"Kafka did not tell the end of {tp.topic}:{tp.partition}: {exc}") from exc
-        for _topic, partitions in response.topics:
-            for partition, error_code, *rest in partitions:
-                if partition == tp.partition and not error_code:
-                    return int(rest[-1])
-        raise LogUnavailableError(f"Kafka did not tell the end of {tp.topic}:{tp.partition}; retry")
+        while True:
+            node = await self._leader(tp)
+            request = EpochListOffsetsRequest(tp, LATEST, self._epoch(tp), READ_UNCOMMITTED)
+            try:
+                response = await (await self._ready()).send(node, request)
+            except (KafkaError, OSError) as exc:
+                raise LogUnavailableError(f"Kafka did not tell the end of {tp.topic}:{tp.partition}: {exc}") from exc
+            error_code, end = listed_offset(response, tp)
+            if end is not None:
+                return int(end)
+            error = error_for(error_code)
+            await self._recover(tp, error(f"Kafka node {node} answered ListOffsets of {tp} {error.message}"))
 
     async def _leader(self, tp: TopicPartition) -> int:
+        """The node leading `tp`, as our last Metadata answer named it (asked again when it named none or
+        is older than `LEADERS_MAX_AGE_S`); a partition in an election is asked about again until it has a
+        leader (the read's deadline)."""
+        leader = self._leaders.get(tp)
+        if leader is not None and self._clock() - self._asked_at.get(tp.topic, 0.0) > LEADERS_MAX_AGE_S:
+            try:
+                await self._ask_leaders(tp.topic)
+            except LogUnavailableError as exc:  # the fetch, to the leader we know, tells whether it still is
+                log.info("%s", exc)
+            leader = self._leaders.get(tp)
+        while leader is None or leader.node < 0:
+            try:
+                await self._ask_leaders(tp.topic)
+            except LogUnavailableError as exc:
+                cause = exc.__cause__
+                if not isinstance(cause, KafkaError) or not cause.retriable or cause.errno == UNKNOWN_TOPIC:
+                    raise
+                await asyncio.sleep(RETRY_S)  # LEADER_NOT_AVAILABLE and the like: a topic being created, or moving
+                continue
+            leader = self._leaders.get(tp)
+            if leader is None:
+                raise LogUnavailableError(f"Kafka names no partition {tp.partition} of {tp.topic}")
+            if leader.node < 0:
+                await asyncio.sleep(RETRY_S)
+        return leader.node
+
+    def _epoch(self, tp: TopicPartition) -> int:
+        leader = self._leaders.get(tp)
+        return leader.epoch if leader is not None else NO_EPOCH
+
+    async def _ask_leaders(self, topic: str) -> None:
+        """Learn the leader and leader epoch of each partition of `topic`; reads asking at once share one
+        request."""
+        asking = self._asking.get(topic)
+        if asking is None:
+            asking = self._asking[topic] = asyncio.ensure_future(self._metadata(topic))
+            asking.add_done_callback(lambda done: self._asking.pop(topic, None))
+            asking.add_done_callback(lambda done: done.cancelled() or done.exception())  # read by a waiter, or not
+        await asyncio.shield(asking)
+
+    async def _metadata(self, topic: str) -> None:
         client = await self._ready()
-        node = client.cluster.leader_for_partition(tp)
-        if node is None or node < 0:
-            await self.partition_count(tp.topic)
-            await client.force_metadata_update()
-            node = client.cluster.leader_for_partition(tp)
-            if node is None or node < 0:
-                raise LogUnavailableError(f"Kafka names no leader for {tp.topic}:{tp.partition}; retry")
-        return node
+        try:
+            response = await client.send(client.get_random_node(), LeaderMetadataRequest([topic]))
+        except (KafkaError, OSError) as exc:
+            raise LogUnavailableError(f"Kafka did not describe topic {topic}: {exc or type(exc).__name__}") from exc
+        topics, leaders = read_metadata(response)
+        found = topics.get(topic)
+        if found is None or found.error_code:
+            error = error_for(found.error_code if found is not None else UNKNOWN_TOPIC)
+            # The cause is the broker's error: a client denied the topic reads through the read API instead.
+            raise LogUnavailableError(f"Kafka did not describe topic {topic}: {error.message}") from error()
+        for tp in [tp for tp in self._leaders if tp.topic == topic]:
+            del self._leaders[tp]
+        self._leaders.update(leaders)
+        self._asked_at[topic] = self._clock()
+        if any(client.cluster.broker_metadata(leader.node) is None for leader in leaders.values() if leader.node >= 0):
+            await client.force_metadata_update()  # a broker aiokafka does not know yet: learn its address
 
     async def _recover(self, tp: TopicPartition, failure: BaseException) -> None:
-        """After a failed fetch of `tp`: refresh the metadata when the error says it is stale, else give up."""
+        """After a failed fetch of `tp`: ask for its leader again when the error says ours is stale (a
+        moved leader, a fenced or unknown epoch), else give up."""
         if isinstance(failure, KafkaError) and failure.retriable:
-            log.info("a fetch of %s:%d failed (%s); refreshing metadata", tp.topic, tp.partition, failure)
-            await (await self._ready()).force_metadata_update()
+            log.info("a fetch of %s:%d failed (%s); asking for its leader again", tp.topic, tp.partition, failure)
             await asyncio.sleep(RETRY_S)
+            await self._ask_leaders(tp.topic)
             return
         if isinstance(failure, LogUnavailableError):
             raise failure

@@ -68,6 +68,18 @@ class Settings(BaseSettings):
     topic_prefix: str = Field(DEFAULT_TOPIC_PREFIX, description="Prefix of every graphledger topic.")
     topic_partitions: int = Field(DEFAULT_PARTITIONS, ge=1, description="Partitions `topics ensure` creates.")
     topic_replication_factor: int = Field(3, ge=1, description="Replication factor `topics ensure` creates.")
+    topic_min_insync_replicas: int | None = Field(
+        None,
+        ge=1,
+        description="`min.insync.replicas` `topics ensure` gives the source topics: an `acks=all` write counts once "
+        "this many replicas hold it. Unset: min(2, `topic_replication_factor`).",
+    )
+    topic_allow_single_broker_acks: bool = Field(
+        False,
+        description="Let `topics ensure` accept source topics whose writes one broker alone may acknowledge "
+        "(replication factor or `min.insync.replicas` 1): losing that broker loses acknowledged writes. For a "
+        "one-broker cluster (the dev stack); `--allow-single-broker-acks` sets it for one run.",
+    )
     max_message_bytes: int = Field(
         DEFAULT_MAX_MESSAGE_BYTES,
         ge=10_000,
@@ -341,6 +353,17 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _min_insync_within_replicas(self) -> Settings:
+        # More in-sync replicas than replicas: the broker would refuse every `acks=all` write.
+        wanted = self.topic_min_insync_replicas
+        if wanted is not None and wanted > self.topic_replication_factor:
+            raise ValueError(
+                f"topic_min_insync_replicas {wanted} exceeds topic_replication_factor {self.topic_replication_factor}: "
+                "the broker would refuse every write"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tls_files_come_in_pairs(self) -> Settings:
         if (self.api_tls_certfile is None) != (self.api_tls_keyfile is None):
             given = "api_tls_certfile" if self.api_tls_keyfile is None else "api_tls_keyfile"
@@ -389,6 +412,18 @@ class Settings(BaseSettings):
     @property
     def dead_letter_topic(self) -> str:
         return f"{self.topic_prefix}.dead-letters"
+
+    @property
+    def layout_topic(self) -> str:
+        """Where `topics ensure` records the source topics' partition counts (`graphledger.partition_layout`)."""
+        return f"{self.topic_prefix}.layout"
+
+    @property
+    def min_insync_replicas(self) -> int:
+        """The `min.insync.replicas` `topics ensure` gives the source topics."""
+        if self.topic_min_insync_replicas is not None:
+            return self.topic_min_insync_replicas
+        return min(2, self.topic_replication_factor)
 
     def api_ssl_context(self) -> ssl.SSLContext | None:
         """The context verifying the read API's certificate against `api_ca_file` alone; None: the system CAs.

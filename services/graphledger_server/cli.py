@@ -22,7 +22,18 @@ from typing import TYPE_CHECKING
 
 from graphledger.errors import GraphledgerError
 from graphledger.settings import Settings
-from graphledger_server.commands import dlq, encrypt_log, erase, forks, importer, keys, offsets, replay, token
+from graphledger_server.commands import (
+    dlq,
+    encrypt_log,
+    erase,
+    forks,
+    importer,
+    keys,
+    offsets,
+    repartition,
+    replay,
+    token,
+)
 
 if TYPE_CHECKING:
     from graphledger_server.devstack.stack import DevStack
@@ -142,11 +153,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the GRAPHLEDGER_* variables a client needs (KEY=VALUE lines) once the stack is ready; "
         "a file from an earlier run is removed at start, so its appearance means ready",
     )
+    dev.add_argument(
+        "--operator-env-file",
+        type=Path,
+        help="write every GRAPHLEDGER_* variable the stack's services run with (Postgres DSN, key-encryption "
+        "key, topic layout, vector dims), so operator commands (erase, replay, dlq, keys, ...) and the benches "
+        "run against this stack; written before --env-file, removed at start like it. Not for agents: it "
+        "holds the key-encryption key",
+    )
     dev.add_argument("--partitions", type=_positive_int, default=4, help="partitions of each topic (default 4)")
     dev.add_argument(
         "--demo",
         action="store_true",
-        help="run LangGraph's persistence example (node_a -> node_b) through the stack once ready, and check it",
+        help="run LangGraph's persistence examples through the stack once ready, and check them: the "
+        "checkpointed graph (node_a -> node_b) and the memory store, searched by meaning with OnnxEmbedder",
     )
     dev.add_argument("--exit-after-demo", action="store_true", help="stop the stack after the demo (needs --demo)")
     dev.set_defaults(run=_dev)
@@ -157,12 +177,20 @@ def build_parser() -> argparse.ArgumentParser:
     topics = commands.add_parser("topics", help="manage the Kafka topics")
     topic_commands = topics.add_subparsers(dest="topics_command", required=True, metavar="COMMAND")
     ensure = topic_commands.add_parser(
-        "ensure", help="create the topics, or check that existing ones keep their events forever"
+        "ensure",
+        help="create the topics, or check that existing ones keep their events forever, survive losing a broker "
+        "and keep their recorded partition count",
     )
     ensure.add_argument(
         "--allow-finite-retention",
         action="store_true",
         help="accept source-of-truth topics with finite retention (replay will then miss expired events)",
+    )
+    ensure.add_argument(
+        "--allow-single-broker-acks",
+        action="store_true",
+        help="accept source topics whose writes one broker alone may acknowledge (replication factor or "
+        "min.insync.replicas 1: losing that broker loses acknowledged writes); for a one-broker cluster",
     )
     ensure.set_defaults(run=_topics_ensure)
 
@@ -173,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         commands.add_parser(name, help=help_text).set_defaults(run=_service)
     # Operators' commands, each in its own module (light to import: the client install runs --help).
-    for module in (replay, importer, dlq, forks, offsets, token, erase, keys, encrypt_log):
+    for module in (replay, importer, dlq, forks, offsets, token, erase, keys, encrypt_log, repartition):
         module.register(commands)
     return parser
 
@@ -201,12 +229,21 @@ def _topics_ensure(args: argparse.Namespace, settings: Settings) -> int:
 
     from graphledger_server.log.topics import ensure_topics
 
-    reports = asyncio.run(ensure_topics(settings, allow_finite_retention=args.allow_finite_retention))
+    reports = asyncio.run(
+        ensure_topics(
+            settings,
+            allow_finite_retention=args.allow_finite_retention,
+            allow_single_broker_acks=args.allow_single_broker_acks or None,
+        )
+    )
     for report in reports:
         retention = report.retention_ms if report.retention_ms is not None else "not reported by the broker"
+        in_sync = report.min_insync_replicas if report.min_insync_replicas is not None else "not reported by the broker"
         print(
             f"topics: {report.name} {'created' if report.created else 'exists'}, "
-            f"{report.partitions} partitions, retention.ms {retention}"
+            f"{report.partitions} partitions, retention.ms {retention}, "
+            f"replication factor {report.replication_factor}, min.insync.replicas {in_sync}"
+            + (f", recorded in {settings.layout_topic}" if report.recorded_partitions is not None else "")
         )
     return 0
 
@@ -228,13 +265,18 @@ def _dev(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     from graphledger_server.devstack.stack import DevStack
 
-    if args.env_file is not None:
-        args.env_file.unlink(missing_ok=True)
+    for path in (args.operator_env_file, args.env_file):
+        if path is not None:
+            path.unlink(missing_ok=True)
     stack = DevStack(args.data_dir, partitions=args.partitions, base=settings, log_level=args.log_level)
     with _signals_raise_keyboard_interrupt():
         try:
             stack.start()
             print(stack.describe(), flush=True)
+            # The operator's file first: a script that waits for the client's file finds both.
+            if args.operator_env_file is not None:
+                write_env_file(args.operator_env_file, stack.service_env())
+                print(f"operator environment written to {args.operator_env_file}", flush=True)
             if args.env_file is not None:
                 write_env_file(args.env_file, stack.client_env())
                 print(f"client environment written to {args.env_file}", flush=True)

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import uuid
@@ -33,6 +31,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 
+from dev_process import clean_env, log_tail, read_env_file, settings_of, start_dev, stop, wait_ready
 from graphledger import KafkaSaver, KafkaStore, Settings
 from graphledger_server.devstack.ports import free_port, wait_until
 from graphledger_server.sql import render
@@ -41,10 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "agent-server"
 LANGGRAPH_CLI = ROOT / ".venv-agent-server" / "bin" / "langgraph"
 GRAPH = "agent"  # the graph's name in langgraph.json
-PREFIX = str(Settings.model_config.get("env_prefix", ""))
-DEV_READY_TIMEOUT_S = 120.0  # initdb, tansu, migrations, three services
 SERVER_READY_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 30.0
 SDK_TIMEOUT_S = 60.0
 
 pytestmark = pytest.mark.slow
@@ -94,32 +90,6 @@ class Direct:
 # -- processes ---------------------------------------------------------------------------------------
 
 
-def clean_env() -> dict[str, str]:
-    """This environment without graphledger settings: each process gets them only as documented."""
-    return {key: value for key, value in os.environ.items() if not key.upper().startswith(PREFIX)}
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in path.read_text().splitlines() if line)
-
-
-def log_tail(path: Path, lines: int = 40) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def stop(process: subprocess.Popen[bytes], *, group: bool) -> None:
-    """SIGTERM (to its process group when `group`), then SIGKILL what outlives the deadline."""
-    if process.poll() is not None:
-        return
-    send = (lambda sig: os.killpg(process.pid, sig)) if group else process.send_signal
-    send(signal.SIGTERM)
-    try:
-        process.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        send(signal.SIGKILL)
-        process.wait()
-
-
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of examples/agent-server: the server writes its own state (.langgraph_api/) into it."""
@@ -133,24 +103,14 @@ def ledger(project: Path) -> Iterator[Ledger]:
     """`graphledger dev --env-file <project>/.env`, ready once the env file appears."""
     env_file = project / ".env"
     out_path = project.parent / "graphledger-dev.out"
-    with open(out_path, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "graphledger_server", "dev", "--env-file", str(env_file)],
-            env=clean_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = start_dev([sys.executable, "-m", "graphledger_server", "dev", "--env-file", str(env_file)], out_path)
     try:
-        wait_until(lambda: env_file.exists() or process.poll() is not None, DEV_READY_TIMEOUT_S, "the env file")
-        assert process.poll() is None, f"graphledger dev exited:\n{log_tail(out_path)}"
+        wait_ready(process, env_file, out_path)
         # What the stack printed about itself: the projection's DSN and schema.
         postgres = re.search(r"^  postgres\s+pid \d+\s+(\S+) \(schema (\w+)\)$", out_path.read_text(), re.MULTILINE)
         assert postgres is not None, log_tail(out_path)
         client_env = read_env_file(env_file)
-        settings = Settings(**{key.removeprefix(PREFIX).lower(): value for key, value in client_env.items()})
-        yield Ledger(settings, dsn=postgres.group(1), schema=postgres.group(2))
+        yield Ledger(settings_of(client_env), dsn=postgres.group(1), schema=postgres.group(2))
     finally:
         stop(process, group=False)  # it stops its own children, in order
 

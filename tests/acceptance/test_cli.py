@@ -80,12 +80,21 @@ def test_topics_ensure_is_idempotent(broker: EmbeddedBroker) -> None:
     )
     topics = [f"{prefix}.checkpoints", f"{prefix}.store", f"{prefix}.dead-letters"]
 
-    first = graphledger("topics", "ensure", env=env)
+    # One replica acknowledges alone: refused, naming both values, until told to accept it.
+    refused = graphledger("topics", "ensure", env=env)
+    assert refused.returncode == 1
+    assert "GRAPHLEDGER_TOPIC_REPLICATION_FACTOR 1 and min.insync.replicas 1" in refused.stderr
+    assert "--allow-single-broker-acks" in refused.stderr
+
+    first = graphledger("topics", "ensure", "--allow-single-broker-acks", env=env)
     assert first.returncode == 0, first.stderr
     for topic in topics:
         assert f"topics: {topic} created, 3 partitions" in first.stdout
+    for topic in topics[:2]:  # tansu describes the configs it was created with
+        assert f"topics: {topic} created, 3 partitions, retention.ms -1, replication factor 1, " \
+               "min.insync.replicas 1" in first.stdout  # fmt: skip
 
-    second = graphledger("topics", "ensure", env=env)
+    second = graphledger("topics", "ensure", env={**env, "GRAPHLEDGER_TOPIC_ALLOW_SINGLE_BROKER_ACKS": "true"})
     assert second.returncode == 0, second.stderr
     for topic in topics:
         assert f"topics: {topic} exists, 3 partitions" in second.stdout

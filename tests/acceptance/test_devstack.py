@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from dev_process import clean_env, read_env_file, wait_ready
 from graphledger_server.devstack.demo import run_demo
 from graphledger_server.devstack.ports import wait_until
 from graphledger_server.devstack.stack import DevStack
@@ -30,16 +31,20 @@ CLIENT_VARIABLES = {
     "GRAPHLEDGER_TOPIC_PREFIX",
     "GRAPHLEDGER_API_URL",
 }
+OPERATOR_VARIABLES = {
+    "GRAPHLEDGER_POSTGRES_DSN",
+    "GRAPHLEDGER_POSTGRES_SCHEMA",
+    "GRAPHLEDGER_KEY_ENCRYPTION_KEYS",
+    "GRAPHLEDGER_TOPIC_PARTITIONS",
+    "GRAPHLEDGER_TOPIC_REPLICATION_FACTOR",
+    "GRAPHLEDGER_STORE_VECTOR_DIMS",
+}
 PROCESS_NAMES = {"postgres", "broker", "projector", "read API", "sweeper"}
 _PID_LINE = re.compile(r"^  (postgres|broker|projector|read API|sweeper)\s+pid (\d+)", re.MULTILINE)
 
 
 def dev_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "graphledger_server", "dev", *args]
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.upper().startswith("GRAPHLEDGER_")}
 
 
 def printed_pids(output: str) -> dict[str, int]:
@@ -56,14 +61,12 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def read_env_file(path: Path) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in path.read_text().splitlines() if line)
-
-
 def test_make_run_entry_point_runs_the_demo_and_leaves_nothing_behind(tmp_path: Path) -> None:
-    env_file = tmp_path / "client.env"
+    env_file, operator_file = tmp_path / "client.env", tmp_path / "operator.env"
     result = subprocess.run(
-        dev_command("--demo", "--exit-after-demo", "--env-file", str(env_file)),
+        dev_command(
+            "--demo", "--exit-after-demo", "--env-file", str(env_file), "--operator-env-file", str(operator_file)
+        ),
         env=clean_env(),
         capture_output=True,
         text=True,
@@ -80,12 +83,32 @@ def test_make_run_entry_point_runs_the_demo_and_leaves_nothing_behind(tmp_path: 
     assert out.count("values={'foo': 'b', 'bar': ['a', 'b']}") >= 4  # get_state and newest checkpoint, twice
     assert "then node_b wrote {'foo': 'b', 'bar': ['b']}" in out
 
+    # Then the memory store example (the demo compared every search with InMemoryStore's): the memories put
+    # in thread 1 found from thread 2 by meaning, the unindexed one last without a score, then by filter.
+    assert "KafkaStore(index={'dims': 384, 'embed': OnnxEmbedder(), 'fields': ['food_preference', '$']})" in out
+    recalled = out.split("store.search(namespace, query=..., limit=3) found, best first:\n", 1)[1].splitlines()[:3]
+    assert re.fullmatch(r"\s+0\.\d{3}  \{'food_preference': 'I like pizza'\}", recalled[0]), recalled
+    assert "'food_preference': 'I love Italian cuisine'" in recalled[1] and "0." in recalled[1], recalled
+    assert re.fullmatch(r"\s+-  \{'system_info': 'Last updated: 2024-01-01'\}", recalled[2]), recalled
+    filtered = out.split("store.search(namespace, filter={'context': 'Discussing dinner plans'}):\n", 1)[1]
+    found = filtered.splitlines()[0].strip()
+    assert found.startswith("-  {") and "'food_preference': 'I love Italian cuisine'" in found, filtered
+    # The memory with a TTL: read back at once, then gone.
+    assert "get right away  → {'food_preference': 'Today I feel like sushi'}" in out
+    assert re.search(r"get after \d+\.\d s → None: expired", out)
+
     # The env file holds what a client needs, pointing at the stack that ran.
     client = read_env_file(env_file)
     assert CLIENT_VARIABLES <= client.keys()
     assert client["GRAPHLEDGER_KAFKA_IDEMPOTENCE"] == "false"
     assert client["GRAPHLEDGER_KAFKA_BOOTSTRAP_SERVERS"] in out
     assert client["GRAPHLEDGER_API_URL"].startswith("http://127.0.0.1:")
+    # The operator's file: what the services ran with, the client's variables among them.
+    operator = read_env_file(operator_file)
+    assert client.items() <= operator.items()
+    assert OPERATOR_VARIABLES <= operator.keys()
+    assert operator["GRAPHLEDGER_POSTGRES_DSN"] in out
+    assert operator_file.stat().st_mode & 0o077 == 0  # it holds the key-encryption key
 
     # Every process it started is gone, and its temporary work dir with them.
     pids = printed_pids(out)
@@ -111,8 +134,7 @@ def test_stop_signal_stops_every_child_and_keeps_the_data_dir(tmp_path: Path, ho
             start_new_session=True,  # its own process group, like a shell job, so Ctrl-C reaches only it
         )
     try:
-        wait_until(lambda: env_file.exists() or process.poll() is not None, DEV_TIMEOUT_S, "the env file")
-        assert process.poll() is None, stderr_path.read_text()
+        wait_ready(process, env_file, stderr_path)
         pids = printed_pids(stdout_path.read_text())
         assert pids.keys() == PROCESS_NAMES
         assert all(alive(pid) for pid in pids.values())

@@ -7,7 +7,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +20,12 @@ from graphledger.settings import Settings
 from graphledger.telemetry import names
 from graphledger_server.dlq.editable import to_editable
 from graphledger_server.dlq.republish import HEADER_REPLAY_OF
-from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.dead_letters import outstanding
-from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.main import run_projector
 from graphledger_server.telemetry.projector import _observe_dead_letters
+from polling import wait_for
 from projection_helpers import put as checkpoint_put
 from store_helpers import put as store_put
-from worker_helpers import wait_for
 
 DIMS = 4
 WAIT_S = 60.0
@@ -36,18 +33,8 @@ COMMAND_TIMEOUT_S = 120
 
 
 @pytest.fixture
-async def settings(make_settings: Callable[..., Settings]) -> Settings:
-    s = make_settings(batch_max_wait_ms=20, store_vector_dims=DIMS)
-    await ensure_topics(s)
-    await migrate(s.postgres_dsn, s.postgres_schema, vectors=VectorIndex.from_settings(s))
-    return s
-
-
-@pytest.fixture
-async def db(settings: Settings) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(settings.postgres_dsn)
-    yield conn
-    await conn.close()
+async def settings(ready_settings: Callable[..., Awaitable[Settings]]) -> Settings:
+    return await ready_settings(batch_max_wait_ms=20, store_vector_dims=DIMS)
 
 
 @pytest.fixture

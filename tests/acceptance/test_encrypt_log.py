@@ -6,7 +6,8 @@ upgraded with encryption on before anyone ran the copy, so its clients seal what
 the same topics (a thread written in both eras, a sealed copy). The copy of that log holds no
 sentinel or identifier in the clear, projects into a fresh schema exactly as the original projection,
 reads back through the client, resumes where a cut copy stopped, and then erases and replays as any
-sealed log does.
+sealed log does. `graphledger repartition` copies the same log into another partition count with the
+same machinery (docs/operations.md, "Changing the partition count"), and its copy projects the same rows.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import murmur2
 from aiokafka.structs import ConsumerRecord
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
@@ -51,6 +53,7 @@ from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.main import run_projector
 from graphledger_server.replay.checksums import table_sum
+from polling import wait_for
 from sealed_events import unsealed
 
 DIMS = 8
@@ -90,14 +93,6 @@ def _index() -> dict[str, Any]:
     return {"dims": DIMS, "embed": HashEmbedder(DIMS), "fields": ["text"]}
 
 
-async def wait_for(condition: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S:.0f}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 @dataclass
 class Log:
     run: str
@@ -119,6 +114,7 @@ def _settings(broker: EmbeddedBroker, dsn: str, prefix: str, schema: str, **over
         "topic_prefix": prefix,
         "topic_partitions": 4,
         "topic_replication_factor": 1,
+        "topic_allow_single_broker_acks": True,
         "projector_group_id": f"g-{prefix}",
         "postgres_dsn": dsn,
         "postgres_schema": schema,
@@ -153,7 +149,7 @@ async def services(settings: Settings) -> AsyncIterator[Settings]:
         return bool(api.started)
 
     try:
-        await wait_for(listening, "the read API to listen")
+        await wait_for(listening, "the read API to listen", WAIT_S)
         yield settings
     finally:
         api.should_exit = True
@@ -187,7 +183,7 @@ async def _applied(settings: Settings) -> None:
         return all(have.get(tp, 0) >= end for tp, end in ends.items())
 
     try:
-        await wait_for(caught_up, f"the projection {settings.postgres_schema} to reach the log's end")
+        await wait_for(caught_up, f"the projection {settings.postgres_schema} to reach the log's end", WAIT_S)
     finally:
         await conn.close()
 
@@ -326,6 +322,61 @@ async def test_the_copy_holds_no_content_or_identifier_in_the_clear(copied: Log)
     assert checkpoints["written to all 4 partitions"] == 4  # runs.delete, once per source partition
     assert checkpoints["sealed"] > 0 and checkpoints["copied as they were"] > 0 and store["sealed"] > 0
     assert checkpoints["left out as unusable"] == store["left out as unusable"] == 0
+
+
+async def test_a_repartition_copy_projects_the_same_rows(copied: Log) -> None:
+    """The procedure of docs/operations.md, "Changing the partition count", steps 2 to 4: the log of 4
+    partitions (both eras of sealing, a copy and its barrier in each, a delete_for_runs to every partition,
+    chunked events) copied into 3, projected into a fresh schema with the same rows, then written to."""
+    original = copied.original
+    moved = copied.sealed.model_copy(
+        update={
+            "topic_prefix": f"moved{copied.run}",
+            "topic_partitions": 3,
+            "postgres_schema": "moved",
+            "projector_group_id": f"g-moved{copied.run}",
+        }
+    )
+    status, out, err = await graphledger(
+        original, "repartition", "--to-prefix", moved.topic_prefix, "--partitions", "3"
+    )
+    assert status == 0, err
+    checkpoints, store = _counts(out)
+    assert checkpoints["copy barriers repositioned"] == 2 and checkpoints["written to all 3 partitions"] == 4
+    assert checkpoints["sealed"] == store["sealed"] == 0  # as they were: in the clear or sealed
+    assert checkpoints["left out as unusable"] == store["left out as unusable"] == 0
+    for source, target in zip(source_topics(original), source_topics(moved), strict=True):
+        before, after = await _records(original, source), await _records(moved, target)
+        assert len(await _ends(moved, target)) == 3  # its count, as moved.layout records it
+        for r in after:  # a sealed record where a producer puts its key now; one in the clear goes with them
+            if r.key is not None and header(r.headers, HEADER_SUBJECT) is not None:
+                assert r.partition == (murmur2(r.key) & 0x7FFFFFFF) % 3
+        kept = {r.value for r in before if header(r.headers, HEADER_TYPE) != ThreadCopyBarrier.TYPE.encode()}
+        assert kept == {r.value for r in after if header(r.headers, HEADER_TYPE) != ThreadCopyBarrier.TYPE.encode()}
+
+    status, out, err = await graphledger(
+        original, "repartition", "--to-prefix", moved.topic_prefix, "--partitions", "3"
+    )
+    assert status == 0, err
+    assert [c["records written"] for c in _counts(out)] == [0, 0], out  # run again: nothing left to write
+
+    conn = await asyncpg.connect(original.postgres_dsn)
+    try:
+        async with services(moved) as reach, KafkaSaver(reach) as saver:
+            await _applied(reach)
+            assert await _sums(conn, "moved", USER_TABLES + LINEAGE_TABLES) == await _sums(
+                conn, "live", USER_TABLES + LINEAGE_TABLES
+            )
+            activity = [tuple(r) for r in await conn.fetch(ACTIVITY_SQL.format(schema="live"))]
+            assert [tuple(r) for r in await conn.fetch(ACTIVITY_SQL.format(schema="moved"))] == activity
+            state = await _graph(saver).aget_state({"configurable": {"thread_id": copied.threads["gamma"]}})
+            assert len(state.values["notes"]) == 2  # alpha's run, copied, then gamma's own
+            # Switched: agents write to the new topics, on the partitions of the new count.
+            await _invoke(saver, copied.threads["gamma"])
+            state = await _graph(saver).aget_state({"configurable": {"thread_id": copied.threads["gamma"]}})
+            assert len(state.values["notes"]) == 3
+    finally:
+        await conn.close()
 
 
 async def test_a_rerun_writes_nothing_and_a_cut_copy_resumes_to_the_same_log(copied: Log) -> None:

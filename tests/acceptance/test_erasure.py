@@ -48,7 +48,7 @@ from graphledger.tenancy import hash_token, scoped_namespace
 from graphledger_server.devstack.stack import CLIENT_FIELDS, DevStack, settings_to_env
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import key_store_for
-from worker_helpers import wait_for
+from polling import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -264,6 +264,7 @@ def test_writes_to_a_down_or_hung_broker_fail_after_the_deadline_and_the_same_sa
         topic_prefix=f"t{uuid.uuid4().hex[:10]}",
         topic_partitions=2,
         topic_replication_factor=1,
+        topic_allow_single_broker_acks=True,
         produce_timeout_s=PRODUCE_TIMEOUT_S,
         encrypt_events=False,  # the broker alone: no read API to get data keys from
     )

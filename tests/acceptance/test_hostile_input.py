@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -35,20 +34,13 @@ from graphledger.pg_text import MAX_JSON_DEPTH
 from graphledger.wire import JSON, MSGPACK
 from graphledger_server.projection.checkpoints import to_checkpoint_event
 from hostile import FEW, HOSTILE, SQL_LEAKS, assert_clear, json_objects, json_values, nest, texts
+from polling import wait_until
 from projection_helpers import put
 
 WAIT_S = 60.0
 DELTA = "/v1/checkpoints/delta-history"
 API_THREAD = "hostile-api-thread"
 LAST = 2**63 - 1  # the largest count the read API takes (Postgres bigint)
-
-
-def _wait(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S:.0f}s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +235,7 @@ def test_hostile_records_are_dead_lettered_and_the_partition_moves_on(stack: Any
         row = db.execute("SELECT 1 FROM checkpoints WHERE thread_id = %s", (thread,)).fetchone()
         return row is not None
 
-    _wait(applied, "the good event after the hostile ones")
+    wait_until(applied, WAIT_S, "the good event after the hostile ones")
     rows = dict(
         db.execute(
             'SELECT "offset", reason FROM graphledger_dead_letters'

@@ -9,7 +9,6 @@ import asyncio
 import operator
 import os
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from graphledger.settings import Settings
 from graphledger_server.devstack.stack import DevStack, settings_to_env
 from graphledger_server.importer.run import ImportReport, connect, import_postgres
 from graphledger_server.importer.source import Source
+from polling import wait_for
 
 THREADS = 300
 INTERRUPTED_THREADS = 20
@@ -160,20 +160,18 @@ async def _applied(stack: DevStack, report: ImportReport) -> None:
     """Wait until the stack's projector applied every record the import published."""
     settings = stack.settings
     conn = await asyncpg.connect(settings.postgres_dsn)
+
+    async def applied() -> bool:
+        rows = await conn.fetch(
+            f"SELECT topic, partition, next_offset FROM {settings.postgres_schema}.graphledger_offsets "
+            "WHERE consumer_group = $1",
+            settings.projector_group_id,
+        )
+        have = {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
+        return all(have.get(tp, 0) > offset for tp, offset in report.positions.items())
+
     try:
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            rows = await conn.fetch(
-                f"SELECT topic, partition, next_offset FROM {settings.postgres_schema}.graphledger_offsets "
-                "WHERE consumer_group = $1",
-                settings.projector_group_id,
-            )
-            have = {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
-            if all(have.get(tp, 0) > offset for tp, offset in report.positions.items()):
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the projector did not apply {report.positions} in {WAIT_S:.0f}s: {have}")
-            await asyncio.sleep(0.1)
+        await wait_for(applied, f"the projector to apply {report.positions}", WAIT_S, poll_s=0.1)
     finally:
         await conn.close()
 
@@ -288,11 +286,12 @@ async def test_an_interrupted_import_resumes(stack: DevStack, source: SourceDb, 
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
         progress_sql = f"SELECT cursor, done FROM {settings.postgres_schema}.graphledger_imports WHERE source = $1"
-        deadline = time.monotonic() + WAIT_S
-        while not await conn.fetchrow(progress_sql + " AND stream = 'threads'", name):
+
+        async def progressed() -> bool:
             assert not task.done(), "the import finished before it could be interrupted"
-            assert time.monotonic() < deadline, "the import recorded no progress"
-            await asyncio.sleep(0.01)
+            return await conn.fetchrow(progress_sql + " AND stream = 'threads'", name) is not None
+
+        await wait_for(progressed, "the import to record progress", WAIT_S, poll_s=0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

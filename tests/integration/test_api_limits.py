@@ -27,10 +27,10 @@ from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.store import StoreProjection
+from polling import wait_for
 from projection_helpers import TOPIC, put, record
 from store_helpers import STORE_TOPIC
 from store_helpers import record as store_record
-from worker_helpers import wait_for
 
 SCHEMA = "limits"
 THREAD = "many"

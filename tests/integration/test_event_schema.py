@@ -9,7 +9,7 @@ tested in `test_projector.py`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -20,7 +20,6 @@ from graphledger.events import envelope, to_envelope
 from graphledger.events.envelope import Envelope
 from graphledger.settings import Settings
 from graphledger.telemetry import names
-from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
@@ -29,6 +28,7 @@ from graphledger_server.projection.store import StoreProjection
 from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.main import run_projector
 from graphledger_server.telemetry.projector import _observe_stopped
+from polling import wait_for
 from projection_helpers import put
 from v1_events import CHECKPOINT_ID, CHECKPOINT_TOPIC, PRODUCED_MS, STORE_TOPIC, VECTOR_DIMS, fixture
 
@@ -99,11 +99,8 @@ async def test_v1_records_apply(fresh_database: str) -> None:
 
 
 @pytest.fixture
-async def settings(make_settings: Callable[..., Settings]) -> Settings:
-    s = make_settings(batch_max_wait_ms=20)
-    await ensure_topics(s)
-    await migrate(s.postgres_dsn, s.postgres_schema)
-    return s
+async def settings(ready_settings: Callable[..., Awaitable[Settings]]) -> Settings:
+    return await ready_settings(batch_max_wait_ms=20)
 
 
 @pytest.fixture
@@ -112,14 +109,6 @@ async def producer(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
     await p.start()
     yield p
     await p.stop()
-
-
-async def _wait(condition: Callable[[], Any], what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + WAIT_S
-    while not await condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S:.0f}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def test_a_newer_event_is_counted_stopped_on_and_applied_after_an_upgrade(
@@ -160,7 +149,7 @@ async def test_a_newer_event_is_counted_stopped_on_and_applied_after_an_upgrade(
         stop = asyncio.Event()
         task = asyncio.create_task(run_projector(settings, stop, migrate_first=False))
         try:
-            await _wait(condition, what)
+            await wait_for(condition, what, WAIT_S, poll_s=0.02)
         finally:
             stop.set()
             await asyncio.wait_for(task, 30)

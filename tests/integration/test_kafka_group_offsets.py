@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -19,10 +19,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from graphledger.settings import Settings
 from graphledger_server.log.reset import reset_offset
-from graphledger_server.log.topics import ensure_topics
-from graphledger_server.projection.migrate import migrate
+from polling import wait_for
 from projection_helpers import put
-from worker_helpers import producer_for, publish, running_projector, wait_for
+from worker_helpers import producer_for, publish, running_projector
 
 LOCK_OFFSETS = "LOCK TABLE {schema}.graphledger_offsets IN ACCESS EXCLUSIVE MODE"
 HOLD_S = 3.0
@@ -31,13 +30,6 @@ READS_STORED = r"SELECT partition, next_offset FROM"
 """The assignment's read of the stored offsets (`STORED_OFFSETS_SQL`)."""
 BATCH = r"INSERT INTO \S+graphledger_offsets|FOR UPDATE OF o"
 """A batch's first statements, which take the partitions' offset rows."""
-
-
-async def _settings(make_settings: Callable[..., Settings]) -> Settings:
-    settings = make_settings(topic_partitions=2, batch_max_wait_ms=20)
-    await ensure_topics(settings)
-    await migrate(settings.postgres_dsn, settings.postgres_schema)
-    return settings
 
 
 async def _stored(settings: Settings) -> dict[TopicPartition, int]:
@@ -96,8 +88,10 @@ async def _checkpoints(settings: Settings) -> int:
         await conn.close()
 
 
-async def test_kafka_tools_see_the_lag_the_projector_has_and_see_it_go(make_settings: Callable[..., Settings]) -> None:
-    settings = await _settings(make_settings)
+async def test_kafka_tools_see_the_lag_the_projector_has_and_see_it_go(
+    ready_settings: Callable[..., Awaitable[Settings]],
+) -> None:
+    settings = await ready_settings(topic_partitions=2, batch_max_wait_ms=20)
     async with producer_for(settings) as producer:
         for n in range(3):
             await publish(producer, settings, put(f"a{n}", 1), n % 2)
@@ -129,11 +123,11 @@ async def test_kafka_tools_see_the_lag_the_projector_has_and_see_it_go(make_sett
         assert await _checkpoints(settings) == 8
 
 
-async def test_postgres_stays_the_truth_when_kafka_is_ahead(make_settings: Callable[..., Settings]) -> None:
+async def test_postgres_stays_the_truth_when_kafka_is_ahead(ready_settings: Callable[..., Awaitable[Settings]]) -> None:
     """The stored offset of partition 0 moved back (`offsets reset`, or Postgres restored from a backup)
     while Kafka's committed offset stayed ahead: the worker re-applies from the stored offset, so the
     rows removed since come back, and the records past Kafka's offset are applied too."""
-    settings = await _settings(make_settings)
+    settings = await ready_settings(topic_partitions=2, batch_max_wait_ms=20)
     tp = TopicPartition(settings.checkpoint_topic, 0)
     # Every partition starts with a stored offset, so each gets one committed to Kafka at assignment
     # (a partition without any would make the consumer raise NoOffsetForPartitionError instead of fetching).

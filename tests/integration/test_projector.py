@@ -28,32 +28,20 @@ from graphledger.events.envelope import Envelope
 from graphledger.settings import Settings
 from graphledger_server.devstack.postgres import EmbeddedPostgres
 from graphledger_server.log.offsets import APPLIED_CHANNEL
-from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import outgoing_records
-from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projector.main import run_projector
+from polling import wait_for
 from projection_helpers import TOPIC, cid, put, record, writes
-from worker_helpers import wait_for
 
 WAIT_S = 60.0
 
 
 @pytest.fixture
-async def settings(make_settings: Callable[..., Settings]) -> Settings:
-    s = make_settings(batch_max_wait_ms=20)
-    await ensure_topics(s)
-    await migrate(s.postgres_dsn, s.postgres_schema)
-    return s
-
-
-@pytest.fixture
-async def db(settings: Settings) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(settings.postgres_dsn)
-    yield conn
-    await conn.close()
+async def settings(ready_settings: Callable[..., Awaitable[Settings]]) -> Settings:
+    return await ready_settings(batch_max_wait_ms=20)
 
 
 @pytest.fixture

@@ -9,8 +9,7 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -20,12 +19,11 @@ from aiokafka import AIOKafkaProducer
 from graphledger.events import envelope, to_envelope
 from graphledger.events.chunks import ChunkRef, split
 from graphledger.settings import Settings
-from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
-from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projector.main import run_projector
+from polling import wait_for
 from projection_helpers import TOPIC, put, record
 
 CHUNK_BYTES = 10_000
@@ -62,18 +60,10 @@ async def _blob(db: asyncpg.Connection, schema: str, thread: str) -> bytes | Non
 
 
 @pytest.fixture
-async def settings(make_settings: Callable[..., Settings]) -> Settings:
-    s = make_settings(max_message_bytes=CHUNK_BYTES, batch_max_bytes=3 * CHUNK_BYTES + 2_000, batch_max_wait_ms=20)
-    await ensure_topics(s)
-    await migrate(s.postgres_dsn, s.postgres_schema)
-    return s
-
-
-@pytest.fixture
-async def db(settings: Settings) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(settings.postgres_dsn)
-    yield conn
-    await conn.close()
+async def settings(ready_settings: Callable[..., Awaitable[Settings]]) -> Settings:
+    return await ready_settings(
+        max_message_bytes=CHUNK_BYTES, batch_max_bytes=3 * CHUNK_BYTES + 2_000, batch_max_wait_ms=20
+    )
 
 
 async def test_events_completing_beyond_the_budget_are_deferred(settings: Settings, db: asyncpg.Connection) -> None:
@@ -137,13 +127,14 @@ async def test_the_worker_fetches_deferred_records_again(
     stop = asyncio.Event()
     task = asyncio.create_task(run_projector(settings, stop, migrate_first=False))
     try:
-        deadline = time.monotonic() + 60
+
+        async def projected() -> bool:
+            assert not task.done(), task
+            return None not in [await _blob(db, settings.postgres_schema, thread) for thread in events]
+
+        await wait_for(projected, f"checkpoints {sorted(events)} to be projected")
         for thread, (blob, _) in events.items():
-            while (found := await _blob(db, settings.postgres_schema, thread)) is None:
-                assert time.monotonic() < deadline, f"checkpoint {thread} never projected"
-                assert not task.done(), task
-                await asyncio.sleep(0.05)
-            assert found == blob
+            assert await _blob(db, settings.postgres_schema, thread) == blob
     finally:
         stop.set()
         with contextlib.suppress(asyncio.CancelledError):

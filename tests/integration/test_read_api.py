@@ -15,9 +15,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Any
 
 import asyncpg
@@ -47,6 +48,7 @@ from graphledger_server.api.models import DeltaHistoryResponse, GetResponse, Lis
 from graphledger_server.devstack.ports import free_port, wait_until
 from graphledger_server.log.applied import APPLICATION_NAME, AppliedOffsets
 from graphledger_server.projection.migrate import migrate
+from polling import wait_for
 
 SCHEMA = "proj"  # not the default, so a query that ignored search_path would find nothing
 OPAQUE = "x-test-opaque"  # a type no JsonPlusSerializer knows: the API must pass it through untouched
@@ -490,8 +492,7 @@ async def set_applied(dsn: str, group: str, topic: str, partition: int, next_off
                 await conn.execute("SELECT pg_notify('graphledger_applied', %s)", (SCHEMA,))
 
 
-async def until(condition: Callable[[], bool], what: str) -> None:
-    await asyncio.to_thread(wait_until, condition, 10, what, 0.005)
+until = partial(wait_for, timeout_s=10, poll_s=0.005)
 
 
 async def test_read_waits_for_its_token_and_answers_once_notified(projection: str, filled_log: dict[str, Any]) -> None:
@@ -573,10 +574,11 @@ async def test_a_watcher_whose_connection_is_cut_listens_again_on_a_new_one(proj
             assert await conn.fetchval("SELECT pg_terminate_backend($1::int)", first)
         finally:
             await conn.close()
-        deadline = time.monotonic() + 10
-        while not (await watcher_backends(projection)) - others - {first}:
-            assert time.monotonic() < deadline, "the watcher did not connect again"
-            await asyncio.sleep(0.01)
+
+        async def reconnected() -> bool:
+            return bool(await watcher_backends(projection) - others - {first})
+
+        await wait_for(reconnected, "the watcher to connect again", 10, poll_s=0.01)
         waiter = asyncio.create_task(offsets.wait({("t.checkpoints", 0): 41}, timeout_s=60))
         await until(lambda: offsets.waiting == 1, "the waiter")
         await set_applied(projection, group, "t.checkpoints", 0, 42, notify=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -30,40 +29,30 @@ from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.main import run_projector
 from graphledger_server.replay import schemas
 from graphledger_server.replay.indexes import secondary_indexes
 from graphledger_server.replay.run import run_replay
+from polling import wait_for
 from projection_helpers import TOPIC, cid, put, record
 
 WAIT_S = 90.0
 DIMS = 8
 
 
-async def wait_for(condition: Callable[[], Awaitable[bool]], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 @pytest.fixture
-async def settings(make_settings: Callable[..., Settings]) -> Settings:
-    s = make_settings(
+async def settings(ready_settings: Callable[..., Awaitable[Settings]]) -> Settings:
+    port = free_port()
+    return await ready_settings(
         batch_max_wait_ms=20,
         batch_max_events=500,
         replay_batch_max_events=500,
         store_vector_dims=DIMS,
         store_index="flat",
-        api_port=free_port(),
+        api_port=port,
+        api_url=f"http://127.0.0.1:{port}",
         consistency_timeout_s=30,
     )
-    s = s.model_copy(update={"api_url": f"http://127.0.0.1:{s.api_port}"})
-    await ensure_topics(s)
-    await migrate(s.postgres_dsn, s.postgres_schema, vectors=VectorIndex.from_settings(s))
-    return s
 
 
 @contextlib.asynccontextmanager
@@ -74,7 +63,7 @@ async def live_stack(settings: Settings) -> AsyncIterator[None]:
     api = api_server(settings)
     serving = asyncio.create_task(api.serve())
     try:
-        await wait_for(lambda: _started(api, serving), "the read API to listen")
+        await wait_for(lambda: _started(api, serving), "the read API to listen", WAIT_S)
         yield
     finally:
         api.should_exit = True
@@ -365,7 +354,7 @@ async def test_a_projector_batch_blocked_by_the_switch_lands_in_the_new_schema(
                 state = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1"
                 return await replay_conn.fetchval(state, pid) == "Lock"
 
-            await wait_for(waiting, "the projector's batch to wait on the replay's lock")
+            await wait_for(waiting, "the projector's batch to wait on the replay's lock", WAIT_S)
             retired = await schemas.switch(replay_conn, live, datetime.now(UTC))
         result = await blocked
 

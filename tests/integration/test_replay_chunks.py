@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -21,13 +20,12 @@ from aiokafka import AIOKafkaProducer
 from graphledger.events import envelope, to_envelope
 from graphledger.events.chunks import ChunkRef, split
 from graphledger.settings import Settings
-from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.batch import BatchResult
-from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.records import Classified, SourceRecord
 from graphledger_server.projector.main import run_projector
 from graphledger_server.replay.rebuild import Rebuilder
 from graphledger_server.replay.run import run_replay
+from polling import wait_for
 from projection_helpers import put
 
 CHUNK_BYTES = 10_000
@@ -74,16 +72,13 @@ def _interleaved_log(partition: int) -> tuple[dict[str, bytes], list[Produced]]:
 
 
 @pytest.fixture
-async def settings(make_settings: Callable[..., Settings]) -> Settings:
-    s = make_settings(
+async def settings(ready_settings: Callable[..., Awaitable[Settings]]) -> Settings:
+    return await ready_settings(
         max_message_bytes=CHUNK_BYTES,
         batch_max_bytes=3 * CHUNK_BYTES + 2_000,  # one chunked event's records or stored chunks, not two
         batch_max_wait_ms=20,
         replay_batch_max_events=20,
     )
-    await ensure_topics(s)
-    await migrate(s.postgres_dsn, s.postgres_schema)
-    return s
 
 
 async def test_a_rebuild_with_deferred_partitions_equals_the_live_schema(
@@ -116,11 +111,12 @@ async def test_a_rebuild_with_deferred_partitions_equals_the_live_schema(
     stop = asyncio.Event()
     projector = asyncio.create_task(run_projector(settings, stop, migrate_first=False))
     try:
-        deadline = time.monotonic() + WAIT_S
-        while await conn.fetchval(f"SELECT count(*) FROM {live}.checkpoint_blobs") < len(blobs):
-            assert time.monotonic() < deadline, "the live projector did not apply every chunked event"
+
+        async def applied() -> bool:
             assert not projector.done(), projector
-            await asyncio.sleep(0.05)
+            return await conn.fetchval(f"SELECT count(*) FROM {live}.checkpoint_blobs") >= len(blobs)
+
+        await wait_for(applied, "the live projector to apply every chunked event", WAIT_S)
     finally:
         stop.set()
         with contextlib.suppress(asyncio.CancelledError):

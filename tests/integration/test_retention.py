@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Annotated, Any
 
 import asyncpg
@@ -26,6 +26,7 @@ from langgraph.channels import DeltaChannel
 from langgraph.graph import START, StateGraph
 from typing_extensions import TypedDict
 
+import polling
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.client.publisher import EventPublisher
 from graphledger.errors import TimestampTypeError
@@ -38,13 +39,14 @@ from graphledger_server.devstack.ports import free_port, port_open
 from graphledger_server.log.topics import (
     LOG_APPEND_TIME,
     TIMESTAMP_TYPE,
+    described_configs,
     ensure_topics,
-    retention_configs,
     source_topics,
 )
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projector.main import run_projector
 from graphledger_server.sweeper.main import SweeperRunner
+from projection_helpers import migrated
 from sealed_events import unsealed
 from store_helpers import Applier, dump, put, record
 
@@ -58,11 +60,9 @@ DEADLINE_S = 90.0
 
 
 @pytest.fixture
-async def db(fresh_database: str) -> AsyncIterator[asyncpg.Connection]:
-    await migrate(fresh_database, SCHEMA)
-    conn = await asyncpg.connect(fresh_database)
-    yield conn
-    await conn.close()
+async def settings(fresh_database: str) -> Settings:
+    """A projection without topics: the batches are applied by the test (`db` connects to it)."""
+    return await migrated(Settings(postgres_dsn=fresh_database, postgres_schema=SCHEMA))
 
 
 async def _expiry(conn: asyncpg.Connection, key: str, schema: str = SCHEMA) -> Any:
@@ -164,26 +164,19 @@ class Live:
         return await self.conn.fetchval("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
 
 
-async def wait_for(condition: Callable[[], Any], what: str, timeout_s: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.05)
+wait_for = partial(polling.wait_for, timeout_s=DEADLINE_S)
 
 
 @pytest.fixture
-async def live(make_settings: Callable[..., Settings]) -> AsyncIterator[Live]:
+async def live(ready_settings: Callable[..., Awaitable[Settings]]) -> AsyncIterator[Live]:
     port = free_port()
-    settings = make_settings(
+    settings = await ready_settings(
         api_port=port,
         api_url=f"http://127.0.0.1:{port}",
         sweeper_interval_s=0.2,
         sweeper_batch_size=3,
         store_refresh_coalesce_s=0,
     )
-    await ensure_topics(settings)
-    await migrate(settings.postgres_dsn, settings.postgres_schema)
     stop = asyncio.Event()
     projector = asyncio.create_task(run_projector(settings, stop, migrate_first=False))
     api = server(settings)
@@ -400,8 +393,8 @@ async def test_topics_ensure_stamps_the_source_topics_with_the_brokers_clock(
     await admin.start()
     try:
         for topic in source_topics(settings):
-            assert await retention_configs(admin, topic, (TIMESTAMP_TYPE,)) == {TIMESTAMP_TYPE: LOG_APPEND_TIME}
-        assert await retention_configs(admin, settings.dead_letter_topic, (TIMESTAMP_TYPE,)) == {}
+            assert await described_configs(admin, topic, (TIMESTAMP_TYPE,)) == {TIMESTAMP_TYPE: LOG_APPEND_TIME}
+        assert await described_configs(admin, settings.dead_letter_topic, (TIMESTAMP_TYPE,)) == {}
         # A source topic someone made stamped with its writers' clocks is refused, naming the fix.
         stamped = make_settings()
         configs = {"retention.ms": "-1", TIMESTAMP_TYPE: "CreateTime"}

@@ -22,8 +22,10 @@ from psycopg.rows import dict_row
 
 from graphledger.embeddings import HashEmbedder
 from graphledger.errors import VectorIndexMismatchError
+from graphledger.settings import Settings
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.vector_index import VectorIndex
+from projection_helpers import migrated
 from store_helpers import DIMS, T0, Applier, Log, delete, dump, put, vec
 
 SCHEMA = "gl"
@@ -34,11 +36,9 @@ def at(ms: int) -> datetime:
 
 
 @pytest.fixture
-async def db(fresh_database: str) -> AsyncIterator[asyncpg.Connection]:
-    await migrate(fresh_database, SCHEMA, vectors=VectorIndex(DIMS))
-    conn = await asyncpg.connect(fresh_database)
-    yield conn
-    await conn.close()
+async def settings(fresh_database: str) -> Settings:
+    """A projection without topics: the batches are applied by the test (`db` connects to it)."""
+    return await migrated(Settings(postgres_dsn=fresh_database, postgres_schema=SCHEMA, store_vector_dims=DIMS))
 
 
 @pytest.fixture

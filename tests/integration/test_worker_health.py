@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 
 from graphledger.settings import Settings
 from graphledger_server.devstack.ports import free_port
-from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.sweeper.main import run_sweeper
 from graphledger_server.sweeper.sweep import longest_step_s
+from polling import wait_for
 from projection_helpers import put
-from worker_helpers import aprobe, producer_for, publish, running_projector, wait_for
+from worker_helpers import aprobe, producer_for, publish, running_projector
 
 DEADLINE_S = 4.0
 
@@ -32,11 +32,9 @@ async def _applied(conn: asyncpg.Connection, settings: Settings, thread_id: str)
 
 
 async def test_a_frozen_projector_turns_not_live_within_the_deadline_and_an_idle_one_stays_live(
-    make_settings: Callable[..., Settings],
+    ready_settings: Callable[..., Awaitable[Settings]],
 ) -> None:
-    settings = make_settings(health_port=free_port(), health_deadline_s=DEADLINE_S, projector_retry_max_s=1.0)
-    await ensure_topics(settings)
-    await migrate(settings.postgres_dsn, settings.postgres_schema)
+    settings = await ready_settings(health_port=free_port(), health_deadline_s=DEADLINE_S, projector_retry_max_s=1.0)
     base = f"http://127.0.0.1:{settings.health_port}"
     db = await asyncpg.connect(settings.postgres_dsn)
     try:

@@ -606,6 +606,24 @@ def test_topics_job_gets_kafka_and_nothing_of_postgres(rendered) -> None:
     assert inline == configmap["data"]
 
 
+def test_min_insync_replicas_reaches_topics_ensure_as_a_setting() -> None:
+    """Unset, the setting's default applies (min(2, replicationFactor)); set, every pod gets it, and a
+    one-broker cluster says in so many words that it accepts single-broker acknowledgements."""
+
+    def settings_of(values: dict[str, Any]) -> Settings:
+        data = of_kind(manifests(render(merge(load_values("default"), values))), "ConfigMap")[0]["data"]
+        env = {key[len(PREFIX) :].lower(): value for key, value in data.items() if key.startswith(PREFIX)}
+        return Settings(**env)
+
+    default = settings_of({})
+    assert default.topic_min_insync_replicas is None and default.min_insync_replicas == 2
+    assert default.topic_allow_single_broker_acks is False
+    three = settings_of({"topics": {"replicationFactor": 5, "minInsyncReplicas": 3}})
+    assert three.min_insync_replicas == 3
+    one_broker = settings_of({"topics": {"replicationFactor": 1, "ensure": {"allowSingleBrokerAcks": True}}})
+    assert one_broker.min_insync_replicas == 1 and one_broker.topic_allow_single_broker_acks is True
+
+
 def test_helm_test_asks_the_read_api_service_for_readyz(rendered) -> None:
     docs = docs_of(rendered, "default")
     pod = named(docs, "Pod", "-test-readyz")
@@ -871,6 +889,9 @@ BAD_TYPES = {
     "port as a string": {"api": {"port": "8080"}},
     "unknown security protocol": {"kafka": {"securityProtocol": "TLS"}},
     "no partitions": {"topics": {"partitions": 0}},
+    "no in-sync replicas": {"topics": {"minInsyncReplicas": 0}},
+    "in-sync replicas as a word": {"topics": {"minInsyncReplicas": "two"}},
+    "single-broker acks as a word": {"topics": {"ensure": {"allowSingleBrokerAcks": "yes"}}},
     "bootstrap server without a port": {"kafka": {"bootstrapServers": "kafka"}},
     "secret in config": {"config": {"GRAPHLEDGER_API_TOKEN": "hunter2"}},
     "DSN in config": {"config": {"GRAPHLEDGER_POSTGRES_DSN": "postgresql://u:p@db/x"}},
@@ -914,6 +935,7 @@ BAD_COMBINATIONS = {
     },
     "but kafka.securityProtocol is PLAINTEXT": {"kafka": {"tls": {"caSecret": {"name": "ca"}}}},
     "exclude each other": {"projector": {"keda": {"enabled": True}, "autoscaling": {"enabled": True}}},
+    "topics.minInsyncReplicas 4 exceeds topics.replicationFactor 3": {"topics": {"minInsyncReplicas": 4}},
     "needs metrics.enabled": {"metrics": {"serviceMonitor": {"enabled": True}}},
     "metrics.prometheusRule.enabled needs metrics.enabled": {"metrics": {"prometheusRule": {"enabled": True}}},
     "postgres.keyStoreSchema graphledger is postgres.schema graphledger": {

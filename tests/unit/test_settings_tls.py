@@ -21,7 +21,9 @@ from graphledger_server.keys.ring import new_key_entry
 from pki import Pki, make_pki
 
 ROOT = Path(__file__).resolve().parents[2]
-KAFKA_CLIENTS = {"AIOKafkaProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient"}
+KAFKA_CLIENTS = {"PartitionCheckedProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient"}
+"""The classes the code builds clients with (`PartitionCheckedProducer` is aiokafka's producer checking the
+partition count, `graphledger.partition_layout`)."""
 HANDSHAKE_TIMEOUT_S = 10
 
 
@@ -282,7 +284,7 @@ async def test_the_agent_the_projector_and_topics_ensure_connect_with_the_same_o
     settings = settings_from(clean_env, secure_env(pki))
     calls: list[tuple[str, dict[str, Any]]] = []
     # Every producer comes from `new_producer`; the agent's is built first, the projector's second.
-    clean_env.setattr(producer, "AIOKafkaProducer", _Recorder(calls, "producer"))
+    clean_env.setattr(producer, "PartitionCheckedProducer", _Recorder(calls, "producer"))
     clean_env.setattr(clients, "AIOKafkaConsumer", _Recorder(calls, "projector consumer"))
 
     async def no_pool(*args: Any, **kwargs: Any) -> _Recorder:

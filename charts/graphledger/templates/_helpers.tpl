@@ -136,6 +136,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- if or (eq $keyStore $projection) (eq $keyStore (printf "%s_rebuild" $projection)) (hasPrefix (printf "%s_old_" $projection) $keyStore) }}
 {{- fail (printf "postgres.keyStoreSchema %s is postgres.schema %s or one of its replay schemas, which a replay renames and drops with the keys in them: give the key store a schema of its own" $keyStore $projection) }}
 {{- end }}
+{{- $inSync := .Values.topics.minInsyncReplicas }}
+{{- if and (not (kindIs "invalid" $inSync)) (gt (int $inSync) (int .Values.topics.replicationFactor)) }}
+{{- fail (printf "topics.minInsyncReplicas %d exceeds topics.replicationFactor %d: the brokers would refuse every write" (int $inSync) (int .Values.topics.replicationFactor)) }}
+{{- end }}
 {{- if and .Values.projector.keda.enabled .Values.projector.autoscaling.enabled }}
 {{- fail "projector.keda.enabled and projector.autoscaling.enabled exclude each other: pick one" }}
 {{- end }}
@@ -211,6 +215,10 @@ GRAPHLEDGER_KAFKA_SSL_KEYFILE: {{ printf "%s/client.key" $k.tls.mountPath | quot
 GRAPHLEDGER_TOPIC_PREFIX: {{ .Values.topics.prefix | quote }}
 GRAPHLEDGER_TOPIC_PARTITIONS: {{ .Values.topics.partitions | toString | quote }}
 GRAPHLEDGER_TOPIC_REPLICATION_FACTOR: {{ .Values.topics.replicationFactor | toString | quote }}
+{{- if not (kindIs "invalid" .Values.topics.minInsyncReplicas) }}
+GRAPHLEDGER_TOPIC_MIN_INSYNC_REPLICAS: {{ .Values.topics.minInsyncReplicas | toString | quote }}
+{{- end }}
+GRAPHLEDGER_TOPIC_ALLOW_SINGLE_BROKER_ACKS: {{ .Values.topics.ensure.allowSingleBrokerAcks | toString | quote }}
 GRAPHLEDGER_POSTGRES_SCHEMA: {{ .Values.postgres.schema | quote }}
 GRAPHLEDGER_KEY_STORE_SCHEMA: {{ .Values.postgres.keyStoreSchema | quote }}
 GRAPHLEDGER_PROJECTOR_GROUP_ID: {{ .Values.projector.groupId | quote }}

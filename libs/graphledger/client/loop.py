@@ -16,6 +16,7 @@ per checkpoint than one `run_coroutine_threadsafe` per call.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import weakref
 from collections import deque
@@ -94,9 +95,9 @@ class BackgroundLoop:
                 coro.close()
                 continue
             started["task"] = task = self._loop.create_task(coro)
-            task.add_done_callback(lambda done, c=caller, f=future: self._reply(c, f, done))
+            task.add_done_callback(functools.partial(self._replied, caller, future))
 
-    def _reply(self, caller: asyncio.AbstractEventLoop, future: asyncio.Future[Any], task: asyncio.Task[Any]) -> None:
+    def _replied(self, caller: asyncio.AbstractEventLoop, future: asyncio.Future[Any], task: asyncio.Task[Any]) -> None:
         with self._outboxes_lock:
             outbox = self._outboxes.setdefault(caller, _Mailbox())
         if outbox.put((future, task)):

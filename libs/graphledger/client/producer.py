@@ -5,21 +5,23 @@ A write counts once every in-sync replica has it (`acks=all`); idempotence follo
 whole record of `max_message_bytes` plus its headers, and one partition's batch may hold a whole
 chunk: the 16 KiB default batch split concurrent checkpoints into many small produce requests.
 Requests time out after `produce_timeout_s`, the deadline every writer waits for acknowledgements.
+The producer refuses to route a source topic's record while the broker reports another partition count
+than the one `topics ensure` recorded (`graphledger.partition_layout`).
 """
 
 from __future__ import annotations
 
-from aiokafka import AIOKafkaProducer
-
 from graphledger.events.chunks import RECORD_HEADROOM_BYTES
+from graphledger.partition_layout import PartitionCheckedProducer, PartitionLayout
 from graphledger.settings import Settings
 
 
-def new_producer(settings: Settings, *, linger_ms: int = 0) -> AIOKafkaProducer:
+def new_producer(settings: Settings, *, linger_ms: int = 0) -> PartitionCheckedProducer:
     """An unstarted producer with the shared connection options; `linger_ms` trades latency for batching."""
     request_bytes = settings.max_message_bytes + RECORD_HEADROOM_BYTES
-    return AIOKafkaProducer(
-        **settings.kafka_client_options(),  # type: ignore[arg-type]
+    return PartitionCheckedProducer(
+        PartitionLayout(settings),
+        **settings.kafka_client_options(),
         acks="all",
         enable_idempotence=settings.kafka_idempotence,
         max_request_size=request_bytes,

@@ -210,7 +210,7 @@ class ClientRuntime:
         self.acked.record(acked)
         _, partition, _ = acked[0]
         if thread is not None:
-            self.threads.acked(thread, partition, tuple(offset for _, _, offset in acked), event)  # type: ignore[arg-type]
+            self.threads.acked(thread, partition, tuple(offset for _, _, offset in acked), event)  # type: ignore[arg-type]  # a thread's: a checkpoint event
         elif isinstance(event, checkpoint.RunsDelete):
             self.threads.acked_everywhere(partition, acked[-1][2], event)
         return acked
@@ -309,7 +309,7 @@ class ClientRuntime:
     async def _arun(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await `coro` on the runtime's loop, starting the runtime first (off the caller's loop)."""
         try:
-            loop = self._loop or await asyncio.to_thread(self._started_loop)
+            loop = self._loop if self._loop is not None else await asyncio.to_thread(self._started_loop)
         except BaseException:
             coro.close()
             raise

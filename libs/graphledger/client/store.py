@@ -113,7 +113,7 @@ class KafkaStore(ClientLifecycle, BaseStore):
         dims = index.get("dims")
         if isinstance(dims, bool) or not isinstance(dims, int) or dims < 1:
             raise InvalidInputError(f"index dims must be a positive int, got {dims!r}")
-        self.index_config = index.copy()  # type: ignore[assignment]
+        self.index_config = index.copy()
         self.embeddings = ensure_embeddings(index.get("embed"))
         self._fields = tokenized_fields(index.get("fields"))
         self._dims = dims
@@ -235,7 +235,10 @@ class KafkaStore(ClientLifecycle, BaseStore):
         *,
         refresh_ttl: bool | None = None,
     ) -> Item | None:
-        return await self._enqueue(GetOp(namespace, key, refresh_ttl=_ensure_refresh(self.ttl_config, refresh_ttl)))
+        item: Item | None = await self._enqueue(
+            GetOp(namespace, key, refresh_ttl=_ensure_refresh(self.ttl_config, refresh_ttl))
+        )
+        return item
 
     async def asearch(
         self,
@@ -251,7 +254,8 @@ class KafkaStore(ClientLifecycle, BaseStore):
         op = SearchOp(
             namespace_prefix, filter, limit, offset, query, refresh_ttl=_ensure_refresh(self.ttl_config, refresh_ttl)
         )
-        return await self._enqueue(op)
+        items: list[SearchItem] = await self._enqueue(op)
+        return items
 
     async def aput(
         self,
@@ -309,7 +313,8 @@ class KafkaStore(ClientLifecycle, BaseStore):
         if suffix:
             conditions.append(MatchCondition(match_type="suffix", path=suffix))
         op = ListNamespacesOp(match_conditions=tuple(conditions), max_depth=max_depth, limit=limit, offset=offset)
-        return await self._enqueue(op)
+        namespaces: list[tuple[str, ...]] = await self._enqueue(op)
+        return namespaces
 
     async def _enqueue(self, op: Op) -> Any:
         # Validate now, in the caller: a bad op fails its own call and never the batch it would join.

@@ -119,12 +119,12 @@ def _namespace_labels(namespace: Any) -> tuple[str, ...]:
     if not isinstance(namespace, tuple | list):
         # A str would pass LangGraph's label checks one character at a time.
         raise InvalidNamespaceError(f"Namespace must be a tuple of strings, got {type(namespace).__name__}.")
-    namespace = tuple(namespace)
-    validate_namespace_labels(namespace)
-    for label in namespace:
+    labels: tuple[str, ...] = tuple(namespace)
+    validate_namespace_labels(labels)
+    for label in labels:
         if reason := unstorable(label):  # LangGraph checks NUL, not lone surrogates
             raise InvalidNamespaceError(f"Namespace label {label!r} {reason}, which Postgres cannot store.")
-    return namespace
+    return labels
 
 
 def _key(key: Any) -> str:
@@ -237,7 +237,8 @@ def _prepare_list_namespaces(op: ListNamespacesOp) -> Prepared:
         body["max_depth"] = _count(op.max_depth, "max_depth")
     paths: dict[str, tuple[str, ...]] = {}
     for condition in op.match_conditions or ():
-        match_type, path = condition.match_type, _namespace_labels(condition.path)
+        match_type: str = condition.match_type
+        path = _namespace_labels(condition.path)
         if match_type not in ("prefix", "suffix"):
             raise InvalidInputError(f"Unsupported match type: {match_type!r}")
         if not path:

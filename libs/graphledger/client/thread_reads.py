@@ -110,15 +110,17 @@ class ThreadReads:
                 self.answered["held"] += 1
                 return answer
         self.answered["read_api"] += 1
-        body = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
+        body: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
         body["channels"] = channels
         newest = ns.newest.checkpoint_id if current and ns is not None and ns.newest is not None else None
         if held is not None and newest is not None and checkpoint_id in (None, newest):
             # The view is current: ask for its newest checkpoint by id, and hold the answer.
-            answered = (await self._read(DELTA_PATH, {**body, "checkpoint_id": newest}, None))["history"]
+            by_id = {**body, "checkpoint_id": newest}
+            answered: dict[str, Any] = (await self._read(DELTA_PATH, by_id, None))["history"]
             self._threads.learn_history(thread_id, held, checkpoint_ns, newest, answered)
-            return answered  # type: ignore[no-any-return]
-        return (await self._read(DELTA_PATH, body, None))["history"]  # type: ignore[no-any-return]
+            return answered
+        history: dict[str, Any] = (await self._read(DELTA_PATH, body, None))["history"]
+        return history
 
     async def _unchanged_since(self, thread_id: str, held: Held) -> bool:
         """Whether the log holds no record of the thread since the snapshot's `through` but its own; if

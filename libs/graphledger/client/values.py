@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import orjson
-from langgraph.checkpoint.base import CheckpointTuple, DeltaChannelHistory
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import Checkpoint, CheckpointTuple, DeltaChannelHistory
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
@@ -153,17 +154,17 @@ def decode_tuple(raw: dict[str, Any] | None, serde: SerializerProtocol) -> Check
     channel_values = {k: _value(v, serde) for k, v in checkpoint.get("channel_values", {}).items()}
     return CheckpointTuple(
         raw["config"] if "configurable" in raw["config"] else {"configurable": raw["config"]},
-        {**checkpoint, "channel_values": channel_values},
+        cast(Checkpoint, {**checkpoint, "channel_values": channel_values}),
         raw["metadata"],
         _parent(raw.get("parent_config")),
         [(task_id, channel, _value(v, serde)) for task_id, channel, v, *_ in raw.get("pending_writes") or []],
     )
 
 
-def _parent(config: dict[str, Any] | None) -> dict[str, Any] | None:
+def _parent(config: dict[str, Any] | None) -> RunnableConfig | None:
     if not config:
         return None
-    return config if "configurable" in config else {"configurable": config}
+    return cast(RunnableConfig, config if "configurable" in config else {"configurable": config})
 
 
 def decode_delta_history(raw: dict[str, Any], serde: SerializerProtocol) -> dict[str, DeltaChannelHistory]:

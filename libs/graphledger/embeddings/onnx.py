@@ -113,7 +113,8 @@ class OnnxEmbedder(Embeddings):
         weights = mask[..., None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
         pooled /= np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
-        return pooled.astype(float).tolist()
+        vectors: list[list[float]] = pooled.astype(float).tolist()
+        return vectors
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         self._load()

@@ -382,6 +382,6 @@ def payload_codec(cls: P) -> P:
     fields, once."""
     encode, decode = _compile(cls)
     # The compiled functions replace the base's stubs, whose signatures they keep.
-    cls.to_payload = encode  # type: ignore[method-assign, assignment]
-    cls.from_payload = staticmethod(decode)  # type: ignore[method-assign, assignment]
+    cls.to_payload = encode  # type: ignore[method-assign, assignment]  # same signature, compiled
+    cls.from_payload = staticmethod(decode)  # type: ignore[method-assign, assignment]  # as above
     return cls

@@ -2,4 +2,4 @@
 
 from graphledger_server.api.main import main
 
-raise SystemExit(main())
+main()

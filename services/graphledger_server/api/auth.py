@@ -159,7 +159,7 @@ def document_bearer_auth(app: FastAPI) -> None:
                         operation["security"] = [{BEARER_SCHEME: []}]
         return schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend the schema
 
 
 def tenant_of(request: Request) -> Tenant:

@@ -7,7 +7,7 @@ the `b` of opaque values, so a JSON client knows which strings to decode.
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import orjson
@@ -62,6 +62,7 @@ async def decode(request: Request, model: type[ModelT], max_bytes: int) -> Model
     """Parse and validate a request body of at most `max_bytes`; 413 beyond, 400 for an undecodable
     body, 422 naming each bad field."""
     media = request.headers.get("content-type", JSON).split(";")[0].strip().lower()
+    loads: Callable[[bytes], Any]
     if media in _MSGPACK_TYPES:
         loads = ormsgpack.unpackb
     elif media == JSON or media.endswith("+json"):

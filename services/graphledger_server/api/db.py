@@ -59,7 +59,7 @@ def conninfo(settings: Settings) -> str:
     return make_conninfo(settings.postgres_dsn, options=f"{options} -c search_path={settings.postgres_schema}".strip())
 
 
-def open_pool(settings: Settings) -> AsyncConnectionPool:
+def open_pool(settings: Settings) -> AsyncConnectionPool[Any]:
     """A fixed-size pool with the session settings `AsyncPostgresSaver` expects; opened by the caller."""
     return LifoConnectionPool(
         conninfo(settings),
@@ -77,7 +77,7 @@ def open_pool(settings: Settings) -> AsyncConnectionPool:
     )
 
 
-async def not_ready_reason(pool: AsyncConnectionPool) -> str | None:
+async def not_ready_reason(pool: AsyncConnectionPool[Any]) -> str | None:
     """None when Postgres answers and the schema has the checkpoint tables; otherwise why not."""
     try:
         async with pool.connection() as conn:

@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from graphledger.errors import LogUnavailableError, ReencodeRefusedError
+from graphledger.errors import LogUnavailableError, PartitionCountChangedError, ReencodeRefusedError
 from graphledger_server.api.codec import describe, respond
 from graphledger_server.api.errors import ApiError, unavailable
 from graphledger_server.api.state import api_state
@@ -78,6 +78,12 @@ async def _log_unavailable(request: Request, exc: Exception) -> Response:
     return _send(request, unavailable("log_unavailable", "Kafka did not tell where the log ends in time; retry"))
 
 
+async def _partition_count_changed(request: Request, exc: Exception) -> Response:
+    # Names topics and counts only; a thread's partition cannot be told until an operator acts.
+    log.error("%s", exc)
+    return _send(request, ApiError(503, "partition_count_changed", str(exc)))
+
+
 async def _unexpected(request: Request, exc: Exception) -> Response:
     # Starlette re-raises after this answer, so the server logs the traceback; the body says nothing
     # about SQL or internals.
@@ -92,5 +98,6 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(psycopg.Error, _database_error)
     app.add_exception_handler(asyncpg.PostgresError, _database_error)
     app.add_exception_handler(ReencodeRefusedError, _reencode_refused)
+    app.add_exception_handler(PartitionCountChangedError, _partition_count_changed)
     app.add_exception_handler(LogUnavailableError, _log_unavailable)
     app.add_exception_handler(Exception, _unexpected)

@@ -7,6 +7,7 @@ import signal
 import ssl
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 
@@ -14,9 +15,8 @@ from graphledger.settings import Settings
 from graphledger.wire import SERVER_KEEPALIVE_S
 from graphledger_server import telemetry
 from graphledger_server.api.app import create_app
+from graphledger_server.signals import STOP_SIGNALS
 from graphledger_server.telemetry import api as api_telemetry
-
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class _Server(uvicorn.Server):
@@ -31,7 +31,7 @@ class _Server(uvicorn.Server):
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
         try:
             yield
         finally:
@@ -59,7 +59,7 @@ def server(settings: Settings) -> uvicorn.Server:
     return _Server(config)
 
 
-def tls_options(settings: Settings) -> dict[str, str]:
+def tls_options(settings: Settings) -> dict[str, Any]:
     """uvicorn's certificate options, checked first: a file that is missing, unreadable or not the
     key of its certificate stops the start with a message naming the settings."""
     if settings.api_tls_certfile is None or settings.api_tls_keyfile is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any
 
+from langchain_core.runnables import RunnableConfig
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from graphledger.pg_text import json_problem
@@ -47,7 +48,7 @@ class GetRequest(_Request):
     checkpoint_ns: Text = ""
     checkpoint_id: Text | None = None
 
-    def config(self, thread: Callable[[str], str]) -> dict[str, Any]:
+    def config(self, thread: Callable[[str], str]) -> RunnableConfig:
         """The saver's config, its thread id as stored (`thread`: the tenant's mapping)."""
         configurable: dict[str, Any] = {"thread_id": thread(self.thread_id), "checkpoint_ns": self.checkpoint_ns}
         if self.checkpoint_id is not None:
@@ -71,7 +72,7 @@ class ListRequest(_Request):
             raise ValueError("checkpoint_ns and checkpoint_id narrow a thread: give thread_id too")
         return self
 
-    def config(self, thread: Callable[[str], str]) -> dict[str, Any] | None:
+    def config(self, thread: Callable[[str], str]) -> RunnableConfig | None:
         if self.thread_id is None:
             return None
         configurable: dict[str, Any] = {"thread_id": thread(self.thread_id)}
@@ -81,7 +82,7 @@ class ListRequest(_Request):
             configurable["checkpoint_id"] = self.checkpoint_id
         return {"configurable": configurable}
 
-    def before(self) -> dict[str, Any] | None:
+    def before(self) -> RunnableConfig | None:
         if self.before_checkpoint_id is None:
             return None
         return {"configurable": {"checkpoint_id": self.before_checkpoint_id}}

@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 from fastapi import Request
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ApiState:
     settings: Settings
-    pool: AsyncConnectionPool
+    pool: AsyncConnectionPool[Any]
     """psycopg: the checkpoint reads (the official saver's queries) and readiness."""
     store_pool: asyncpg.Pool
     """asyncpg: the store reads (`store_reader`)."""

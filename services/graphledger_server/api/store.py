@@ -74,7 +74,7 @@ def _reader(request: Request) -> StoreReader:
     },
     responses={
         200: {"model": StoreBatchResponse, "content": {MSGPACK: {}}},
-        **{status: _ERRORS for status in (400, 401, 413, 415, 422, 503)},  # type: ignore[dict-item]
+        **{status: _ERRORS for status in (400, 401, 413, 415, 422, 503)},
     },
 )
 async def store_batch(request: Request) -> Response:

@@ -1,11 +1,13 @@
-"""`graphledger dev --demo`: LangGraph's persistence example checkpointed through the running stack, and checked.
+"""`graphledger dev --demo`: LangGraph's persistence examples run through the running stack, and checked.
 
 The graph is the example of LangGraph's persistence guide (`node_a` → `node_b`, `bar` reduced with
 `operator.add`): one invoke makes exactly four checkpoints. The demo runs it with `KafkaSaver` (writes
 go to Kafka, the projector applies them, reads come back through the read API), prints what it wrote
 and read back, and compares that with the history the guide documents and with the same graph run on
-LangGraph's own `InMemorySaver`. It then does the same with `ainvoke` to show the async path. Any
-difference is a failure (exit status 1), so the demo doubles as an end-to-end check.
+LangGraph's own `InMemorySaver`. It then does the same with `ainvoke` to show the async path. Then the
+guide's memory store example, through `KafkaStore` with a real embedding model, checked against
+`InMemoryStore` (`memory_demo.py`). Any difference is a failure (exit status 1), so the demo doubles
+as an end-to-end check.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from typing_extensions import TypedDict
 from graphledger.settings import Settings
 
 if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
     from langgraph.graph import StateGraph
     from langgraph.types import StateSnapshot
 
-INPUT = {"foo": ""}
+INPUT: Any = {"foo": ""}  # the guide's input: `bar` starts empty
 
 # The history the persistence guide documents, newest first: (step, source, values, next, what the next
 # task wrote).
@@ -52,7 +55,7 @@ def node_b(state: State) -> dict[str, Any]:
     return {"foo": "b", "bar": ["b"]}
 
 
-def build_graph() -> StateGraph:
+def build_graph() -> StateGraph[State]:
     """The persistence guide's graph, uncompiled."""
     from langgraph.graph import END, START, StateGraph
 
@@ -68,7 +71,9 @@ def build_graph() -> StateGraph:
 def settings_from_env(env: Mapping[str, str]) -> Settings:
     """Settings from a `GRAPHLEDGER_*` mapping (such as `DevStack.client_env()`), over the process env."""
     prefix = str(Settings.model_config.get("env_prefix", ""))
-    values = {key[len(prefix) :].lower(): value for key, value in env.items() if key.upper().startswith(prefix)}
+    values: dict[str, Any] = {
+        key[len(prefix) :].lower(): value for key, value in env.items() if key.upper().startswith(prefix)
+    }
     return Settings(**values)
 
 
@@ -106,13 +111,23 @@ def run_demo(env: Mapping[str, str], out: TextIO | None = None) -> int:
     _report(out, result, state, history, token)
     problems += _check("async", result, state, history, reference)
 
+    from graphledger_server.devstack.memory_demo import run_memory_demo
+
+    try:
+        problems += run_memory_demo(settings, out)
+    except ImportError as exc:  # OnnxEmbedder's model and runtime come with an extra
+        print(f"demo: the memory store example needs OnnxEmbedder: {exc}", file=out)
+        return 2
+
     if problems:
         print("\ndemo: FAILED, what was read back differs from what was written:", file=out)
         for problem in problems:
             print(f"  - {problem}", file=out)
         return 1
     print(
-        "\ndemo: OK: both threads read back the 4 checkpoints the persistence guide documents, as InMemorySaver does",
+        "\ndemo: OK: both threads read back the 4 checkpoints the persistence guide documents, as InMemorySaver "
+        "does; another thread found the user's memories by meaning and by filter, as InMemoryStore finds them; "
+        "the memory with a TTL expired",
         file=out,
     )
     return 0
@@ -129,7 +144,7 @@ async def _history_async(
 ) -> tuple[Any, StateSnapshot, list[StateSnapshot], dict[tuple[str, int], int]]:
     from graphledger import KafkaSaver
 
-    config = {"configurable": {"thread_id": thread_id}}
+    config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
     async with KafkaSaver(settings) as saver:
         graph = build_graph().compile(checkpointer=saver)
         result = await graph.ainvoke(INPUT, config)

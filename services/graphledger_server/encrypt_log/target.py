@@ -116,7 +116,7 @@ class Copied:
             p, o = (int(part) for part in (raw or b"").decode().split(":"))
         except ValueError:
             raise GraphledgerError(
-                f"{r.topic}:{r.partition}@{r.offset} holds a record encrypt-log did not write (no {HEADER_COPY_OF} "
+                f"{r.topic}:{r.partition}@{r.offset} holds a record the copy did not write (no {HEADER_COPY_OF} "
                 "header): the target topics are in use; choose another --to-prefix"
             ) from None
         event_type = header(headers, HEADER_TYPE)

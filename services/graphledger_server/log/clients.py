@@ -34,8 +34,7 @@ def new_consumer(
     where none is known (`none`: a lost position raises), fetching `fetch_bytes` a partition or a whole
     record, whichever is more."""
     return AIOKafkaConsumer(
-        # The options are a `dict[str, object]`, one type per key, which aiokafka's keywords check.
-        **settings.kafka_client_options(),  # type: ignore[arg-type]
+        **settings.kafka_client_options(),
         group_id=group_id,
         enable_auto_commit=False,
         auto_offset_reset=auto_offset_reset,
@@ -46,4 +45,4 @@ def new_consumer(
 
 def new_admin(settings: Settings) -> AIOKafkaAdminClient:
     """An unstarted admin client (topics, their configs, consumer groups)."""
-    return AIOKafkaAdminClient(**settings.kafka_client_options())  # type: ignore[arg-type]  # as above
+    return AIOKafkaAdminClient(**settings.kafka_client_options())

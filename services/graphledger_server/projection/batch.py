@@ -32,13 +32,13 @@ from typing import Any, Protocol, assert_never
 
 import asyncpg
 
+from graphledger.errors import SchemaSwitchedError
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.log.offsets import (
     OffsetStatements,
-    SchemaSwitchedError,
     TopicPartition,
     advance_offsets,
     lock_offsets,
@@ -243,7 +243,8 @@ class BatchApplier:
             resolved = await self._resolve(conn, fresh, stored)
             dead = list(resolved.dead)
             # Before the events: an erasure among them finds its subject's name.
-            opened = (x.subject for x in (*resolved.events, *dead) if x.subject is not None)
+            subjects = [*(e.subject for e in resolved.events), *(d.subject for d in dead)]
+            opened = (subject for subject in subjects if subject is not None)
             await erasure.record_subjects(conn, self._erasure, opened)
             if isolate:
                 rejected, report = await self._apply_isolated(conn, resolved.events)
@@ -288,14 +289,14 @@ class BatchApplier:
         stored_parts: dict[chunk_store.ChunkKey, dict[int, bytes]] = {}
         if indexed_chunks:
             keys = {chunk_store.key_of(c) for _, c in indexed_chunks}
-            stored, sizes = await chunk_store.stored_indexes(conn, self._chunks, keys)
-            completing = chunk_store.completions(indexed_chunks, stored)
+            stored_chunks, sizes = await chunk_store.stored_indexes(conn, self._chunks, keys)
+            completing = chunk_store.completions(indexed_chunks, stored_chunks)
             if (cut := self._reassembly_cut(completing, sizes)) is not None:
                 out.deferred = _first_offsets(items[cut:])
                 items = items[:cut]
                 indexed_chunks = [(i, c) for i, c in indexed_chunks if i < cut]
                 completing = {i: k for i, k in completing.items() if i < cut}
-            with_stored = {k for k in completing.values() if k in stored}
+            with_stored = {k for k in completing.values() if k in stored_chunks}
             if with_stored:
                 stored_parts = await chunk_store.stored_data(conn, self._chunks, with_stored)
         in_batch: dict[chunk_store.ChunkKey, dict[int, Chunk]] = {}

@@ -326,7 +326,8 @@ def plan_run(items: Sequence[tuple[str, int, int, TimedStoreEvent]]) -> StoreRun
             run.replaced[0].append(prefix)
             run.replaced[1].append(key)
             for field_name, embedding in m.vectors or ():
-                for column, value in zip(run.vector_rows, (prefix, key, field_name, m.vectors_ms), strict=True):
+                row: tuple[Any, ...] = (prefix, key, field_name, m.vectors_ms)
+                for column, value in zip(run.vector_rows, row, strict=True):
                     column.append(value)
                 run.embeddings.extend(embedding)
                 run.dims = len(embedding)

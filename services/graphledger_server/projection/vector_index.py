@@ -15,8 +15,9 @@ from the environment.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import asyncpg
 from langgraph.store.postgres.base import VECTOR_MIGRATIONS
@@ -186,16 +187,16 @@ def extension_schema(quoted: str | None) -> str:
     return quoted
 
 
-def index_from_row(row: asyncpg.Record | dict[str, object] | None) -> VectorIndex | None:
+def index_from_row(row: Mapping[str, Any] | None) -> VectorIndex | None:
     if row is None:
         return None
     return VectorIndex(
-        int(row["dims"]),  # type: ignore[call-overload]
-        row["vector_type"],  # type: ignore[arg-type]
-        row["distance"],  # type: ignore[arg-type]
-        row["index_kind"],  # type: ignore[arg-type]
-        int(row["hnsw_m"]),  # type: ignore[call-overload]
-        int(row["hnsw_ef_construction"]),  # type: ignore[call-overload]
+        int(row["dims"]),
+        row["vector_type"],
+        row["distance"],
+        row["index_kind"],
+        int(row["hnsw_m"]),
+        int(row["hnsw_ef_construction"]),
     )
 
 

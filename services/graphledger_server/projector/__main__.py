@@ -2,4 +2,4 @@
 
 from graphledger_server.projector.main import main
 
-raise SystemExit(main())
+main()

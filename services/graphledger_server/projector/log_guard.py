@@ -21,7 +21,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +46,14 @@ class LogGuard:
             self.stopped.pop(tp, None)
             self._suspect_since_ms.pop(tp, None)
 
-    def beyond_end(self, consumer: object) -> dict[TopicPartition, tuple[int, int]]:
+    def beyond_end(self, consumer: AIOKafkaConsumer) -> dict[TopicPartition, tuple[int, int]]:
         """Partitions whose position has stayed beyond the fetched high watermark for `confirm_s`:
         `{tp: (position, high watermark)}`."""
         lost = {}
-        for tp in consumer.assignment():  # type: ignore[attr-defined]
+        for tp in consumer.assignment():
             position = self.positions.get(tp)
-            high = consumer.highwater(tp)  # type: ignore[attr-defined]
-            seen_ms = consumer.last_poll_timestamp(tp)  # type: ignore[attr-defined]
+            high = consumer.highwater(tp)
+            seen_ms = consumer.last_poll_timestamp(tp)
             if tp in self.stopped or position is None or high is None or seen_ms is None or position <= high:
                 self._suspect_since_ms.pop(tp, None)
                 continue

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import signal
 
 from graphledger.settings import Settings
 from graphledger_server import telemetry
@@ -18,6 +17,7 @@ from graphledger_server.health.server import serving
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.worker import ProjectorWorker
+from graphledger_server.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +58,7 @@ def main(settings: Settings | None = None) -> None:
     gc.freeze()
 
     async def _run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        try:
+        with stop_on_signals() as stop:
             await run_projector(settings, stop)
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
 
     asyncio.run(_run())

@@ -18,10 +18,11 @@ import time
 from collections.abc import Sequence
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from aiokafka.structs import ConsumerRecord
 
+from graphledger.partition_layout import PartitionCheckedProducer
 from graphledger.settings import Settings
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.health.state import WorkerHealth, caught_up
@@ -91,7 +92,7 @@ async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
         pass
 
 
-class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]
+class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no types
     """Seeks newly assigned partitions to their stored offsets; lets a revoke wait for the batch."""
 
     def __init__(self, worker: ProjectorWorker) -> None:
@@ -111,8 +112,9 @@ class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         # Paused before the first await: the fetcher would otherwise start from the offsets committed
         # to Kafka (monitoring only) while the stored ones are being read.
-        self.worker.consumer.pause(*assigned)  # type: ignore[union-attr]
+        self.worker.consumer.pause(*assigned)  # type: ignore[union-attr]  # assigned: the consumer runs
         try:
+            await self.worker.check_partition_counts()
             await self.worker.seek_to_stored(assigned)
         except BaseException as exc:
             self.worker.assignment_failed = exc  # aiokafka only logs a listener's error: the loop raises it
@@ -137,7 +139,7 @@ class ProjectorWorker:
         self.batch_lock = asyncio.Lock()
         self.pool: asyncpg.Pool | None = None
         self.consumer: AIOKafkaConsumer | None = None
-        self.producer: AIOKafkaProducer | None = None
+        self.producer: PartitionCheckedProducer | None = None
         self._offsets = OffsetStatements(settings.postgres_schema)
         self._stop = asyncio.Event()
         self.guard = LogGuard()
@@ -227,6 +229,16 @@ class ProjectorWorker:
         self.telemetry.outstanding_dead_letters = counts
 
     # -- assignment ----------------------------------------------------------------------------------
+
+    async def check_partition_counts(self) -> None:
+        """Stop (PartitionCountChangedError) when a topic has another partition count than its layout
+        records: its threads' records may sit on two partitions, which this worker would apply apart.
+        Every count change reaches here: the group rebalances when a subscribed topic's count changes."""
+        assert self.consumer is not None and self.producer is not None
+        layout = self.producer.layout
+        await layout.load(self.producer.client)
+        for topic in self.topics:
+            layout.check(topic, len(self.consumer.partitions_for_topic(topic) or ()))
 
     def forget(self, partitions: set[TopicPartition]) -> None:
         self.guard.forget(partitions)

@@ -2,4 +2,4 @@
 
 from graphledger_server.sweeper.main import main
 
-raise SystemExit(main())
+main()

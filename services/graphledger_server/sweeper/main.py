@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 
 import asyncpg
 
@@ -28,6 +27,7 @@ from graphledger_server.health.server import serving
 from graphledger_server.health.state import WorkerHealth
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import check_key_settings, key_store_for
+from graphledger_server.signals import stop_on_signals
 from graphledger_server.sweeper.leader import AdvisoryLeader
 from graphledger_server.sweeper.sweep import Sweep, longest_step_s
 from graphledger_server.telemetry import sweeper as sweeper_telemetry
@@ -129,13 +129,10 @@ def main(settings: Settings | None = None) -> None:
     sweeper_telemetry.started()
 
     async def _run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        with sweeper_telemetry.root_span("sweeper start"):
-            log.info(START_MESSAGE)
-        await run_sweeper(settings, stop)
+        with stop_on_signals() as stop:
+            with sweeper_telemetry.root_span("sweeper start"):
+                log.info(START_MESSAGE)
+            await run_sweeper(settings, stop)
         log.info("sweeper: stopped")
 
     asyncio.run(_run())

@@ -17,6 +17,7 @@ import logging
 import sys
 import time
 from types import TracebackType
+from typing import TextIO
 
 from opentelemetry import trace
 
@@ -57,13 +58,13 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
-def use_json_logs(service: str | None = None, stream: object = None) -> logging.Handler:
+def use_json_logs(service: str | None = None, stream: TextIO | None = None) -> logging.Handler:
     """Make the root logger write JSON lines to `stream` (stderr), keeping its level; returns the handler.
 
     Warnings and uncaught exceptions go through it too, so a log collector never meets a bare
     traceback split over lines.
     """
-    handler = logging.StreamHandler(stream or sys.stderr)  # type: ignore[arg-type]
+    handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter(service))
     root = logging.getLogger()
     root.handlers[:] = [handler]

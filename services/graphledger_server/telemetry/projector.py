@@ -68,7 +68,7 @@ _workers: weakref.WeakSet[ProjectorTelemetry] = weakref.WeakSet()
 
 def event_type_label(event_type: str | None) -> str:
     """The `graphledger.event.type` value for an event type: itself if known, else `other`."""
-    return event_type if event_type in KNOWN_EVENT_TYPES else names.OTHER  # type: ignore[return-value]
+    return event_type if event_type in KNOWN_EVENT_TYPES else names.OTHER
 
 
 def offset_commit_failed(exc: BaseException) -> None:

@@ -1,0 +1,39 @@
+"""How a test waits: it polls a condition until it holds or a deadline passes, never a bare sleep.
+
+`wait_until` (synchronous) is the dev stack's own, `graphledger_server.devstack.ports.wait_until`;
+`wait_for` is the same for a test on the event loop, whose condition may be a coroutine function. Both
+fail with `TimeoutError` naming what they waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+
+from graphledger_server.devstack.ports import wait_until
+
+WAIT_S = 60.0
+POLL_S = 0.05
+
+__all__ = ["POLL_S", "WAIT_S", "wait_for", "wait_until"]
+
+
+async def wait_for(
+    condition: Callable[[], Awaitable[object] | object], what: str, timeout_s: float = WAIT_S, poll_s: float = POLL_S
+) -> None:
+    """Poll `condition` (awaited when it returns an awaitable) until it is true; `TimeoutError` naming
+    `what` after `timeout_s`. The loop runs between polls, so a condition can wait on this loop's tasks."""
+    deadline = time.monotonic() + timeout_s
+    while not await _holds(condition):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        await asyncio.sleep(poll_s)
+
+
+async def _holds(condition: Callable[[], Awaitable[object] | object]) -> bool:
+    result = condition()
+    if inspect.isawaitable(result):
+        result = await result
+    return bool(result)
