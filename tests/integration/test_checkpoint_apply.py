@@ -209,39 +209,6 @@ async def test_a_copy_follows_the_targets_records_before_its_barrier_in_either_a
     assert await count(conn, "gl", "graphledger_copy_stages") == 0
 
 
-@pytest.mark.parametrize("source_first", [True, False], ids=["source-first", "target-first"])
-async def test_a_runs_delete_after_a_copys_record_reaches_the_staged_copy(
-    conn: asyncpg.Connection, source_first: bool
-) -> None:
-    """delete_for_runs racing a copy: its `runs.delete` lands after the copy's record on the source's
-    partition and before the barrier on the target's. The one on the source's partition reaches the
-    staged copy, so the target ends with none of the run's checkpoints (as if the copy came first, then
-    the delete), and the blobs and writes only they held go with them."""
-    applier = _applier()
-    source = [
-        record(put("s", 1, blobs={"m": b"kept"}, metadata={"run_id": "keep"}), 0, 0),
-        record(put("s", 2, parent=1, blobs={"m": b"run"}, metadata={"run_id": "r"}), 0, 1),
-        record(writes("s", 2, "task", [("m", b"w")]), 0, 2),
-        record(ThreadCopy("s", "t"), 0, 3),
-        record(RunsDelete(("r",)), 0, 4),
-    ]
-    target = [record(RunsDelete(("r",)), 1, 0), record(ThreadCopyBarrier("t", 0, 3), 1, 1)]
-    if source_first:
-        await applier.apply(conn, source)
-        assert (await applier.apply(conn, target)).held == {}
-    else:
-        assert (await applier.apply(conn, target)).held == {(TOPIC, 1): 1}
-        await applier.apply(conn, source)
-        assert (await applier.apply(conn, target[1:])).held == {}
-    assert await _ids(conn, "t") == [cid(1)]
-    rows = await dump(conn, "gl")
-    assert [r[5] for r in rows["checkpoint_blobs"] if r[0] == "t"] == [b"kept"]
-    assert [r for r in rows["checkpoint_writes"] if r[0] == "t"] == []
-    assert await _ids(conn, "s") == [cid(1)]
-    for table in ("graphledger_copy_stages", "graphledger_staged_checkpoints", "graphledger_staged_blobs"):
-        assert await count(conn, "gl", table) == 0, table
-
-
 async def test_a_copy_copies_its_source_as_of_the_copys_record(conn: asyncpg.Connection) -> None:
     """The source's records after the copy's change the source, not the stage, even when they apply
     before the barrier."""

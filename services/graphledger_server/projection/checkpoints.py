@@ -386,53 +386,6 @@ FROM deleted d
 CROSS JOIN LATERAL jsonb_each_text(d.versions) AS v
 """
 
-# delete_for_runs, in the copies staged on this partition (whose copy's record came before this
-# `runs.delete` here): the staged checkpoints whose metadata run_id is listed, with their writes, as the
-# copy's target loses them when the `runs.delete` of its own partition comes after the barrier. So a
-# delete_for_runs racing a copy leaves the target none of the runs' checkpoints in either order, even
-# when it reaches the target's partition before the barrier and the source's after the copy. Returns
-# the freed versions for GC_STAGED_BLOBS_SQL, as DELETE_RUNS_SQL does for GC_BLOBS_SQL.
-# $1 -> run ids, $2 topic, $3 partition.
-DELETE_STAGED_RUNS_SQL = """
-WITH deleted AS (
-    DELETE FROM {schema}.graphledger_staged_checkpoints c
-    WHERE c.topic = $2::text AND c.partition = $3::int AND c.metadata ->> 'run_id' = ANY($1::text[])
-    RETURNING c."offset", c.checkpoint_ns, c.checkpoint_id, c.checkpoint -> 'channel_versions' AS versions
-), w AS (
-    DELETE FROM {schema}.graphledger_staged_writes sw
-    USING deleted d
-    WHERE sw.topic = $2::text AND sw.partition = $3::int AND sw."offset" = d."offset"
-      AND sw.checkpoint_ns = d.checkpoint_ns AND sw.checkpoint_id = d.checkpoint_id
-)
-SELECT DISTINCT d."offset", d.checkpoint_ns, v.key AS channel, v.value AS version
-FROM deleted d
-CROSS JOIN LATERAL jsonb_each_text(d.versions) AS v
-"""
-
-# Staged blobs that deleted staged checkpoints referenced and no remaining checkpoint of their stage and
-# namespace does (GC_BLOBS_SQL's rule, within the stage). $1 topic, $2 partition,
-# $3..$6 -> unnest("offset", checkpoint_ns, channel, version) of the freed versions.
-GC_STAGED_BLOBS_SQL = """
-WITH freed AS (
-    SELECT * FROM unnest($3::bigint[], $4::text[], $5::text[], $6::text[])
-        AS f("offset", checkpoint_ns, channel, version)
-), scopes AS (
-    SELECT DISTINCT "offset", checkpoint_ns FROM freed
-), referenced AS (
-    SELECT c."offset", c.checkpoint_ns, v.key AS channel, v.value AS version
-    FROM scopes s
-    JOIN {schema}.graphledger_staged_checkpoints c
-      ON c.topic = $1::text AND c.partition = $2::int AND c."offset" = s."offset" AND c.checkpoint_ns = s.checkpoint_ns
-    CROSS JOIN LATERAL jsonb_each_text(c.checkpoint -> 'channel_versions') AS v
-), garbage AS (
-    SELECT * FROM freed EXCEPT SELECT * FROM referenced
-)
-DELETE FROM {schema}.graphledger_staged_blobs b
-USING garbage g
-WHERE b.topic = $1::text AND b.partition = $2::int AND b."offset" = g."offset"
-  AND b.checkpoint_ns = g.checkpoint_ns AND b.channel = g.channel AND b.version = g.version
-"""
-
 # Blobs that deleted checkpoints referenced and no remaining checkpoint of their thread and
 # namespace does. $1..$4 -> unnest(thread_id, checkpoint_ns, channel, version) of the freed versions.
 # EXCEPT (a hash set operation) rather than a NOT EXISTS per freed blob, which would rescan a
@@ -796,8 +749,6 @@ class CheckpointStatements:
         self.erasure = erasure.ErasureStatements(schema)
         self.delete_runs = render(DELETE_RUNS_SQL, schema)
         self.gc_blobs = render(GC_BLOBS_SQL, schema)
-        self.delete_staged_runs = render(DELETE_STAGED_RUNS_SQL, schema)
-        self.gc_staged_blobs = render(GC_STAGED_BLOBS_SQL, schema)
         self.newest_checkpoints = render(NEWEST_CHECKPOINTS_SQL, schema)
         self.insert_forks = render(INSERT_FORKS_SQL, schema)
         self.prune = prune.PruneStatements(schema)
@@ -834,9 +785,6 @@ async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps
             case DeleteRuns():
                 rows = await conn.fetch(sql.delete_runs, list(step.run_ids), step.topic, step.partition)
                 await gc_blobs(conn, sql, [tuple(r) for r in rows])
-                staged = await conn.fetch(sql.delete_staged_runs, list(step.run_ids), step.topic, step.partition)
-                if staged:
-                    await conn.execute(sql.gc_staged_blobs, step.topic, step.partition, *_columns(staged, 4))
             case EraseThread():
                 names = await erasure.names_of(conn, sql.erasure, "thread", [step.ref])
                 if names:
