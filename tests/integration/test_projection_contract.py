@@ -87,6 +87,37 @@ def of_key(rows: Rows, columns: tuple[Any, ...]) -> Rows:
     return {table: [r for r in found if r[: len(columns)] == columns] for table, found in rows.items()}
 
 
+@dataclasses.dataclass
+class Fetches:
+    """Batches applied as the projector applies what it fetched: a partition held at a record (a copy
+    barrier whose copy has not applied yet, `BatchResult.held`) is fetched again from that record, with
+    the next batch."""
+
+    applier: BatchApplier
+    conn: asyncpg.Connection
+    held: list[SourceRecord] = dataclasses.field(default_factory=list)
+    applied: int = 0
+    skipped: int = 0
+
+    async def apply(self, batch: Sequence[SourceRecord]) -> None:
+        records = [*self.held, *batch]
+        if records:
+            result = await self.applier.apply(self.conn, records)
+            self.applied += result.applied
+            self.skipped += result.skipped
+            self.held = [r for r in records if r.offset >= result.held.get((r.topic, r.partition), r.offset + 1)]
+
+
+async def drain(*fetches: Fetches) -> None:
+    """Fetch the held partitions again until none is held (each round can release the next)."""
+    for _ in range(sum(len(f.held) for f in fetches) + 1):
+        if not any(f.held for f in fetches):
+            return
+        for f in fetches:
+            await f.apply([])
+    raise AssertionError(f"held for ever: {[r for f in fetches for r in f.held]}")
+
+
 def end_offsets(records: Sequence[SourceRecord]) -> dict[tuple[str, int], int]:
     ends: dict[tuple[str, int], int] = {}
     for r in records:
@@ -178,7 +209,9 @@ class ProjectionContract(ABC):
     ) -> None:
         log, dead = self.log(log_name), []
         applier = await self.applier(fresh_database, conn, "twice", dead)
-        first = await applier.apply(conn, log)
+        first = Fetches(applier, conn)
+        await first.apply(log)
+        await drain(first)
         assert (first.applied, first.skipped, dead) == (len(log), 0, [])
         rows = await self.rows(conn, "twice")
         self.check_outcome(log_name, rows)
@@ -244,21 +277,23 @@ class ProjectionContract(ABC):
         self, fresh_database: str, conn: asyncpg.Connection, log_name: str
     ) -> None:
         log, dead = self.log(log_name), []
-        live = await self.applier(fresh_database, conn, "live", dead)
+        live = Fetches(await self.applier(fresh_database, conn, "live", dead), conn)
         sizes = random.Random(log_name)
         start = 0
         while start < len(log):
             end = start + sizes.choice(LIVE_BATCH_SIZES)
-            await live.apply(conn, log[start:end])
+            await live.apply(log[start:end])
             start = end
+        await drain(live)
 
         # The rebuild: a fresh schema, its partitions split over lanes, each lane in batches of its own.
         replay = await self.applier(fresh_database, conn, "replay", dead)
         lanes = [[r for r in log if r.partition % REPLAY_LANES == lane] for lane in range(REPLAY_LANES)]
+        fetches = [Fetches(replay, conn) for _ in lanes]
         for start in range(0, len(log), REPLAY_BATCH):
-            for lane in lanes:
-                if lane[start : start + REPLAY_BATCH]:
-                    await replay.apply(conn, lane[start : start + REPLAY_BATCH])
+            for lane, fetched in zip(lanes, fetches, strict=True):
+                await fetched.apply(lane[start : start + REPLAY_BATCH])
+        await drain(*fetches)
 
         assert dead == []
         assert await self.rows(conn, "replay") == await self.rows(conn, "live")
@@ -272,9 +307,17 @@ class ProjectionContract(ABC):
 # -- the checkpoint projection ------------------------------------------------------------------------
 
 
+def copied_ids(rows: Rows) -> dict[str, list[int]]:
+    """Each thread's checkpoint ids, as the `n` of `cid(n)`."""
+    ids: dict[str, list[int]] = {}
+    for row in rows["checkpoints"]:
+        ids.setdefault(row[0], []).append(int(row[2].rsplit("-", 1)[1]))
+    return ids
+
+
 class TestCheckpointProjection(ProjectionContract):
     TOPIC = checkpoints.TOPIC
-    LOGS = ("mixed",)
+    LOGS = ("mixed", "copies")
 
     async def migrate(self, dsn: str, schema: str) -> None:
         await migrate(dsn, schema)
@@ -286,10 +329,21 @@ class TestCheckpointProjection(ProjectionContract):
         return [checkpoints.record(e, 0, offset) for offset, e in enumerate(events)]
 
     def log(self, name: str) -> list[SourceRecord]:
-        return [checkpoints.record(e, partition, offset) for _, partition, offset, e in checkpoints.mixed_batch()]
+        logged = checkpoints.copies_log() if name == "copies" else checkpoints.mixed_batch()
+        return [checkpoints.record(e, partition, offset) for _, partition, offset, e in logged]
+
+    def redeliverable(self, name: str) -> list[SourceRecord]:
+        """Of the copies: the puts and deletes (a copy stages its source as it finds it, later puts included)."""
+        if name != "copies":
+            return self.log(name)
+        return [r for r in self.log(name) if dict(r.headers)["gl-type"] in (b"checkpoint.put", b"thread.delete")]
 
     def check_outcome(self, name: str, rows: Rows) -> None:
-        assert {r[0] for r in rows["checkpoints"]} == {"a", "c", "d", "z"}
+        if name == "copies":
+            assert copied_ids(rows) == checkpoints.COPIES_LOG_IDS
+            assert rows["graphledger_copy_stages"] == []  # every barrier took its stage
+        else:
+            assert {r[0] for r in rows["checkpoints"]} == {"a", "c", "d", "z"}
 
     def one_key(self) -> list[Any]:
         put, writes = checkpoints.put, checkpoints.writes
@@ -329,6 +383,28 @@ class TestCheckpointProjection(ProjectionContract):
 
     async def rows(self, conn: asyncpg.Connection, schema: str) -> Rows:
         return await checkpoints.dump(conn, schema)
+
+    async def test_a_copy_lands_among_its_targets_records_whichever_partition_applies_first(
+        self, fresh_database: str, conn: asyncpg.Connection
+    ) -> None:
+        """A projector reaching the copies' source partition first (the live one, usually: the copy is
+        acknowledged before its barrier is sent), or their targets' partitions first (a replay's lanes, a
+        lagging worker), leaves what the log order of each target's partition says."""
+        log, dead = self.log("copies"), []
+        orders = [(0, 1, 2), (1, 2, 0), (2, 0, 1)]
+        for order in orders:
+            fetched = Fetches(await self.applier(fresh_database, conn, f"order_{''.join(map(str, order))}", dead), conn)
+            for partition in order:
+                await fetched.apply([r for r in log if r.partition == partition])
+            await drain(fetched)
+        assert dead == []
+        first, *others = [f"order_{''.join(map(str, order))}" for order in orders]
+        rows = await self.rows(conn, first)
+        self.check_outcome("copies", rows)
+        for schema in others:
+            assert await self.rows(conn, schema) == rows
+            checks = await compare(conn, first, schema)  # lineage and activity times too
+            assert all(check.equal for check in checks), [check.describe() for check in checks]
 
 
 # -- the store projection -----------------------------------------------------------------------------

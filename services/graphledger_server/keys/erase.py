@@ -7,9 +7,12 @@ In this order, each step idempotent, so an erase that fails half way is simply a
    partition, `namespace.erase` and `tenant.erase` on every partition), and the projector drops the
    subject's rows, dead letters and chunks when it applies it;
 3. a thread's copies (`copy_thread`) hold its data, so once the projector applied the thread's erasure
-   (every copy from it before that point is in `graphledger_thread_copies`, and later ones copy
-   nothing), each copy is erased the same way. A replay opens none of their events either, so it
-   rebuilds exactly what the live projection holds.
+   (every copy from it before that point is in `graphledger_thread_copies`, recorded at the copy's
+   record whether or not its barrier has landed the rows yet; later copies copy nothing), each copy is
+   erased the same way, with what is still staged for it. A replay opens none of their events either, so it
+   rebuilds exactly what the live projection holds. A copy's erasure passes its own copies on to its
+   source's lineage, so an erase asked again after `ErasureIncompleteError` still finds the copies of the
+   copies the failed attempt erased.
 """
 
 from __future__ import annotations
