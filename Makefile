@@ -41,9 +41,9 @@ test: $(STAMP) $(AGENT_SERVER_STAMP)
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
 
-# Regenerate the README's settings table from graphledger.Settings (a test fails when it is stale).
+# Regenerate the settings table of docs/settings.md from graphledger.Settings (a test fails when it is stale).
 settings-doc: $(STAMP)
-	$(BIN)/python -m graphledger_server.commands.settings_doc --write README.md
+	$(BIN)/python -m graphledger_server.commands.settings_doc --write docs/settings.md
 
 # BENCH_ARGS picks sections and sizes: `make bench BENCH_ARGS="--only conversations"` runs the
 # conversation rows alone (about 6 minutes on 2 cores); `$(BIN)/python -m bench --help` lists the rest.
@@ -52,14 +52,16 @@ bench: $(STAMP)
 
 # Ten minutes of mixed traffic with a projector SIGKILL every minute; checks nothing was lost. Then the
 # long runs of the checks `make test` runs short: the model-based test at 10,000 operations against the
-# reference (about 15 minutes), a 2,000-turn conversation held by one process, and ten minutes of writes
-# through an outage of the read API and Postgres.
+# reference (about 15 minutes), a 2,000-turn conversation held by one process, ten minutes of writes
+# through an outage of the read API and Postgres, and five minutes of turns hopping between agent
+# processes with the projector stopped, under chat load.
 MODEL_OPS ?= 10000
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak
 	GRAPHLEDGER_MODEL_OPS=$(MODEL_OPS) $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/acceptance/test_model_based.py
 	GRAPHLEDGER_LONG_CONVERSATION_TURNS=2000 $(BIN)/python -m pytest -q tests/acceptance/test_thread_state.py
 	GRAPHLEDGER_OUTAGE_S=600 GRAPHLEDGER_OUTAGE_PACE_S=1 GRAPHLEDGER_CLIENT_FRESH_KEYS=2048 $(BIN)/python -m pytest -q tests/acceptance/test_outage_writes.py
+	GRAPHLEDGER_READ_THROUGH_STOPPED_S=300 $(BIN)/python -m pytest -q -s tests/acceptance/test_read_through_hops.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check libs services tests bench

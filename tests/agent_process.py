@@ -8,7 +8,12 @@ while another command runs, so that a test can hold a node (a `gate:<name>` mess
 The graph is a chat: each turn appends the user's message and the node's reply to `messages`. A
 message `interrupt:<q>` makes the node ask `<q>` with `interrupt()` and reply with the answer given
 on resume; `gate:<name>` makes the node report `{"event": "in_node", "gate": name}` and wait for
-`gate_open` before replying.
+`gate_open` before replying. A turn answers how long its invoke took (`elapsed_ms`) and its read of the
+thread (`get_ms`).
+
+`load_start` starts the bench's chat load in this process (`bench/conversations.py`: `concurrency`
+workers, each running conversations of ten turns of 200-character messages on threads of their own)
+and answers at once; `load_stop` stops it and answers the turns it ran and the errors it met.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import json
 import queue
 import sys
 import threading
+import time
+import uuid
 from operator import add
 from typing import Annotated, Any, TypedDict
 
@@ -27,6 +34,9 @@ from langgraph.types import Command, interrupt
 from graphledger import KafkaSaver, KafkaStore
 
 GATE_WAIT_S = 120.0
+LOAD_TURNS = 10
+"""Turns per conversation of the chat load, as the bench runs them."""
+LOAD_MESSAGE = "x" * 200
 
 
 class Chat(TypedDict):
@@ -36,9 +46,25 @@ class Chat(TypedDict):
 class Pod:
     def __init__(self) -> None:
         self.saver = KafkaSaver.from_env()
+        self.get_s = 0.0
+        """Seconds the current turn's thread read (`get_tuple`) took."""
+        get_tuple = self.saver.get_tuple
+
+        def timed_get(config: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return get_tuple(config)
+            finally:
+                self.get_s += time.perf_counter() - started
+
+        self.saver.get_tuple = timed_get  # type: ignore[method-assign]
         self.store = KafkaStore.from_env()
         self.gates: dict[str, threading.Event] = {}
         self.lock = threading.Lock()
+        self.loading = threading.Event()
+        self.load_workers: list[threading.Thread] = []
+        self.load_turns = 0
+        self.load_errors: list[str] = []
         builder = StateGraph(Chat)
         builder.add_node("reply", self.reply)
         builder.add_edge(START, "reply")
@@ -63,7 +89,26 @@ class Pod:
         op = command["op"]
         config = {"configurable": {"thread_id": command.get("thread", "")}}
         if op == "turn":  # one invoke and nothing else: a failure means the turn wrote nothing after its read
-            return {"messages": self.graph.invoke({"messages": [command["text"]]}, config)["messages"]}
+            started, self.get_s = time.perf_counter(), 0.0
+            messages = self.graph.invoke({"messages": [command["text"]]}, config)["messages"]
+            return {
+                "messages": messages,
+                "elapsed_ms": (time.perf_counter() - started) * 1000,
+                "get_ms": self.get_s * 1000,
+            }
+        if op == "load_start":
+            self.loading.set()
+            for n in range(command["concurrency"]):
+                worker = threading.Thread(target=self.load, name=f"load-{n}", daemon=True)
+                worker.start()
+                self.load_workers.append(worker)
+            return {}
+        if op == "load_stop":
+            self.loading.clear()
+            for worker in self.load_workers:
+                worker.join()
+            self.load_workers.clear()
+            return {"turns": self.load_turns, "errors": self.load_errors[:20]}
         if op == "resume":
             return {"messages": self.graph.invoke(Command(resume=command["value"]), config)["messages"]}
         if op == "state":
@@ -93,6 +138,22 @@ class Pod:
             items = self.store.search(tuple(command["namespace"]), limit=100)
             return {"items": [[list(i.namespace), i.key, i.value] for i in items]}
         raise ValueError(f"unknown op {op!r}")
+
+    def load(self) -> None:
+        """Conversations of `LOAD_TURNS` turns on new threads, until `load_stop`."""
+        n = 0
+        while self.loading.is_set():
+            if n % LOAD_TURNS == 0:
+                config = {"configurable": {"thread_id": f"load-{uuid.uuid4().hex}"}}
+            try:
+                self.graph.invoke({"messages": [f"message {n} " + LOAD_MESSAGE]}, config)
+            except Exception as exc:
+                with self.lock:
+                    self.load_errors.append(f"{type(exc).__name__}: {exc}")
+            else:
+                with self.lock:
+                    self.load_turns += 1
+            n += 1
 
 
 def _id(config: Any) -> str | None:

@@ -96,8 +96,8 @@ class Agent:
             case "keys":
                 runtime = saver._runtime
                 assert runtime.sealer is not None, "the model test runs with sealing on"
-                await runtime.sealer.tenant_keys(runtime.tenant)
-                return {"result": {t: key.decode() for t in a["threads"] if (key := runtime.thread_key(t))}}
+                await runtime.sealer.tenant_hashing(runtime.tenant)
+                return {"result": {t: key.decode() for t in a["threads"] if (key := runtime.record_key_of_thread(t))}}
             case "stats":
                 reads = saver._runtime.thread_reads
                 threads = saver._runtime.threads

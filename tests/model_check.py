@@ -171,7 +171,6 @@ class History:
             if len(partitions) > 1:
                 self.anomalies.append(f"thread {thread}: records on partitions {sorted(partitions)}")
             self.partition[thread] = effects[0].partition
-        self._erasures(erasures)
         for partition, offset, op, out in broadcasts:
             for thread, p in self.partition.items():
                 if p == partition:
@@ -180,16 +179,27 @@ class History:
             effects.sort(key=lambda e: e.offset)
         self._graph_reads = _GraphReads()
         self._graph = build_graph(self._graph_reads)
+        self._erasures(erasures)
 
     def _erasures(self, erasures: dict[str, list[tuple[int, int]]]) -> None:
         """Each erased thread's first `thread.erase` record, as an effect of the erase call that erased
         it: the one naming it, or the first whose thread it was copied from (transitively); and the
-        check that exactly those copies were erased that were made before their source's erasure."""
+        check that exactly those copies were erased that were made before their source's erasure and
+        copied something (a copy of a thread holding nothing records no lineage: the projection's rule,
+        so that a copy made after its source's erasure is spared by an erase asked again)."""
         calls = [op for op in self.ops if op.kind == "erase" and (o := self.outcomes.get(op.index)) and o.ok]
         calls.sort(key=lambda op: self.outcomes[op.index].t0)
         first = {thread: min(records, key=lambda r: r[1]) for thread, records in erasures.items()}
         copies = [(op.args["source"], op.args["target"], self.outcomes[op.index].records[0][-1]) for op in self.ops
                   if op.kind == "copy_thread" and (o := self.outcomes.get(op.index)) and o.ok]  # fmt: skip
+        # A thread is erased at its first thread.erase record whichever call published it, so the states
+        # that decide whether a copy copied something are known before the records are attributed.
+        stand_ins = {}
+        if calls:
+            call = calls[0]
+            for thread, (partition, offset) in first.items():
+                stand_ins[thread] = Effect(thread, partition, offset, call, self.outcomes[call.index], "erase")
+                bisect.insort(self.effects[thread], stand_ins[thread], key=lambda e: e.offset)
         expected: dict[str, Op] = {}
         for call in calls:
             todo = [call.args["thread"]]
@@ -203,7 +213,11 @@ class History:
                                           "that erasure, but has no thread.erase record")  # fmt: skip
                     continue
                 _, erased_at = first[thread]
-                todo.extend(t for s, t, (p, o) in copies if s == thread and s != t and o < erased_at)
+                todo.extend(
+                    t for s, t, (p, o) in copies if s == thread and s != t and o < erased_at and self._copied(s, o)
+                )
+        for thread, stand_in in stand_ins.items():
+            self.effects[thread] = [e for e in self.effects[thread] if e is not stand_in]
         for thread in first.keys() - expected.keys():
             self.anomalies.append(f"thread {thread} was erased (records {erasures[thread]}) by no erase call")
         for thread, call in expected.items():
@@ -211,9 +225,20 @@ class History:
                 continue
             partition, offset = first[thread]
             kind = "erase" if call.args["thread"] == thread else "erase_copy"
-            self.effects[thread].append(Effect(thread, partition, offset, call, self.outcomes[call.index], kind))
+            effect = Effect(thread, partition, offset, call, self.outcomes[call.index], kind)
+            bisect.insort(self.effects[thread], effect, key=lambda e: e.offset)
+        self._states.clear()
         self.erase_calls = calls
         self.erased_copies = {t for t, c in expected.items() if c.args["thread"] != t}
+
+    def _copied(self, source: str, offset: int) -> bool:
+        """Whether the copy whose record is at `offset` of `source`'s partition found a checkpoint or a
+        write of the source there (what the projection records a copy's lineage for)."""
+        effects = self.effects.get(source, [])
+        state = self.state(source, bisect.bisect_left([e.offset for e in effects], offset))
+        return any(state.storage.get(source, {}).values()) or any(
+            rows for (thread, _, _), rows in state.writes.items() if thread == source
+        )
 
     # -- the reference after a prefix ------------------------------------------------------------
 

@@ -158,8 +158,7 @@ class ReferenceSaver(InMemorySaver):
         "Copy all checkpoints and writes from one thread to another"; the conformance suite: every
         namespace, ids, metadata, values and writes as they are, the source unchanged). Neither says
         what happens to rows the target already has: here the target keeps them (a source row with
-        the same key is not copied), as graphledger's projection does. The script copies onto a thread
-        with rows only with `copy_onto_used_threads`, which is left out while that finds a bug."""
+        the same key is not copied), as graphledger's projection does."""
         source, target = source_thread_id, target_thread_id
         if source == target or target in self.erased or source in self.erased:
             return

@@ -21,6 +21,7 @@ from graphledger.events.checkpoint import (
     CheckpointWrites,
     RunsDelete,
     ThreadCopy,
+    ThreadCopyBarrier,
     ThreadDelete,
     ThreadPrune,
     Write,
@@ -48,6 +49,10 @@ TABLE_ORDER = {
     "checkpoint_blobs": "thread_id, checkpoint_ns, channel, version",
     "checkpoint_writes": "thread_id, checkpoint_ns, checkpoint_id, task_id, idx",
     "graphledger_thread_partitions": "thread_id",
+    "graphledger_copy_stages": 'topic, partition, "offset"',
+    "graphledger_staged_checkpoints": 'topic, partition, "offset", checkpoint_ns, checkpoint_id',
+    "graphledger_staged_blobs": 'topic, partition, "offset", checkpoint_ns, channel, version',
+    "graphledger_staged_writes": 'topic, partition, "offset", checkpoint_ns, checkpoint_id, task_id, idx',
 }
 
 
@@ -130,8 +135,8 @@ def items(events: Sequence[CheckpointEvent], partition: int = 0, first_offset: i
 
 
 def mixed_batch() -> list[Item]:
-    """A batch touching every statement: duplicates, deletes, copies, runs, prunes; threads a, c, d on
-    partition 0 and z on partition 1 keep rows.
+    """A batch touching every statement: duplicates, deletes, copies, runs, prunes; threads a, d on
+    partition 0 and z and c (a copy of a, at its barrier) on partition 1 keep rows.
 
     A copy or a keep_latest prune reads the state it finds, so re-applying one after later events of
     its thread does not reproduce its effect: here they come after their threads' last put, so the
@@ -160,8 +165,59 @@ def mixed_batch() -> list[Item]:
                 ThreadPrune("e", "delete"),
             ]
         ),
-        *items([put("z", 1, metadata={"run_id": "r1"})], partition=1),
+        *items([put("z", 1, metadata={"run_id": "r1"}), ThreadCopyBarrier("c", 0, 10)], partition=1),
     ]
+
+
+def copies_log() -> list[Item]:
+    """Copies onto threads whose own records before the barrier change them, over three partitions:
+    source `s` on 0, targets `t` and `u` on 1, `fresh` and `v` on 2. In the log order of each target's
+    partition, with the source as of each copy's record: `t` is pruned to 8, then gets 1 and 2, then puts
+    10; `u` copies `t` then (1, 2, 8, 10); `fresh` gets 1, 2 and puts 20; `v` is deleted, then gets 1
+    and 2; `s` (3 put after the copies, copied onto itself) keeps 1, 2, 3 (`COPIES_LOG_IDS`)."""
+    return [
+        *items(
+            [
+                put("s", 1, blobs={"m": b"s1"}, metadata={"run_id": "r"}),
+                put("s", 2, parent=1, blobs={"m": b"s2"}),
+                writes("s", 2, "task", [("m", b"sw")]),
+                ThreadCopy("s", "t"),  # 3
+                ThreadCopy("s", "fresh"),  # 4
+                ThreadCopy("s", "v"),  # 5
+                put("s", 3, parent=2, blobs={"m": b"s3"}),
+                ThreadCopy("s", "s"),  # 7
+                ThreadCopyBarrier("s", 0, 7),
+            ],
+            partition=0,
+        ),
+        *items(
+            [
+                put("t", 7, blobs={"m": b"t7"}),
+                put("t", 8, parent=7, blobs={"m": b"t8"}),
+                ThreadPrune("t", "keep_latest"),  # acknowledged before the copy: it keeps 8 alone
+                ThreadCopyBarrier("t", 0, 3),
+                put("t", 10, parent=8, blobs={"m": b"t10"}),
+                ThreadCopy("t", "u"),  # 5
+                ThreadCopyBarrier("u", 1, 5),
+            ],
+            partition=1,
+        ),
+        *items(
+            [
+                put("v", 5, blobs={"m": b"v5"}),
+                ThreadDelete("fresh"),
+                ThreadCopyBarrier("fresh", 0, 4),
+                put("fresh", 20, parent=2, blobs={"m": b"f20"}),
+                ThreadDelete("v"),  # acknowledged before the copy: it drops 5 alone
+                ThreadCopyBarrier("v", 0, 5),
+            ],
+            partition=2,
+        ),
+    ]
+
+
+COPIES_LOG_IDS = {"s": [1, 2, 3], "t": [1, 2, 8, 10], "u": [1, 2, 8, 10], "fresh": [1, 2, 20], "v": [1, 2]}
+"""The checkpoint ids (`cid(n)`) of each thread once `copies_log` applied."""
 
 
 def record(event: CheckpointEvent, partition: int, offset: int, topic: str = TOPIC) -> SourceRecord:

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import asyncpg
 
+from graphledger.erasure.sealing import ERASED, MISBOUND, sealed_key_id, sealed_ref, unseal
 from graphledger.events.envelope import Envelope
-from graphledger.sealing import ERASED, MISBOUND, sealed_key_id, sealed_ref, unseal
 from graphledger.settings import Settings
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.store import key_store_for

@@ -495,3 +495,72 @@ def _runs_deleted(held: View, run_ids: frozenset[str]) -> View:
         else:
             namespaces[name] = ns
     return view(namespaces, held.complete)
+
+
+def apply_to_checkpoint(held: View, event: CheckpointEvent, checkpoint_ns: str, checkpoint_id: str) -> View:
+    """`held`, a view of one checkpoint that need not be its namespace's newest (`from_answer` of a get by
+    id), after the projection applies `event`: a read of that checkpoint answers from the result. Only
+    its own put and writes change it; a delete empties the thread; `runs.delete` drops it if it names
+    its run; what else could drop or change it (a prune `keep_latest`, a copy onto the thread, an expiry,
+    a pending send of a checkpoint before format 4) makes it not held."""
+    if held.erased:
+        return held
+    try:
+        row = held.namespace(checkpoint_ns).newest
+    except Underivable:
+        return held
+    match event:
+        case CheckpointPut() | CheckpointWrites():
+            if (event.checkpoint_ns, event.checkpoint_id) == (checkpoint_ns, checkpoint_id):
+                return apply(held, event)
+            if row is not None and row.legacy and isinstance(event, CheckpointWrites):
+                return UNKNOWN  # a pending send of its parent changes its read
+            return held
+        case ThreadDelete():
+            return NEW
+        case ThreadPrune(strategy="delete"):
+            return NEW
+        case RunsDelete():
+            if row is not None and row.run_id in event.run_ids:
+                return view({checkpoint_ns: EMPTY}, False)  # dropped: a read of it finds nothing
+            return UNKNOWN if row is not None and row.legacy else held
+        case ThreadPrune() | ThreadCopyBarrier() | ThreadExpire():
+            return UNKNOWN
+        case ThreadCopy():
+            return held
+        case ThreadErase() | TenantErase():
+            return ERASED
+        case _:
+            assert_never(event)
+
+
+def fold_to_checkpoint(newest: View, events: Iterable[CheckpointEvent], checkpoint_ns: str, checkpoint_id: str) -> View:
+    """The view of one checkpoint that `newest` (a view of its thread, as of before `events`) does not
+    hold, after `events`: they fold into `newest` until the checkpoint is its namespace's newest, and
+    from then on only what changes it does (`apply_to_checkpoint`). A checkpoint never put has no
+    answer; one put without becoming the newest (an older id), or put while the namespace was not held,
+    raises `Underivable`."""
+    held, one = newest, None
+    lost = put = False
+    for event in events:
+        if one is not None:
+            one = apply_to_checkpoint(one, event, checkpoint_ns, checkpoint_id)
+            continue
+        if isinstance(event, CheckpointPut) and (event.checkpoint_ns, event.checkpoint_id) == (
+            checkpoint_ns,
+            checkpoint_id,
+        ):
+            put = True
+        held = apply(held, event)
+        try:
+            row = held.namespace(checkpoint_ns).newest
+        except Underivable:
+            lost = True
+            continue
+        if row is not None and row.checkpoint_id == checkpoint_id:
+            one = held
+    if one is not None:
+        return one
+    if lost or put:
+        raise Underivable(f"checkpoint {checkpoint_id} was never the newest held")
+    return view({checkpoint_ns: EMPTY}, False)

@@ -1,20 +1,21 @@
-"""Where a partition's log ends right now, and the keys of its records past a given offset.
+"""Where a partition's log ends right now, and its records past a given offset.
 
-Used by the read API before every read, and by a client before it answers a read of its own thread
-from what it holds (`client/latest.py`). A consistent read (docs/architecture.md, "Consistency")
-must reflect every write acknowledged before it began. With `acks=all` the leader acknowledges a
-record only once the partition's high watermark has passed it, so the high watermark in the answer
-to a fetch *sent after the read began* bounds every such write. One fetch also brings the records
-between the projection's position and that end, whose keys tell whether the thread or item being
-read has unprojected records at all.
+Used by the read API before every read (`pages`: whole records, which it folds), and by a client
+before it answers a read of its own thread from what it holds (`tails`: keys). A consistent read
+(docs/architecture.md, "Consistency") must reflect every write acknowledged before it began. With
+`acks=all` the leader acknowledges a record only once the partition's high watermark has passed it, so
+the high watermark in the answer to a fetch *sent after the read began* bounds every such write. One
+fetch also brings the records between a given position and that end.
 
 Every fetch starts one record before the first offset asked about: a fetch that finds data is answered
 at once, while one positioned at the end of the log is held for its whole `max_wait` (tansu holds it
 even when the wait is 0, and answers a wait of 0 with no partitions at all). The record before is
-dropped from the answer. At most one shared fetch per broker is in flight: the reads arriving meanwhile
-join the next one, sent when it is answered (after all of them began), so concurrent reads share fetches.
-A compressed batch that does not decompress within `max_decompressed_batch_bytes`
-(`compressed_batches.py`) ends a scan: the tail is incomplete.
+dropped from the answer. At most one shared fetch per broker and lane is in flight: the reads arriving
+meanwhile join the next one, sent when it is answered (after all of them began), so concurrent reads
+share fetches. A round fetches each partition from the lowest position asked, so the reads of whole
+records from where the read API has read (`pages`) have a lane of their own, apart from the fetches
+from the projection's positions (`ends`, `tails`). A compressed batch that does not decompress within
+`max_decompressed_batch_bytes` (`compressed_batches.py`) ends a scan: the tail is incomplete.
 
 Each fetch names the partition's leader epoch, learned with its leader from a Metadata request of our
 own (`kafka_requests.py`: aiokafka's carry no epochs), so that a deposed leader answers with an error
@@ -87,6 +88,10 @@ LEADERS_MAX_AGE_S = 5.0
 """Age at which a topic's leaders and epochs are asked for again before a fetch: after an election, a
 deposed leader not yet told it lost the partition answers an epoch it still holds with its stale end,
 so this bounds how long after an election a read can be sent to it (docs/architecture.md)."""
+TAILS_LANE = "tails"
+"""The rounds of fetches from the projection's positions (`ends`, `tails`)."""
+PAGES_LANE = "pages"
+"""The rounds of fetches of whole records from where the read API has read (`pages`), often far ahead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,10 +106,30 @@ class Tail:
     """Whether `keys` covers all of `[start, end)`."""
 
 
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One record as a fetch brought it."""
+
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp: int
+    """Kafka's timestamp in ms (-1: none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """Records of one partition from a position (as many as one fetch brought), and where its log ends."""
+
+    end: int
+    records: tuple[LogRecord, ...]
+
+
 @dataclass(slots=True)
 class _Page:
     end: int
-    records: list[tuple[int, bytes | None]]
+    records: list[LogRecord]
     size: int
 
 
@@ -113,7 +138,7 @@ _Answer = _Page | BaseException | None
 
 @dataclass(slots=True)
 class _Round:
-    """The fetch one broker gets for the reads asking in one turn of the event loop."""
+    """The fetch one broker gets in one lane for the reads that join it."""
 
     done: asyncio.Future[dict[TopicPartition, _Answer]]
     positions: dict[TopicPartition, tuple[int, int]] = field(default_factory=dict)
@@ -131,9 +156,9 @@ class LogTail:
         self._owned = client is None
         self._bootstrapped = client is not None
         self._bootstrap_lock = asyncio.Lock()
-        self._rounds: dict[int, _Round] = {}
-        """Per broker, the round reads join: sent once the one in flight there has its answer."""
-        self._in_flight: dict[int, asyncio.Task[dict[TopicPartition, _Answer]]] = {}
+        self._rounds: dict[tuple[int, str], _Round] = {}
+        """Per broker and lane, the round reads join: sent once the one in flight there has its answer."""
+        self._in_flight: dict[tuple[int, str], asyncio.Task[dict[TopicPartition, _Answer]]] = {}
         self._leaders: dict[TopicPartition, Leader] = {}
         """Each partition's leader and leader epoch, from our own Metadata requests."""
         self._asking: dict[str, asyncio.Future[None]] = {}
@@ -206,14 +231,35 @@ class LogTail:
         except TimeoutError:
             raise LogUnavailableError(f"Kafka did not answer a fetch within {timeout_s:g}s; retry") from None
 
+    async def pages(
+        self, positions: Mapping[TopicPartition, int], timeout_s: float, *, below_end: bool = False
+    ) -> dict[TopicPartition, Page]:
+        """The records of each partition from its position (one fetch's worth, whole values) and the
+        log's end, by fetches sent after this call (shared with concurrent reads).
+        `below_end`: every position is known to be below its log's end, so the fetch starts at it, not
+        one record back (a broker may answer a fetch with the one batch that holds its first record)."""
+        back = 0 if below_end else 1
+        try:
+            async with asyncio.timeout(timeout_s):
+                found = await asyncio.gather(*(self._from(tp, position, back) for tp, position in positions.items()))
+        except TimeoutError:
+            raise LogUnavailableError(f"Kafka did not answer a fetch within {timeout_s:g}s; retry") from None
+        return dict(zip(positions, found, strict=True))
+
+    async def _from(self, tp: TopicPartition, position: int, back: int) -> Page:
+        page = await self._shared_page(tp, max(position - back, 0), PAGE_BYTES, lane=PAGES_LANE)
+        if page is None:  # the log ends before `position - 1` (Kafka: out of range)
+            return Page(await self._list_end(tp), ())
+        return Page(page.end, tuple(r for r in page.records if r.offset >= position))
+
     async def _tail(self, tp: TopicPartition, start: int) -> Tail:
         page = await self._shared_page(tp, max(start - 1, 0), PAGE_BYTES)
         if page is None:  # the log ends before `start - 1` (Kafka: out of range)
             end = await self._list_end(tp)
             return Tail(start, end, (), complete=end <= start)
-        records = [(offset, key) for offset, key in page.records if offset >= start]
+        records = [(r.offset, r.key) for r in page.records if r.offset >= start]
         scanned = page.size
-        position = max(page.records[-1][0] + 1 if page.records else start, start)
+        position = max(page.records[-1].offset + 1 if page.records else start, start)
         # More than one page behind: read on from where the page stopped, up to the bound. Each fetch
         # starts one record back too (one at the position can come back empty), and a batch comes whole:
         # records before the position are dropped.
@@ -221,7 +267,7 @@ class LogTail:
             more = await self._page(tp, position - 1)
             if more is None:
                 break
-            found = [(offset, key) for offset, key in more.records if offset >= position]
+            found = [(r.offset, r.key) for r in more.records if r.offset >= position]
             if not found:
                 break
             records.extend(found)
@@ -231,21 +277,27 @@ class LogTail:
 
     # -- fetches, shared by the reads of one loop turn -------------------------------------------------
 
-    async def _shared_page(self, tp: TopicPartition, position: int, max_bytes: int) -> _Page | None:
-        """A page of `tp` from `position`, fetched in the next round for its leader: every read that
-        arrives while a round is in flight there joins the one after it (sent after all of them began),
-        so many concurrent reads cost a fetch or two, not one each."""
+    async def _shared_page(
+        self, tp: TopicPartition, position: int, max_bytes: int, lane: str = TAILS_LANE
+    ) -> _Page | None:
+        """A page of `tp` from `position`, fetched in the next round for its leader and `lane`: every read
+        that arrives while a round is in flight there joins the one after it (sent after all of them
+        began), so many concurrent reads cost a fetch or two, not one each.
+
+        A round fetches each partition from the lowest position asked: reads of whole records from
+        where the read API has read (`pages`) have a lane of their own, so that a scan from the
+        projection's position, far behind it, never takes the page they need."""
         while True:
             node = await self._leader(tp)
-            round_ = self._rounds.get(node)
+            round_ = self._rounds.get((node, lane))
             if round_ is None:
                 loop = asyncio.get_running_loop()
-                round_ = self._rounds[node] = _Round(loop.create_future())
-                in_flight = self._in_flight.get(node)
+                round_ = self._rounds[(node, lane)] = _Round(loop.create_future())
+                in_flight = self._in_flight.get((node, lane))
                 if in_flight is None or in_flight.done():
-                    loop.call_soon(self._send_round, node)
+                    loop.call_soon(self._send_round, (node, lane))
                 else:
-                    in_flight.add_done_callback(functools.partial(self._send_round_after, node))
+                    in_flight.add_done_callback(functools.partial(self._send_round_after, (node, lane)))
             earlier, most = round_.positions.get(tp, (position, max_bytes))
             round_.positions[tp] = (min(position, earlier), max(max_bytes, most))
             answer = (await asyncio.shield(round_.done)).get(tp)
@@ -253,12 +305,12 @@ class LogTail:
                 return answer
             await self._recover(tp, answer)
 
-    def _send_round_after(self, node: int, _: object) -> None:
-        self._send_round(node)
+    def _send_round_after(self, key: tuple[int, str], _: object) -> None:
+        self._send_round(key)
 
-    def _send_round(self, node: int) -> None:
-        round_ = self._rounds.pop(node)
-        task = self._in_flight[node] = asyncio.get_running_loop().create_task(self._fetch(node, round_.positions))
+    def _send_round(self, key: tuple[int, str]) -> None:
+        round_ = self._rounds.pop(key)
+        task = self._in_flight[key] = asyncio.get_running_loop().create_task(self._fetch(key[0], round_.positions))
 
         def settle(finished: asyncio.Task[dict[TopicPartition, _Answer]]) -> None:
             if round_.done.cancelled():
@@ -414,12 +466,12 @@ class LogTail:
         return self._client
 
 
-def _records(raw: bytes | None) -> tuple[list[tuple[int, bytes | None]], int]:
-    """`(offset, key)` of the data records in a fetched record set, up to its first unreadable batch (a
-    compressed one beyond the bound), and its size in bytes."""
+def _records(raw: bytes | None) -> tuple[list[LogRecord], int]:
+    """The data records in a fetched record set, up to its first unreadable batch (a compressed one
+    beyond the bound), and its size in bytes."""
     if not raw:
         return [], 0
-    out: list[tuple[int, bytes | None]] = []
+    out: list[LogRecord] = []
     records = MemoryRecords(raw)
     while records.has_next():
         batch = records.next_batch()
@@ -428,7 +480,7 @@ def _records(raw: bytes | None) -> tuple[list[tuple[int, bytes | None]], int]:
         if getattr(batch, "is_control_batch", False):
             continue
         try:
-            out.extend((record.offset, record.key) for record in batch)
+            out.extend(LogRecord(r.offset, r.key, r.value, tuple(r.headers), r.timestamp) for r in batch)
         except (UnreadableBatchError, UnsupportedCodecError) as exc:
             log.warning("a record batch at offset %d is unreadable (%s); the scan ends there", batch.base_offset, exc)
             break

@@ -1,6 +1,6 @@
 """Every setting of graphledger, read from `GRAPHLEDGER_*` environment variables.
 
-One flat model so that one table in the README documents them all; the client reads the Kafka and
+One flat model so that one table (docs/settings.md) documents them all; the client reads the Kafka and
 read-API part, the services the rest. Defaults are named constants with their unit.
 """
 
@@ -36,6 +36,7 @@ DEFAULT_API_MAX_RESPONSE_BYTES = 128 * 1024 * 1024  # above a 50 MB checkpoint a
 DEFAULT_API_MAX_RESULT_ITEMS = 10_000
 DEFAULT_API_MAX_CONSISTENCY_WAITS = 1_000
 DEFAULT_API_MAX_KEY_CREATIONS_PER_MINUTE = 6_000
+DEFAULT_API_READ_THROUGH_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_ERASURE_NAMESPACE_DEPTH = 2
 DEFAULT_KEY_CACHE_TTL_S = 60.0
 DEFAULT_CLIENT_THREAD_MEMORY_BYTES = 64 * 1024 * 1024
@@ -251,6 +252,13 @@ class Settings(BaseSettings):
         ge=1,
         description="Most data keys one token creates per minute on one read API process (new subjects; fetching "
         "existing keys is free); beyond: 429 + Retry-After.",
+    )
+    api_read_through_max_bytes: int = Field(
+        DEFAULT_API_READ_THROUGH_MAX_BYTES,
+        ge=0,
+        description="Most bytes of records the projector has not applied yet that a read API process holds to "
+        "answer reads of a thread or store item without waiting for the projector (read-through); beyond, such a "
+        "read waits for the projection (503 `consistency_timeout` at the deadline, naming this setting). 0: off.",
     )
     api_pool_size: int = Field(
         10,

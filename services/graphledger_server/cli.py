@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graphledger",
         description="graphledger: LangGraph checkpoints through Kafka into Postgres projections. "
-        "Every command reads its settings from GRAPHLEDGER_* environment variables (see the README).",
+        "Every command reads its settings from GRAPHLEDGER_* environment variables (see docs/settings.md).",
     )
     parser.add_argument(
         "--log-level",

@@ -119,7 +119,7 @@ def test_no_plaintext_state_in_kafka_or_postgres_and_state_round_trips(stack: An
     history = list(graph.get_state_history(config))
     assert any(w[1] == "__resume__" for s in history for w in (saver.get_tuple(s.config).pending_writes or []))
 
-    key = saver._runtime.thread_key(thread)
+    key = saver._runtime.record_key_of_thread(thread)
     assert key is not None and key != thread.encode()
     records = asyncio.run(_records(stack.settings, key))
     ours = [r for r in records if r.key == key]

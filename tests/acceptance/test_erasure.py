@@ -37,13 +37,13 @@ from pydantic import SecretStr
 from agent_pods import AgentPod
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.embeddings import HashEmbedder
-from graphledger.event_sealer import EventSealer
+from graphledger.erasure.sealer import EventSealer
+from graphledger.erasure.sealing import sealed_ref
+from graphledger.erasure.subjects import LABEL_SEPARATOR
 from graphledger.events import envelope
 from graphledger.events.chunks import frame
 from graphledger.events.store import StorePut
-from graphledger.sealing import sealed_ref
 from graphledger.settings import Settings
-from graphledger.subjects import LABEL_SEPARATOR
 from graphledger.tenancy import hash_token, scoped_namespace
 from graphledger_server.devstack.stack import CLIENT_FIELDS, DevStack, settings_to_env
 from graphledger_server.keys.source import StoreKeySource

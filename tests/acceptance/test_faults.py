@@ -184,13 +184,18 @@ def test_postgres_outage_agents_keep_writing_reads_fail_fast_and_all_is_projecte
             wait_until(lambda: len(arrivals) == OUTAGE_AGENTS, WAIT_S, "every agent to reach the gate")
             # A store read before the outage leaves a pooled store connection for the outage to break.
             assert api.post(STORE_BATCH, json={"ops": [STORE_SEARCH]}).status_code == 200
+            # A thread the read API never read: it has no view of it to fold the log onto (a thread it
+            # holds a view of, with every record since, it answers without Postgres).
+            unread = f"outage-unread-{uuid.uuid4().hex[:6]}"
+            saver.put({"configurable": {"thread_id": unread, "checkpoint_ns": ""}}, empty_checkpoint(), {}, {})
 
             stack.stop_postgres()
             outage_ended = False
             try:
-                # Reads fail fast with a clear, retryable 503, with and without a consistency token.
+                # Reads that need Postgres fail fast with a clear, retryable 503, with and without a
+                # consistency token.
                 for headers in ({}, {CONSISTENCY_HEADER: format_token(saver.consistency_token)}):
-                    answer = api.post("/v1/checkpoints/get", json={"thread_id": threads[0]}, headers=headers)
+                    answer = api.post("/v1/checkpoints/get", json={"thread_id": unread}, headers=headers)
                     assert answer.status_code == 503, answer.text
                     assert answer.json()["error"] == "postgres_unavailable"
                     assert answer.json()["retryable"] is True
@@ -199,7 +204,7 @@ def test_postgres_outage_agents_keep_writing_reads_fail_fast_and_all_is_projecte
                 # its own writes: the log shows nothing else); another process fails fast, retryably.
                 assert saver.get_tuple({"configurable": {"thread_id": threads[0]}}) is not None
                 with KafkaSaver(settings) as other, pytest.raises(ReadApiError) as failed:
-                    other.get_tuple({"configurable": {"thread_id": threads[0]}})
+                    other.get_tuple({"configurable": {"thread_id": unread}})
                 assert failed.value.status == 503 and failed.value.retryable
                 # Store reads (their own pool, asyncpg) too: the broken connection, then a refused one.
                 for _ in range(2):

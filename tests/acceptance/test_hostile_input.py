@@ -37,15 +37,15 @@ from langgraph.store.base import InvalidNamespaceError
 from typing_extensions import TypedDict
 
 from graphledger import KafkaSaver, KafkaStore
-from graphledger.client.keys import ApiKeySource
 from graphledger.client.reader import ReadApiClient
+from graphledger.erasure.read_api_keys import ReadApiKeySource
+from graphledger.erasure.sealer import EventSealer
+from graphledger.erasure.sealing import SealedSubject, cipher_of, seal
 from graphledger.errors import InvalidInputError, ReadApiError
-from graphledger.event_sealer import EventSealer
 from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import CheckpointPut, ThreadCopyBarrier
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger.pg_text import MAX_JSON_DEPTH
-from graphledger.sealing import SealedSubject, cipher_of, seal
 from graphledger.settings import Settings
 from graphledger.wire import JSON, MSGPACK
 from graphledger_server.projection.checkpoints import to_checkpoint_event
@@ -401,7 +401,7 @@ class Agent:
         self.tenant = tenant
         self._settings = settings
         self._reader = ReadApiClient(settings)
-        self.sealer = EventSealer(ApiKeySource(self._reader), 60.0)
+        self.sealer = EventSealer(ReadApiKeySource(self._reader), 60.0)
 
     async def close(self) -> None:
         await self._reader.close()

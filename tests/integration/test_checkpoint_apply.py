@@ -24,6 +24,7 @@ from graphledger.events.checkpoint import (
     ThreadExpire,
     ThreadPrune,
 )
+from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection, TimedCheckpointEvent
 from graphledger_server.projection.migrate import migrate
@@ -80,6 +81,7 @@ async def test_copy_thread_copies_every_namespace_and_keeps_the_target_rows(conn
                 ],
                 partition=1,
             ),
+            *items([ThreadCopyBarrier("target", 1, 3)], partition=3, first_offset=1),
         ],
     )
     rows = await dump(conn, "gl")
@@ -125,20 +127,259 @@ async def test_delete_for_runs_reaches_a_copy_target_on_its_own_partition_before
     assert (await _partition_of(conn, "target"), await _partition_of(conn, "src")) == (1, 0)
 
 
-async def test_a_new_copy_target_moves_to_its_own_partition_at_the_barrier(conn: asyncpg.Connection) -> None:
-    """A target without rows of its own is known on the source's partition from the copy (nothing of
-    it sits on its own partition yet) until the barrier, the first of its records there, applies."""
+async def test_a_copy_target_is_recorded_on_its_own_partition_at_the_barrier_and_nowhere_before(
+    conn: asyncpg.Connection,
+) -> None:
+    """The copy's record stages the source's rows and leaves the target alone: nothing of the target sits
+    on the source's partition, so nothing there (a `runs.delete`) can reach it."""
 
     async def sink(letters: Sequence[DeadLetter]) -> None:
         raise AssertionError(letters)
 
     applier = BatchApplier("gl", "g", {TOPIC: CheckpointProjection("gl")}, sink)
     await applier.apply(conn, [record(put("src", 1), 0, 0), record(ThreadCopy("src", "fresh"), 0, 1)])
-    assert await _partition_of(conn, "fresh") == 0
+    assert await _partition_of(conn, "fresh") is None
+    assert await count(conn, "gl", "checkpoints", "thread_id = 'fresh'") == 0
+    assert await count(conn, "gl", "graphledger_staged_checkpoints", 'partition = 0 AND "offset" = 1') == 1
     await applier.apply(conn, [record(ThreadCopyBarrier("fresh", 0, 1), 2, 0)])
     assert await _partition_of(conn, "fresh") == 2
+    assert await count(conn, "gl", "checkpoints", "thread_id = 'fresh'") == 1
+    assert await count(conn, "gl", "graphledger_copy_stages") == 0  # the barrier took the stage
+    assert await count(conn, "gl", "graphledger_staged_checkpoints") == 0
     await applier.apply(conn, [record(RunsDelete(("nothing",)), 0, 2)])
     assert await _partition_of(conn, "fresh") == 2
+
+
+# -- copies: staged at the copy's record, applied at its barrier ---------------------------------------
+
+
+def _applier() -> BatchApplier:
+    async def sink(letters: Sequence[DeadLetter]) -> None:
+        raise AssertionError(letters)
+
+    return BatchApplier("gl", "g", {TOPIC: CheckpointProjection("gl")}, sink)
+
+
+async def _ids(conn: asyncpg.Connection, thread_id: str) -> list[str]:
+    rows = await conn.fetch("SELECT checkpoint_id FROM gl.checkpoints WHERE thread_id = $1 ORDER BY 1", thread_id)
+    return [r["checkpoint_id"] for r in rows]
+
+
+@pytest.mark.parametrize("source_first", [True, False], ids=["source-first", "target-first"])
+@pytest.mark.parametrize(
+    ("earlier", "expected"),
+    [
+        (ThreadDelete("t"), [1, 2, 10]),
+        (ThreadPrune("t", "keep_latest"), [1, 2, 8, 10]),
+        (ThreadPrune("t", "delete"), [1, 2, 10]),
+    ],
+    ids=["delete", "prune-keep-latest", "prune-delete"],
+)
+async def test_a_copy_follows_the_targets_records_before_its_barrier_in_either_apply_order(
+    conn: asyncpg.Connection, earlier: Any, expected: list[int], source_first: bool
+) -> None:
+    """The target's delete or prune acknowledged before the copy began precedes the copy's barrier on the
+    target's partition: it applies before the copy, whether the projector reaches the source's partition
+    (the copy's record) or the target's first."""
+    source = [
+        record(put("s", 1, blobs={"m": b"1"}), 0, 0),
+        record(put("s", 2, parent=1, blobs={"m": b"2"}), 0, 1),
+        record(ThreadCopy("s", "t"), 0, 2),
+        record(put("s", 3, parent=2), 0, 3),  # after the copy: not copied
+    ]
+    target = [
+        record(put("t", 7, blobs={"m": b"7"}), 1, 0),
+        record(put("t", 8, parent=7, blobs={"m": b"8"}), 1, 1),
+        record(earlier, 1, 2),
+        record(ThreadCopyBarrier("t", 0, 2), 1, 3),
+        record(put("t", 10, parent=8), 1, 4),
+    ]
+    applier = _applier()
+    if source_first:
+        await applier.apply(conn, source)
+        assert await _ids(conn, "t") == []  # the copy is staged, not applied
+        assert (await applier.apply(conn, target)).parked == []
+    else:
+        result = await applier.apply(conn, target)
+        # The target waits at the barrier, after the earlier record; its later record waits with it.
+        assert [(s.first_offset, s.cause) for s in result.parked] == [(3, "waiting")]
+        await applier.apply(conn, source)
+        released = await applier.releasable(conn, {(TOPIC, 1)})
+        result = await applier.apply(conn, [], released=released)
+        assert (result.released, result.parked) == (1, [])
+    assert await _ids(conn, "t") == [cid(n) for n in expected]
+    assert await _ids(conn, "s") == [cid(1), cid(2), cid(3)]
+    assert await count(conn, "gl", "graphledger_copy_stages") == 0
+
+
+async def test_a_copy_copies_its_source_as_of_the_copys_record(conn: asyncpg.Connection) -> None:
+    """The source's records after the copy's change the source, not the stage, even when they apply
+    before the barrier."""
+    applier = _applier()
+    await applier.apply(
+        conn,
+        [
+            record(put("s", 1, blobs={"m": b"1"}), 0, 0),
+            record(writes("s", 1, "task", [("m", b"w")]), 0, 1),
+            record(ThreadCopy("s", "t"), 0, 2),
+            record(ThreadDelete("s"), 0, 3),
+            record(put("s", 5), 0, 4),
+        ],
+    )
+    await applier.apply(conn, [record(ThreadCopyBarrier("t", 0, 2), 1, 0)])
+    rows = await dump(conn, "gl")
+    assert await _ids(conn, "t") == [cid(1)]
+    assert [r[5] for r in rows["checkpoint_blobs"] if r[0] == "t"] == [b"1"]
+    assert [r[7] for r in rows["checkpoint_writes"] if r[0] == "t"] == [b"w"]
+    assert await _ids(conn, "s") == [cid(5)]
+
+
+async def test_a_copy_records_its_lineage_at_its_record_when_its_source_has_rows(conn: asyncpg.Connection) -> None:
+    """An erasure of the source that follows the copy in the source's log finds the copy (to erase it
+    too) before its barrier has applied; a copy of nothing, or onto its source, records none."""
+    await apply(
+        conn,
+        items(
+            [
+                put("s", 1),
+                ThreadCopy("s", "t"),
+                ThreadCopy("nothing", "t2"),
+                ThreadCopy("s", "s"),
+            ]
+        ),
+    )
+    copies = await conn.fetch("SELECT source_thread_id, target_thread_id FROM gl.graphledger_thread_copies")
+    assert [tuple(r) for r in copies] == [("s", "t")]
+    stages = await conn.fetch('SELECT "offset", source_thread_id, target_thread_id FROM gl.graphledger_copy_stages')
+    assert sorted(tuple(r) for r in stages) == [(1, "s", "t"), (2, "nothing", "t2"), (3, "s", "s")]
+    staged = await conn.fetch('SELECT "offset" FROM gl.graphledger_staged_checkpoints')
+    assert [r["offset"] for r in staged] == [1]  # a copy onto its source stages nothing
+    assert await _partition_of(conn, "t") is None
+    await apply(conn, items([ThreadDelete("s"), ThreadCopyBarrier("s", 0, 3)], first_offset=4))
+    assert await _ids(conn, "s") == []  # a copy onto itself changes nothing, even after a delete
+
+
+async def test_a_barrier_takes_only_the_stage_of_its_own_target(conn: asyncpg.Connection) -> None:
+    """A barrier naming another thread's copy (a hostile or broken writer) moves nothing: the stage waits
+    for its own target's barrier."""
+    await apply(conn, items([put("s", 1), ThreadCopy("s", "t")]))
+    await apply(conn, items([ThreadCopyBarrier("x", 0, 1), ThreadCopyBarrier("t", 0, 0)], partition=1))
+    assert (await _ids(conn, "x"), await _ids(conn, "t")) == ([], [])
+    assert await count(conn, "gl", "graphledger_copy_stages") == 1
+    await apply(conn, items([ThreadCopyBarrier("t", 0, 1)], partition=1, first_offset=2))
+    assert await _ids(conn, "t") == [cid(1)]
+    await apply(conn, items([ThreadCopyBarrier("t", 0, 1)], partition=1, first_offset=3))  # a duplicate
+    assert await _ids(conn, "t") == [cid(1)]
+
+
+async def test_a_copy_dates_its_target_at_the_barrier_by_the_copys_time_and_the_barriers(
+    conn: asyncpg.Connection,
+) -> None:
+    t0 = 1_767_225_600_000
+    await apply(
+        conn,
+        [
+            (TOPIC, 0, 0, TimedCheckpointEvent(put("s", 1), t0)),
+            (TOPIC, 0, 1, TimedCheckpointEvent(ThreadCopy("s", "t"), t0 + 5_000)),
+            (TOPIC, 0, 2, TimedCheckpointEvent(ThreadCopy("s", "u"), t0 + 6_000)),
+        ],
+    )
+    assert await _partition_of(conn, "t") is None  # nothing of the target before its barrier
+    await apply(
+        conn,
+        [
+            # the barrier's broker clock runs behind the copy's: the copy's time counts
+            (TOPIC, 1, 0, TimedCheckpointEvent(ThreadCopyBarrier("t", 0, 1), t0 + 4_000)),
+            (TOPIC, 2, 0, TimedCheckpointEvent(ThreadCopyBarrier("u", 0, 2), t0 + 7_000)),
+        ],
+    )
+    active = await conn.fetch("SELECT thread_id, partition, last_active_at FROM gl.graphledger_thread_partitions")
+    assert sorted((r[0], r[1], int(r[2].timestamp() * 1000)) for r in active) == [
+        ("s", 0, t0),  # a copy does not date its source
+        ("t", 1, t0 + 5_000),
+        ("u", 2, t0 + 7_000),
+    ]
+
+
+SOURCE_REF, TARGET_REF = "0a" * 16, "0b" * 16
+
+
+async def _subjects(conn: asyncpg.Connection, *names: tuple[str, str, str]) -> None:
+    """Record subjects as the projector does when it opens their sealed events: (ref, tenant, name)."""
+    for ref, tenant, name in names:
+        await conn.execute(
+            "INSERT INTO gl.graphledger_subjects (ref, kind, tenant, name) VALUES ($1, 'thread', $2, $3)",
+            ref, tenant, name,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("barrier_first", [True, False], ids=["barrier-first", "erasure-first"])
+async def test_a_copy_lands_the_same_whether_its_sources_erasure_applies_before_its_barrier_or_after(
+    conn: asyncpg.Connection, barrier_first: bool
+) -> None:
+    """The source's erasure, on the source's partition after the copy, races the barrier on the target's.
+    Either way the target gets the copy and the lineage names it, so the eraser erases it next (and,
+    through its lineage, what was copied on from it: the copy of a copy is no emptier for the race)."""
+    await _subjects(conn, (SOURCE_REF, "", "s"), (TARGET_REF, "", "t"))
+    await apply(conn, items([put("s", 1, blobs={"m": b"1"}), writes("s", 1, "x", [("m", b"w")])]))
+    await apply(conn, [(TOPIC, 0, 2, TimedCheckpointEvent(ThreadCopy("s", "t"), 5_000))])
+    erase, barrier = items([ThreadErase(SOURCE_REF)], first_offset=3), items([ThreadCopyBarrier("t", 0, 2)], 1)
+    for batch in (barrier, erase) if barrier_first else (erase, barrier):
+        await apply(conn, batch)
+    assert await _ids(conn, "t") == [cid(1)]
+    assert await count(conn, "gl", "graphledger_thread_copies", "source_thread_id = 's' AND target_thread_id = 't'")
+    await apply(conn, items([ThreadCopy("t", "u")], partition=1, first_offset=1))
+    assert await count(conn, "gl", "graphledger_thread_copies", "source_thread_id = 't' AND target_thread_id = 'u'")
+    # The eraser erases the copy, which drops what is still staged for it too.
+    await apply(conn, items([ThreadErase(TARGET_REF)], partition=1, first_offset=2))
+    assert await _ids(conn, "t") == []
+    assert await count(conn, "gl", "graphledger_copy_stages", "target_thread_id = 't'") == 0
+
+
+async def _lineage(conn: asyncpg.Connection) -> list[tuple[str, str]]:
+    rows = await conn.fetch("SELECT source_thread_id, target_thread_id FROM gl.graphledger_thread_copies ORDER BY 1, 2")
+    return [(r[0], r[1]) for r in rows]
+
+
+async def test_erasing_a_copy_passes_its_copies_on_to_its_source(conn: asyncpg.Connection) -> None:
+    """s -> t -> u: once t's erasure applied (an eraser of s that failed right after, with
+    erasure_incomplete, erased t but not u), s's lineage names u, so the erase of s asked again erases
+    u. Once u is erased too, no lineage is left."""
+    copy_ref = "0c" * 16
+    await _subjects(conn, (SOURCE_REF, "", "s"), (TARGET_REF, "", "t"), (copy_ref, "", "u"))
+    await apply(conn, items([put("s", 1), ThreadCopy("s", "t"), ThreadCopy("s", "s")]))
+    await apply(conn, items([ThreadCopyBarrier("t", 0, 1), ThreadCopy("t", "u"), ThreadCopy("t", "s")], 1))
+    await apply(conn, items([ThreadCopyBarrier("u", 1, 1)], 2))
+    assert await _lineage(conn) == [("s", "t"), ("t", "s"), ("t", "u")]
+    await apply(conn, items([ThreadErase(SOURCE_REF)], first_offset=2))
+    assert await _lineage(conn) == [("s", "t"), ("t", "u")]  # s's lineage as a copy went, as a source stays
+    await apply(conn, items([ThreadErase(TARGET_REF)], partition=1, first_offset=3))
+    assert await _lineage(conn) == [("s", "u"), ("t", "u")]
+    assert await _ids(conn, "u") == [cid(1)]  # the copy of the copy, still to be erased
+    await apply(conn, items([ThreadErase(copy_ref)], partition=2, first_offset=1))
+    assert (await _lineage(conn), await _ids(conn, "u")) == ([], [])
+
+
+async def test_erasing_the_target_drops_its_stages(conn: asyncpg.Connection) -> None:
+    await _subjects(conn, (TARGET_REF, "", "t"))
+    await apply(conn, items([put("s", 1), ThreadCopy("s", "t"), ThreadCopy("s", "other")]))
+    await apply(conn, items([ThreadErase(TARGET_REF)], partition=1))
+    stages = await conn.fetch('SELECT "offset" FROM gl.graphledger_staged_checkpoints')
+    assert [r["offset"] for r in stages] == [2]  # the other target's stage
+    assert await count(conn, "gl", "graphledger_copy_stages") == 1
+    assert await _ids(conn, "s") == [cid(1)]
+
+
+async def test_erasing_a_tenant_drops_its_stages(conn: asyncpg.Connection) -> None:
+    await apply(
+        conn,
+        items([put("acme/s", 1), ThreadCopy("acme/s", "acme/t"), put("other/s", 1), ThreadCopy("other/s", "other/t")]),
+    )
+    await apply(conn, items([TenantErase("acme")], partition=1))
+    stages = await conn.fetch("SELECT source_thread_id FROM gl.graphledger_copy_stages")
+    assert [r[0] for r in stages] == ["other/s"]
+    staged = await conn.fetch('SELECT "offset" FROM gl.graphledger_staged_checkpoints')
+    assert [r["offset"] for r in staged] == [3]
 
 
 async def test_runs_delete_touches_only_the_threads_of_its_partition(conn: asyncpg.Connection) -> None:
@@ -216,12 +457,12 @@ async def test_prune_keep_latest_matches_the_official_prune(conn: asyncpg.Connec
         config = {"configurable": {"thread_id": "ours"}}
         for i in range(3):
             await graph.ainvoke({"log": [f"in{i}"], "n": i * 10}, config, subgraphs=True)
-        await apply(conn, items([ThreadCopy("ours", "theirs")]))
+        await apply(conn, items([ThreadCopy("ours", "theirs"), ThreadCopyBarrier("theirs", 0, 0)]))
         assert await _thread_rows(conn, "ours") == await _thread_rows(conn, "theirs")
         before = await count(conn, "gl", "checkpoints", "thread_id = 'ours'")
 
         await saver.aprune(["theirs"], strategy="keep_latest")
-        await apply(conn, items([ThreadPrune("ours", "keep_latest")], first_offset=1))
+        await apply(conn, items([ThreadPrune("ours", "keep_latest")], first_offset=2))
 
         assert await _thread_rows(conn, "ours") == await _thread_rows(conn, "theirs")
         assert await count(conn, "gl", "checkpoints", "thread_id = 'ours'") < before

@@ -27,6 +27,10 @@ OUR_TABLES = (
     "graphledger_parked",  # 0009
     "graphledger_parked_records",  # 0009
     "graphledger_parked_skips",  # 0009
+    "graphledger_copy_stages",  # 0010
+    "graphledger_staged_checkpoints",  # 0010
+    "graphledger_staged_blobs",  # 0010
+    "graphledger_staged_writes",  # 0010
 )
 # 0002_store: the store projection (its vector table only when configured: test_store_projection.py).
 STORE_TABLES = ("store", "store_migrations", "graphledger_store_index")

@@ -12,14 +12,14 @@ from typing import Any
 import asyncpg
 import pytest
 
-from graphledger.event_sealer import EventSealer
+from graphledger.erasure.sealer import EventSealer
+from graphledger.erasure.sealing import SealedSubject, cipher_of, seal
+from graphledger.erasure.subjects import reference, thread_subject
 from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import CheckpointEvent, RunsDelete, ThreadCopy, ThreadCopyBarrier
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import TenantErase, ThreadErase
-from graphledger.sealing import SealedSubject, cipher_of, seal
 from graphledger.settings import Settings
-from graphledger.subjects import reference, thread_subject
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import Erasure, KeyStore, key_store_for
@@ -228,7 +228,7 @@ async def test_a_copy_barrier_waits_on_its_subject_alone_until_its_copy_applied(
 
 async def test_a_forged_erasure_changes_nothing_a_recorded_one_applies(lab: Lab) -> None:
     await lab.apply([await lab.sealed(put("acme/t", 1), "acme", 0, 0)])
-    hash_key = (await StoreKeySource(lab.store, lab.settings).tenant_keys("acme")).hash_key
+    hash_key = (await StoreKeySource(lab.store, lab.settings).tenant_hashing("acme")).hash_key
     ref = reference(hash_key, thread_subject("acme", "acme/t"))
     forged = [plain(TenantErase("acme"), 0, 1, key=None), plain(ThreadErase(ref), 0, 2, key=ref.encode())]
     result = await lab.apply(forged)
@@ -290,7 +290,7 @@ async def test_only_the_subject_a_seal_authenticates_is_affected(lab: Lab) -> No
 
 async def test_naming_someone_elses_fresh_key_binds_nothing(lab: Lab) -> None:
     [(key_id, raw)] = await lab.store.fresh_keys("acme", 1)
-    hash_key = (await StoreKeySource(lab.store, lab.settings).tenant_keys("acme")).hash_key
+    hash_key = (await StoreKeySource(lab.store, lab.settings).tenant_hashing("acme")).hash_key
     ref = reference(hash_key, thread_subject("acme", "acme/t"))
     # A record in evil's hands: it names acme's fresh key (seen in a header) for another subject.
     stolen = plain(put("evil/x", 1), 0, 0, key=b"evil")

@@ -11,7 +11,10 @@ and each projection runs them by subclassing it with its own events:
 - events of other keys (threads, namespaces) leave a key's rows alone, even on its partition, in its batch;
 - a replay of the same records into a fresh schema, with other batch boundaries and the partitions
   split over lanes as the rebuild splits them, equals the live projection row for row, and by the
-  replay's own checksums.
+  replay's own checksums;
+- the fold the read API lays over the projection (`graphledger.fold`, `graphledger.store_fold`) answers
+  a read as the projection does once it has applied the same events, for every event type, or says it
+  cannot for the events the docs list as ones a read waits for (`TestCheckpointFold`, `TestStoreFold`).
 """
 
 from __future__ import annotations
@@ -21,19 +24,38 @@ import itertools
 import random
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 import asyncpg
+import orjson
 import pytest
 
 import projection_helpers as checkpoints
 import store_helpers as store
+from graphledger import fold, store_fold
+from graphledger.erasure.sealing import SealedSubject
 from graphledger.events import envelope
-from graphledger.events.checkpoint import ThreadCopy, ThreadDelete, ThreadPrune
+from graphledger.events.checkpoint import (
+    CheckpointPut,
+    RunsDelete,
+    ThreadCopy,
+    ThreadCopyBarrier,
+    ThreadDelete,
+    ThreadExpire,
+    ThreadPrune,
+)
+from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.events.store import StoreExpire, StoreRefresh
+from graphledger_server.api.checkpoints import THREAD_NAMESPACES_SQL, TenantSaver, wire_tuple
+from graphledger_server.api.passthrough import PassThroughSerde
+from graphledger_server.api.read_through import thread_events
+from graphledger_server.api.store_sql import item_rows_statement
+from graphledger_server.api.tenant import Tenant
+from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.log.offsets import OffsetStatements, group_offsets
+from graphledger_server.projection import erasure
 from graphledger_server.projection.batch import BatchApplier, TopicProjection
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
@@ -64,6 +86,42 @@ def relog(records: Sequence[SourceRecord], partition: int = 0) -> list[SourceRec
 def of_key(rows: Rows, columns: tuple[Any, ...]) -> Rows:
     """The rows whose leading columns are `columns` (a thread id; a namespace prefix and key)."""
     return {table: [r for r in found if r[: len(columns)] == columns] for table, found in rows.items()}
+
+
+@dataclasses.dataclass
+class Fetches:
+    """Batches applied as the projector applies what it fetched: a subject parked to wait at a record (a
+    copy barrier whose copy has not applied yet, `projection/parked.py`) runs again with the next batch
+    once its copy applied, as the worker runs it."""
+
+    applier: BatchApplier
+    conn: asyncpg.Connection
+    parked: set[tuple[str, int]] = dataclasses.field(default_factory=set)
+    """Partitions with parked subjects."""
+    applied: int = 0
+    skipped: int = 0
+
+    async def apply(self, batch: Sequence[SourceRecord]) -> None:
+        released = await self.applier.releasable(self.conn, self.parked)
+        if batch or released:
+            result = await self.applier.apply(self.conn, batch, released=released)
+            self.applied += result.applied
+            self.skipped += result.skipped
+        rows = await self.conn.fetch(f"SELECT topic, partition FROM {self.applier.schema}.graphledger_parked")
+        self.parked = {(r["topic"], r["partition"]) for r in rows}
+
+
+async def drain(*fetches: Fetches) -> None:
+    """Run parked subjects again until none is parked (each round can release the next)."""
+    subjects = 0
+    for f in fetches:
+        subjects += await f.conn.fetchval(f"SELECT count(*) FROM {f.applier.schema}.graphledger_parked")
+    for _ in range(subjects + 1):
+        if not any(f.parked for f in fetches):
+            return
+        for f in fetches:
+            await f.apply([])
+    raise AssertionError(f"parked for ever: {[tp for f in fetches for tp in f.parked]}")
 
 
 def end_offsets(records: Sequence[SourceRecord]) -> dict[tuple[str, int], int]:
@@ -157,7 +215,9 @@ class ProjectionContract(ABC):
     ) -> None:
         log, dead = self.log(log_name), []
         applier = await self.applier(fresh_database, conn, "twice", dead)
-        first = await applier.apply(conn, log)
+        first = Fetches(applier, conn)
+        await first.apply(log)
+        await drain(first)
         assert (first.applied, first.skipped, dead) == (len(log), 0, [])
         rows = await self.rows(conn, "twice")
         self.check_outcome(log_name, rows)
@@ -223,21 +283,23 @@ class ProjectionContract(ABC):
         self, fresh_database: str, conn: asyncpg.Connection, log_name: str
     ) -> None:
         log, dead = self.log(log_name), []
-        live = await self.applier(fresh_database, conn, "live", dead)
+        live = Fetches(await self.applier(fresh_database, conn, "live", dead), conn)
         sizes = random.Random(log_name)
         start = 0
         while start < len(log):
             end = start + sizes.choice(LIVE_BATCH_SIZES)
-            await live.apply(conn, log[start:end])
+            await live.apply(log[start:end])
             start = end
+        await drain(live)
 
         # The rebuild: a fresh schema, its partitions split over lanes, each lane in batches of its own.
         replay = await self.applier(fresh_database, conn, "replay", dead)
         lanes = [[r for r in log if r.partition % REPLAY_LANES == lane] for lane in range(REPLAY_LANES)]
+        fetches = [Fetches(replay, conn) for _ in lanes]
         for start in range(0, len(log), REPLAY_BATCH):
-            for lane in lanes:
-                if lane[start : start + REPLAY_BATCH]:
-                    await replay.apply(conn, lane[start : start + REPLAY_BATCH])
+            for lane, fetched in zip(lanes, fetches, strict=True):
+                await fetched.apply(lane[start : start + REPLAY_BATCH])
+        await drain(*fetches)
 
         assert dead == []
         assert await self.rows(conn, "replay") == await self.rows(conn, "live")
@@ -251,9 +313,17 @@ class ProjectionContract(ABC):
 # -- the checkpoint projection ------------------------------------------------------------------------
 
 
+def copied_ids(rows: Rows) -> dict[str, list[int]]:
+    """Each thread's checkpoint ids, as the `n` of `cid(n)`."""
+    ids: dict[str, list[int]] = {}
+    for row in rows["checkpoints"]:
+        ids.setdefault(row[0], []).append(int(row[2].rsplit("-", 1)[1]))
+    return ids
+
+
 class TestCheckpointProjection(ProjectionContract):
     TOPIC = checkpoints.TOPIC
-    LOGS = ("mixed",)
+    LOGS = ("mixed", "copies")
 
     async def migrate(self, dsn: str, schema: str) -> None:
         await migrate(dsn, schema)
@@ -265,10 +335,21 @@ class TestCheckpointProjection(ProjectionContract):
         return [checkpoints.record(e, 0, offset) for offset, e in enumerate(events)]
 
     def log(self, name: str) -> list[SourceRecord]:
-        return [checkpoints.record(e, partition, offset) for _, partition, offset, e in checkpoints.mixed_batch()]
+        logged = checkpoints.copies_log() if name == "copies" else checkpoints.mixed_batch()
+        return [checkpoints.record(e, partition, offset) for _, partition, offset, e in logged]
+
+    def redeliverable(self, name: str) -> list[SourceRecord]:
+        """Of the copies: the puts and deletes (a copy stages its source as it finds it, later puts included)."""
+        if name != "copies":
+            return self.log(name)
+        return [r for r in self.log(name) if dict(r.headers)["gl-type"] in (b"checkpoint.put", b"thread.delete")]
 
     def check_outcome(self, name: str, rows: Rows) -> None:
-        assert {r[0] for r in rows["checkpoints"]} == {"a", "c", "d", "z"}
+        if name == "copies":
+            assert copied_ids(rows) == checkpoints.COPIES_LOG_IDS
+            assert rows["graphledger_copy_stages"] == []  # every barrier took its stage
+        else:
+            assert {r[0] for r in rows["checkpoints"]} == {"a", "c", "d", "z"}
 
     def one_key(self) -> list[Any]:
         put, writes = checkpoints.put, checkpoints.writes
@@ -308,6 +389,28 @@ class TestCheckpointProjection(ProjectionContract):
 
     async def rows(self, conn: asyncpg.Connection, schema: str) -> Rows:
         return await checkpoints.dump(conn, schema)
+
+    async def test_a_copy_lands_among_its_targets_records_whichever_partition_applies_first(
+        self, fresh_database: str, conn: asyncpg.Connection
+    ) -> None:
+        """A projector reaching the copies' source partition first (the live one, usually: the copy is
+        acknowledged before its barrier is sent), or their targets' partitions first (a replay's lanes, a
+        lagging worker), leaves what the log order of each target's partition says."""
+        log, dead = self.log("copies"), []
+        orders = [(0, 1, 2), (1, 2, 0), (2, 0, 1)]
+        for order in orders:
+            fetched = Fetches(await self.applier(fresh_database, conn, f"order_{''.join(map(str, order))}", dead), conn)
+            for partition in order:
+                await fetched.apply([r for r in log if r.partition == partition])
+            await drain(fetched)
+        assert dead == []
+        first, *others = [f"order_{''.join(map(str, order))}" for order in orders]
+        rows = await self.rows(conn, first)
+        self.check_outcome("copies", rows)
+        for schema in others:
+            assert await self.rows(conn, schema) == rows
+            checks = await compare(conn, first, schema)  # lineage and activity times too
+            assert all(check.equal for check in checks), [check.describe() for check in checks]
 
 
 # -- the store projection -----------------------------------------------------------------------------
@@ -387,3 +490,281 @@ class TestStoreProjection(ProjectionContract):
 
     async def rows(self, conn: asyncpg.Connection, schema: str) -> Rows:
         return await store.dump(conn, schema)
+
+
+# -- the fold equals the SQL --------------------------------------------------------------------------
+#
+# The read API answers a read at the log's end from the projection's answer at its applied offset and
+# the key's records since, folded in Python (`graphledger.fold`, `graphledger.store_fold`). For each
+# event type, a scenario is applied record by record with the projection's SQL; from every point of it,
+# the answers the projection gives there, with the rest of the scenario folded on, must be the answers
+# the projection gives after applying all of it, or the fold must say it cannot (`Underivable`: the
+# read then waits for the projection), and that only for the events docs/architecture.md lists.
+
+FOLD_REF = "reft"
+"""The reference of thread `t` as a sealed event of it would have recorded it (for `thread.erase`)."""
+
+
+class ErasuresRecorded(DataKeyCache):
+    """The data keys of a key store that recorded every erasure the fold's events publish (an eraser
+    destroys the key before it publishes the event, and the projector applies an erasure only then)."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+
+    async def recorded_erasures(
+        self, conn: asyncpg.Connection, refs: Collection[str], tenants: Collection[str]
+    ) -> tuple[set[str], set[str]]:
+        return set(refs), set(tenants)
+
+
+def _scenarios() -> dict[str, list[Any]]:
+    put, writes = checkpoints.put, checkpoints.writes
+    chain = [
+        put("t", 1, inline={"n": 1}, blobs={"msgs": b"m1", "empty": None}, metadata={"run_id": "r1"}),
+        writes("t", 1, "task-a", [("msgs", b"w1")]),
+        put("t", 2, parent=1, blobs={"msgs": b"m2"}, refs={"empty": 1}, metadata={"run_id": "r2"}),
+    ]
+    return {
+        "checkpoint.put": [
+            *chain,
+            put("t", 2, parent=1, blobs={"msgs": b"m2-again"}, refs={"empty": 1}, metadata={"again": True}),
+            put("t", 3, parent=2, inline={"n": 3}, refs={"msgs": 2, "empty": 1}),
+            put("t", 4, parent=3, ns="child:x", blobs={"sub": b"s4"}),
+            # A put again of an older checkpoint: its row changes, the newest does not.
+            put("t", 1, inline={"n": 1}, blobs={"msgs": b"m1", "empty": None}, metadata={"run_id": "r1", "x": 1}),
+        ],
+        "checkpoint.writes": [
+            *chain,
+            writes("t", 2, "task-b", [("msgs", b"w2"), ("n", b"w3")], task_path="~b"),
+            writes("t", 2, "task-b", [("msgs", b"never")], task_path="~b"),  # a regular write never replaces
+            writes("t", 2, "task-c", [("__error__", b"e1")], upsert=True, first_idx=-1),
+            writes("t", 2, "task-c", [("__error__", b"e2")], upsert=True, first_idx=-1, task_path="~c"),
+            writes("t", 1, "task-z", [("msgs", b"late")]),  # a late write of the parent
+        ],
+        "thread.delete": [*chain, ThreadDelete("t"), put("t", 5, blobs={"msgs": b"m5"})],
+        "thread.prune (delete)": [*chain, ThreadPrune("t", "delete"), put("t", 5, blobs={"msgs": b"m5"})],
+        "thread.prune (keep_latest)": [*chain, ThreadPrune("t", "keep_latest"), writes("t", 2, "x", [("msgs", b"w")])],
+        "thread.copy": [*chain, ThreadCopy("t", "t-copy"), writes("t", 2, "task-b", [("msgs", b"w2")])],
+        "thread.copy.barrier": [
+            put("s", 1, blobs={"msgs": b"s1"}),
+            ThreadCopy("s", "t"),
+            ThreadCopyBarrier("t", 0, 1),
+            put("t", 2, parent=1, blobs={"msgs": b"t2"}),
+        ],
+        "thread.expire": [*chain, ThreadExpire("t", 2**40), writes("t", 2, "x", [("n", b"1")])],
+        "runs.delete": [*chain, RunsDelete(("r1",)), RunsDelete(("r-other",)), writes("t", 2, "x", [("n", b"1")])],
+        "runs.delete (the newest's run)": [*chain, RunsDelete(("r2",)), writes("t", 1, "x", [("n", b"1")])],
+        # After an erasure the thread's records are sealed under its destroyed key: none applies.
+        "thread.erase": [*chain, ThreadErase(FOLD_REF)],
+        "tenant.erase": [*chain, TenantErase("other"), writes("t", 2, "x", [("n", b"1")]), TenantErase("t")],
+    }
+
+
+WAITS = {
+    "thread.prune (keep_latest)": ThreadPrune,
+    "thread.copy.barrier": ThreadCopyBarrier,
+    "thread.expire": ThreadExpire,
+    "runs.delete (the newest's run)": RunsDelete,
+}
+"""Scenarios whose event the fold cannot derive (a read that meets it waits for the projection)."""
+
+
+class ThreadAnswers:
+    """What reads of one thread answer in one schema, as the read API answers them (`wire_tuple`)."""
+
+    def __init__(self, conn: Any, thread_id: str) -> None:
+        self.saver = TenantSaver(conn=conn, serde=PassThroughSerde(), thread_prefix=None)
+        self.conn = conn
+        self.thread_id = thread_id
+
+    async def namespaces(self) -> list[str]:
+        cursor = await self.conn.execute(THREAD_NAMESPACES_SQL, {"thread": self.thread_id, "most": 100})
+        return [row["checkpoint_ns"] for row in await cursor.fetchall()]
+
+    async def get(self, ns: str, checkpoint_id: str | None = None) -> dict[str, Any] | None:
+        configurable = {"thread_id": self.thread_id, "checkpoint_ns": ns}
+        if checkpoint_id is not None:
+            configurable["checkpoint_id"] = checkpoint_id
+        found = await self.saver.aget_tuple({"configurable": configurable})  # type: ignore[arg-type]
+        return wire_tuple(found, Tenant("")) if found is not None else None
+
+    async def ids(self) -> list[tuple[str, str]]:
+        config = {"configurable": {"thread_id": self.thread_id}}
+        return [
+            (t.config["configurable"]["checkpoint_ns"], t.config["configurable"]["checkpoint_id"])
+            async for t in self.saver.alist(config)  # type: ignore[arg-type]
+        ]
+
+
+async def _pg(dsn: str, schema: str) -> Any:
+    import psycopg
+    from psycopg.rows import dict_row
+
+    return await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, row_factory=dict_row, options=f"-c search_path={schema}"
+    )
+
+
+def _fold_newest(base: dict[str, Any] | None, namespaces: list[str], events: Sequence[Any], ns: str) -> Any:
+    view = fold.from_answer(ns, base, namespaces)
+    for event in events:
+        view = fold.apply(view, event)
+    return None if view.erased else view.namespace(ns).answer("t", ns, None), view
+
+
+def _fold_one(
+    base: dict[str, Any] | None, newest: dict[str, Any] | None, namespaces: list[str], events: Sequence[Any],
+    ns: str, checkpoint_id: str,
+) -> Any:  # fmt: skip
+    if base is None:
+        view = fold.fold_to_checkpoint(fold.from_answer(ns, newest, namespaces), events, ns, checkpoint_id)
+    else:
+        view = fold.from_answer(ns, base)
+        for event in events:
+            view = fold.apply_to_checkpoint(view, event, ns, checkpoint_id)
+    return None if view.erased else view.namespace(ns).answer("t", ns, checkpoint_id)
+
+
+class TestCheckpointFold:
+    """`graphledger.fold` against `CheckpointProjection`'s SQL, for every checkpoint event type."""
+
+    @pytest.mark.parametrize("scenario", list(_scenarios()))
+    async def test_the_fold_of_unprojected_events_equals_the_projection(
+        self, fresh_database: str, conn: asyncpg.Connection, scenario: str
+    ) -> None:
+        events = _scenarios()[scenario]
+        records = [checkpoints.record(e, 0, offset) for offset, e in enumerate(events)]
+        projection = CheckpointProjection("final")
+        timed = [projection.to_event(envelope.decode(r.value or b""), r.timestamp) for r in records]
+        mine = thread_events(list(enumerate(timed)), "t", FOLD_REF)
+        positions = [offset for offset, e in enumerate(timed) if e.event in mine]
+        subject = SealedSubject(FOLD_REF, "thread", "", "t")
+        contract = TestCheckpointProjection()
+
+        final = await contract.applier(fresh_database, conn, "final", [])
+        final.keys = ErasuresRecorded()
+        await erasure.record_subjects(conn, erasure.ErasureStatements("final"), [subject])
+        for record in records:  # one at a time: a barrier's copy must have committed before it
+            await final.apply(conn, [record])
+        steps = await contract.applier(fresh_database, conn, "steps", [])
+        steps.keys = ErasuresRecorded()
+        await erasure.record_subjects(conn, erasure.ErasureStatements("steps"), [subject])
+        at_end, at_step = await _pg(fresh_database, "final"), await _pg(fresh_database, "steps")
+        try:
+            end, step = ThreadAnswers(at_end, "t"), ThreadAnswers(at_step, "t")
+            namespaces_end = await end.namespaces()
+            read_ns = sorted({"", *namespaces_end, *(e.checkpoint_ns for e in events if hasattr(e, "checkpoint_ns"))})
+            expected = {ns: await end.get(ns) for ns in read_ns}
+            ever = {
+                (e.checkpoint_ns, e.checkpoint_id)
+                for e in events
+                if isinstance(e, CheckpointPut) and e.thread_id == "t"
+            }
+            expected_one = {key: await end.get(*key) for key in sorted(ever)}
+            derived: set[str] = set()
+            underivable: set[str] = set()
+            folds = ones = 0
+            for k in range(len(records) + 1):
+                suffix = [e for offset, e in zip(positions, mine, strict=True) if offset >= k]
+                kinds = {type(e).TYPE for e in suffix}
+                namespaces = await step.namespaces()
+                for ns in read_ns:
+                    base = await step.get(ns)
+                    try:
+                        answer, view = _fold_newest(base, namespaces, suffix, ns)
+                    except fold.Underivable:
+                        underivable |= kinds
+                        continue
+                    assert answer == expected[ns], (scenario, k, ns)
+                    if view.complete and not view.erased:
+                        held = sorted(n for n, h in view.namespaces.items() if h is None or h.newest)
+                        assert held == namespaces_end, (scenario, k)
+                    derived |= kinds
+                    folds += len(suffix) > 0
+                for ns, checkpoint_id in sorted(ever):
+                    base, newest = await step.get(ns, checkpoint_id), await step.get(ns)
+                    try:
+                        answer = _fold_one(base, newest, namespaces, suffix, ns, checkpoint_id)
+                    except fold.Underivable:
+                        continue
+                    assert answer == expected_one[(ns, checkpoint_id)], (scenario, k, ns, checkpoint_id)
+                    ones += len(suffix) > 0
+                if k < len(records):
+                    await steps.apply(conn, [records[k]])
+        finally:
+            await at_end.close()
+            await at_step.close()
+        waiting = WAITS.get(scenario)
+        if waiting is None:
+            assert not underivable, f"{scenario}: the fold could not derive a read after {sorted(underivable)}"
+        else:
+            assert waiting.TYPE in underivable and waiting.TYPE not in derived  # the read waits: documented
+        assert folds and ones, scenario  # the scenario exercised the fold, of the newest and of one checkpoint
+
+
+def _store_scenario(seed: int) -> list[tuple[Any, int]]:
+    """Random puts, deletes, refreshes and expiries of a few items, a tenant's erasure among them and an
+    imported put (which carries its creation time)."""
+    events = store.random_events(random.Random(seed), 40, maintenance=True)
+    ts = events[-1][1]
+    imported = dataclasses.replace(store.put(["c"], "k1", {"imported": True}), created_ms=store.T0 - 5_000)
+    return [*events[:20], (TenantErase("c"), events[19][1]), *events[20:], (imported, ts + 1)]
+
+
+def _store_record(event: Any, ts_ms: int, offset: int) -> SourceRecord:
+    env = envelope.Envelope(event.TYPE, f"e{offset}", ts_ms, event.to_payload())
+    key = event.key.encode() if event.key is not None else None
+    headers = tuple(envelope.headers_for(env))
+    return SourceRecord(store.STORE_TOPIC, 0, offset, key, envelope.encode(env), headers, ts_ms)  # appended at ts_ms
+
+
+async def _items(conn: asyncpg.Connection, schema: str, items: list[tuple[str, str]]) -> dict[Any, Any]:
+    """Each item's row as `store_fold.Item` (None: no row), read as the read API reads it."""
+    sql, args = item_rows_statement(schema, items)
+    found: dict[Any, Any] = {}
+    for row in await conn.fetch(sql, *args):
+        item = None
+        if row["created_at"] is not None:
+            value = orjson.loads(row["value"])
+            item = store_fold.Item(row["prefix"], row["key"], value, row["created_at"], row["updated_at"],
+                                   row["expires_at"], row["ttl"])  # fmt: skip
+        found[(row["prefix"], row["key"])] = item
+    return found
+
+
+class TestStoreFold:
+    """`graphledger.store_fold` against `StoreProjection`'s SQL: what a store get answers."""
+
+    @pytest.mark.parametrize("seed", [0, 1, 2, 3])
+    async def test_the_fold_of_unprojected_events_equals_the_projection(
+        self, fresh_database: str, conn: asyncpg.Connection, seed: int
+    ) -> None:
+        scenario = _store_scenario(seed)
+        records = [_store_record(e, ts, offset) for offset, (e, ts) in enumerate(scenario)]
+        contract = TestStoreProjection()
+        final = await contract.applier(fresh_database, conn, "final", [])
+        final.keys = ErasuresRecorded()
+        await final.apply(conn, records)
+        steps = await contract.applier(fresh_database, conn, "steps", [])
+        steps.keys = ErasuresRecorded()
+        to_event = final.projections[store.STORE_TOPIC].to_event
+        timed = [to_event(envelope.decode(r.value or b""), r.timestamp) for r in records]
+        items = sorted({(".".join(e.namespace), e.item_key) for e, _ in scenario if hasattr(e, "item_key")})
+        expected = await _items(conn, "final", items)
+        kinds: set[str] = set()
+        for k in range(len(records) + 1):
+            at_k = await _items(conn, "steps", items)
+            for prefix, key in items:
+                found = at_k[(prefix, key)]
+                for event in timed[k:]:
+                    mine = getattr(event.event, "item_key", key) == key and (
+                        ".".join(getattr(event.event, "namespace", prefix.split("."))) == prefix
+                    )
+                    if mine:
+                        found = store_fold.apply(found, event.event, event.ts_ms)
+                        kinds.add(event.TYPE)
+                assert found == expected[(prefix, key)], (seed, k, prefix, key)
+            if k < len(records):
+                await steps.apply(conn, [records[k]])
+        assert kinds == {"store.put", "store.delete", "store.refresh", "store.expire", "tenant.erase"}

@@ -67,6 +67,6 @@ async def test_a_batch_gets_a_consumer_span_with_links_and_a_span_per_statement(
     summaries = [s.attributes["db.query.summary"] for s in statements]
     assert summaries[0] == "SELECT graphledger_offsets"  # the offset locks come first
     assert {"INSERT checkpoints", "INSERT checkpoint_blobs", "INSERT graphledger_dead_letters"} <= set(summaries)
-    assert any(s.startswith("INSERT checkpoints SELECT checkpoints") for s in summaries)  # copy_thread
+    assert any(s.startswith("INSERT graphledger_copy_stages graphledger_staged_checkpoints") for s in summaries)
     assert secret not in repr([(s.name, dict(s.attributes), s.events) for s in spans])
     assert telemetry.lag == {}  # no consumer yet: nothing to compare the offsets with

@@ -219,6 +219,34 @@ async def test_replay_under_load_switches_to_an_identical_schema(settings: Setti
         await conn.close()
 
 
+async def test_a_replay_of_copies_onto_threads_with_records_equals_the_live_projection(settings: Settings) -> None:
+    """Each copy lands in its target after the target's delete or prune acknowledged before it, live and in
+    the rebuild (whose lanes reach a target's barrier before or after its copy's record)."""
+    async with live_stack(settings), KafkaSaver(settings) as saver, KafkaSaver(settings) as reader:
+        expected = {}
+        for n in range(8):
+            source, target = f"copy-source-{n}", f"copy-target-{n}"
+            head = await _put_checkpoint(saver, source, 0, None)
+            await _put_checkpoint(saver, source, 1, head)
+            head = await _put_checkpoint(saver, target, 0, None)
+            await _put_checkpoint(saver, target, 1, head)
+            if n % 2:
+                await saver.aprune([target])  # keeps the target's newest
+                expected[target] = 3
+            else:
+                await saver.adelete_thread(target)
+                expected[target] = 2
+            await saver.acopy_thread(source, target)
+            await _put_checkpoint(saver, source, 2, None)  # after the copy: not copied
+        for target, checkpoints in expected.items():  # another process's reads wait for the projection
+            found = [t async for t in reader.alist({"configurable": {"thread_id": target}})]
+            assert len(found) == checkpoints, target
+
+        report = await run_replay(settings, switch=False, out=None)
+    assert all(check.equal for check in report.checks), [c.describe() for c in report.checks]
+    assert {c.table: c.live.rows for c in report.checks if c.live}["graphledger_copy_stages"] == 0
+
+
 async def _live_offsets(settings: Settings) -> dict[tuple[str, int], int]:
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:

@@ -1123,15 +1123,15 @@ def test_a_stale_checksum_is_caught(rendered) -> None:
     assert checksum_problems(docs, text)
 
 
-# -- the README's instructions match the chart --------------------------------------------------------------
+# -- docs/deploy.md's instructions match the chart ------------------------------------------------------------
 
 
-def test_the_readme_values_file_installs() -> None:
-    """The values file of "Deploy to Kubernetes" renders and validates, and every object the section
-    tells to inspect (`job/...`, `svc/...`, `deploy/...`) is one the release creates."""
-    text = (ROOT / "README.md").read_text()
+def test_the_deploy_guides_values_file_installs() -> None:
+    """The values file of docs/deploy.md renders and validates, and every object the guide tells to
+    inspect (`job/...`, `svc/...`, `deploy/...`) is one the release creates."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
     match = re.search(r"```yaml\n# my-values\.yaml\n(.*?)```", text, re.DOTALL)
-    assert match, "README: the my-values.yaml example is missing"
+    assert match, "docs/deploy.md: the my-values.yaml example is missing"
     docs = manifests(render(yaml.safe_load(match.group(1))))
     for version in KUBERNETES_VERSIONS:
         assert schema_problems(docs, version) == []
@@ -1140,4 +1140,4 @@ def test_the_readme_values_file_installs() -> None:
     mentioned = set(re.findall(r"\b(job|svc|deploy)/(graphledger-[a-z-]+)", text))
     assert {("job", "graphledger-topics"), ("svc", "graphledger-read-api")} <= mentioned
     for short, name in mentioned:
-        assert (kinds[short], name) in created, f"README mentions {short}/{name}, which the release does not create"
+        assert (kinds[short], name) in created, f"docs/deploy.md mentions {short}/{name}, not in the release"

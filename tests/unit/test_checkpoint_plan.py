@@ -17,11 +17,12 @@ from graphledger.events.checkpoint import (
     ThreadPrune,
 )
 from graphledger_server.projection.checkpoints import (
-    CopyThread,
+    ApplyCopy,
     DataRun,
     DeleteRuns,
     DeleteThreads,
     PruneKeepLatest,
+    StageCopy,
     plan_batch,
     to_checkpoint_event,
 )
@@ -49,21 +50,22 @@ def test_plan_cuts_runs_at_operations_and_merges_consecutive_deletes() -> None:
         DataRun,
         DeleteThreads,
         DataRun,
-        CopyThread,
+        StageCopy,
         DeleteRuns,
         PruneKeepLatest,
         DataRun,
     ]
     assert plan[1] == DeleteThreads(("a", "b"))
-    assert plan[3] == CopyThread("a", "c", TOPIC, 0)
+    assert plan[3] == StageCopy("a", "c", TOPIC, 0, 5)  # staged under the copy record's offset
 
 
-def test_a_copy_barrier_records_its_target_on_the_barriers_own_partition() -> None:
-    copy, barrier = items([ThreadCopy("src", "dst")], partition=0), items([ThreadCopyBarrier("dst", 0, 0)], partition=2)
-    assert plan_batch(copy) == [CopyThread("src", "dst", TOPIC, 0)]
-    (run,) = plan_batch(barrier)
-    assert isinstance(run, DataRun) and run.threads == [["dst"], [TOPIC], [2], [None]]
-    assert run.checkpoints == [[] for _ in range(6)] and run.events == 0
+def test_a_copy_stages_at_its_record_and_applies_at_its_barrier_on_the_targets_partition() -> None:
+    copy = items([ThreadCopy("src", "dst")], partition=0, first_offset=7)
+    assert plan_batch(copy) == [StageCopy("src", "dst", TOPIC, 0, 7)]
+    barrier = items([put("dst", 1), ThreadCopyBarrier("dst", 0, 7), put("dst", 2)], partition=2)
+    before, applied, after = plan_batch(barrier)
+    assert applied == ApplyCopy("dst", TOPIC, 2, 0, 7)  # between the target's records, not merged into them
+    assert isinstance(before, DataRun) and isinstance(after, DataRun)
 
 
 def test_plan_merges_duplicate_keys_as_sequential_application_would() -> None:

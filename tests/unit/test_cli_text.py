@@ -1,5 +1,5 @@
 """What the `graphledger` command writes, checked without running it: log records one line each, and the
-README's settings table as `make settings-doc` renders it from `Settings`. The command itself, run as a
+settings table of docs/settings.md as `make settings-doc` renders it from `Settings`. The command itself, run as a
 subprocess, is `acceptance/test_cli.py`."""
 
 from __future__ import annotations
@@ -26,6 +26,6 @@ def test_log_records_are_one_line_each() -> None:
     assert "Traceback" in line and "second line" in line
 
 
-def test_readme_settings_table_is_current() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert current_block(readme) == render_table(), "the README's settings table is stale: run `make settings-doc`"
+def test_the_settings_table_is_current() -> None:
+    doc = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    assert current_block(doc) == render_table(), "docs/settings.md's settings table is stale: run `make settings-doc`"

@@ -7,9 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, cast
 
-from graphledger.events import to_envelope
-from graphledger.events.checkpoint import ThreadDelete
-from graphledger.sealing import (
+from graphledger.erasure.sealing import (
     ERASED,
     MISBOUND,
     Erased,
@@ -20,6 +18,8 @@ from graphledger.sealing import (
     seal,
     unseal,
 )
+from graphledger.events import to_envelope
+from graphledger.events.checkpoint import ThreadDelete
 from graphledger_server.keys.lookup import DataKeyCache, KeyOwner
 from graphledger_server.keys.store import FreshRow
 

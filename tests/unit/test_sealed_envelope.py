@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from graphledger.erasure.sealing import SealedSubject, cipher_of, new_data_key, seal, sealed_ref, unseal
 from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import ThreadDelete
-from graphledger.sealing import SealedSubject, cipher_of, new_data_key, seal, sealed_ref, unseal
 from v1_events import EVENTS, fixture
 
 SUBJECT = SealedSubject("0a" * 16, "thread", "acme", "acme/t")

@@ -1,4 +1,4 @@
-"""Sealing an envelope's payload with its subject's data key (`graphledger.sealing`), pure: what opens,
+"""Sealing an envelope's payload with its subject's data key (`graphledger.erasure.sealing`), pure: what opens,
 what does not, and the clear errors of a sealed payload that is not one."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Any
 import ormsgpack
 import pytest
 
+from graphledger.erasure.sealing import NONCE_BYTES, SealedSubject, cipher_of, new_data_key, seal, sealed_ref, unseal
 from graphledger.errors import InvalidEventError
 from graphledger.events import to_envelope
 from graphledger.events.checkpoint import Blob, CheckpointPut
 from graphledger.events.envelope import SEALED_PAYLOAD, Envelope, encode
-from graphledger.sealing import NONCE_BYTES, SealedSubject, cipher_of, new_data_key, seal, sealed_ref, unseal
 
 SENTINEL = "sentinel-4f1c-pii"
 THREAD = "acme/alice@example.com"

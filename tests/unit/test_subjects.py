@@ -1,5 +1,5 @@
 """Whose data each event carries, and the keyed hashes that stand for identifiers in the log
-(`graphledger.subjects`), pure."""
+(`graphledger.erasure.subjects`), pure."""
 
 from __future__ import annotations
 
@@ -7,6 +7,17 @@ import re
 
 import pytest
 
+from graphledger.erasure.subjects import (
+    REFERENCE_BYTES,
+    Subject,
+    item_record_key,
+    namespace_subject,
+    record_key,
+    reference,
+    subject_of,
+    thread_record_key,
+    thread_subject,
+)
 from graphledger.events import Event
 from graphledger.events.checkpoint import (
     CheckpointPut,
@@ -21,17 +32,6 @@ from graphledger.events.checkpoint import (
 )
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger.events.store import StoreDelete, StoreExpire, StorePut, StoreRefresh
-from graphledger.subjects import (
-    REFERENCE_BYTES,
-    Subject,
-    item_record_key,
-    namespace_subject,
-    record_key,
-    reference,
-    subject_of,
-    thread_record_key,
-    thread_subject,
-)
 
 HASH_KEY = b"\x01" * 32
 OTHER_HASH_KEY = b"\x02" * 32

@@ -18,7 +18,6 @@ from typing import Any, Self, TypeVar
 
 from opentelemetry.context import Context
 
-from graphledger.client.keys import ApiKeySource
 from graphledger.client.loop import BackgroundLoop, HomeLoop
 from graphledger.client.publisher import EventPublisher
 from graphledger.client.put_riders import PutRiders
@@ -27,12 +26,13 @@ from graphledger.client.tenant import scope_event
 from graphledger.client.thread_reads import ThreadReads
 from graphledger.client.threads import HeldThreads
 from graphledger.client.tokens import AckedOffsets
+from graphledger.erasure.fresh_keys import FreshKeyPool
+from graphledger.erasure.read_api_keys import ReadApiKeySource
+from graphledger.erasure.sealer import EventSealer
 from graphledger.errors import ReadApiError, SubjectErasedError
-from graphledger.event_sealer import EventSealer
 from graphledger.events import Event, checkpoint, to_envelope
 from graphledger.events.checkpoint import ThreadCopy, ThreadCopyBarrier
 from graphledger.events.envelope import Envelope
-from graphledger.key_pool import KeyPool
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger.telemetry.propagation import caller_context
@@ -87,8 +87,8 @@ class ClientRuntime:
             if self._settings.api_token is not None:
                 self.tenant = await self._reader.whoami()
             if self._settings.encrypt_events:
-                keys = ApiKeySource(self._reader)
-                pool = KeyPool(keys, self.tenant, self._settings.client_fresh_keys)
+                keys = ReadApiKeySource(self._reader)
+                pool = FreshKeyPool(keys, self.tenant, self._settings.client_fresh_keys)
                 self.sealer = EventSealer(keys, self._settings.key_cache_ttl_s, pool=pool)
                 await self._prefetch_keys(self.sealer, pool)
             await self.publisher.start()
@@ -101,7 +101,7 @@ class ClientRuntime:
                 self._settings.checkpoint_topic,
                 self._reader.call,
                 lambda: self.log,
-                self.thread_key,
+                self.record_key_of_thread,
                 self._settings.consistency_timeout_s,
                 self.thread_erased,
                 self._log_denied,
@@ -110,11 +110,11 @@ class ClientRuntime:
             await self._reader.close()
             raise
 
-    async def _prefetch_keys(self, sealer: EventSealer, pool: KeyPool) -> None:
+    async def _prefetch_keys(self, sealer: EventSealer, pool: FreshKeyPool) -> None:
         """The tenant's hashing key and a batch of fresh keys, so that no write waits for a key. A client
         started while the read API is away still starts: its writes then wait for the read API."""
         try:
-            await sealer.tenant_keys(self.tenant)
+            await sealer.tenant_hashing(self.tenant)
         except (ReadApiError, SubjectErasedError) as exc:
             log.warning("no keys from the read API at start (%s): writes and reads wait for it", exc)
             return
@@ -172,16 +172,16 @@ class ClientRuntime:
             return scoped.key, to_envelope(scoped)
         return await self.sealer.seal(scoped, self.tenant)
 
-    def thread_key(self, thread_id: str) -> bytes | None:
+    def record_key_of_thread(self, thread_id: str) -> bytes | None:
         """The record key of the thread's records (None: not known yet, nothing written here)."""
         if self.sealer is None:
             return scoped_thread(self.tenant, thread_id).encode()
-        return self.sealer.thread_key(self.tenant, scoped_thread(self.tenant, thread_id))
+        return self.sealer.record_key_of_thread(self.tenant, scoped_thread(self.tenant, thread_id))
 
     def thread_erased(self, thread_id: str) -> None:
         """A read found the thread erased: its writes are refused from now on."""
         self.threads.erased(thread_id)
-        key = self.thread_key(thread_id) if self.sealer is not None else None
+        key = self.record_key_of_thread(thread_id) if self.sealer is not None else None
         if self.sealer is not None and key is not None:
             self.sealer.erased(key.decode())  # a thread's reference is its record key
 

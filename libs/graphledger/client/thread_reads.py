@@ -55,7 +55,7 @@ class ThreadReads:
         topic: str,
         read: Read,
         log_tail: Callable[[], LogTail | None],
-        thread_key: Callable[[str], bytes | None],
+        record_key_of_thread: Callable[[str], bytes | None],
         timeout_s: float,
         on_erased: Callable[[str], None],
         on_log_denied: Callable[[], None],
@@ -64,7 +64,7 @@ class ThreadReads:
         self._topic = topic
         self._read = read
         self._log_tail = log_tail
-        self._thread_key = thread_key
+        self._record_key_of_thread = record_key_of_thread
         self._timeout_s = timeout_s
         self._on_erased = on_erased
         self._on_log_denied = on_log_denied
@@ -125,7 +125,7 @@ class ThreadReads:
     async def _unchanged_since(self, thread_id: str, held: Held) -> bool:
         """Whether the log holds no record of the thread since the snapshot's `through` but its own; if
         so, the thread is held as current through the log's end."""
-        log_tail, key = self._log_tail(), self._thread_key(thread_id)
+        log_tail, key = self._log_tail(), self._record_key_of_thread(thread_id)
         if log_tail is None or key is None or held.through is None:
             return False
         tp = TopicPartition(self._topic, held.partition)

@@ -27,7 +27,7 @@ import ormsgpack
 from graphledger.errors import InvalidEventError, UnknownEventVersionError
 
 SCHEMA_VERSION = 2
-"""2: a payload may be sealed with its subject's data key (`graphledger.sealing`); 1: in the clear."""
+"""2: a payload may be sealed with its subject's data key (`graphledger.erasure.sealing`); 1: in the clear."""
 
 MAX_EPOCH_MS = 253_402_300_799_999
 """9999-12-31T23:59:59.999Z: later event times are a broken clock (and beyond what timestamptz holds)."""
@@ -38,9 +38,9 @@ HEADER_CHUNK = "gl-chunk"
 HEADER_SUBJECT = "gl-subject"
 """On a sealed event's records: its subject's reference, so keys are fetched before anything is decoded."""
 HEADER_KEY = "gl-key"
-"""On an event sealed with a fresh key a writer bound to its subject (`key_pool.py`): the key's id."""
+"""On an event sealed with a fresh key a writer bound to its subject (`erasure/fresh_keys.py`): the key's id."""
 SEALED_PAYLOAD = "sealed"
-"""The one key of a sealed payload (`graphledger.sealing`)."""
+"""The one key of a sealed payload (`graphledger.erasure.sealing`)."""
 HEADER_TRACEPARENT = "traceparent"
 HEADER_APPENDED = "gl-appended-ms"
 """On a copy's records (`encrypt-log`, `import`, `dlq replay`): the time, in ms since the epoch, of the

@@ -2,7 +2,7 @@
 
 Published by the read API or `graphledger erase` after the key store destroyed the key, so every event
 of the subject before the erasure in the log is already unreadable, and so is every event after it.
-They name the subject by its reference only (`subjects.py`): the log keeps no identifier of it.
+They name the subject by its reference only (`graphledger/erasure/subjects.py`): the log keeps no identifier of it.
 """
 
 from __future__ import annotations

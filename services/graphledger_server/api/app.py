@@ -16,12 +16,18 @@ from graphledger_server.api.auth import AccessPolicy, TenantAuth, document_beare
 from graphledger_server.api.db import open_pool, open_store_pool
 from graphledger_server.api.key_quota import KeyCreationQuota
 from graphledger_server.api.read_barrier import ReadBarrier
+from graphledger_server.api.read_through import RecordOpener, ThreadViews
 from graphledger_server.api.state import ApiState
+from graphledger_server.api.store_through import StoreEvents
+from graphledger_server.api.unprojected import Unprojected
 from graphledger_server.api.wait_slots import WaitSlots
 from graphledger_server.keys.erase import Eraser
+from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import check_key_settings, key_store_for
 from graphledger_server.log.applied import AppliedOffsets
+from graphledger_server.projection.checkpoints import CheckpointProjection
+from graphledger_server.projection.records import ToEvent
 from graphledger_server.telemetry import api as telemetry
 
 
@@ -48,12 +54,27 @@ def create_app(settings: Settings) -> FastAPI:
         source = StoreKeySource(key_store, settings) if key_store is not None and settings.encrypt_events else None
         eraser = Eraser(settings, source, store_pool, offsets) if source is not None else None
         slots = WaitSlots(settings.api_max_consistency_waits, policy.tenant_count)
-        barrier = ReadBarrier(settings, log, offsets, slots)
+        topics = (settings.checkpoint_topic, settings.store_topic)
+        # The projector's key cache and validation: records open and decode here as they do there.
+        checkpoint_events = CheckpointProjection(settings.postgres_schema)
+        store_events = StoreEvents(settings, store_pool)
+        to_event: dict[str, ToEvent] = {
+            settings.checkpoint_topic: checkpoint_events.to_event,
+            settings.store_topic: store_events.to_event,
+        }
+        unprojected = Unprojected(log, offsets, topics, settings.api_read_through_max_bytes)
+        opener = RecordOpener(unprojected, DataKeyCache(key_store), to_event.__getitem__)
+        unprojected.on_erasure = opener.erasure
+        await unprojected.start()
+        barrier = ReadBarrier(settings, log, offsets, slots, unprojected)
         quota = KeyCreationQuota(settings.api_max_key_creations_per_minute)
-        app.state.api = ApiState(settings, pool, store_pool, offsets, barrier, quota, source, eraser)
+        app.state.api = ApiState(
+            settings, pool, store_pool, offsets, barrier, quota, source, eraser, opener, ThreadViews(), store_events
+        )
         try:
             yield
         finally:
+            await unprojected.stop()
             if eraser is not None:
                 await eraser.close()
             await log.stop()

@@ -6,22 +6,34 @@ the shared pool: constructing one is cheap, and a shared instance would serializ
 the saver's per-instance lock. Thread ids are the request tenant's (`tenant.py`): prefixed on the way
 in, unprefixed on the way out, and a list without a thread only ever sees the tenant's threads.
 
-Every read first waits until the projection reflects what the log held when it arrived
-(`read_barrier.py`): a thread's reads for the thread's unprojected records (less, on a get, the
-client's own that it names in `X-Graphledger-Own-Writes`), a list across threads for the whole topic.
+Every read reflects what the log held when it arrived (`read_barrier.py`). A get and a DeltaChannel
+history of a thread with records the projection has not applied answer at the log's end at once: the
+projection's answer read in one snapshot with its applied offset, and the thread's records since,
+folded as the projector applies them (`read_through.py`, `graphledger.fold`). When the fold cannot
+(a record that needs rows of other partitions, or the read API does not hold the records), they wait
+for the projection of the thread's records (less, on a get, the client's own that it names in
+`X-Graphledger-Own-Writes`), as a list of a thread does; a list across threads waits for the whole
+topic.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, writes_sort_key
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from psycopg import AsyncConnection, IsolationLevel
 from pydantic import BaseModel
 
-from graphledger.sealing import ERASED
+from graphledger import fold
+from graphledger.erasure.sealing import ERASED
 from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER, typed
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
@@ -38,8 +50,12 @@ from graphledger_server.api.models import (
 )
 from graphledger_server.api.passthrough import PassThroughSerde, to_wire
 from graphledger_server.api.read_barrier import KeyedRead, OwnWrites, Settled
+from graphledger_server.api.read_through import HeldView, thread_events
 from graphledger_server.api.state import api_state
 from graphledger_server.api.tenant import Tenant
+from graphledger_server.log.offsets import SNAPSHOT_OFFSET_SQL, snapshot_offset
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/checkpoints", tags=["checkpoints"])
 
@@ -68,6 +84,38 @@ LIMIT %(most)s
 MAX_LATER_WRITES = 1000
 MAX_NAMESPACES = 1000
 """Most namespaces a get names; a thread with more answers without the list (the client then asks for each)."""
+
+# Whether the projection holds writes of a checkpoint newer than the namespace's newest (writes that
+# reached the log before their put): a put of it among the unprojected records would come with them,
+# which the fold does not know. %(thread)s, %(ns)s, %(newest)s -> the newest id ('': none).
+EARLY_WRITES_SQL = """
+SELECT EXISTS (
+    SELECT 1 FROM checkpoint_writes
+    WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s AND checkpoint_id > %(newest)s
+) AS early
+"""
+
+# What a get of a namespace's newest checkpoint folds the thread's unprojected records onto, in one
+# statement, so in one snapshot (a projector batch commits rows and offsets at once): the projection's
+# applied offset on the thread's partition, every namespace of the thread (at most %(most)s), the newest
+# checkpoint's row as the official saver selects it (its columns null without one), and whether writes
+# of a newer checkpoint wait for their put (as EARLY_WRITES_SQL). One round trip: the reads that
+# hop between processes pay for each. %(group)s, %(topic)s, %(partition)s, %(thread)s, %(ns)s, %(most)s.
+THROUGH_NEWEST_SQL = f"""
+SELECT o.applied, n.namespaces, t.*, e.early
+FROM (SELECT coalesce(({SNAPSHOT_OFFSET_SQL}), 0) AS applied) o
+CROSS JOIN LATERAL (SELECT ARRAY({THREAD_NAMESPACES_SQL}) AS namespaces) n
+LEFT JOIN LATERAL (
+    {AsyncPostgresSaver.SELECT_SQL} WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s
+    ORDER BY checkpoint_id DESC LIMIT 1
+) t ON true
+CROSS JOIN LATERAL (
+    SELECT EXISTS (
+        SELECT 1 FROM checkpoint_writes w
+        WHERE w.thread_id = %(thread)s AND w.checkpoint_ns = %(ns)s AND w.checkpoint_id > coalesce(t.checkpoint_id, '')
+    ) AS early
+) e
+"""
 
 
 def _doc(request_model: type[BaseModel], response_model: type[BaseModel]) -> dict[str, Any]:
@@ -136,20 +184,60 @@ class TenantSaver(AsyncPostgresSaver):
         return (f"{where} AND {narrowed}" if where else f"WHERE {narrowed}"), [*params, self.thread_prefix]
 
 
-def _saver(request: Request, tenant: Tenant) -> AsyncPostgresSaver:
-    return TenantSaver(conn=api_state(request).pool, serde=PassThroughSerde(), thread_prefix=tenant.thread_prefix)
+def _saver(request: Request, tenant: Tenant, conn: AsyncConnection[Any] | None = None) -> AsyncPostgresSaver:
+    """The official saver on the pool, or on `conn` (a snapshot's connection)."""
+    on = api_state(request).pool if conn is None else conn
+    return TenantSaver(conn=on, serde=PassThroughSerde(), thread_prefix=tenant.thread_prefix)
 
 
 async def _settle_thread(
-    request: Request, thread_id: str, own: OwnWrites | None = None, cached_through: int | None = None
+    request: Request,
+    thread_id: str,
+    own: OwnWrites | None = None,
+    cached_through: int | None = None,
+    *,
+    through: bool = False,
 ) -> Settled:
-    """Wait until the projection reflects the thread as the log holds it now (less `own`)."""
+    """Wait until the projection reflects the thread as the log holds it now (less `own`); `through`:
+    unless the read API holds the thread's unprojected records (then `Settled.tail`)."""
     state = api_state(request)
     tenant = tenant_of(request).name
-    key = await state.thread_key(tenant, thread_id)
+    key = await state.record_key_of_thread(tenant, thread_id)
     read = KeyedRead(state.settings.checkpoint_topic, key, own, cached_through)
     token = token_of(request.headers.get(CONSISTENCY_HEADER))
-    return (await state.barrier.before_keyed([read], token, tenant=tenant))[read]
+    return (await state.barrier.before_keyed([read], token, tenant=tenant, through=through))[read]
+
+
+@asynccontextmanager
+async def _snapshot(request: Request) -> AsyncIterator[AsyncConnection[Any]]:
+    """A connection in a repeatable-read transaction: the projection's rows and its applied offsets as
+    of one instant (a projector batch commits both at once)."""
+    async with api_state(request).pool.connection() as conn:
+        if conn.isolation_level is not IsolationLevel.REPEATABLE_READ:
+            await conn.set_isolation_level(IsolationLevel.REPEATABLE_READ)  # for its transactions only
+        async with conn.transaction():
+            yield conn
+
+
+async def _applied(request: Request, conn: AsyncConnection[Any], partition: int) -> int:
+    settings = api_state(request).settings
+    return await snapshot_offset(conn, settings.projector_group_id, settings.checkpoint_topic, partition)
+
+
+async def _thread_events(request: Request, settled: Settled, stored_thread_id: str, since: int) -> list[Any]:
+    """The thread's events among its unprojected records at or after `since`; raises `fold.Underivable`."""
+    state = api_state(request)
+    assert settled.tail is not None and state.opener is not None
+    if since < settled.tail.start:
+        raise fold.Underivable(f"records from {since} on are no longer all held")
+    key = await state.record_key_of_thread(tenant_of(request).name, stored_thread_id)
+    return thread_events(await state.opener.events(settled.tail, since), stored_thread_id, key.decode())
+
+
+def _fold(view: fold.View, events: Sequence[Any]) -> fold.View:
+    for event in events:
+        view = fold.apply(view, event)
+    return view
 
 
 def _own_writes(request: Request) -> OwnWrites | None:
@@ -181,7 +269,7 @@ def _config(config: Any, tenant: Tenant) -> dict[str, Any]:
     return configurable
 
 
-def _tuple(found: CheckpointTuple, tenant: Tenant) -> dict[str, Any]:
+def wire_tuple(found: CheckpointTuple, tenant: Tenant) -> dict[str, Any]:
     writes: list[Any] = found.pending_writes or []  # five-tuples: `TenantSaver._load_writes`
     checkpoint: dict[str, Any] = dict(found.checkpoint)
     checkpoint["channel_values"] = {k: to_wire(v) for k, v in found.checkpoint["channel_values"].items()}
@@ -202,39 +290,249 @@ def _answer(request: Request, body: dict[str, Any]) -> Response:
 async def get_tuple(request: Request) -> Response:
     """`AsyncPostgresSaver.aget_tuple`."""
     tenant = tenant_of(request)
-    body = await decode(request, GetRequest, api_state(request).settings.api_max_body_bytes)
+    state = api_state(request)
+    body = await decode(request, GetRequest, state.settings.api_max_body_bytes)
     own = _own_writes(request)
     cached = _cached_through(request) if own is not None and body.checkpoint_id is None else None
-    settled = await _settle_thread(request, tenant.thread(body.thread_id), own, cached)
+    base = await _newest_base_started(request, tenant, body)
+    try:
+        return await _get(request, tenant, body, own, cached, base)
+    finally:
+        await _cancelled(base)
+
+
+async def _get(
+    request: Request,
+    tenant: Tenant,
+    body: GetRequest,
+    own: OwnWrites | None,
+    cached: int | None,
+    base: asyncio.Task[Base | None] | None,
+) -> Response:
+    state = api_state(request)
+    stored = tenant.thread(body.thread_id)
+    settled = await _settle_thread(request, stored, own, cached, through=True)
     answer: dict[str, Any] = {"log_partition": settled.partition, "log_end": settled.end}
-    if own is not None and own.partition == settled.partition:  # else the client's records were not heeded
-        answer["own_writes_from"] = settled.applied
+    heeded = own is not None and own.partition == settled.partition  # else the client's records were not
     if settled.current:
+        if heeded:
+            answer["own_writes_from"] = settled.applied
         answer.update(tuple=None, current=True)
+        return _answer(request, answer)
+    if settled.tail is not None and (body.checkpoint_id is None or settled.need is not None):
+        folded = await _get_through(request, tenant, body, settled, base)
+        if folded is not None:
+            # The answer holds every record of the thread below `log_end` (the projection may have
+            # applied past the end the read learned), the client's named ones too.
+            if heeded:
+                answer["own_writes_from"] = folded["log_end"]
+            answer.update(folded)
+            return _answer(request, answer)
+        settled = await state.barrier.wait(settled, state.settings.checkpoint_topic, tenant=tenant.name)
+    if heeded:
+        answer["own_writes_from"] = settled.applied
+    found = await _saver(request, tenant).aget_tuple(body.config(tenant.thread))
+    answer["tuple"] = wire_tuple(found, tenant) if found else None
+    if body.checkpoint_id is None:
+        # What a client holding the thread from this answer needs besides, each on a connection of its
+        # own: the thread's namespaces, and the writes of checkpoints newer than the answer's (their
+        # puts are still to come); and, for no checkpoint at all, whether the thread was erased.
+        newest = found.config["configurable"]["checkpoint_id"] if found else ""
+        namespaces, later, erased = await asyncio.gather(
+            _namespaces(request, stored),
+            _later_writes(request, stored, body.checkpoint_ns, newest),
+            _erased(request, tenant, body.thread_id) if found is None else _false(),
+        )
     else:
-        found = await _saver(request, tenant).aget_tuple(body.config(tenant.thread))
-        answer["tuple"] = _tuple(found, tenant) if found else None
-        if body.checkpoint_id is None:
-            # What a client holding the thread from this answer needs besides, each on a connection of its
-            # own: the thread's namespaces, and the writes of checkpoints newer than the answer's (their
-            # puts are still to come); and, for no checkpoint at all, whether the thread was erased.
-            stored = tenant.thread(body.thread_id)
-            newest = found.config["configurable"]["checkpoint_id"] if found else ""
-            namespaces, later, erased = await asyncio.gather(
-                _namespaces(request, stored),
-                _later_writes(request, stored, body.checkpoint_ns, newest),
-                _erased(request, tenant, body.thread_id) if found is None else _false(),
-            )
-        else:
-            namespaces, later = None, None
-            erased = found is None and await _erased(request, tenant, body.thread_id)
-        if erased:
-            answer["erased"] = True
-        elif body.checkpoint_id is None:
-            answer["later_writes"] = later
-            if namespaces is not None:
-                answer["namespaces"] = namespaces
+        namespaces, later = None, None
+        erased = found is None and await _erased(request, tenant, body.thread_id)
+    if erased:
+        answer["erased"] = True
+    elif body.checkpoint_id is None:
+        answer["later_writes"] = later
+        if namespaces is not None:
+            answer["namespaces"] = namespaces
     return _answer(request, answer)
+
+
+Base = tuple[int, dict[str, Any] | None, list[str] | None]
+"""The projection's applied offset on a thread's partition, the answer of a namespace's newest checkpoint
+and the thread's namespaces (None: too many), as of one snapshot."""
+
+
+async def _newest_base_started(request: Request, tenant: Tenant, body: GetRequest) -> asyncio.Task[Base | None] | None:
+    """For a get of the newest checkpoint, the projection's answer, read while the read learns where the
+    log ends (the two round trips overlap), unless a view the read API kept of the thread will do."""
+    state = api_state(request)
+    if body.checkpoint_id is not None or state.views is None or not state.settings.api_read_through_max_bytes:
+        return None
+    stored = tenant.thread(body.thread_id)
+    key = await state.record_key_of_thread(tenant.name, stored)
+    partition = await state.barrier.partition_of(state.settings.checkpoint_topic, key)
+    if state.views.usable(key, None, partition) is not None:
+        return None
+    return asyncio.create_task(_newest_base(request, tenant, stored, body.checkpoint_ns, partition))
+
+
+async def _cancelled(task: asyncio.Task[Any] | None) -> None:
+    if task is not None and not task.done():
+        task.cancel()
+    if task is not None:
+        with contextlib.suppress(BaseException):
+            await task
+
+
+async def _get_through(
+    request: Request, tenant: Tenant, body: GetRequest, settled: Settled, started: asyncio.Task[Base | None] | None
+) -> dict[str, Any] | None:
+    """The get's answer at the log's end: a view of the thread the read API kept, or the projection's
+    answer in a snapshot at its applied offset, with the thread's records since folded in (None: the
+    fold cannot, and the read waits).
+
+    A get by id of a checkpoint the projection does not hold yet folds from the newest checkpoint the
+    projection holds, through the records, to the one asked for (`fold.fold_to_checkpoint`)."""
+    state = api_state(request)
+    assert settled.tail is not None and state.views is not None
+    stored = tenant.thread(body.thread_id)
+    ns, checkpoint_id = body.checkpoint_ns, body.checkpoint_id
+    key = await state.record_key_of_thread(tenant.name, stored)
+    through = settled.end
+    try:
+        if checkpoint_id is None:
+            found = await _newest_view(request, tenant, body, settled, key, started)
+            if found is None:
+                return None
+            view, through = found
+        else:
+            found = await _one_view(request, tenant, body, settled)
+            if found is None:
+                return None
+            view, through = found
+        if view.erased:
+            return {"tuple": None, "erased": True, "log_end": through}
+        held = view.namespace(ns)
+        answered = held.answer(body.thread_id, ns, checkpoint_id)
+    except fold.Underivable as exc:
+        log.debug("a get of thread %r waits for the projection: %s", body.thread_id, exc)
+        return None
+    if checkpoint_id is None:
+        state.views.keep(key, HeldView(settled.partition, through, view))
+    folded: dict[str, Any] = {"tuple": answered, "log_end": through}
+    if answered is None and await _erased(request, tenant, body.thread_id):
+        folded["erased"] = True
+    elif checkpoint_id is None:
+        folded["later_writes"] = _later_held(held)
+        if view.complete:
+            folded["namespaces"] = sorted(n for n, kept in view.namespaces.items() if kept is None or kept.newest)
+    return folded
+
+
+def _later_held(held: fold.Namespace) -> dict[str, list[list[Any]]] | None:
+    """`later_writes` of a folded namespace: the writes of checkpoints newer than its newest, which
+    reached the log before their put (None: more than `MAX_LATER_WRITES`, as from the projection)."""
+    newest = held.newest.checkpoint_id if held.newest is not None else ""
+    later = {cid: [list(row) for row in rows] for cid, rows in held.writes.items() if cid > newest}
+    return later if sum(len(rows) for rows in later.values()) <= MAX_LATER_WRITES else None
+
+
+async def _newest_view(
+    request: Request,
+    tenant: Tenant,
+    body: GetRequest,
+    settled: Settled,
+    key: bytes,
+    started: asyncio.Task[Base | None] | None,
+) -> tuple[fold.View, int] | None:
+    """The thread's view at the log's end (or later: as of the offset returned with it), able to answer
+    the namespace's newest checkpoint: from the view kept of it, else from the projection (`started`, or
+    read now); raises `fold.Underivable`."""
+    state = api_state(request)
+    assert settled.tail is not None and state.views is not None
+    stored, ns = tenant.thread(body.thread_id), body.checkpoint_ns
+    kept = state.views.usable(key, settled.tail, settled.partition)
+    if kept is not None:
+        with contextlib.suppress(fold.Underivable):
+            view = _fold(kept.view, await _thread_events(request, settled, stored, kept.through))
+            view.namespace(ns).answer(body.thread_id, ns, None)  # raises when it does not hold the namespace
+            return view, settled.end
+    for _ in range(2):
+        if started is None:
+            started = asyncio.create_task(_newest_base(request, tenant, stored, ns, settled.partition))
+        based = await started
+        if based is None:
+            return None
+        applied, base, namespaces = based
+        if applied >= settled.tail.start:
+            events = await _thread_events(request, settled, stored, applied)
+            return _fold(fold.from_answer(ns, base, namespaces), events), max(applied, settled.end)
+        started = None  # the projection moved on while the read began: read it again
+    return None
+
+
+async def _one_view(
+    request: Request, tenant: Tenant, body: GetRequest, settled: Settled
+) -> tuple[fold.View, int] | None:
+    """The view of one checkpoint (a get by id) at the log's end (or later: as of the offset returned with
+    it); raises `fold.Underivable`."""
+    stored, ns, checkpoint_id = tenant.thread(body.thread_id), body.checkpoint_ns, body.checkpoint_id
+    assert checkpoint_id is not None
+    async with _snapshot(request) as conn:
+        applied = await _applied(request, conn, settled.partition)
+        saver = _saver(request, tenant, conn)
+        found = await saver.aget_tuple(body.config(tenant.thread))
+        base = wire_tuple(found, tenant) if found else None
+        if base is None:
+            newest_config: RunnableConfig = {"configurable": {"thread_id": stored, "checkpoint_ns": ns}}
+            found = await saver.aget_tuple(newest_config)
+            newest = wire_tuple(found, tenant) if found else None
+            if await _early_writes(conn, stored, ns, newest):
+                return None
+            namespaces = await _namespaces_on(conn, stored)
+    events = await _thread_events(request, settled, stored, applied)
+    through = max(applied, settled.end)
+    if base is None:
+        view = fold.fold_to_checkpoint(fold.from_answer(ns, newest, namespaces), events, ns, checkpoint_id)
+        return view, through
+    view = fold.from_answer(ns, base)
+    for event in events:
+        view = fold.apply_to_checkpoint(view, event, ns, checkpoint_id)
+    return view, through
+
+
+async def _newest_base(
+    request: Request, tenant: Tenant, stored: str, ns: str, partition: int
+) -> tuple[int, dict[str, Any] | None, list[str] | None] | None:
+    """The applied offset, the newest checkpoint's answer and the namespaces, in one snapshot (None: the
+    projection holds writes before their put, or a checkpoint before format 4: the read waits)."""
+    settings = api_state(request).settings
+    params = {
+        "group": settings.projector_group_id,
+        "topic": settings.checkpoint_topic,
+        "partition": partition,
+        "thread": stored,
+        "ns": ns,
+        "most": MAX_NAMESPACES + 1,
+    }
+    async with api_state(request).pool.connection() as conn:
+        cursor = await conn.execute(THROUGH_NEWEST_SQL, params, binary=True)
+        row: dict[str, Any] = await cursor.fetchone()
+    if row["early"]:
+        log.info("thread %r has writes before their put in the projection: the read waits", stored)
+        return None
+    namespaces = row["namespaces"] if len(row["namespaces"]) <= MAX_NAMESPACES else None
+    if row["checkpoint_id"] is None:
+        return row["applied"], None, namespaces
+    if row["checkpoint"]["v"] < 4 and row["parent_checkpoint_id"]:
+        return None  # read with its parent's pending sends: a second statement, so a second snapshot
+    found = await _saver(request, tenant)._load_checkpoint_tuple(row)
+    return row["applied"], wire_tuple(found, tenant), namespaces
+
+
+async def _early_writes(conn: AsyncConnection[Any], stored: str, ns: str, newest: dict[str, Any] | None) -> bool:
+    newest_id = newest["config"]["checkpoint_id"] if newest is not None else ""
+    cursor = await conn.execute(EARLY_WRITES_SQL, {"thread": stored, "ns": ns, "newest": newest_id})
+    row = await cursor.fetchone()
+    return row is not None and bool(row["early"])
 
 
 async def _false() -> bool:
@@ -260,9 +558,12 @@ async def _later_writes(request: Request, stored_thread_id: str, checkpoint_ns: 
 async def _namespaces(request: Request, stored_thread_id: str) -> list[str] | None:
     """Every namespace the thread has a checkpoint in (None: more than `MAX_NAMESPACES`)."""
     async with api_state(request).pool.connection() as conn:
-        cursor = await conn.execute(THREAD_NAMESPACES_SQL, {"thread": stored_thread_id, "most": MAX_NAMESPACES + 1})
-        rows = await cursor.fetchall()
-    names = [row["checkpoint_ns"] for row in rows]
+        return await _namespaces_on(conn, stored_thread_id)
+
+
+async def _namespaces_on(conn: AsyncConnection[Any], stored_thread_id: str) -> list[str] | None:
+    cursor = await conn.execute(THREAD_NAMESPACES_SQL, {"thread": stored_thread_id, "most": MAX_NAMESPACES + 1})
+    names = [row["checkpoint_ns"] for row in await cursor.fetchall()]
     return names if len(names) <= MAX_NAMESPACES else None
 
 
@@ -271,7 +572,7 @@ async def _erased(request: Request, tenant: Tenant, thread_id: str) -> bool:
     state = api_state(request)
     if state.keys is None:
         return False
-    ref = (await state.thread_key(tenant.name, tenant.thread(thread_id))).decode()  # a thread's reference
+    ref = (await state.record_key_of_thread(tenant.name, tenant.thread(thread_id))).decode()  # a thread's reference
     return (await state.keys.store.find([ref])).get(ref) is ERASED
 
 
@@ -300,20 +601,63 @@ async def list_tuples(request: Request) -> Response:
             f"more than {cap} checkpoints match (GRAPHLEDGER_API_MAX_RESULT_ITEMS); "
             "page with limit and before_checkpoint_id",
         )
-    return _answer(request, {"tuples": [_tuple(t, tenant) for t in found]})
+    return _answer(request, {"tuples": [wire_tuple(t, tenant) for t in found]})
 
 
 @router.post("/delta-history", **_doc(DeltaHistoryRequest, DeltaHistoryResponse))
 async def delta_history(request: Request) -> Response:
     """`AsyncPostgresSaver.aget_delta_channel_history`."""
     tenant = tenant_of(request)
-    body = await decode(request, DeltaHistoryRequest, api_state(request).settings.api_max_body_bytes)
-    await _settle_thread(request, tenant.thread(body.thread_id))
+    state = api_state(request)
+    body = await decode(request, DeltaHistoryRequest, state.settings.api_max_body_bytes)
+    settled = await _settle_thread(request, tenant.thread(body.thread_id), through=True)
+    if settled.tail is not None and settled.need is not None:
+        folded = await _history_through(request, tenant, body, settled)
+        if folded is not None:
+            return _answer(request, {"history": folded})
+        await state.barrier.wait(settled, state.settings.checkpoint_topic, tenant=tenant.name)
     saver = _saver(request, tenant)
     history = await saver.aget_delta_channel_history(config=body.config(tenant.thread), channels=body.channels)
+    return _answer(request, {"history": _history(history)})
+
+
+def _history(history: Any) -> dict[str, Any]:
     answer: dict[str, Any] = {}
     for channel, entry in history.items():
         answer[channel] = {"writes": [[task_id, ch, to_wire(v)] for task_id, ch, v in entry["writes"]]}
         if "seed" in entry:
             answer[channel]["seed"] = to_wire(entry["seed"])
-    return _answer(request, {"history": answer})
+    return answer
+
+
+async def _history_through(
+    request: Request, tenant: Tenant, body: DeltaHistoryRequest, settled: Settled
+) -> dict[str, Any] | None:
+    """The DeltaChannel history at the log's end: the projection's newest checkpoint and its history in a
+    snapshot at its applied offset, the thread's records since folded in (None: the fold cannot)."""
+    stored = tenant.thread(body.thread_id)
+    ns = body.checkpoint_ns
+    newest_config: RunnableConfig = {"configurable": {"thread_id": stored, "checkpoint_ns": ns}}
+    async with _snapshot(request) as conn:
+        applied = await _applied(request, conn, settled.partition)
+        saver = _saver(request, tenant, conn)
+        found = await saver.aget_tuple(newest_config)
+        base = wire_tuple(found, tenant) if found else None
+        answered: dict[str, Any] = {}
+        if base is not None:
+            at_newest = {**newest_config["configurable"], "checkpoint_id": base["config"]["checkpoint_id"]}
+            history = await saver.aget_delta_channel_history(
+                config={"configurable": at_newest},
+                channels=body.channels,
+            )
+            answered = _history(history)
+    try:
+        events = await _thread_events(request, settled, stored, applied)
+        start = fold.from_answer(ns, base)
+        if base is not None:
+            held = fold.with_history(start.namespace(ns), base["config"]["checkpoint_id"], answered)
+            start = fold.view({ns: held}, False)
+        return _fold(start, events).namespace(ns).delta_history(body.checkpoint_id, body.channels)
+    except fold.Underivable as exc:
+        log.debug("a DeltaChannel history of thread %r waits for the projection: %s", body.thread_id, exc)
+        return None

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Request, Response
 from pydantic import Field, StringConstraints, model_validator
 
-from graphledger.sealing import ERASED, Erased
-from graphledger.subjects import LABEL_SEPARATOR, Subject, reference
+from graphledger.erasure.sealing import ERASED, Erased
+from graphledger.erasure.subjects import LABEL_SEPARATOR, Subject, reference
 from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.api.auth import Caller, caller_of, tenant_of
 from graphledger_server.api.codec import decode, respond
@@ -45,7 +45,7 @@ MAX_FRESH = 256
 class KeysRequest(_Request):
     subjects: list[SubjectName] = Field(max_length=MAX_SUBJECTS)
     fresh: int = Field(0, ge=0, le=MAX_FRESH)
-    """New keys bound to no subject yet (`graphledger.key_pool`), charged like new subjects' keys."""
+    """New keys bound to no subject yet (`graphledger.erasure.fresh_keys`), charged like new subjects' keys."""
 
 
 class EraseRequest(_Request):
@@ -73,15 +73,15 @@ async def keys(request: Request) -> Response:
     source = _source(state)
     subjects = [_subject(tenant, s, state.settings.erasure_namespace_depth) for s in body.subjects]
     async with key_store_answers():
-        tenant_keys = await source.tenant_keys(tenant.name)
-        named = [(reference(tenant_keys.hash_key, s), s) for s in subjects]
+        hashing = await source.tenant_hashing(tenant.name)
+        named = [(reference(hashing.hash_key, s), s) for s in subjects]
         found = await _data_keys(state, caller, named)
         if body.fresh:
             _charge(state, caller, body.fresh)
             fresh = await source.store.fresh_keys(tenant.name, body.fresh)
     answer: dict[str, Any] = {
-        "hash_key": tenant_keys.hash_key,
-        "namespace_depth": tenant_keys.namespace_depth,
+        "hash_key": hashing.hash_key,
+        "namespace_depth": hashing.namespace_depth,
         "keys": [_key_entry(ref, found[ref]) for ref, _ in named],
     }
     if body.fresh:

@@ -1,19 +1,20 @@
-"""What the projection must have applied before a read runs, found in the log (invariant 5).
+"""What a read must reflect, found in the log, and the waits for the projection to reflect it (invariant 5).
 
 A read reflects every write acknowledged to any process before it began. The read API learns where
-each partition's log ends with a fetch sent after the read arrived (`log_tail`), and then:
-- a read of one thread (or one store item) looks at the keys of the partition's records the projection
-  has not applied yet: if none is the thread's, the projection already holds everything the read must
-  reflect and it runs at once; else it waits until the projection has applied the last of them.
-  Records without a key (`runs.delete`, published to every partition) count as the thread's.
-  The client may name its own records among them (`OwnWrites`): those it adds to the answer itself,
-  so only the others are waited for, and the answer says from which offset on the projection may lack
-  the client's own writes (`own_writes_from`);
+each partition's log ends with a fetch sent after the read arrived, and then:
+- a read of one thread (or one store item) looks at the partition's records the projection has not
+  applied yet, as the read API holds them (`unprojected.py`; without them, the keys of a scan of the
+  tail): if none is the key's, the projection already holds everything the read must reflect; else,
+  asked `through`, the read gets them to fold (`Settled.tail`, `read_through.py`) and waits only if it
+  cannot (`wait`), and otherwise it waits until the projection has applied the last of them. Records
+  without a key (`runs.delete`, erasures, published to every partition) count as the key's. The client
+  may name its own records among them (`OwnWrites`): a read that waits does not wait for those, and the
+  answer says from which offset on the projection may lack them (`own_writes_from`);
 - a read across threads, or a store search or listing, waits until the projection has reached the end
   of every partition of the topic.
 A consistency token the read also carries must name offsets within the log (`token_bounds`). When the
-projection cannot get there within `consistency_timeout_s` the read fails with a retryable 503, never
-with an older answer.
+projection cannot get there within `consistency_timeout_s` the read fails with a retryable 503 saying
+why it waited, never with an older answer.
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiokafka import TopicPartition
 
 from graphledger.errors import LogUnavailableError
-from graphledger.log_tail import LogTail
+from graphledger.log_tail import LogTail, Tail
 from graphledger.settings import Settings
 from graphledger_server.api.consistency import await_applied
+from graphledger_server.api.errors import ApiError
 from graphledger_server.api.token_bounds import check_within_log, unapplied_parts
+from graphledger_server.api.unprojected import KeyTail, Unprojected
 from graphledger_server.api.wait_slots import WaitSlots
 from graphledger_server.log.applied import AppliedOffsets
 
@@ -80,48 +83,76 @@ class Settled:
     """The log's end when the read arrived: the answer reflects every record of the key below it."""
     current: bool = False
     """Every record of the key since `cached_through` is the client's own: its kept answer is current."""
+    tail: KeyTail | None = None
+    """Asked `through`: the key's records below `end` that the read API holds; the read folds those the
+    projection has not applied (`read_through.py`), or `wait`s for them (`need`)."""
+    need: int | None = None
+    """With `tail`: the last record of the key (less the client's own) the projection had not applied
+    when the read arrived (None: none)."""
+    deadline: float = 0.0
+    """The read's deadline (`time.monotonic()`)."""
 
 
 class ReadBarrier:
     """Holds reads until the projection reflects what the log held when they began."""
 
-    def __init__(self, settings: Settings, log: LogTail, offsets: AppliedOffsets, slots: WaitSlots) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        log: LogTail,
+        offsets: AppliedOffsets,
+        slots: WaitSlots,
+        unprojected: Unprojected | None = None,
+    ) -> None:
         self._settings = settings
         self._log = log
         self._offsets = offsets
         self._slots = slots
+        self._unprojected = unprojected
 
     async def before_keyed(
-        self, reads: list[KeyedRead], token: Token | None = None, *, tenant: str
+        self, reads: list[KeyedRead], token: Token | None = None, *, tenant: str, through: bool = False
     ) -> dict[KeyedRead, Settled]:
         """Wait, in one of `tenant`'s wait slots, until the projection reflects every record of the reads'
-        keys now in the log (less each read's `own`); returns where each read's partition stood then."""
+        keys now in the log (less each read's `own`); returns where each read's partition stood then.
+
+        `through`: a read whose key's unprojected records the read API holds does not wait for them; its
+        `Settled` carries them (`tail`, `need`), and the caller folds them or `wait`s."""
         deadline = time.monotonic() + self._settings.consistency_timeout_s
         async with _log_deadline(deadline):
             partitions = {read: TopicPartition(read.topic, await self._log.partition_of(read.topic, read.key))
                           for read in reads}  # fmt: skip
             applied = self._positions(partitions.values())
-            starts = dict(applied)
-            for read, tp in partitions.items():
-                if read.cached_through is not None:
-                    starts[tp] = min(starts[tp], read.cached_through)
             pending = await unapplied_parts(token or {}, self._settings, self._offsets, self._log)
-            # The token's other partitions' ends come in the same fetch round as the tails.
-            tails, other_ends = await asyncio.gather(
-                self._log.tails(starts, self._remaining(deadline)),
-                self._log.ends(self._positions(pending.keys() - starts.keys()), self._remaining(deadline)),
+            # The token's other partitions' ends are fetched while the reads' records are.
+            elsewhere = self._positions(pending.keys() - set(partitions.values()))
+            held, other_ends = await asyncio.gather(
+                self._held(partitions, deadline),
+                self._log.ends(elsewhere, self._remaining(deadline)) if elsewhere else _none(),
             )
-        check_within_log(pending, {**{tp: tail.end for tp, tail in tails.items()}, **other_ends})
+            starts = {tp: applied[tp] for read, tp in partitions.items() if held[read] is None}
+            for read, tp in partitions.items():
+                if held[read] is None and read.cached_through is not None:
+                    starts[tp] = min(starts[tp], read.cached_through)
+            tails = await self._log.tails(starts, self._remaining(deadline)) if starts else {}
+        ends = {**{tp: h.end for read, tp in partitions.items() if (h := held[read]) is not None}}
+        check_within_log(pending, {**ends, **{tp: tail.end for tp, tail in tails.items()}, **other_ends})
         need: Token = dict(token or {})
         current: dict[KeyedRead, bool] = {}
+        folded: dict[KeyedRead, int | None] = {}
         for read, tp in partitions.items():
-            tail = tails[tp]
+            kept = held[read]
+            if kept is not None:
+                tail = Tail(kept.start, kept.end, tuple((r.offset, r.key) for r in kept.records), complete=True)
+            else:
+                tail = tails[tp]
             own = read.own.offsets if read.own is not None and read.own.partition == tp.partition else frozenset()
             keyed = [o for o, key in tail.keys if key == read.key or key is None]
             since = read.cached_through
             current[read] = (
                 tail.complete
                 and since is not None
+                and since >= tail.start
                 and read.own is not None
                 and read.own.partition == tp.partition
                 and since <= tail.end
@@ -133,29 +164,99 @@ class ReadBarrier:
                 others = [o for o in keyed if o >= applied[tp] and o not in own]
             else:  # too far behind to look at every key: the whole tail counts
                 others = [tail.end - 1]
-            if others:
+            if through and kept is not None:
+                folded[read] = max(others, default=None)  # the caller folds them, or waits for them
+            elif others:
                 _require(need, tp, max(others))
-        await await_applied(need, self._offsets, self._settings, self._remaining(deadline), self._slots, tenant)
+        unheld = through and any(held[read] is None for read in partitions)
+        await self._await(need, deadline, tenant, why=self._unheld_reason() if unheld else None)
         return {
-            read: Settled(tp.partition, self._offsets.applied(tp.topic, tp.partition), tails[tp].end, current[read])
+            read: Settled(
+                tp.partition,
+                self._offsets.applied(tp.topic, tp.partition),
+                kept.end if (kept := held[read]) is not None else tails[tp].end,
+                current[read],
+                held[read] if read in folded else None,
+                folded.get(read),
+                deadline,
+            )
             for read, tp in partitions.items()
         }
 
-    async def before_topic(self, topic: str, token: Token | None = None, *, tenant: str) -> None:
+    async def partition_of(self, topic: str, key: bytes) -> int:
+        return await self._log.partition_of(topic, key)
+
+    async def wait(self, settled: Settled, topic: str, *, tenant: str) -> Settled:
+        """Wait until the projection applied what a read `through` found unapplied (`settled.need`)."""
+        if settled.need is None:
+            return settled
+        why = (
+            "a record of it needs rows only the projection holds (a copy onto it, delete_for_runs, prune, an expiry: "
+            "docs/architecture.md, Consistency)"
+        )
+        await self._await({(topic, settled.partition): settled.need}, settled.deadline, tenant, why=why)
+        return replace(settled, applied=self._offsets.applied(topic, settled.partition), tail=None, need=None)
+
+    async def _await(self, need: Token, deadline: float, tenant: str, *, why: str | None) -> None:
+        """`await_applied` within the read's deadline; a timeout says `why` the read waited at all."""
+        try:
+            await await_applied(need, self._offsets, self._settings, self._remaining(deadline), self._slots, tenant)
+        except ApiError as exc:
+            if why is not None and exc.code == "consistency_timeout":
+                exc.message += f"; the read waited for the projector because {why}"
+            raise
+
+    def _unheld_reason(self) -> str:
+        unprojected = self._unprojected
+        if unprojected is None or not unprojected.enabled:
+            return "read-through is off (GRAPHLEDGER_API_READ_THROUGH_MAX_BYTES 0)"
+        if unprojected.full:
+            return (
+                f"the read API holds GRAPHLEDGER_API_READ_THROUGH_MAX_BYTES ({unprojected.max_bytes}) of unprojected "
+                "records and reads no more until the projector applies them"
+            )
+        if not unprojected.offsets_known:
+            return "the read API does not know the projection's applied offsets yet (its watcher is connecting)"
+        return "the read API could not read the unprojected records up to the log's end"
+
+    async def _held(
+        self, partitions: dict[KeyedRead, TopicPartition], deadline: float
+    ) -> dict[KeyedRead, KeyTail | None]:
+        """Each read's key's records as the read API holds them up to the log's end (None: not all held)."""
+        unprojected = self._unprojected
+        if unprojected is None or not unprojected.enabled:
+            return dict.fromkeys(partitions)
+        found = await asyncio.gather(
+            *(unprojected.tail(tp, read.key, self._remaining(deadline)) for read, tp in partitions.items())
+        )
+        return dict(zip(partitions, found, strict=True))
+
+    async def positions(self, topic: str) -> dict[TopicPartition, int]:
+        """Where the projection stands on every partition of `topic` now (`before_topic`'s `since`)."""
+        count = await self._log.partition_count(topic)
+        return self._positions(TopicPartition(topic, p) for p in range(count))
+
+    async def before_topic(
+        self, topic: str, token: Token | None = None, *, tenant: str, since: dict[TopicPartition, int] | None = None
+    ) -> bool:
         """Wait, in one of `tenant`'s wait slots, until the projection has reached the end every partition
-        of `topic` had on arrival."""
+        of `topic` had on arrival; returns whether it had already reached it at `since` (`positions` taken
+        before the call; by default, when it began): then a read of the projection that began after
+        `since` was taken reflects the log's end as well."""
         deadline = time.monotonic() + self._settings.consistency_timeout_s
         async with _log_deadline(deadline):
-            count = await self._log.partition_count(topic)
-            starts = self._positions(TopicPartition(topic, p) for p in range(count))
+            starts = since if since is not None else await self.positions(topic)
             pending = await unapplied_parts(token or {}, self._settings, self._offsets, self._log)
             ends = await self._log.ends({**starts, **self._positions(pending)}, self._remaining(deadline))
         check_within_log(pending, ends)
         need: Token = dict(token or {})
+        behind = False
         for tp, start in starts.items():
             if ends[tp] > start:
                 _require(need, tp, ends[tp] - 1)
-        await await_applied(need, self._offsets, self._settings, self._remaining(deadline), self._slots, tenant)
+                behind = True
+        await self._await(need, deadline, tenant, why=None)
+        return not behind
 
     def _positions(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """Where the projection stands on each partition: the offsets to fetch from."""
@@ -174,6 +275,10 @@ async def _log_deadline(deadline: float) -> AsyncIterator[None]:
             yield
     except TimeoutError:
         raise LogUnavailableError("Kafka did not tell where the log ends before the read's deadline; retry") from None
+
+
+async def _none() -> dict[TopicPartition, int]:
+    return {}
 
 
 def _require(need: Token, tp: TopicPartition, offset: int) -> None:

@@ -18,6 +18,8 @@ from graphledger.settings import Settings
 from graphledger_server.api.errors import ApiError, unavailable
 from graphledger_server.api.key_quota import KeyCreationQuota
 from graphledger_server.api.read_barrier import ReadBarrier
+from graphledger_server.api.read_through import RecordOpener, ThreadViews
+from graphledger_server.api.store_through import StoreEvents
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.erase import Eraser, ErasureIncompleteError, NotASubjectError
 from graphledger_server.keys.source import StoreKeySource
@@ -41,13 +43,19 @@ class ApiState:
     keys: StoreKeySource | None = None
     """The key store, with encryption on: record keys are hashes, and clients get their data keys here."""
     eraser: Eraser | None = None
+    opener: RecordOpener | None = None
+    """Opens the unprojected records a read folds (`read_through.py`)."""
+    views: ThreadViews | None = None
+    """The threads' views the last reads folded (`read_through.py`)."""
+    store_events: StoreEvents | None = None
+    """The store projection's validation, for the store records a get folds (`store_through.py`)."""
 
-    async def thread_key(self, tenant: str, stored_thread_id: str) -> bytes:
+    async def record_key_of_thread(self, tenant: str, stored_thread_id: str) -> bytes:
         """The record key of the thread's records (a hash with encryption on)."""
         if self.keys is None:
             return stored_thread_id.encode()
         async with key_store_answers():
-            return await self.keys.thread_key(tenant, stored_thread_id)
+            return await self.keys.record_key_of_thread(tenant, stored_thread_id)
 
     async def item_key(self, tenant: str, stored_namespace: tuple[str, ...], item_key: str) -> bytes:
         if self.keys is None:

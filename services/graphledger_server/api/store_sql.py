@@ -47,6 +47,16 @@ JOIN unnest($1::text[], $2::text[]) AS u(prefix, key) ON s.prefix = u.prefix AND
 WHERE (s.expires_at IS NULL OR s.expires_at > now())
 """
 
+# The rows a store get folds its item's unprojected records onto, expired or not (a put on an expired
+# row keeps its created_at), with the TTL a refresh restarts and the transaction's time; one row per
+# item asked, its columns null when there is no row. $1 prefixes, $2 keys -> unnest(...), pairwise.
+ITEM_ROWS_SQL = """
+SELECT u.prefix, u.key, s.value, s.created_at, s.updated_at, s.expires_at,
+       coalesce(s.graphledger_ttl_minutes, s.ttl_minutes) AS ttl, now() AS now
+FROM unnest($1::text[], $2::text[]) AS u(prefix, key)
+LEFT JOIN {schema}.store s ON s.prefix = u.prefix AND s.key = u.key
+"""
+
 # As AsyncPostgresStore orders a search without a query (most recently updated first), plus a
 # tie-break so paging is stable when two items share an update time. $1 limit, $2 offset.
 SEARCH_ALL_SQL = """
@@ -318,6 +328,10 @@ def _operator(at: str, operator: str, operand: Any, params: Params) -> str:
 
 
 # --- statements -------------------------------------------------------------------------------------
+
+
+def item_rows_statement(schema: str, items: Sequence[tuple[str, str]]) -> Statement:
+    return _rendered(ITEM_ROWS_SQL, schema), [[p for p, _ in items], [k for _, k in items]]
 
 
 def get_statement(schema: str, items: Sequence[tuple[str, str]]) -> Statement:

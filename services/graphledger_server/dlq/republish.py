@@ -20,9 +20,9 @@ import asyncpg
 import ormsgpack
 from aiokafka import AIOKafkaProducer
 
+from graphledger.erasure.sealing import seal as seal_envelope
 from graphledger.errors import DeadLetterError
 from graphledger.events import chunks, envelope
-from graphledger.sealing import seal as seal_envelope
 from graphledger.settings import Settings
 from graphledger_server.dlq.sealed import Opened, open_sealed
 from graphledger_server.keys.lookup import DataKeyCache

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from graphledger.erasure.sealing import Cipher, Erased, Misbound, SealedSubject, sealed_key_id, sealed_ref, unseal
 from graphledger.errors import DeadLetterError, GraphledgerError
 from graphledger.events import envelope
-from graphledger.sealing import Cipher, Erased, Misbound, SealedSubject, sealed_key_id, sealed_ref, unseal
 from graphledger_server.keys.lookup import DataKeyCache, KeyName
 
 

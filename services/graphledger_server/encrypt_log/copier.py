@@ -11,8 +11,10 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 from aiokafka.structs import RecordMetadata
 
+from graphledger.erasure.sealer import EventSealer
+from graphledger.erasure.sealing import Erased, Misbound, seal, sealed_key_id, sealed_ref, unseal
+from graphledger.erasure.subjects import LABEL_SEPARATOR, record_key, subject_of
 from graphledger.errors import GraphledgerError, InvalidEventError, SubjectErasedError, UnknownEventVersionError
-from graphledger.event_sealer import EventSealer
 from graphledger.events import Event, checkpoint_event, store_event
 from graphledger.events.checkpoint import ThreadCopy, ThreadCopyBarrier
 from graphledger.events.chunks import frame
@@ -25,9 +27,7 @@ from graphledger.events.envelope import (
     header,
     headers_for,
 )
-from graphledger.sealing import Erased, Misbound, seal, sealed_key_id, sealed_ref, unseal
 from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH, Settings
-from graphledger.subjects import LABEL_SEPARATOR, record_key, subject_of
 from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.encrypt_log.report import TopicReport
 from graphledger_server.encrypt_log.source import Position, SourceEvent
@@ -223,7 +223,7 @@ class Copier:
             )
         tenant = tenant_of(event.event, self._sealing.tenants)
         try:
-            keys = await self._sealing.sealer.tenant_keys(tenant)
+            keys = await self._sealing.sealer.tenant_hashing(tenant)
         except SubjectErasedError:
             return None  # nothing of the tenant is readable any more: its own key will do
         hashed = record_key(keys.hash_key, event.event)

@@ -59,8 +59,8 @@ from collections.abc import Iterable
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from graphledger.erasure.sealer import EventSealer
 from graphledger.errors import GraphledgerError
-from graphledger.event_sealer import EventSealer
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger.tenancy import check_tenant_name

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from graphledger.erasure.sealing import SealedSubject
 from graphledger.errors import InvalidEventError
 from graphledger.events import Event
 from graphledger.events.checkpoint import ThreadCopyBarrier
 from graphledger.events.chunks import parse_header
 from graphledger.events.envelope import HEADER_CHUNK, Envelope, append_time_ms, header
-from graphledger.sealing import SealedSubject
 
 Position = tuple[int, int]
 """`(partition, offset)` in one topic."""
@@ -42,7 +42,7 @@ class SourceEvent:
     opened: SealedSubject | None = None
     """The subject of a sealed barrier opened with its data key."""
     key_id: str | None = None
-    """The fresh key a sealed barrier names (`graphledger.key_pool`), kept when it is sealed again."""
+    """The fresh key a sealed barrier names (`graphledger.erasure.fresh_keys`), kept when it is sealed again."""
     problem: str | None = None
     """Why it cannot be copied (it is left out)."""
 

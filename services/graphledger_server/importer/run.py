@@ -22,8 +22,8 @@ import asyncpg
 from psycopg.conninfo import conninfo_to_dict
 
 from graphledger.client.publisher import EventPublisher
+from graphledger.erasure.sealer import EventSealer
 from graphledger.errors import ImportMismatchError
-from graphledger.event_sealer import EventSealer
 from graphledger.events import Event
 from graphledger.events.envelope import new_envelope
 from graphledger.settings import Settings

@@ -7,9 +7,12 @@ In this order, each step idempotent, so an erase that fails half way is simply a
    partition, `namespace.erase` and `tenant.erase` on every partition), and the projector drops the
    subject's rows, dead letters and chunks when it applies it;
 3. a thread's copies (`copy_thread`) hold its data, so once the projector applied the thread's erasure
-   (every copy from it before that point is in `graphledger_thread_copies`, and later ones copy
-   nothing), each copy is erased the same way. A replay opens none of their events either, so it
-   rebuilds exactly what the live projection holds.
+   (every copy from it before that point is in `graphledger_thread_copies`, recorded at the copy's
+   record whether or not its barrier has landed the rows yet; later copies copy nothing), each copy is
+   erased the same way, with what is still staged for it. A replay opens none of their events either, so it
+   rebuilds exactly what the live projection holds. A copy's erasure passes its own copies on to its
+   source's lineage, so an erase asked again after `ErasureIncompleteError` still finds the copies of the
+   copies the failed attempt erased.
 """
 
 from __future__ import annotations
@@ -20,11 +23,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from graphledger.client.publisher import EventPublisher
-from graphledger.errors import GraphledgerError
-from graphledger.events import Event, to_envelope
-from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
-from graphledger.settings import Settings
-from graphledger.subjects import (
+from graphledger.erasure.subjects import (
     LABEL_SEPARATOR,
     Subject,
     namespace_subject,
@@ -32,6 +31,10 @@ from graphledger.subjects import (
     reference,
     thread_subject,
 )
+from graphledger.errors import GraphledgerError
+from graphledger.events import Event, to_envelope
+from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
+from graphledger.settings import Settings
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import Erasure
 from graphledger_server.log.applied import AppliedOffsets
@@ -89,7 +92,7 @@ class Eraser:
     async def erase_thread(self, tenant: str, stored_thread_id: str, erased_by: str) -> ErasureReport:
         """Erase the thread and, transitively, every thread copied from it."""
         report = ErasureReport()
-        hash_key = (await self._keys.tenant_keys(tenant)).hash_key
+        hash_key = (await self._keys.tenant_hashing(tenant)).hash_key
         todo, seen = [stored_thread_id], set()
         while todo:
             thread_id = todo.pop()
@@ -145,7 +148,7 @@ class Eraser:
         return report
 
     async def _ref(self, tenant: str, subject: Subject) -> str:
-        return reference((await self._keys.tenant_keys(tenant)).hash_key, subject)
+        return reference((await self._keys.tenant_hashing(tenant)).hash_key, subject)
 
     async def _erase_subject(
         self, erasure: Erasure, event: ThreadErase | NamespaceErase, erased_by: str, report: ErasureReport

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from graphledger.sealing import ERASED, MISBOUND, DataKey, Erased, Misbound, SealedSubject, cipher_of
+from graphledger.erasure.sealing import ERASED, MISBOUND, DataKey, Erased, Misbound, SealedSubject, cipher_of
 from graphledger_server.keys.store import KeyStore
 
 KeyName = tuple[str, str | None]

@@ -1,4 +1,4 @@
-"""The services' `KeySource`: the key store itself, with tenants' hashing keys cached for
+"""The services' `DataKeySource`: the key store itself, with tenants' hashing keys cached for
 `key_cache_ttl_s` (the read API hashes a thread's id on every read of it)."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from graphledger.event_sealer import TenantKeys
-from graphledger.sealing import ERASED, DataKey, Erased, cipher_of
+from graphledger.erasure.sealer import TenantHashing
+from graphledger.erasure.sealing import ERASED, DataKey, Erased, cipher_of
+from graphledger.erasure.subjects import Subject, item_record_key, thread_record_key
 from graphledger.settings import Settings
-from graphledger.subjects import Subject, item_record_key, thread_record_key
 from graphledger_server.keys.store import KeyStore
 
 
@@ -18,13 +18,13 @@ class StoreKeySource:
         self.store = store
         self._depth = settings.erasure_namespace_depth
         self._ttl_s = settings.key_cache_ttl_s
-        self._tenants: dict[str, tuple[TenantKeys, float]] = {}
+        self._tenants: dict[str, tuple[TenantHashing, float]] = {}
 
-    async def tenant_keys(self, tenant: str) -> TenantKeys:
+    async def tenant_hashing(self, tenant: str) -> TenantHashing:
         cached = self._tenants.get(tenant)
         if cached is not None and time.monotonic() < cached[1]:
             return cached[0]
-        keys = TenantKeys(await self.store.hash_key(tenant), self._depth)
+        keys = TenantHashing(await self.store.hash_key(tenant), self._depth)
         self._tenants[tenant] = (keys, time.monotonic() + self._ttl_s)
         return keys
 
@@ -35,9 +35,9 @@ class StoreKeySource:
     def forget_tenant(self, tenant: str) -> None:
         self._tenants.pop(tenant, None)
 
-    async def thread_key(self, tenant: str, stored_thread_id: str) -> bytes:
+    async def record_key_of_thread(self, tenant: str, stored_thread_id: str) -> bytes:
         """The record key of the thread's records."""
-        return thread_record_key((await self.tenant_keys(tenant)).hash_key, stored_thread_id).encode()
+        return thread_record_key((await self.tenant_hashing(tenant)).hash_key, stored_thread_id).encode()
 
     async def item_key(self, tenant: str, stored_namespace: tuple[str, ...], item_key: str) -> bytes:
-        return item_record_key((await self.tenant_keys(tenant)).hash_key, stored_namespace, item_key).encode()
+        return item_record_key((await self.tenant_hashing(tenant)).hash_key, stored_namespace, item_key).encode()

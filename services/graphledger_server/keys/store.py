@@ -6,12 +6,12 @@ it with `ON CONFLICT DO NOTHING`, then reads what the table holds, so all of the
 An erasure replaces the wrapped key by NULL and stamps `erased_at` (a tombstone: the subject's key can
 never be created again), in the same transaction as its audit row.
 
-Fresh keys (`graphledger.key_pool`) are issued to a tenant bound to no subject; the projector binds one
-to the subject of the first record that opens with it (`bind_fresh`; a record only naming the key in its
-headers binds nothing, so nobody without the key can take it), and a record naming a key bound to
-another subject does not open. An erasure destroys the fresh keys bound to its subject, and binding a
-key to an erased subject destroys it: both take the subject's advisory lock, so neither can slip between
-the other's check and write.
+Fresh keys (`graphledger.erasure.fresh_keys`) are issued to a tenant bound to no subject; the projector
+binds one to the subject of the first record that opens with it (`bind_fresh`; a record only naming the
+key in its headers binds nothing, so nobody without the key can take it), and a record naming a key
+bound to another subject does not open. An erasure destroys the fresh keys bound to its subject, and
+binding a key to an erased subject destroys it: both take the subject's advisory lock, so neither can
+slip between the other's check and write.
 
 Readers of the log learn whose each key is (`owned`, `fresh_found`: the tenant it was made for) and the
 tenants' hashing keys (`hash_keys`), so the projector can check that a sealed record's subject is its
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from graphledger.erasure.sealing import ERASED, MISBOUND, Erased, Misbound, new_data_key
+from graphledger.erasure.subjects import Subject
 from graphledger.errors import SubjectErasedError
-from graphledger.sealing import ERASED, MISBOUND, Erased, Misbound, new_data_key
 from graphledger.settings import Settings
-from graphledger.subjects import Subject
 from graphledger_server.keys.ring import KeyRing, KeyRingError, Wrapped
 from graphledger_server.sql import XACT_LOCK_SQL, lock_key, render
 

@@ -22,8 +22,10 @@ wait and raises `SchemaSwitchedError` when they differ, and the batch is re-run 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import asyncpg
+import psycopg
 
 from graphledger.errors import SchemaSwitchedError
 from graphledger_server.sql import render
@@ -83,6 +85,14 @@ WHERE o.consumer_group = $1::text
 STORED_OFFSETS_SQL = """
 SELECT partition, next_offset FROM {schema}.graphledger_offsets
 WHERE consumer_group = $1::text AND topic = $2::text
+"""
+
+# The projection's next offset on one partition, read by the read API inside the snapshot of its answer
+# (psycopg, in a session whose search_path is the projection schema): the answer holds every record
+# below it. %(group)s, %(topic)s, %(partition)s; no row: nothing applied.
+SNAPSHOT_OFFSET_SQL = """
+SELECT next_offset FROM graphledger_offsets
+WHERE consumer_group = %(group)s AND topic = %(topic)s AND partition = %(partition)s
 """
 
 # Every partition of every topic the group applied to. $1 group.
@@ -261,3 +271,13 @@ async def offsets_table_exists(conn: asyncpg.Connection, sql: OffsetStatements) 
 async def hold_projection(conn: asyncpg.Connection, sql: OffsetStatements) -> None:
     """Stop the schema's projector batches until this transaction ends (reads go on); see LOCK_OFFSETS_TABLE_SQL."""
     await conn.execute(sql.lock_table)
+
+
+async def snapshot_offset(conn: psycopg.AsyncConnection[Any], group: str, topic: str, partition: int) -> int:
+    """`(topic, partition)`'s next offset for `group` (0: none applied), on a psycopg session whose
+    search_path is the schema, in the snapshot of the caller's transaction."""
+    cursor = await conn.execute(SNAPSHOT_OFFSET_SQL, {"group": group, "topic": topic, "partition": partition})
+    row = await cursor.fetchone()
+    if row is None:
+        return 0
+    return int(row["next_offset"] if isinstance(row, dict) else row[0])

@@ -3,7 +3,7 @@
 Agents of every tenant can write the shared topics, so anyone can publish any event naming any thread
 or namespace. What they cannot forge is a seal: a sealed event opens only with its subject's data key,
 which the key store hands to that subject's tenant alone, and the subject it was sealed for (its
-reference, kind, tenant and name) is inside the AEAD (`graphledger.sealing`). So an event is admitted
+reference, kind, tenant and name) is inside the AEAD (`graphledger.erasure.sealing`). So an event is admitted
 only for the subject its seal authenticates:
 
 - sealed: its key is its tenant's (the key store's owner of the key is the tenant sealed inside), its
@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from graphledger.erasure.sealing import SealedSubject
+from graphledger.erasure.subjects import Subject, reference, subject_of
 from graphledger.events import checkpoint, erasure
 from graphledger.pg_text import index_key_problem
-from graphledger.sealing import SealedSubject
-from graphledger.subjects import Subject, reference, subject_of
 from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.keys.lookup import KeyOwner
 

@@ -43,11 +43,11 @@ from typing import Any, Protocol, assert_never
 
 import asyncpg
 
+from graphledger.erasure.sealing import Erased as ErasedKey
+from graphledger.erasure.sealing import Misbound
 from graphledger.errors import SchemaSwitchedError
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
-from graphledger.sealing import Erased as ErasedKey
-from graphledger.sealing import Misbound
 from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.lookup import DataKeyCache
@@ -152,7 +152,8 @@ class _Context:
     bound: dict[tuple[str, str | None], Any] = field(default_factory=dict)
     erased_refs: set[str] = field(default_factory=set)
     erased_tenants: set[str] = field(default_factory=set)
-    parked_positions: set[Position] = field(default_factory=set)
+    parked_positions: dict[Position, str] = field(default_factory=dict)
+    """Copies of the batch's barriers that are parked, with the cause of the subject holding each."""
     log_ends: dict[TopicPartition, int] | None = None
     skipped: set[Position] = field(default_factory=set)
 
@@ -595,7 +596,14 @@ class BatchApplier:
                     return self._park(out, record, parked.BEYOND_LOG, reason, event_type, context)
                 reason = f"waits for its copy at {where} to apply"
                 return self._park(out, record, parked.WAITING, reason, event_type, context, wait=required)
-            if source in context.parked_positions:
+            # The copy applied, unless it is parked (before this batch, or by it): then this barrier waits
+            # with it when its subject waits for a copy of its own, else for an operator.
+            here = next((s for s, r in out.parked_records if _position(r) == source), None)
+            copy_cause = here.cause if here is not None else context.parked_positions.get(source)
+            if copy_cause == parked.WAITING:
+                reason = f"waits for its copy at {where}, which waits for a copy of its own"
+                return self._park(out, record, parked.WAITING, reason, event_type, context, wait=required)
+            if copy_cause is not None:
                 reason = f"its copy at {where} is parked: release that subject first"
                 return self._park(out, record, parked.COPY_PARKED, reason, event_type, context)
         out.events.append(decoded)

@@ -3,7 +3,9 @@
 A batch is a list of `(topic, partition, offset, event)` in log order. Planning (pure) cuts it into
 steps: a run of consecutive data events (`checkpoint.put`, `checkpoint.writes`) becomes one
 `DataRun` with one array parameter set per table, deduplicated here with the semantics that applying
-the events one by one would have; every other event is a barrier applied on its own, in order.
+the events one by one would have; every other event is a barrier applied on its own, in order. A copy
+is two of them: its record stages the source's rows (`StageCopy`), its barrier, on the target's
+partition, moves them into the target (`ApplyCopy`).
 Applying (I/O) sends each `DataRun` as one `INSERT ... SELECT FROM unnest(...)` per table, so a
 batch of thousands of events costs a handful of round trips.
 
@@ -180,49 +182,103 @@ WITH c AS (DELETE FROM {schema}.checkpoints WHERE thread_id = ANY($1::text[])),
 DELETE FROM {schema}.graphledger_thread_partitions WHERE thread_id = ANY($1::text[])
 """
 
-# copy_thread: the source's rows under the target id, keeping whatever the target already has
-# (a copy onto itself changes nothing; DISTINCT keeps its partition upsert from touching a row twice).
-# The source is on the partition that carried this event. The target stays on its own, the partition
-# its record key hashes to, where its reads wait and its copy of a `runs.delete` applies: a target
-# without a row yet is recorded on the source's until the copy's barrier, the first of its records
-# there, moves it (so a `runs.delete` of the source's partition still reaches the rows copied here).
-# The target's last activity is the copy's time ($5, null without one); the source's stays.
-# $1 source, $2 target, $3 topic, $4 partition (the source's, which carried this event).
-COPY_THREAD_SQL = """
-WITH c AS (
-    INSERT INTO {schema}.checkpoints
-        (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
-    SELECT $2::text, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata
-    FROM {schema}.checkpoints WHERE thread_id = $1::text
+# copy_thread, in two steps (docs/architecture.md, "copy_thread"). The copy's record, on the source's
+# partition, stages the source's rows as they are at its place in the source's log, under the record's
+# position; the copy's barrier, on the target's partition, moves them into the target. So the copy applies
+# to the target among the target's own records, in their log order, whichever partition the projector
+# reaches first; the barrier waits for the stage (`CheckpointProjection.holds`).
+
+# thread.copy: the stage. A copy onto itself stages no rows (it would change nothing at its barrier, and
+# the official saver's rule for it is none). The source is recorded on the partition that carried this
+# event (its own); the target is not touched here. A stage already there (a redelivery) stays.
+# $1 source, $2 target, $3 topic, $4 partition, $5 offset (the copy's record), $6 its time (ms, null: none).
+STAGE_COPY_SQL = (
+    """
+WITH stage AS (
+    INSERT INTO {schema}.graphledger_copy_stages
+        (topic, partition, "offset", source_thread_id, target_thread_id, copied_at)
+    VALUES ($3::text, $4::int, $5::bigint, $1::text, $2::text,
+            'epoch'::timestamptz + $6::bigint * interval '1 millisecond')
+    ON CONFLICT DO NOTHING
+), c AS (
+    INSERT INTO {schema}.graphledger_staged_checkpoints
+        (topic, partition, "offset", checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
+    SELECT $3::text, $4::int, $5::bigint, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint,
+           metadata
+    FROM {schema}.checkpoints WHERE thread_id = $1::text AND $1::text <> $2::text
     ON CONFLICT DO NOTHING
 ), b AS (
-    INSERT INTO {schema}.checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
-    SELECT $2::text, checkpoint_ns, channel, version, type, blob
-    FROM {schema}.checkpoint_blobs WHERE thread_id = $1::text
+    INSERT INTO {schema}.graphledger_staged_blobs
+        (topic, partition, "offset", checkpoint_ns, channel, version, type, blob)
+    SELECT $3::text, $4::int, $5::bigint, checkpoint_ns, channel, version, type, blob
+    FROM {schema}.checkpoint_blobs WHERE thread_id = $1::text AND $1::text <> $2::text
     ON CONFLICT DO NOTHING
 ), w AS (
-    INSERT INTO {schema}.checkpoint_writes
-        (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
-    SELECT $2::text, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob
-    FROM {schema}.checkpoint_writes WHERE thread_id = $1::text
+    INSERT INTO {schema}.graphledger_staged_writes
+        (topic, partition, "offset", checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
+    SELECT $3::text, $4::int, $5::bigint, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path
+    FROM {schema}.checkpoint_writes WHERE thread_id = $1::text AND $1::text <> $2::text
     ON CONFLICT DO NOTHING
 )
 INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, partition, last_active_at)
-SELECT DISTINCT t, $3::text, $4::int,
-       CASE WHEN t = $2::text THEN 'epoch'::timestamptz + $5::bigint * interval '1 millisecond' END
-FROM unnest(ARRAY[$1::text, $2::text]) AS t
-ON CONFLICT (thread_id) DO UPDATE SET
-    topic = CASE WHEN tp.thread_id = $1::text THEN EXCLUDED.topic ELSE tp.topic END,
-    partition = CASE WHEN tp.thread_id = $1::text THEN EXCLUDED.partition ELSE tp.partition END,
-    last_active_at = greatest(tp.last_active_at, EXCLUDED.last_active_at)
-WHERE (tp.thread_id = $1::text AND (tp.topic, tp.partition) IS DISTINCT FROM (EXCLUDED.topic, EXCLUDED.partition))
-   OR EXCLUDED.last_active_at > tp.last_active_at
-   OR (tp.last_active_at IS NULL AND EXCLUDED.last_active_at IS NOT NULL)
+VALUES ($1::text, $3::text, $4::int, NULL::timestamptz)
 """
+    + MERGE_THREAD_ACTIVITY_SQL
+)
 
-# A copy's lineage, for erasing the source's copies with it: only when the copy copied something (a
-# source with no rows, erased among them, leaves nothing of it in the target, which a later erasure of
-# the source must then spare). $1 source, $2 target.
+# thread.copy.barrier: the stage of the copy it names (with this target: a barrier moves no other
+# thread's stage) into the target, keeping whatever the target has by now, as a copy onto a thread with
+# rows always did; then the stage goes. Taking the stage's rows with DELETE ... RETURNING moves each row
+# once, even against a tenant's erasure on another partition deleting them at the same time (the row
+# lock decides). The target is recorded on this partition (its own), active at the later of the copy's
+# time and the barrier's (the barrier's alone when no stage is left).
+# $1 topic, $2 the copy record's partition, $3 its offset, $4 target, $5 this partition, $6 this
+# record's time (ms, null: none).
+APPLY_COPY_SQL = (
+    """
+WITH stage AS (
+    DELETE FROM {schema}.graphledger_copy_stages
+    WHERE topic = $1::text AND partition = $2::int AND "offset" = $3::bigint AND target_thread_id = $4::text
+    RETURNING copied_at
+), c AS (
+    DELETE FROM {schema}.graphledger_staged_checkpoints s USING stage
+    WHERE s.topic = $1::text AND s.partition = $2::int AND s."offset" = $3::bigint
+    RETURNING s.checkpoint_ns, s.checkpoint_id, s.parent_checkpoint_id, s.type, s.checkpoint, s.metadata
+), b AS (
+    DELETE FROM {schema}.graphledger_staged_blobs s USING stage
+    WHERE s.topic = $1::text AND s.partition = $2::int AND s."offset" = $3::bigint
+    RETURNING s.checkpoint_ns, s.channel, s.version, s.type, s.blob
+), w AS (
+    DELETE FROM {schema}.graphledger_staged_writes s USING stage
+    WHERE s.topic = $1::text AND s.partition = $2::int AND s."offset" = $3::bigint
+    RETURNING s.checkpoint_ns, s.checkpoint_id, s.task_id, s.task_path, s.idx, s.channel, s.type, s.blob
+), ci AS (
+    INSERT INTO {schema}.checkpoints
+        (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
+    SELECT $4::text, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata FROM c
+    ON CONFLICT DO NOTHING
+), bi AS (
+    INSERT INTO {schema}.checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+    SELECT $4::text, checkpoint_ns, channel, version, type, blob FROM b
+    ON CONFLICT DO NOTHING
+), wi AS (
+    INSERT INTO {schema}.checkpoint_writes
+        (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+    SELECT $4::text, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob FROM w
+    ON CONFLICT DO NOTHING
+)
+INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, partition, last_active_at)
+SELECT $4::text, $1::text, $5::int,
+       greatest((SELECT copied_at FROM stage), 'epoch'::timestamptz + $6::bigint * interval '1 millisecond')
+"""
+    + MERGE_THREAD_ACTIVITY_SQL
+)
+
+# A copy's lineage, for erasing the source's copies with it: recorded with the stage, in the source's
+# log order, so an erasure of the source that follows the copy there finds it, whether or not the
+# barrier has moved the stage yet. Only when the copy copied something (a source with no rows, erased
+# among them, leaves nothing of it in the target, which a later erasure of the source must then spare).
+# $1 source, $2 target.
 RECORD_COPY_SQL = """
 INSERT INTO {schema}.graphledger_thread_copies (source_thread_id, target_thread_id)
 SELECT $1::text, $2::text
@@ -234,13 +290,26 @@ ON CONFLICT DO NOTHING
 
 # Erasure: everything of the listed threads ($1 -> thread ids), forks included, and their lineage as
 # copies. Their lineage as sources stays: the eraser reads it once this applied, to erase each copy
-# (whose erasure then drops that row).
+# (whose erasure then drops that row). A dropped row S -> T (T erased) passes T's copies on to S first:
+# S -> U for each T -> U, so an erase of S asked again after an attempt that erased T and failed before
+# U (`ErasureIncompleteError`) still finds U, which holds S's rows through T. The lineage left once every
+# copy is erased is the same: U's erasure drops S -> U with T -> U. (None S -> S: a thread is no copy of itself.)
 ERASE_THREADS_SQL = """
 WITH c AS (DELETE FROM {schema}.checkpoints WHERE thread_id = ANY($1::text[])),
      b AS (DELETE FROM {schema}.checkpoint_blobs WHERE thread_id = ANY($1::text[])),
      w AS (DELETE FROM {schema}.checkpoint_writes WHERE thread_id = ANY($1::text[])),
      p AS (DELETE FROM {schema}.graphledger_thread_partitions WHERE thread_id = ANY($1::text[])),
-     f AS (DELETE FROM {schema}.graphledger_forks WHERE thread_id = ANY($1::text[]))
+     f AS (DELETE FROM {schema}.graphledger_forks WHERE thread_id = ANY($1::text[])),
+     l AS (
+         INSERT INTO {schema}.graphledger_thread_copies (source_thread_id, target_thread_id)
+         SELECT s.source_thread_id, t.target_thread_id
+         FROM {schema}.graphledger_thread_copies s
+         JOIN {schema}.graphledger_thread_copies t ON t.source_thread_id = s.target_thread_id
+         WHERE s.target_thread_id = ANY($1::text[])
+           AND t.target_thread_id <> ALL($1::text[])
+           AND s.source_thread_id <> t.target_thread_id
+         ON CONFLICT DO NOTHING
+     )
 DELETE FROM {schema}.graphledger_thread_copies WHERE target_thread_id = ANY($1::text[])
 """
 # Erasure of a tenant: every thread whose stored id starts with $1 (`<tenant>/`; starts_with, not
@@ -252,6 +321,46 @@ WITH c AS (DELETE FROM {schema}.checkpoints WHERE starts_with(thread_id, $1::tex
      p AS (DELETE FROM {schema}.graphledger_thread_partitions WHERE starts_with(thread_id, $1::text)),
      f AS (DELETE FROM {schema}.graphledger_forks WHERE starts_with(thread_id, $1::text))
 DELETE FROM {schema}.graphledger_thread_copies
+WHERE starts_with(source_thread_id, $1::text) OR starts_with(target_thread_id, $1::text)
+"""
+
+# Erasure of threads ($1 -> thread ids), in the copies in flight: the stages into an erased thread (whose
+# barriers, sealed with its key, are skipped from now on). A stage from an erased thread stays: the copy's
+# lineage names its target (`RECORD_COPY_SQL`, at the copy's record), which the eraser erases next,
+# dropping the stage, as it erases the rows an earlier copy landed there. So what a copy lands does not
+# depend on whether the source's erasure applied before its barrier or after.
+ERASE_STAGED_COPIES_SQL = """
+WITH erased AS (
+    SELECT topic, partition, "offset" FROM {schema}.graphledger_copy_stages WHERE target_thread_id = ANY($1::text[])
+), c AS (
+    DELETE FROM {schema}.graphledger_staged_checkpoints s USING erased e
+    WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
+), b AS (
+    DELETE FROM {schema}.graphledger_staged_blobs s USING erased e
+    WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
+), w AS (
+    DELETE FROM {schema}.graphledger_staged_writes s USING erased e
+    WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
+)
+DELETE FROM {schema}.graphledger_copy_stages WHERE target_thread_id = ANY($1::text[])
+"""
+# The same for a tenant: every stage whose source or target starts with $1 (`<tenant>/`; a tenant's
+# erasure follows no lineage, and its threads are all erased at once).
+ERASE_TENANT_STAGED_COPIES_SQL = """
+WITH erased AS (
+    SELECT topic, partition, "offset" FROM {schema}.graphledger_copy_stages
+    WHERE starts_with(source_thread_id, $1::text) OR starts_with(target_thread_id, $1::text)
+), c AS (
+    DELETE FROM {schema}.graphledger_staged_checkpoints s USING erased e
+    WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
+), b AS (
+    DELETE FROM {schema}.graphledger_staged_blobs s USING erased e
+    WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
+), w AS (
+    DELETE FROM {schema}.graphledger_staged_writes s USING erased e
+    WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
+)
+DELETE FROM {schema}.graphledger_copy_stages
 WHERE starts_with(source_thread_id, $1::text) OR starts_with(target_thread_id, $1::text)
 """
 
@@ -400,11 +509,27 @@ class DeleteThreads:
 
 
 @dataclass(frozen=True, slots=True)
-class CopyThread:
+class StageCopy:
+    """`thread.copy`: the source's rows as they are here, staged under the copy record's position."""
+
     source: str
     target: str
     topic: str
     partition: int
+    offset: int
+    ts_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyCopy:
+    """`thread.copy.barrier`: the stage of the copy at `copy_partition`, `copy_offset` (of `topic`) into the
+    target, on the barrier's own partition."""
+
+    target: str
+    topic: str
+    partition: int
+    copy_partition: int
+    copy_offset: int
     ts_ms: int | None = None
 
 
@@ -445,7 +570,17 @@ class EraseTenant:
     tenant: str
 
 
-Step = DataRun | DeleteThreads | CopyThread | PruneKeepLatest | ExpireThread | DeleteRuns | EraseThread | EraseTenant
+Step = (
+    DataRun
+    | DeleteThreads
+    | StageCopy
+    | ApplyCopy
+    | PruneKeepLatest
+    | ExpireThread
+    | DeleteRuns
+    | EraseThread
+    | EraseTenant
+)
 
 
 @dataclass(slots=True)
@@ -561,10 +696,10 @@ def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
         event, ts_ms = (item.event, item.ts_ms) if isinstance(item, TimedCheckpointEvent) else (item, None)
         match event:
             case ThreadCopyBarrier():
-                # The batch applier held it until the copy had applied. Keyed by the target, it travels
-                # on the target's partition: the target's row moves there (from the source's, where a
-                # copy records a target it finds no row of).
-                data_run().touch(event.target_thread_id, topic, partition, ts_ms)
+                # The batch applier held it until the copy had applied (staged). Keyed by the target, it
+                # travels on the target's partition: the copy lands among the target's records, in order.
+                target, at = event.target_thread_id, (event.source_partition, event.source_offset)
+                barrier(ApplyCopy(target, topic, partition, *at, ts_ms))
             case CheckpointPut():
                 data_run().put(topic, partition, offset, event, ts_ms)
             case CheckpointWrites():
@@ -574,7 +709,7 @@ def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
             case ThreadPrune():
                 barrier(PruneKeepLatest(event.thread_id, topic, partition, event.keep))
             case ThreadCopy():
-                barrier(CopyThread(event.source_thread_id, event.target_thread_id, topic, partition, ts_ms))
+                barrier(StageCopy(event.source_thread_id, event.target_thread_id, topic, partition, offset, ts_ms))
             case ThreadExpire():
                 barrier(ExpireThread(event.thread_id, event.idle_before_ms))
             case RunsDelete():
@@ -604,10 +739,13 @@ class CheckpointStatements:
         self.upsert_thread_partitions = render(UPSERT_THREAD_PARTITIONS_SQL, schema)
         self.thread_idle = render(THREAD_IDLE_SQL, schema)
         self.delete_threads = render(DELETE_THREADS_SQL, schema)
-        self.copy_thread = render(COPY_THREAD_SQL, schema)
+        self.stage_copy = render(STAGE_COPY_SQL, schema)
+        self.apply_copy = render(APPLY_COPY_SQL, schema)
         self.record_copy = render(RECORD_COPY_SQL, schema)
         self.erase_threads = render(ERASE_THREADS_SQL, schema)
         self.erase_tenant_threads = render(ERASE_TENANT_THREADS_SQL, schema)
+        self.erase_staged_copies = render(ERASE_STAGED_COPIES_SQL, schema)
+        self.erase_tenant_staged_copies = render(ERASE_TENANT_STAGED_COPIES_SQL, schema)
         self.erasure = erasure.ErasureStatements(schema)
         self.delete_runs = render(DELETE_RUNS_SQL, schema)
         self.gc_blobs = render(GC_BLOBS_SQL, schema)
@@ -625,9 +763,16 @@ async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps
                 forks.extend(await _apply_run(conn, sql, step))
             case DeleteThreads():
                 await conn.execute(sql.delete_threads, list(step.thread_ids))
-            case CopyThread():
-                await conn.execute(sql.copy_thread, step.source, step.target, step.topic, step.partition, step.ts_ms)
+            case StageCopy():
+                await conn.execute(
+                    sql.stage_copy, step.source, step.target, step.topic, step.partition, step.offset, step.ts_ms
+                )
                 await conn.execute(sql.record_copy, step.source, step.target)
+            case ApplyCopy():
+                await conn.execute(
+                    sql.apply_copy, step.topic, step.copy_partition, step.copy_offset, step.target, step.partition,
+                    step.ts_ms,
+                )  # fmt: skip
             case PruneKeepLatest():
                 await conn.execute(
                     sql.upsert_thread_partitions, [step.thread_id], [step.topic], [step.partition], [None]
@@ -644,9 +789,11 @@ async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps
                 names = await erasure.names_of(conn, sql.erasure, "thread", [step.ref])
                 if names:
                     await conn.execute(sql.erase_threads, [name for name, _ in names])
+                    await conn.execute(sql.erase_staged_copies, [name for name, _ in names])
                 await erasure.delete_traces(conn, sql.erasure, [step.ref])
             case EraseTenant():
                 await conn.execute(sql.erase_tenant_threads, step.tenant + THREAD_SEPARATOR)
+                await conn.execute(sql.erase_tenant_staged_copies, step.tenant + THREAD_SEPARATOR)
                 refs = await erasure.tenant_refs(conn, sql.erasure, "thread", step.tenant)
                 await erasure.delete_traces(conn, sql.erasure, refs)
             case _:
@@ -718,7 +865,8 @@ class CheckpointProjection:
         return TimedCheckpointEvent(to_checkpoint_event(env), appended_ms)
 
     def holds(self, event: TimedCheckpointEvent) -> tuple[int, int] | None:
-        """A copy barrier applies once the copy's record (partition, offset of this topic) has."""
+        """A copy barrier applies once the copy's record (partition, offset of this topic) has: its stage
+        is committed then (or there is none: the copy was dead-lettered or skipped as erased)."""
         match event.event:
             case ThreadCopyBarrier(source_partition=partition, source_offset=offset):
                 return partition, offset

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import asyncpg
 
-from graphledger.sealing import SealedSubject
+from graphledger.erasure.sealing import SealedSubject
 from graphledger_server.sql import render
 
 # $1..$4 -> unnest(ref, kind, tenant, name).

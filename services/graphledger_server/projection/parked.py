@@ -9,10 +9,12 @@ past them, and every other subject moves on. Causes:
   projector applies it once an operator releases it;
 - `beyond_log`: a copy barrier naming a copy past the end of its partition's log, which no writer can
   have acknowledged;
-- `copy_parked`: a copy barrier whose copy is parked itself;
-- `waiting`: a copy barrier whose copy is in the log but not applied yet. Not an operator's matter: the
-  projector releases it once the copy's partition has passed the copy, and until then the partition's
-  `waits_from` (in `graphledger_offsets`) keeps reads from counting it as applied beyond the barrier.
+- `copy_parked`: a copy barrier whose copy is parked itself, for an operator (one whose copy is parked to
+  wait waits too);
+- `waiting`: a copy barrier whose copy is in the log but not applied yet (or parked to wait itself). Not
+  an operator's matter: the projector releases it once the copy's partition has passed the copy and the
+  copy is not parked, and until then the partition's `waits_from` (in `graphledger_offsets`) keeps reads
+  from counting it as applied beyond the barrier.
 
 `graphledger parked list|release|skip` lists them and asks for a release (run them again: an upgraded
 projector applies them, or they park again) or a skip (the first record is dead-lettered, the rest run
@@ -55,7 +57,7 @@ SELECT {_SUBJECT_COLUMNS} FROM {{schema}}.graphledger_parked p
 JOIN unnest($1::text[], $2::int[]) AS u(topic, partition) ON p.topic = u.topic AND p.partition = u.partition
 """
 # $1/$2 -> unnest(topic, partition), $3 group: the subjects to run again now (an operator asked, or a
-# waiting barrier's copy has applied), oldest first.
+# waiting barrier's copy has applied: its partition passed it, and it is not parked itself), oldest first.
 RELEASABLE_SQL = f"""
 SELECT {_SUBJECT_COLUMNS} FROM {{schema}}.graphledger_parked p
 JOIN unnest($1::text[], $2::int[]) AS u(topic, partition) ON p.topic = u.topic AND p.partition = u.partition
@@ -63,7 +65,10 @@ WHERE p.action IS NOT NULL
    OR (p.cause = '{WAITING}' AND EXISTS (
         SELECT 1 FROM {{schema}}.graphledger_offsets o
         WHERE o.consumer_group = $3::text AND o.topic = p.topic AND o.partition = p.wait_partition
-          AND o.next_offset > p.wait_offset))
+          AND o.next_offset > p.wait_offset)
+       AND NOT EXISTS (
+        SELECT 1 FROM {{schema}}.graphledger_parked_records r
+        WHERE r.topic = p.topic AND r.partition = p.wait_partition AND r."offset" = p.wait_offset))
 ORDER BY p.topic, p.partition, p.first_offset
 """
 # $1..$3 -> unnest(topic, partition, first_offset): the records of those subjects, in log order.
@@ -105,11 +110,14 @@ SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::bigint[], $5::byte
                      $8::bigint[])
 ON CONFLICT (topic, partition, "offset") DO NOTHING
 """
-# $1..$3 -> unnest(topic, partition, offset): those positions whose record is parked.
+# $1..$3 -> unnest(topic, partition, offset): those positions whose record is parked, with the cause of
+# the subject holding it.
 PARKED_POSITIONS_SQL = """
-SELECT r.topic, r.partition, r."offset" FROM {schema}.graphledger_parked_records r
+SELECT r.topic, r.partition, r."offset", p.cause FROM {schema}.graphledger_parked_records r
 JOIN unnest($1::text[], $2::int[], $3::bigint[]) AS u(topic, partition, off)
   ON r.topic = u.topic AND r.partition = u.partition AND r."offset" = u.off
+JOIN {schema}.graphledger_parked p
+  ON p.topic = r.topic AND p.partition = r.partition AND p.first_offset = r.first_offset
 """
 # $1..$3 -> unnest(topic, partition, offset): those positions an operator skipped.
 SKIPPED_SQL = """
@@ -341,11 +349,12 @@ async def park(
 
 async def parked_positions(
     conn: asyncpg.Connection, sql: ParkedStatements, positions: Collection[Position]
-) -> set[Position]:
+) -> dict[Position, str]:
+    """Which of the positions hold a parked record, each with the cause of the subject holding it."""
     if not positions:
-        return set()
+        return {}
     return {
-        (r["topic"], r["partition"], r["offset"])
+        (r["topic"], r["partition"], r["offset"]): r["cause"]
         for r in await conn.fetch(sql.parked_positions, *_positions(positions))
     }
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphledger.compressed_batches import UNREADABLE_HEADER
+from graphledger.erasure.sealing import Erased as ErasedKey
+from graphledger.erasure.sealing import KeyLookup, Misbound, SealedSubject, sealed_key_id, sealed_ref, unseal
 from graphledger.errors import InvalidEventError, UnknownEventVersionError
 from graphledger.events import envelope
 from graphledger.events.chunks import ChunkRef, parse_header
 from graphledger.events.envelope import Envelope
-from graphledger.sealing import Erased as ErasedKey
-from graphledger.sealing import KeyLookup, Misbound, SealedSubject, sealed_key_id, sealed_ref, unseal
 
 log = logging.getLogger(__name__)
 

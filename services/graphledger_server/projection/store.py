@@ -35,6 +35,7 @@ from typing import Any, assert_never
 
 import asyncpg
 
+from graphledger.erasure.subjects import LABEL_SEPARATOR, namespace_subject_depth
 from graphledger.errors import InvalidEventError
 from graphledger.events import store_event
 from graphledger.events.envelope import MAX_EPOCH_MS, Envelope
@@ -49,7 +50,6 @@ from graphledger.events.store import (
     Vector,
 )
 from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH
-from graphledger.subjects import LABEL_SEPARATOR, namespace_subject_depth
 from graphledger_server.projection import erasure
 from graphledger_server.projection.vector_index import (
     COMPONENT_MAX,

@@ -5,7 +5,7 @@
 `graphledger_store_index`, and that record, not the settings, is what the projector and the read API
 obey: a process started without the dims setting still serves the vectors a schema holds. Migrating
 again with another shape fails instead of altering anything: changing the dims means re-embedding
-every item (README, "Re-embedding when the embedder changes").
+every item (docs/operations.md, "Re-embedding when the embedder changes").
 
 The DDL cannot take parameters, so its few variable parts (dims, type, operator class, index
 parameters) come only from the validated fields of `VectorIndex`: ints and fixed literals, never text
@@ -215,7 +215,7 @@ def _mismatch(schema: str, built: VectorIndex, wanted: VectorIndex) -> str:
             f"schema {schema!r} stores {built.dims}-dim vectors (store_vectors.embedding {built.column_type}), "
             f"but GRAPHLEDGER_STORE_VECTOR_DIMS={wanted.dims}. Dims cannot change in place: every stored item "
             f"would need new vectors from the new embedder. Keep GRAPHLEDGER_STORE_VECTOR_DIMS={built.dims}, or "
-            "re-embed into a new schema (README: 'Re-embedding when the embedder changes')."
+            "re-embed into a new schema (docs/operations.md: 'Re-embedding when the embedder changes')."
         )
     return (
         f"schema {schema!r} has a vector table built as {built.describe()}, but the settings ask for "

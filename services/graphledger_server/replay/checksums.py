@@ -23,6 +23,10 @@ TABLES = (
     "graphledger_thread_partitions",
     "graphledger_thread_copies",
     "graphledger_subjects",
+    "graphledger_copy_stages",
+    "graphledger_staged_checkpoints",
+    "graphledger_staged_blobs",
+    "graphledger_staged_writes",
 )
 """Every table a projection event writes (chunks and dead letters are bookkeeping, not projection)."""
 

@@ -19,7 +19,7 @@ import logging
 import asyncpg
 
 from graphledger.client.publisher import EventPublisher
-from graphledger.event_sealer import EventSealer
+from graphledger.erasure.sealer import EventSealer
 from graphledger.settings import Settings
 from graphledger_server import telemetry
 from graphledger_server.driver_errors import Verdict, is_database_error, verdict_of

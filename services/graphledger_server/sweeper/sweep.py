@@ -26,14 +26,14 @@ from typing import assert_never
 import asyncpg
 
 from graphledger.client.publisher import EventPublisher
+from graphledger.erasure.sealer import EventSealer
+from graphledger.erasure.subjects import LABEL_SEPARATOR
 from graphledger.errors import SubjectErasedError
-from graphledger.event_sealer import EventSealer
 from graphledger.events import to_envelope
 from graphledger.events.checkpoint import ThreadExpire, ThreadPrune
 from graphledger.events.envelope import Envelope
 from graphledger.events.store import StoreExpire
 from graphledger.settings import Settings
-from graphledger.subjects import LABEL_SEPARATOR
 from graphledger_server.log.offsets import OffsetStatements, all_applied
 from graphledger_server.projection import erasure, prune
 from graphledger_server.sql import render

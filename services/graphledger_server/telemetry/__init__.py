@@ -1,4 +1,4 @@
-"""OpenTelemetry of the services: traces, metrics and JSON logs (README, "Observability").
+"""OpenTelemetry of the services: traces, metrics and JSON logs (docs/observability.md).
 
 - `setup(service_name, settings)`: what each service's `main` calls (SDK providers, exporters from the
   `OTEL_*` variables, the Prometheus endpoint, JSON logs).

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from graphledger.sealing import Cipher
+from graphledger.erasure.sealing import Cipher
 
 log = logging.getLogger(__name__)
 
@@ -29,18 +29,18 @@ RETRY_MIN_S = 0.5
 RETRY_MAX_S = 30.0
 
 
-class FreshKeySource(Protocol):
+class FreshDataKeySource(Protocol):
     async def fresh_keys(self, tenant: str, count: int) -> list[tuple[str, Cipher]]:
         """`count` new data keys of the tenant bound to no subject, as `(key id, key)`."""
         ...
 
 
-class KeyPool:
+class FreshKeyPool:
     """One tenant's fresh keys, up to `size` (`client_fresh_keys`), on the client's event loop. It asks
     for more when half are used: a pod can start `size / 2` to `size` new subjects through an outage."""
 
     def __init__(
-        self, source: FreshKeySource, tenant: str, size: int, *, clock: Callable[[], float] = time.monotonic
+        self, source: FreshDataKeySource, tenant: str, size: int, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._source = source
         self._tenant = tenant

@@ -1,4 +1,4 @@
-"""The client's sealing of events (`graphledger.event_sealer`) against an in-memory key source: keys
+"""The client's sealing of events (`graphledger.erasure.sealer`) against an in-memory key source: keys
 fetched once per subject and TTL, concurrent fetches coalesced, erased subjects refused, a bounded
 cache."""
 
@@ -9,13 +9,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from graphledger import event_sealer
+from graphledger.erasure import sealer as sealer_module
+from graphledger.erasure.sealer import EventSealer, TenantHashing
+from graphledger.erasure.sealing import ERASED, DataKey, cipher_of, new_data_key, sealed_ref, unseal
+from graphledger.erasure.subjects import Subject, record_key, reference, thread_record_key, thread_subject
 from graphledger.errors import SubjectErasedError
-from graphledger.event_sealer import EventSealer, TenantKeys
 from graphledger.events.checkpoint import RunsDelete, ThreadDelete
 from graphledger.events.envelope import Envelope
-from graphledger.sealing import ERASED, DataKey, cipher_of, new_data_key, sealed_ref, unseal
-from graphledger.subjects import Subject, record_key, reference, thread_record_key, thread_subject
 from manual_clock import ManualClock
 
 TENANT = "acme"
@@ -37,11 +37,11 @@ class FakeKeySource:
         """Set once a data-key request came in."""
         self.failure: Exception | None = None
 
-    async def tenant_keys(self, tenant: str) -> TenantKeys:
+    async def tenant_hashing(self, tenant: str) -> TenantHashing:
         self.tenant_calls += 1
         if tenant in self.erased_tenants:
             raise SubjectErasedError(f"tenant {tenant!r} was erased")
-        return TenantKeys(HASH_KEY, 2)
+        return TenantHashing(HASH_KEY, 2)
 
     async def data_keys(self, tenant: str, subjects: Sequence[tuple[str, Subject]]) -> dict[str, DataKey]:
         self.data_calls.append([ref for ref, _ in subjects])
@@ -98,7 +98,7 @@ async def test_keys_are_fetched_once_within_their_ttl_and_again_after_it() -> No
 async def test_the_subjects_missing_in_one_loop_turn_are_fetched_in_one_request() -> None:
     source = FakeKeySource()
     sealer = EventSealer(source, TTL_S)
-    await sealer.tenant_keys(TENANT)
+    await sealer.tenant_hashing(TENANT)
     threads = ["acme/a"] * 5 + ["acme/b"] * 5
     sealed = await asyncio.gather(*(seal(sealer, thread) for thread in threads))
     assert len(source.data_calls) == 1
@@ -123,7 +123,7 @@ async def test_a_seal_waiting_for_a_fetch_in_flight_shares_it() -> None:
 async def test_a_failed_fetch_fails_every_waiter_and_the_next_seal_asks_again() -> None:
     source = FakeKeySource()
     sealer = EventSealer(source, TTL_S)
-    await sealer.tenant_keys(TENANT)
+    await sealer.tenant_hashing(TENANT)
     source.failure = ConnectionError("key store down")
     results = await asyncio.gather(seal(sealer, "acme/t"), seal(sealer, "acme/t"), return_exceptions=True)
     assert [str(r) for r in results] == ["key store down"] * 2
@@ -172,13 +172,13 @@ async def test_a_subject_marked_erased_while_its_key_is_fetched_stays_erased() -
 async def test_a_forgotten_tenant_is_asked_for_again_and_an_erased_one_refused() -> None:
     source = FakeKeySource()
     sealer = EventSealer(source, TTL_S)
-    assert sealer.thread_key(TENANT, "acme/t") is None
+    assert sealer.record_key_of_thread(TENANT, "acme/t") is None
     await seal(sealer, "acme/t")
-    assert sealer.thread_key(TENANT, "acme/t") == thread_record_key(HASH_KEY, "acme/t").encode()
+    assert sealer.record_key_of_thread(TENANT, "acme/t") == thread_record_key(HASH_KEY, "acme/t").encode()
     source.erased_tenants.add(TENANT)
     await seal(sealer, "acme/t")  # cached: the erasure is learned at the TTL, or told
     sealer.forget_tenant(TENANT)
-    assert sealer.thread_key(TENANT, "acme/t") is None
+    assert sealer.record_key_of_thread(TENANT, "acme/t") is None
     with pytest.raises(SubjectErasedError, match="tenant 'acme' was erased"):
         await seal(sealer, "acme/t")
     assert source.tenant_calls == 2
@@ -187,7 +187,7 @@ async def test_a_forgotten_tenant_is_asked_for_again_and_an_erased_one_refused()
 async def test_the_cache_keeps_at_most_max_cached_keys_dropping_the_longest_cached(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(event_sealer, "MAX_CACHED_KEYS", 2)
+    monkeypatch.setattr(sealer_module, "MAX_CACHED_KEYS", 2)
     source = FakeKeySource()
     sealer = EventSealer(source, TTL_S)
     for thread in ("acme/a", "acme/b", "acme/c", "acme/c", "acme/b"):
@@ -200,7 +200,7 @@ async def test_the_cache_keeps_at_most_max_cached_keys_dropping_the_longest_cach
 async def test_a_subject_marked_erased_is_asked_for_again_once_dropped_from_a_full_cache(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(event_sealer, "MAX_CACHED_KEYS", 2)
+    monkeypatch.setattr(sealer_module, "MAX_CACHED_KEYS", 2)
     source = FakeKeySource()
     sealer = EventSealer(source, TTL_S)
     sealer.erased(ref_of("acme/x"))

@@ -1,12 +1,12 @@
 """Events made ready for the log: record keys hashed and user content sealed with its subject's data
 key (`subjects.py`, `sealing.py`), the keys fetched once and cached.
 
-Clients fetch keys through the read API, services from the key store (`KeySource`). A key is asked
+Clients fetch keys through the read API, services from the key store (`DataKeySource`). A key is asked
 for again after `ttl_s`, which is when a writer learns of an erasure it did not see otherwise; a
 subject known to be erased is refused at once (`SubjectErasedError`). Concurrent fetches are
 coalesced: the subjects missing in one loop turn go out in one request.
 
-With a `KeyPool` (a client's), keys are off the write path: a new subject takes a fresh key from the
+With a `FreshKeyPool` (a client's), keys are off the write path: a new subject takes a fresh key from the
 pool, and a key (or the tenant's hashing key) older than `ttl_s` stays in use while it is asked for
 again in the background, so writes go on through an outage of the read API and Postgres. What a
 writer publishes for a subject erased meanwhile is never readable (the projector skips it, and an
@@ -22,26 +22,26 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from graphledger.erasure.fresh_keys import FreshKeyPool
+from graphledger.erasure.sealing import ERASED, Cipher, DataKey, Erased, SealedSubject, seal
+from graphledger.erasure.subjects import Subject, record_key, reference, subject_of, thread_record_key
 from graphledger.errors import SubjectErasedError
 from graphledger.events import Event, to_envelope
 from graphledger.events.envelope import Envelope
-from graphledger.key_pool import KeyPool
-from graphledger.sealing import ERASED, Cipher, DataKey, Erased, SealedSubject, seal
-from graphledger.subjects import Subject, record_key, reference, subject_of, thread_record_key
 
 MAX_CACHED_KEYS = 100_000
 
 
 @dataclass(frozen=True, slots=True)
-class TenantKeys:
+class TenantHashing:
     """What a tenant's writers hash with, and the namespace depth of its store subjects."""
 
     hash_key: bytes
     namespace_depth: int
 
 
-class KeySource(Protocol):
-    async def tenant_keys(self, tenant: str) -> TenantKeys:
+class DataKeySource(Protocol):
+    async def tenant_hashing(self, tenant: str) -> TenantHashing:
         """The tenant's hashing key (created on first use); `SubjectErasedError` for an erased tenant."""
         ...
 
@@ -67,17 +67,17 @@ class EventSealer:
 
     def __init__(
         self,
-        source: KeySource,
+        source: DataKeySource,
         ttl_s: float,
         clock: Callable[[], float] = time.monotonic,
         *,
-        pool: KeyPool | None = None,
+        pool: FreshKeyPool | None = None,
     ) -> None:
         self._source = source
         self.pool = pool
         self._ttl_s = ttl_s
         self._clock = clock
-        self._tenants: dict[str, tuple[TenantKeys, float]] = {}
+        self._tenants: dict[str, tuple[TenantHashing, float]] = {}
         self._keys: dict[str, _Cached] = {}
         self._wanted: dict[str, dict[str, Subject]] = {}
         self._pending: dict[str, asyncio.Future[DataKey]] = {}
@@ -87,7 +87,7 @@ class EventSealer:
     async def seal(self, event: Event, tenant: str, envelope: Envelope | None = None) -> tuple[str | None, Envelope]:
         """`event`'s record key and sealed envelope (names as stored, of `tenant`); `envelope`: the
         event's own, when it is not a new one (an import keeps the source's times)."""
-        keys = await self.tenant_keys(tenant)
+        keys = await self.tenant_hashing(tenant)
         envelope = envelope or to_envelope(event)
         subject = subject_of(event, tenant, keys.namespace_depth)
         if subject is None:
@@ -97,23 +97,23 @@ class EventSealer:
         sealed = seal(envelope, SealedSubject(ref, subject.kind, tenant, subject.name), data_key, key_id)
         return record_key(keys.hash_key, event), sealed
 
-    async def tenant_keys(self, tenant: str) -> TenantKeys:
+    async def tenant_hashing(self, tenant: str) -> TenantHashing:
         cached = self._tenants.get(tenant)
         if cached is not None and self._clock() < cached[1]:
             return cached[0]
         if cached is not None and self.pool is not None:
             self._recheck_tenant(tenant, cached[0])  # in use meanwhile: keys are off the write path
             return cached[0]
-        keys = await self._source.tenant_keys(tenant)
+        keys = await self._source.tenant_hashing(tenant)
         self._tenants[tenant] = (keys, self._clock() + self._ttl_s)
         return keys
 
-    def _recheck_tenant(self, tenant: str, keys: TenantKeys) -> None:
+    def _recheck_tenant(self, tenant: str, keys: TenantHashing) -> None:
         self._tenants[tenant] = (keys, self._clock() + RECHECK_S)  # one check at a time
 
         async def recheck() -> None:
             try:
-                fresh = await self._source.tenant_keys(tenant)
+                fresh = await self._source.tenant_hashing(tenant)
             except SubjectErasedError:
                 self._tenants.pop(tenant, None)  # the next seal asks, and is refused
             except Exception:  # the read API away: go on with the key held, ask again later
@@ -123,7 +123,7 @@ class EventSealer:
 
         self._background(recheck())
 
-    def thread_key(self, tenant: str, stored_thread_id: str) -> bytes | None:
+    def record_key_of_thread(self, tenant: str, stored_thread_id: str) -> bytes | None:
         """The record key of a thread's records, if the tenant's hashing key is at hand."""
         cached = self._tenants.get(tenant)
         return None if cached is None else thread_record_key(cached[0].hash_key, stored_thread_id).encode()

@@ -3,31 +3,36 @@
 The client names its subjects as stored (its writes' names, under its tenant's prefix); the read API
 refuses a name outside the token's tenant, derives the references itself with the tenant's hashing
 key, and answers each subject's data key (created on first use) or that it was erased. It also hands
-out fresh keys bound to no subject yet (`fresh`), which the client's `KeyPool` holds ahead of use.
+out fresh keys bound to no subject yet (`fresh`), which the client's `FreshKeyPool` holds ahead of use.
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
-from graphledger.client.reader import ReadApiClient
+from graphledger.erasure.sealer import TenantHashing
+from graphledger.erasure.sealing import ERASED, Cipher, DataKey, cipher_of
+from graphledger.erasure.subjects import Subject
 from graphledger.errors import ReadApiError
-from graphledger.event_sealer import TenantKeys
-from graphledger.sealing import ERASED, Cipher, DataKey, cipher_of
-from graphledger.subjects import Subject
 
 KEYS_PATH = "/v1/keys"
 
 
-class ApiKeySource:
-    def __init__(self, reader: ReadApiClient) -> None:
+class ReadApiCalls(Protocol):
+    """The read API client's one call this needs (`graphledger.client.reader.ReadApiClient`)."""
+
+    async def call(self, path: str, body: dict[str, Any]) -> Any: ...
+
+
+class ReadApiKeySource:
+    def __init__(self, reader: ReadApiCalls) -> None:
         self._reader = reader
 
-    async def tenant_keys(self, tenant: str) -> TenantKeys:
+    async def tenant_hashing(self, tenant: str) -> TenantHashing:
         answer = await self._reader.call(KEYS_PATH, {"subjects": []})
-        return TenantKeys(_bytes(answer, "hash_key"), _depth(answer))
+        return TenantHashing(_bytes(answer, "hash_key"), _depth(answer))
 
     async def data_keys(self, tenant: str, subjects: Sequence[tuple[str, Subject]]) -> dict[str, DataKey]:
         body = {"subjects": [{"kind": s.kind, "name": s.name} for _, s in subjects]}

@@ -42,7 +42,7 @@ ERASED = Erased()
 
 
 class Misbound:
-    """A fresh key (`key_pool.py`) a record names for a subject it is not bound to: nothing opens with it."""
+    """A fresh key (`erasure/fresh_keys.py`) a record names for a subject it is not bound to: nothing opens with it."""
 
     def __repr__(self) -> str:
         return "MISBOUND"
@@ -61,8 +61,8 @@ def new_data_key() -> bytes:
     return AESGCM.generate_key(bit_length=8 * KEY_BYTES)
 
 
-def cipher_of(key: bytes) -> Cipher:
-    return AESGCM(key)
+def cipher_of(data_key: bytes) -> Cipher:
+    return AESGCM(data_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +77,7 @@ class SealedSubject:
 
 def seal(envelope: Envelope, subject: SealedSubject, data_key: Cipher, key_id: str | None = None) -> Envelope:
     """`envelope` with its payload sealed under `data_key`, the subject's: its own (`key_id` None), or a
-    fresh key the writer bound to it (`key_pool.py`), named by `key_id`."""
+    fresh key the writer bound to it (`erasure/fresh_keys.py`), named by `key_id`."""
     ref, kind = subject.ref, subject.kind
     nonce = os.urandom(NONCE_BYTES)
     plain = ormsgpack.packb({"payload": envelope.payload, "subject": subject.name, "tenant": subject.tenant})
@@ -99,7 +99,7 @@ def sealed_ref(envelope: Envelope) -> str | None:
 
 
 def sealed_key_id(envelope: Envelope) -> str | None:
-    """The fresh key a sealed envelope names (`key_pool.py`), or None: sealed with its subject's own."""
+    """The fresh key a sealed envelope names (`erasure/fresh_keys.py`), or None: sealed with its subject's own."""
     sealed = envelope.payload.get(SEALED)
     key_id = sealed.get("kid") if isinstance(sealed, dict) else None
     if key_id is not None and (not isinstance(key_id, str) or not key_id):

@@ -1,0 +1,247 @@
+"""A key's unprojected records, opened and decoded as the projector does, for a read to fold them.
+
+A read of a thread (or of a store item) that finds records of its key the projection has not applied
+(`read_barrier.Settled.tail`) answers at the log's end without waiting: the projection's answer as of
+its applied offset `a` on the key's partition (read in the same snapshot as `a`), and the key's
+records in `[a, end)`, folded as the projector applies them (`graphledger.fold` for a thread,
+`store_fold` for an item). This module turns those records into events exactly as a projector batch
+would: the data keys of sealed ones loaded first (`keys/lookup.py`: fresh keys bound to their subject
+as the projector binds them), each record classified (`projection/records.py`), chunks reassembled at
+the chunk that completes their event. What the projector would not apply is left out: dead letters,
+records of erased subjects (the key cache forgets a subject when its erasure record is read:
+`erasure`). Whatever the read cannot know from the records it holds raises `fold.Underivable`, and the
+read waits for the projection instead (`ReadBarrier.wait`):
+- a record from a newer graphledger (the projector parks its subject there: `projection/parked.py`);
+- a chunked event whose chunks are not all held (some went to the projection's chunk table);
+- the key store not answering for a sealed record's key.
+Decoding is kept per record (`Unprojected.note`), so each record is opened once while it is held.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, assert_never
+
+from graphledger import fold
+from graphledger.errors import InvalidEventError, UnknownEventVersionError
+from graphledger.events import checkpoint_event, envelope, store_event
+from graphledger.events.checkpoint import (
+    CHECKPOINT_EVENT_TYPES,
+    CheckpointEvent,
+    CheckpointPut,
+    CheckpointWrites,
+    RunsDelete,
+    ThreadCopy,
+    ThreadCopyBarrier,
+    ThreadDelete,
+    ThreadExpire,
+    ThreadPrune,
+)
+from graphledger.events.envelope import HEADER_CHUNK
+from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
+from graphledger.tenancy import THREAD_SEPARATOR
+from graphledger_server.api.unprojected import KeyTail, Unprojected
+from graphledger_server.keys.lookup import DataKeyCache
+from graphledger_server.projection import chunks
+from graphledger_server.projection.records import (
+    Chunk,
+    Classified,
+    DeadLetter,
+    Decoded,
+    Erased,
+    SourceRecord,
+    ToEvent,
+    TooNew,
+    classify,
+    decode_value,
+    key_name,
+)
+
+log = logging.getLogger(__name__)
+
+
+class RecordOpener:
+    """Opens held records into events, as the projector's batch does (one per read API process)."""
+
+    def __init__(self, unprojected: Unprojected, keys: DataKeyCache, to_event: Callable[[str], ToEvent]) -> None:
+        self._unprojected = unprojected
+        self._keys = keys
+        self._to_event = to_event
+        """The topic's envelope validation (the projection's `to_event`)."""
+
+    async def events(self, tail: KeyTail, since: int) -> list[tuple[int, Any]]:
+        """`(offset, event)` of the projection's events (its `to_event`'s, with their time) among
+        `tail`'s records at or after `since`, in log order (a chunked event at its completing chunk); raises
+        `fold.Underivable`."""
+        # Before `since` only chunks matter (one may complete its event at or after it): nothing else
+        # there is opened.
+        records = [r for r in tail.records if r.offset >= since or envelope.header(r.headers, HEADER_CHUNK)]
+        await self._load_keys(r for r in records if self._unprojected.note(r) is None)
+        classified = [self._classified(r) for r in records]
+        out: list[tuple[int, Any]] = []
+        parts: dict[str, dict[int, SourceRecord]] = {}
+        finished: set[str] = set()
+        for record, item in zip(records, classified, strict=True):
+            match item:
+                case Chunk():
+                    event_id = item.ref.event_id
+                    if event_id in finished:
+                        continue  # a duplicate of a chunk of an event already complete
+                    got = parts.setdefault(event_id, {})
+                    got.setdefault(item.ref.index, record)
+                    if len(got) < item.ref.count:
+                        continue
+                    if record.offset >= since:
+                        out.extend(self._admitted(self._reassembled(item, got), since))
+                    del parts[event_id]
+                    finished.add(event_id)
+                case Decoded() | DeadLetter() | Erased() | TooNew():
+                    out.extend(self._admitted(item, since))
+                case _:
+                    assert_never(item)
+        if any(max(r.offset for r in got.values()) >= since for got in parts.values()):
+            raise fold.Underivable("a chunked event's chunks are not all held (some are in the chunk table)")
+        return out
+
+    def erasure(self, record: SourceRecord) -> None:
+        """An erasure record was read: its subject's keys open nothing from now on (`Unprojected`'s
+        `on_erasure`), as in the projector's key cache once it applies the erasure. Erasures travel in
+        the clear; one that does not decode is a dead letter to the projector too, and erases nothing."""
+        try:
+            env = envelope.decode(record.value)
+            event = (checkpoint_event if env.type in CHECKPOINT_EVENT_TYPES else store_event)(env)
+        except (InvalidEventError, UnknownEventVersionError):
+            return
+        match event:
+            case ThreadErase() | NamespaceErase():
+                self._keys.erase(event.ref)
+            case TenantErase():
+                self._keys.erase_tenant(event.tenant)
+            case _:
+                pass  # not an erasure after all (its header said otherwise): nothing to forget
+
+    def _admitted(self, item: Decoded | DeadLetter | Erased | TooNew, since: int) -> list[tuple[int, Any]]:
+        match item:
+            case Decoded():
+                if item.record.offset < since:
+                    return []
+                if item.subject is not None and self._keys.is_erased(item.subject):
+                    return []
+                return [(item.record.offset, item.event)]
+            case DeadLetter() | Erased():
+                return []  # the projector dead-letters or skips it: no effect
+            case TooNew():
+                if item.record.offset < since:
+                    return []
+                raise fold.Underivable(f"a record from a newer graphledger: {item.reason}")
+            case _:
+                assert_never(item)
+
+    def _classified(self, record: SourceRecord) -> Classified:
+        noted = self._unprojected.note(record)
+        if noted is not None:
+            return noted
+        found = classify(record, self._to_event(record.topic), self._keys.get)
+        self._unprojected.set_note(record, found)
+        return found
+
+    def _reassembled(self, last: Chunk, parts: dict[int, SourceRecord]) -> Decoded | DeadLetter | TooNew | Erased:
+        record = last.record
+        value = chunks.assemble({i: r.value or b"" for i, r in parts.items()}, last.ref.count)
+        if value is None:
+            reason = f"chunks of event {last.ref.event_id} do not cover 0..{last.ref.count - 1}"
+            return DeadLetter(record, reason, None, None, last.ref.event_id)
+        return decode_value(record, value, self._to_event(record.topic), self._keys.get, last.ref.event_id)
+
+    async def _load_keys(self, records: Any) -> None:
+        names = {name for r in records if (name := key_name(r)) is not None}
+        if not names:
+            return
+        try:
+            await self._keys.load(names)
+        except Exception as exc:  # the key store is down: the projector cannot apply them either
+            log.warning("read-through could not load data keys (%s); the read waits for the projection", exc)
+            raise fold.Underivable(f"the key store did not answer: {type(exc).__name__}") from exc
+
+
+def thread_events(
+    events: Sequence[tuple[int, Any]], stored_thread_id: str, ref: str
+) -> list[CheckpointEvent | ThreadErase | TenantErase]:
+    """The events among a thread key's records that concern the thread: a record keyed like it but
+    naming another thread (a hash collision, a hostile producer) changes another thread's rows."""
+    mine: list[CheckpointEvent | ThreadErase | TenantErase] = []
+    for _, timed in events:
+        event = getattr(timed, "event", timed)  # the projection's timed wrapper
+        match event:
+            case CheckpointPut() | CheckpointWrites() | ThreadDelete() | ThreadPrune() | ThreadExpire():
+                if event.thread_id == stored_thread_id:
+                    mine.append(event)
+            case ThreadCopy():
+                pass  # keyed by its source, which it does not change
+            case ThreadCopyBarrier():
+                if event.target_thread_id == stored_thread_id:
+                    mine.append(event)
+            case RunsDelete():
+                mine.append(event)
+            case ThreadErase():
+                if event.ref == ref:
+                    mine.append(event)
+            case TenantErase():
+                if stored_thread_id.startswith(event.tenant + THREAD_SEPARATOR):
+                    mine.append(event)
+            case _:
+                raise fold.Underivable(f"an event {type(event).__name__} among a thread's records")
+    return mine
+
+
+VIEWS_MAX_BYTES = 64 * 1024 * 1024
+"""Most bytes of folded thread views a read API process keeps (`fold.View.size`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldView:
+    """A thread as of an offset of its partition: every record of it below `through` folded in."""
+
+    partition: int
+    through: int
+    view: fold.View
+
+
+class ThreadViews:
+    """The views the last reads of threads folded, least recently used first out, by record key.
+
+    The log does not change, so a thread's view as of an offset stays its view as of that offset: the
+    next read of the thread folds only the records since onto it, and reads neither the projection nor
+    the records before (while the read API still holds the records since: `Unprojected`)."""
+
+    def __init__(self, max_bytes: int = VIEWS_MAX_BYTES) -> None:
+        self._views: OrderedDict[bytes, HeldView] = OrderedDict()
+        self._size = 0
+        self.max_bytes = max_bytes
+
+    def usable(self, key: bytes, tail: KeyTail | None, partition: int) -> HeldView | None:
+        """The thread's view, if the records since it are all in `tail` (or, without one, may be)."""
+        held = self._views.get(key)
+        if held is None or held.partition != partition:
+            return None
+        if tail is not None and not tail.start <= held.through <= tail.end:
+            return None
+        self._views.move_to_end(key)
+        return held
+
+    def keep(self, key: bytes, held: HeldView) -> None:
+        """Keep `held` unless a view as of a later offset is kept already."""
+        known = self._views.get(key)
+        if known is not None:
+            if known.partition == held.partition and known.through > held.through:
+                return
+            self._size -= known.view.size
+        self._views[key] = held
+        self._views.move_to_end(key)
+        self._size += held.view.size
+        while self._size > self.max_bytes and self._views:
+            _, dropped = self._views.popitem(last=False)
+            self._size -= dropped.view.size
