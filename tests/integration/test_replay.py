@@ -34,7 +34,7 @@ from graphledger_server.replay import schemas
 from graphledger_server.replay.indexes import secondary_indexes
 from graphledger_server.replay.run import run_replay
 from polling import wait_for
-from projection_helpers import TOPIC, cid, put, record
+from projection_helpers import TOPIC, cid, count, put, record
 
 WAIT_S = 90.0
 DIMS = 8
@@ -128,7 +128,7 @@ async def test_replay_under_load_switches_to_an_identical_schema(settings: Setti
     ):
         written = await _write_load(saver, store, "before", rounds=6, threads=20)
         probe = {"configurable": {"thread_id": "before-3", "checkpoint_ns": ""}}
-        # Another process's read waits for the projection (the writer's own is answered from what it holds).
+        await _until_projected(settings, "checkpoints", "thread_id = $1", "before-3")
         assert (await reader.aget_tuple(probe)) is not None
 
         stop = asyncio.Event()
@@ -188,9 +188,14 @@ async def test_replay_under_load_switches_to_an_identical_schema(settings: Setti
 
         conn = await asyncpg.connect(settings.postgres_dsn)
         try:
-            # Nothing lost, nothing doubled: the (new) live schema holds exactly the checkpoints written.
-            rows = await conn.fetch(f"SELECT thread_id, count(*) AS n FROM {live}.checkpoints GROUP BY thread_id")
-            assert {r["thread_id"]: r["n"] for r in rows} == written
+            # Nothing lost, nothing doubled: the (new) live schema comes to hold exactly the checkpoints written.
+            async def projected() -> dict[str, int]:
+                rows = await conn.fetch(f"SELECT thread_id, count(*) AS n FROM {live}.checkpoints GROUP BY thread_id")
+                return {r["thread_id"]: r["n"] for r in rows}
+
+            with contextlib.suppress(TimeoutError):
+                await wait_for(lambda: _equals(projected(), written), "every checkpoint written projected")
+            assert await projected() == written
             # The old schema stopped at the switch; the new one went on.
             old_count = await conn.fetchval(f"SELECT count(*) FROM {report.retired}.checkpoints")
             assert old_count == sums["checkpoints"].rows < sum(written.values())
@@ -247,6 +252,22 @@ async def test_a_replay_of_copies_onto_threads_with_records_equals_the_live_proj
     assert {c.table: c.live.rows for c in report.checks if c.live}["graphledger_copy_stages"] == 0
 
 
+async def _equals(found: Awaitable[object], expected: object) -> bool:
+    return await found == expected
+
+
+async def _until_projected(settings: Settings, table: str, where: str, *args: Any) -> None:
+    """Until the live projection holds a row of `table` matching `where`: reads no longer wait for it
+    (the read API reads through), and a replay rebuilds up to where the live projection has applied."""
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        await wait_for(
+            lambda: count(conn, settings.postgres_schema, table, where, *args), f"{table} where {where} projected"
+        )
+    finally:
+        await conn.close()
+
+
 async def _live_offsets(settings: Settings) -> dict[tuple[str, int], int]:
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
@@ -263,7 +284,7 @@ async def _live_offsets(settings: Settings) -> dict[tuple[str, int], int]:
 async def test_a_tampered_live_schema_fails_verification_and_nothing_switches(settings: Settings) -> None:
     async with live_stack(settings), KafkaSaver(settings) as saver, KafkaStore(settings, index=_index()) as store:
         await _write_load(saver, store, "t", rounds=2, threads=3)
-        assert await store.aget(("t", "docs"), "k1") is not None  # a store read waits for the projection
+        await _until_projected(settings, "store", "key = $1", "k1")
         conn = await asyncpg.connect(settings.postgres_dsn)
         try:
             live = settings.postgres_schema
