@@ -68,6 +68,11 @@ def test_a_copy_stages_at_its_record_and_applies_at_its_barrier_on_the_targets_p
     assert isinstance(before, DataRun) and isinstance(after, DataRun)
 
 
+def test_a_copy_written_before_version_3_lands_at_its_record() -> None:
+    copy = items([ThreadCopy("src", "dst", at_record=True)], partition=0, first_offset=7)
+    assert plan_batch(copy) == [StageCopy("src", "dst", TOPIC, 0, 7), ApplyCopy("dst", TOPIC, 0, 0, 7)]
+
+
 def test_plan_merges_duplicate_keys_as_sequential_application_would() -> None:
     (run,) = plan_batch(
         items(

@@ -6,6 +6,7 @@ Applying the v1 records and a projector meeting a newer version are `integration
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 
 from graphledger.errors import UnknownEventVersionError
 from graphledger.events import checkpoint_event, envelope, store_event
-from graphledger.events.checkpoint import CHECKPOINT_EVENT_TYPES, ThreadPrune
+from graphledger.events.checkpoint import CHECKPOINT_EVENT_TYPES, ThreadCopy, ThreadPrune
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger.events.store import STORE_EVENT_TYPES
@@ -41,7 +42,10 @@ def test_a_v1_record_decodes_to_its_event(name: str) -> None:
     env = envelope.decode(fixture(name))
     assert (env.version, env.produced_ms) == (envelope.SCHEMA_VERSION, PRODUCED_MS)
     typed = store_event(env) if env.type.startswith("store.") else checkpoint_event(env)
-    assert typed == EVENTS[name]
+    expected = EVENTS[name]
+    if isinstance(expected, ThreadCopy):  # written before version 3: it lands at its record, as it did then
+        expected = dataclasses.replace(expected, at_record=True)
+    assert typed == expected
 
 
 @pytest.mark.parametrize("name", sorted(EVENTS))
@@ -96,3 +100,19 @@ def test_a_missing_upcaster_stops_rather_than_dead_letters(monkeypatch: pytest.M
     ):
         envelope.decode(fixture("thread.delete"))
     assert isinstance(classify(_keep_last_record(current), CheckpointProjection(SCHEMA).to_event), TooNew)
+
+
+# -- version 3: a copy lands at its barrier -------------------------------------------------------------
+
+
+def test_a_copy_written_before_version_3_lands_at_its_record_clear_or_sealed() -> None:
+    """Its upcaster says so in a clear payload (a copy of the record keeps it); a sealed payload, opened
+    after the upcast, is told by the version its producer wrote."""
+    copy = ThreadCopy("s", "t")
+    clear = envelope.decode(envelope.encode(Envelope(copy.TYPE, EVENT_ID, PRODUCED_MS, copy.to_payload(), version=2)))
+    assert clear.payload["at_record"] is True and clear.written_version == 2
+    assert checkpoint_event(clear) == ThreadCopy("s", "t", at_record=True)
+    opened = dataclasses.replace(clear, payload=copy.to_payload())  # as `unseal` leaves a sealed one
+    assert checkpoint_event(opened) == ThreadCopy("s", "t", at_record=True)
+    today = envelope.decode(envelope.encode(Envelope(copy.TYPE, EVENT_ID, PRODUCED_MS, copy.to_payload())))
+    assert "at_record" not in today.payload and checkpoint_event(today) == copy

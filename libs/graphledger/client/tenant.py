@@ -36,8 +36,10 @@ def scope_event(event: Event, tenant: str) -> Event:
         ):
             return dataclasses.replace(event, thread_id=scoped_thread(tenant, event.thread_id))
         case checkpoint.ThreadCopy():
-            return checkpoint.ThreadCopy(
-                scoped_thread(tenant, event.source_thread_id), scoped_thread(tenant, event.target_thread_id)
+            return dataclasses.replace(
+                event,
+                source_thread_id=scoped_thread(tenant, event.source_thread_id),
+                target_thread_id=scoped_thread(tenant, event.target_thread_id),
             )
         case checkpoint.ThreadCopyBarrier():
             return dataclasses.replace(event, target_thread_id=scoped_thread(tenant, event.target_thread_id))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from graphledger.errors import InvalidEventError
-from graphledger.events.checkpoint import CHECKPOINT_EVENT_TYPES, CheckpointEvent
-from graphledger.events.envelope import Envelope, new_envelope
+from graphledger.events.checkpoint import CHECKPOINT_EVENT_TYPES, CheckpointEvent, ThreadCopy
+from graphledger.events.envelope import STAGED_COPIES_VERSION, Envelope, new_envelope
 from graphledger.events.store import STORE_EVENT_TYPES, StoreEvent
 
 Event = CheckpointEvent | StoreEvent
@@ -20,7 +22,10 @@ def checkpoint_event(envelope: Envelope) -> CheckpointEvent:
     cls = CHECKPOINT_EVENT_TYPES.get(envelope.type)
     if cls is None:
         raise InvalidEventError(f"unknown checkpoint event type {envelope.type!r}")
-    return cls.from_payload(envelope.payload)
+    event = cls.from_payload(envelope.payload)
+    if isinstance(event, ThreadCopy) and envelope.written_version < STAGED_COPIES_VERSION:
+        return dataclasses.replace(event, at_record=True)  # a sealed one: its payload could not say so
+    return event
 
 
 def store_event(envelope: Envelope) -> StoreEvent:

@@ -112,6 +112,9 @@ class ThreadCopy(EventPayload):
     TYPE: ClassVar[str] = "thread.copy"
     source_thread_id: str = field(metadata=wire(kind=NAMED))
     target_thread_id: str = field(metadata=wire(kind=NAMED))
+    at_record: bool = field(default=False, metadata=wire(omitted=True))
+    """Written before version 3 (`STAGED_COPIES_VERSION`): the copy lands at its record, on the source's
+    partition, as it did then; from version 3 on it lands at its `thread.copy.barrier`."""
 
     @property
     def key(self) -> str:

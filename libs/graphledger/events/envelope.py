@@ -26,8 +26,11 @@ import ormsgpack
 
 from graphledger.errors import InvalidEventError, UnknownEventVersionError
 
-SCHEMA_VERSION = 2
-"""2: a payload may be sealed with its subject's data key (`graphledger.erasure.sealing`); 1: in the clear."""
+SCHEMA_VERSION = 3
+"""3: a `thread.copy` lands at its barrier, on the target's partition; 2: a payload may be sealed with its
+subject's data key (`graphledger.erasure.sealing`); 1: in the clear."""
+STAGED_COPIES_VERSION = 3
+"""The first version whose `thread.copy` lands at its barrier: one written before lands at its record."""
 
 MAX_EPOCH_MS = 253_402_300_799_999
 """9999-12-31T23:59:59.999Z: later event times are a broken clock (and beyond what timestamptz holds)."""
@@ -54,8 +57,16 @@ def _unsealed_v1(event_type: str, payload: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
+def _copies_at_record_v2(event_type: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """A version 2 `thread.copy` lands at its record: said in the payload when it is in the clear (so a
+    copy of the event keeps it); a sealed one is told by `Envelope.written_version` once opened."""
+    if event_type == "thread.copy" and SEALED_PAYLOAD not in payload:
+        return {**payload, "at_record": True}
+    return payload
+
+
 # version -> function turning a payload of that version into one of version + 1.
-UPCASTERS: dict[int, Callable[[str, dict[str, Any]], dict[str, Any]]] = {1: _unsealed_v1}
+UPCASTERS: dict[int, Callable[[str, dict[str, Any]], dict[str, Any]]] = {1: _unsealed_v1, 2: _copies_at_record_v2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +82,8 @@ class Envelope:
     appended_ms: int | None = None
     """Set on a copy of an event: its first append's time, which `headers_for` writes in `gl-appended-ms`.
     Not part of the value; None on a decoded envelope (the record's headers carry it)."""
+    written_version: int = SCHEMA_VERSION
+    """The version its producer wrote (`version` is the one it was upcast to): what an event meant then."""
 
 
 def new_envelope(event_type: str, payload: dict[str, Any]) -> Envelope:
@@ -166,10 +179,11 @@ def decode(value: bytes | None) -> Envelope:
         raise InvalidEventError(f"envelope ts {produced_ms!r} is not an integer")
     if not isinstance(payload, dict):
         raise InvalidEventError(f"envelope payload of {event_type} is not a map")
+    written = version
     while version < SCHEMA_VERSION:
         upcast = UPCASTERS.get(version)
         if upcast is None:  # a packaging bug: stop (nothing lost) rather than dead-letter every old event
             raise UnknownEventVersionError(f"no upcaster from event version {version} to {version + 1}")
         payload = upcast(event_type, payload)
         version += 1
-    return Envelope(event_type, event_id, produced_ms, payload, version)
+    return Envelope(event_type, event_id, produced_ms, payload, version, written_version=written)

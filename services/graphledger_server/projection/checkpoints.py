@@ -709,7 +709,10 @@ def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
             case ThreadPrune():
                 barrier(PruneKeepLatest(event.thread_id, topic, partition, event.keep))
             case ThreadCopy():
-                barrier(StageCopy(event.source_thread_id, event.target_thread_id, topic, partition, offset, ts_ms))
+                source, target = event.source_thread_id, event.target_thread_id
+                barrier(StageCopy(source, target, topic, partition, offset, ts_ms))
+                if event.at_record:  # written before copies landed at their barrier: it lands here, as then
+                    barrier(ApplyCopy(target, topic, partition, partition, offset, ts_ms))
             case ThreadExpire():
                 barrier(ExpireThread(event.thread_id, event.idle_before_ms))
             case RunsDelete():
