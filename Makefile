@@ -53,14 +53,15 @@ bench: $(STAMP)
 # Ten minutes of mixed traffic with a projector SIGKILL every minute; checks nothing was lost. Then the
 # long runs of the checks `make test` runs short: the model-based test at 10,000 operations against the
 # reference (about 15 minutes), a 2,000-turn conversation held by one process, ten minutes of writes
-# through an outage of the read API and Postgres, and five minutes of turns hopping between agent
-# processes with the projector stopped, under chat load.
+# through an outage of the read API and Postgres, the README's two longest bench commands, and five
+# minutes of turns hopping between agent processes with the projector stopped, under chat load.
 MODEL_OPS ?= 10000
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak
 	GRAPHLEDGER_MODEL_OPS=$(MODEL_OPS) $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/acceptance/test_model_based.py
 	GRAPHLEDGER_LONG_CONVERSATION_TURNS=2000 $(BIN)/python -m pytest -q tests/acceptance/test_thread_state.py
 	GRAPHLEDGER_OUTAGE_S=600 GRAPHLEDGER_OUTAGE_PACE_S=1 GRAPHLEDGER_CLIENT_FRESH_KEYS=2048 $(BIN)/python -m pytest -q tests/acceptance/test_outage_writes.py
+	GRAPHLEDGER_README_BENCHES=all $(BIN)/python -m pytest -q tests/acceptance/test_readme_commands.py -k bench
 	GRAPHLEDGER_READ_THROUGH_STOPPED_S=300 $(BIN)/python -m pytest -q -s tests/acceptance/test_read_through_hops.py
 
 lint: $(STAMP)

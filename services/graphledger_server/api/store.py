@@ -38,6 +38,7 @@ from graphledger_server.api.store_models import GetOp, StoreBatchRequest, StoreB
 from graphledger_server.api.store_reader import StoreReader
 from graphledger_server.api.store_through import WAIT, items_through
 from graphledger_server.api.tenant import StoreOp
+from graphledger_server.telemetry import api as telemetry
 
 router = APIRouter(prefix="/v1/store", tags=["store"])
 
@@ -136,7 +137,8 @@ async def _read_at_topic_end(request: Request, ops: list[StoreOp], token: Token,
     topic = state.settings.store_topic
     since = await state.barrier.positions(topic)
     # Nothing awaited between reading the positions and starting the ops: they see at least that much.
-    early = None if state.offsets.missing(token) else asyncio.create_task(_reader(request).run(ops))
+    searches: list[tuple[str, float]] = []
+    early = None if state.offsets.missing(token) else asyncio.create_task(_reader(request).run(ops, searches))
     try:
         at_end = await state.barrier.before_topic(topic, token, tenant=tenant, since=since)
     except BaseException:
@@ -144,7 +146,9 @@ async def _read_at_topic_end(request: Request, ops: list[StoreOp], token: Token,
         raise
     if early is not None:
         if at_end:
-            return await early
+            answer = await early
+            telemetry.store_searches(searches)
+            return answer
         await _finished(early)
     return await _reader(request).run(ops)
 

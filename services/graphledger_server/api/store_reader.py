@@ -78,11 +78,15 @@ class StoreReader:
         self._per_item = INDEX_CANDIDATES_PER_ITEM
         self._per_item_until = 0.0
 
-    async def run(self, ops: Sequence[GetOp | SearchOp | ListNamespacesOp]) -> list[Any]:
-        """The results of `ops`, in order (no transaction: each statement is one consistent read)."""
+    async def run(
+        self, ops: Sequence[GetOp | SearchOp | ListNamespacesOp], searches: list[tuple[str, float]] | None = None
+    ) -> list[Any]:
+        """The results of `ops`, in order (no transaction: each statement is one consistent read). Each
+        search's mode and seconds go to the latency metric, or to `searches` for a caller that records
+        them only if it keeps the answer (`telemetry.store_searches`)."""
         try:
             async with self.pool.acquire(timeout=self.acquire_timeout_s) as conn:
-                return await self._run(conn, ops)
+                return await self._run(conn, ops, searches)
         except Exception as exc:
             # An unreachable, restarting or overloaded Postgres (connecting, a pool that has no
             # connection in time, a connection lost mid-statement): a retryable 503, as on the
@@ -95,7 +99,12 @@ class StoreReader:
             await self.pool.expire_connections()
             raise unavailable("postgres_unavailable", "the projection database is unreachable; retry") from None
 
-    async def _run(self, conn: asyncpg.Connection, ops: Sequence[GetOp | SearchOp | ListNamespacesOp]) -> list[Any]:
+    async def _run(
+        self,
+        conn: asyncpg.Connection,
+        ops: Sequence[GetOp | SearchOp | ListNamespacesOp],
+        searches: list[tuple[str, float]] | None,
+    ) -> list[Any]:
         results: list[Any] = [None] * len(ops)
         vectors = await self._check_queries(conn, ops)
         gets = [(i, op) for i, op in enumerate(ops) if isinstance(op, GetOp)]
@@ -107,8 +116,13 @@ class StoreReader:
                     pass  # answered together above
                 case SearchOp():
                     ranked = op.query_vector is not None and vectors is not None
-                    with telemetry.store_search("vector" if ranked else "filter"):  # search latency metric
-                        results[i] = await self._search(conn, op, vectors)
+                    started = time.perf_counter()
+                    results[i] = await self._search(conn, op, vectors)
+                    timed = ("vector" if ranked else "filter", time.perf_counter() - started)
+                    if searches is None:
+                        telemetry.store_searches([timed])
+                    else:
+                        searches.append(timed)
                 case ListNamespacesOp():
                     results[i] = await self._list_namespaces(conn, op)
                 case _:

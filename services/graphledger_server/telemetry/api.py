@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -91,11 +91,8 @@ def consistency_wait(must_wait: bool) -> Iterator[dict[str, bool]]:
         _consistency_timeouts.add(1)
 
 
-@contextmanager
-def store_search(mode: str) -> Iterator[None]:
-    """Measure one store search op; `mode` is `vector` (ranked by a query vector) or `filter`."""
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        _search_duration.record(time.perf_counter() - started, {names.SEARCH_MODE: mode})
+def store_searches(timings: Sequence[tuple[str, float]]) -> None:
+    """Record the store search ops of an answer given: `(mode, seconds)`, the mode `vector` (ranked by a
+    query vector) or `filter`. A search run ahead and then discarded is not one."""
+    for mode, seconds in timings:
+        _search_duration.record(seconds, {names.SEARCH_MODE: mode})
