@@ -17,6 +17,7 @@ from graphledger_server.api.read_through import HeldView, RecordOpener, ThreadVi
 from graphledger_server.api.unprojected import KeyTail, Unprojected
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.projection.checkpoints import CheckpointProjection
+from projection_helpers import put
 
 TOPIC = "t.checkpoints"
 TP = TopicPartition(TOPIC, 0)
@@ -145,19 +146,24 @@ async def test_nothing_is_held_until_the_applied_offsets_are_known() -> None:
     assert await held(log, applied, max_bytes=0).tail(TP, b"a", 1.0) is None  # read-through off
 
 
-async def test_an_erasure_is_told_as_it_is_read_and_its_subjects_keys_open_nothing_after() -> None:
+async def test_an_erasure_is_told_as_it_is_read_and_its_subjects_keys_are_asked_for_again() -> None:
+    """Anyone may publish an erasure record: it does not erase, it makes the key store decide again (which
+    answers a recorded erasure as erased, a forged one with the key as before)."""
     log, applied = Log(), Applied()
     erase = to_envelope(ThreadErase("reft"))
     log.append(b"a")
     log.append(b"reft", value=envelope.encode(erase), headers=tuple(envelope.headers_for(erase)))
     unprojected = held(log, applied)
     keys = DataKeyCache(None)
+    keys.erase("other")
+    keys.erase("reft")  # stands for any key held of the subject
     opener = RecordOpener(unprojected, keys, lambda topic: CheckpointProjection("s").to_event)
     told: list[int] = []
     unprojected.on_erasure = lambda record: (told.append(record.offset), opener.erasure(record))
     await unprojected.tail(TP, b"a", 1.0)
     assert told == [1]  # read once, though the read was of another key
-    assert keys.get("reft") is ERASED
+    assert keys.get("reft") is None  # not held: its next load asks the key store
+    assert keys.get("other") is ERASED
 
 
 def test_a_kept_view_serves_reads_whose_records_since_are_held_and_a_later_one_replaces_it() -> None:
@@ -179,3 +185,18 @@ def test_kept_views_are_bounded_by_bytes_least_recently_used_first_out() -> None
     views.usable(b"a", None, 0)  # used: b is now the least recently used
     views.keep(b"d", HeldView(0, 1, fold.NEW))
     assert [views.usable(key, None, 0) is not None for key in (b"a", b"b", b"c", b"d")] == [True, False, True, True]
+
+
+async def test_a_record_the_projector_would_refuse_is_left_out_of_a_read_through() -> None:
+    """Producers are not trusted: with sealing on, a content event in the clear under a thread's key (anyone
+    can publish one) is dead-lettered by the projector, so a read that folds the thread's tail leaves it out."""
+    log, applied = Log(), Applied()
+    forged = to_envelope(put("t", 1))
+    value, headers = envelope.encode(forged), tuple(envelope.headers_for(forged))
+    log.records.append(LogRecord(0, b"t", value, headers, 1_700_000_000_000))  # appended: the event's time
+    to_event = CheckpointProjection("s").to_event
+    tail = await held(log, applied).tail(TP, b"t", 1.0)
+    assert tail is not None
+    for sealed_only, found in ((True, 0), (False, 1)):
+        opener = RecordOpener(held(log, applied), DataKeyCache(None), lambda topic: to_event, sealed_only=sealed_only)
+        assert len(await opener.events(tail, 0)) == found

@@ -50,7 +50,7 @@ from graphledger_server.api.models import (
 )
 from graphledger_server.api.passthrough import PassThroughSerde, to_wire
 from graphledger_server.api.read_barrier import KeyedRead, OwnWrites, Settled
-from graphledger_server.api.read_through import HeldView, thread_events
+from graphledger_server.api.read_through import HeldView, thread_events_to_fold
 from graphledger_server.api.state import api_state
 from graphledger_server.api.tenant import Tenant
 from graphledger_server.log.offsets import SNAPSHOT_OFFSET_SQL, snapshot_offset
@@ -231,7 +231,7 @@ async def _thread_events(request: Request, settled: Settled, stored_thread_id: s
     if since < settled.tail.start:
         raise fold.Underivable(f"records from {since} on are no longer all held")
     key = await state.record_key_of_thread(tenant_of(request).name, stored_thread_id)
-    return thread_events(await state.opener.events(settled.tail, since), stored_thread_id, key.decode())
+    return thread_events_to_fold(await state.opener.events(settled.tail, since), stored_thread_id, key.decode())
 
 
 def _fold(view: fold.View, events: Sequence[Any]) -> fold.View:

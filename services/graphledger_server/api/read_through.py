@@ -8,9 +8,11 @@ records in `[a, end)`, folded as the projector applies them (`graphledger.fold` 
 would: the data keys of sealed ones loaded first (`keys/lookup.py`: fresh keys bound to their subject
 as the projector binds them), each record classified (`projection/records.py`), chunks reassembled at
 the chunk that completes their event. What the projector would not apply is left out: dead letters,
-records of erased subjects (the key cache forgets a subject when its erasure record is read:
-`erasure`). Whatever the read cannot know from the records it holds raises `fold.Underivable`, and the
-read waits for the projection instead (`ReadBarrier.wait`):
+events its admission refuses (`projection/admission.py`: producers are not trusted), records of erased
+subjects (the key cache asks the key store again when an erasure record is read: `erasure`). Whatever
+the read cannot know from the records it holds raises `fold.Underivable`, and the read waits for the
+projection instead (`ReadBarrier.wait`):
+- an erasure of the thread or its tenant (the projector applies it only when the key store has it);
 - a record from a newer graphledger (the projector parks its subject there: `projection/parked.py`);
 - a chunked event whose chunks are not all held (some went to the projection's chunk table);
 - the key store not answering for a sealed record's key.
@@ -42,10 +44,12 @@ from graphledger.events.checkpoint import (
 )
 from graphledger.events.envelope import HEADER_CHUNK
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
+from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH
 from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.api.unprojected import KeyTail, Unprojected
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.projection import chunks
+from graphledger_server.projection.admission import refusal
 from graphledger_server.projection.records import (
     Chunk,
     Classified,
@@ -62,15 +66,29 @@ from graphledger_server.projection.records import (
 
 log = logging.getLogger(__name__)
 
+ERASURE_WAITS = "an erasure of the thread or its tenant: the projection applies it once the key store has it"
+"""Why a read of a thread whose tail holds its erasure waits (`thread_events_to_fold`): anyone may publish one."""
+
 
 class RecordOpener:
     """Opens held records into events, as the projector's batch does (one per read API process)."""
 
-    def __init__(self, unprojected: Unprojected, keys: DataKeyCache, to_event: Callable[[str], ToEvent]) -> None:
+    def __init__(
+        self,
+        unprojected: Unprojected,
+        keys: DataKeyCache,
+        to_event: Callable[[str], ToEvent],
+        *,
+        sealed_only: bool = False,
+        namespace_depth: int = DEFAULT_ERASURE_NAMESPACE_DEPTH,
+    ) -> None:
         self._unprojected = unprojected
         self._keys = keys
         self._to_event = to_event
         """The topic's envelope validation (the projection's `to_event`)."""
+        self._sealed_only = sealed_only
+        self._namespace_depth = namespace_depth
+        """The projector's admission rules (`projection/admission.py`), which the fold applies too."""
 
     async def events(self, tail: KeyTail, since: int) -> list[tuple[int, Any]]:
         """`(offset, event)` of the projection's events (its `to_event`'s, with their time) among
@@ -107,9 +125,11 @@ class RecordOpener:
         return out
 
     def erasure(self, record: SourceRecord) -> None:
-        """An erasure record was read: its subject's keys open nothing from now on (`Unprojected`'s
-        `on_erasure`), as in the projector's key cache once it applies the erasure. Erasures travel in
-        the clear; one that does not decode is a dead letter to the projector too, and erases nothing."""
+        """An erasure record was read (`Unprojected`'s `on_erasure`): what is held of its subject's keys
+        is dropped, so no record after it opens with a key the key store no longer answers. Anyone may
+        publish an erasure record, so the key store decides: for a recorded erasure it answers the
+        subject erased (the eraser records it before publishing), for a forged one the key as before.
+        One that does not decode is a dead letter to the projector too, and changes nothing."""
         try:
             env = envelope.decode(record.value)
             event = (checkpoint_event if env.type in CHECKPOINT_EVENT_TYPES else store_event)(env)
@@ -117,9 +137,9 @@ class RecordOpener:
             return
         match event:
             case ThreadErase() | NamespaceErase():
-                self._keys.erase(event.ref)
+                self._keys.forget(event.ref)
             case TenantErase():
-                self._keys.erase_tenant(event.tenant)
+                self._keys.forget_tenant(event.tenant)
             case _:
                 pass  # not an erasure after all (its header said otherwise): nothing to forget
 
@@ -130,6 +150,8 @@ class RecordOpener:
                     return []
                 if item.subject is not None and self._keys.is_erased(item.subject):
                     return []
+                if self._refused(item):
+                    return []  # the projector dead-letters it: no effect
                 return [(item.record.offset, item.event)]
             case DeadLetter() | Erased():
                 return []  # the projector dead-letters or skips it: no effect
@@ -139,6 +161,18 @@ class RecordOpener:
                 raise fold.Underivable(f"a record from a newer graphledger: {item.reason}")
             case _:
                 assert_never(item)
+
+    def _refused(self, item: Decoded) -> bool:
+        owner = self._keys.owner(item.subject.ref, item.key_id) if item.subject is not None else None
+        why = refusal(
+            item.event,
+            item.subject,
+            owner,
+            sealed_only=self._sealed_only,
+            namespace_depth=self._namespace_depth,
+            chunked=item.chunk_event_id is not None,
+        )
+        return why is not None
 
     def _classified(self, record: SourceRecord) -> Classified:
         noted = self._unprojected.note(record)
@@ -194,6 +228,17 @@ def thread_events(
                     mine.append(event)
             case _:
                 raise fold.Underivable(f"an event {type(event).__name__} among a thread's records")
+    return mine
+
+
+def thread_events_to_fold(
+    events: Sequence[tuple[int, Any]], stored_thread_id: str, ref: str
+) -> list[CheckpointEvent | ThreadErase | TenantErase]:
+    """`thread_events`, for a read: an erasure among them makes the read wait for the projection, which
+    applies it only once the key store recorded it (the fold trusts the erasures it is given)."""
+    mine = thread_events(events, stored_thread_id, ref)
+    if any(isinstance(event, ThreadErase | TenantErase) for event in mine):
+        raise fold.Underivable(ERASURE_WAITS)
     return mine
 
 

@@ -147,6 +147,17 @@ class DataKeyCache:
     def erase(self, ref: str) -> None:
         self._hold((ref, None), _Held(ERASED))
 
+    def forget(self, ref: str) -> None:
+        """Drop what is held of the subject `ref`: its next `load` asks the key store again."""
+        for name in [name for name in self._keys if name[0] == ref]:
+            del self._keys[name]
+
+    def forget_tenant(self, tenant: str) -> None:
+        """Drop what is held of the tenant's keys and its hashing key: the next `load` asks again."""
+        for name in [name for name, held in self._keys.items() if held.tenant == tenant]:
+            del self._keys[name]
+        self._hash_keys.pop(tenant, None)
+
     def erase_tenant(self, tenant: str) -> None:
         self._erased_tenants.add(tenant)
 
