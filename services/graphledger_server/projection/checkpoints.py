@@ -324,14 +324,10 @@ DELETE FROM {schema}.graphledger_thread_copies
 WHERE starts_with(source_thread_id, $1::text) OR starts_with(target_thread_id, $1::text)
 """
 
-# Erasure of threads ($1 -> thread ids), in the copies in flight: the stages into an erased thread (whose
-# barriers, sealed with its key, are skipped from now on). A stage from an erased thread stays: the copy's
-# lineage names its target (`RECORD_COPY_SQL`, at the copy's record), which the eraser erases next,
-# dropping the stage, as it erases the rows an earlier copy landed there. So what a copy lands does not
-# depend on whether the source's erasure applied before its barrier or after.
-ERASE_STAGED_COPIES_SQL = """
+# The copies in flight an erasure drops: the stages matching {where}, with their staged rows.
+_DROP_STAGES_SQL = """
 WITH erased AS (
-    SELECT topic, partition, "offset" FROM {schema}.graphledger_copy_stages WHERE target_thread_id = ANY($1::text[])
+    SELECT topic, partition, "offset" FROM {schema}.graphledger_copy_stages WHERE {where}
 ), c AS (
     DELETE FROM {schema}.graphledger_staged_checkpoints s USING erased e
     WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
@@ -342,27 +338,19 @@ WITH erased AS (
     DELETE FROM {schema}.graphledger_staged_writes s USING erased e
     WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
 )
-DELETE FROM {schema}.graphledger_copy_stages WHERE target_thread_id = ANY($1::text[])
+DELETE FROM {schema}.graphledger_copy_stages WHERE {where}
 """
+# Erasure of threads ($1 -> thread ids): the stages into an erased thread (whose barriers, sealed with its
+# key, are skipped from now on). A stage from an erased thread stays: the copy's lineage names its target
+# (`RECORD_COPY_SQL`, at the copy's record), which the eraser erases next, dropping the stage, as it
+# erases the rows an earlier copy landed there. So what a copy lands does not depend on whether the
+# source's erasure applied before its barrier or after.
+ERASE_STAGED_COPIES_SQL = _DROP_STAGES_SQL.replace("{where}", "target_thread_id = ANY($1::text[])")
 # The same for a tenant: every stage whose source or target starts with $1 (`<tenant>/`; a tenant's
 # erasure follows no lineage, and its threads are all erased at once).
-ERASE_TENANT_STAGED_COPIES_SQL = """
-WITH erased AS (
-    SELECT topic, partition, "offset" FROM {schema}.graphledger_copy_stages
-    WHERE starts_with(source_thread_id, $1::text) OR starts_with(target_thread_id, $1::text)
-), c AS (
-    DELETE FROM {schema}.graphledger_staged_checkpoints s USING erased e
-    WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
-), b AS (
-    DELETE FROM {schema}.graphledger_staged_blobs s USING erased e
-    WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
-), w AS (
-    DELETE FROM {schema}.graphledger_staged_writes s USING erased e
-    WHERE (s.topic, s.partition, s."offset") = (e.topic, e.partition, e."offset")
+ERASE_TENANT_STAGED_COPIES_SQL = _DROP_STAGES_SQL.replace(
+    "{where}", "(starts_with(source_thread_id, $1::text) OR starts_with(target_thread_id, $1::text))"
 )
-DELETE FROM {schema}.graphledger_copy_stages
-WHERE starts_with(source_thread_id, $1::text) OR starts_with(target_thread_id, $1::text)
-"""
 
 # delete_for_runs, one partition's copy: checkpoints of this partition's threads whose metadata
 # run_id is listed, with their writes. Returns the channel versions they referenced, so that
