@@ -14,8 +14,7 @@ dropped from the answer. At most one shared fetch per broker and lane is in flig
 meanwhile join the next one, sent when it is answered (after all of them began), so concurrent reads
 share fetches. A round fetches each partition from the lowest position asked, so the reads of whole
 records from where the read API has read (`pages`) have a lane of their own, apart from the fetches
-from the projection's positions (`ends`, `tails`). A compressed batch that does not decompress within
-`max_decompressed_batch_bytes` (`compressed_batches.py`) ends a scan: the tail is incomplete.
+from the projection's positions (`ends`, `tails`).
 
 Each fetch names the partition's leader epoch, learned with its leader from a Metadata request of our
 own (`kafka_requests.py`: aiokafka's carry no epochs), so that a deposed leader answers with an error
@@ -35,17 +34,10 @@ from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 from aiokafka.client import AIOKafkaClient
-from aiokafka.errors import (
-    KafkaError,
-    NotLeaderForPartitionError,
-    OffsetOutOfRangeError,
-    UnknownTopicOrPartitionError,
-    UnsupportedCodecError,
-)
+from aiokafka.errors import KafkaError, NotLeaderForPartitionError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from aiokafka.partitioner import murmur2
 from aiokafka.record.memory_records import MemoryRecords
 
-from graphledger.compressed_batches import UnreadableBatchError, bound_decompression
 from graphledger.errors import LogUnavailableError
 from graphledger.kafka_requests import (
     NO_EPOCH,
@@ -149,7 +141,6 @@ class LogTail:
     """A window on the log: an aiokafka client (its own, or a producer's), no consumer group, no offsets."""
 
     def __init__(self, settings: Settings, client: AIOKafkaClient | None = None) -> None:
-        bound_decompression(settings.max_decompressed_batch_bytes)
         self._settings = settings
         self._client = client
         """Given: a started client someone else owns (a producer's)."""
@@ -467,8 +458,7 @@ class LogTail:
 
 
 def _records(raw: bytes | None) -> tuple[list[LogRecord], int]:
-    """The data records in a fetched record set, up to its first unreadable batch (a compressed one
-    beyond the bound), and its size in bytes."""
+    """The data records in a fetched record set, and its size in bytes."""
     if not raw:
         return [], 0
     out: list[LogRecord] = []
@@ -479,9 +469,5 @@ def _records(raw: bytes | None) -> tuple[list[LogRecord], int]:
             break
         if getattr(batch, "is_control_batch", False):
             continue
-        try:
-            out.extend(LogRecord(r.offset, r.key, r.value, tuple(r.headers), r.timestamp) for r in batch)
-        except (UnreadableBatchError, UnsupportedCodecError) as exc:
-            log.warning("a record batch at offset %d is unreadable (%s); the scan ends there", batch.base_offset, exc)
-            break
+        out.extend(LogRecord(r.offset, r.key, r.value, tuple(r.headers), r.timestamp) for r in batch)
     return out, len(raw)

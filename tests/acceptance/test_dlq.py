@@ -34,8 +34,7 @@ COMMAND_TIMEOUT_S = 120
 
 @pytest.fixture
 async def settings(ready_settings: Callable[..., Awaitable[Settings]]) -> Settings:
-    # Events in the clear, as published here (a projector that seals dead-letters them, `admission.py`).
-    return await ready_settings(batch_max_wait_ms=20, store_vector_dims=DIMS, encrypt_events=False)
+    return await ready_settings(batch_max_wait_ms=20, store_vector_dims=DIMS)
 
 
 @pytest.fixture

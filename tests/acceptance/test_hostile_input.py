@@ -10,15 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,52 +20,27 @@ import orjson
 import ormsgpack
 import psycopg
 import pytest
-import yaml
 from aiokafka import AIOKafkaProducer
-from aiokafka.partitioner import murmur2
 from hypothesis import example, given
 from hypothesis import strategies as st
 from langgraph.checkpoint.base import empty_checkpoint
-from langgraph.graph import END, START, StateGraph
 from langgraph.store.base import InvalidNamespaceError
-from typing_extensions import TypedDict
 
 from graphledger import KafkaSaver, KafkaStore
-from graphledger.client.reader import ReadApiClient
-from graphledger.erasure.read_api_keys import ReadApiKeySource
-from graphledger.erasure.sealer import EventSealer
-from graphledger.erasure.sealing import SealedSubject, cipher_of, seal
 from graphledger.errors import InvalidInputError, ReadApiError
 from graphledger.events import envelope, to_envelope
-from graphledger.events.checkpoint import CheckpointPut, ThreadCopyBarrier
-from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
+from graphledger.events.checkpoint import CheckpointPut
 from graphledger.pg_text import MAX_JSON_DEPTH
-from graphledger.settings import Settings
 from graphledger.wire import JSON, MSGPACK
 from graphledger_server.projection.checkpoints import to_checkpoint_event
-from hostile import (
-    FEW,
-    HOSTILE,
-    SQL_LEAKS,
-    assert_clear,
-    json_objects,
-    json_values,
-    nest,
-    produce_batch,
-    texts,
-    zstd_bomb,
-)
+from hostile import FEW, HOSTILE, SQL_LEAKS, assert_clear, json_objects, json_values, nest, texts
 from polling import wait_until
 from projection_helpers import put
-from store_helpers import put as store_put
-from tenant_api import TenantApi
-from tenant_api import tenant_api as tenant_read_api
 
 WAIT_S = 60.0
 DELTA = "/v1/checkpoints/delta-history"
 API_THREAD = "hostile-api-thread"
 LAST = 2**63 - 1  # the largest count the read API takes (Postgres bigint)
-Headers = list[tuple[str, bytes]]
 
 
 @pytest.fixture(scope="module")
@@ -235,20 +204,19 @@ def _hostile_records(valid: CheckpointPut) -> dict[str, tuple[bytes, str]]:
         "NaN": (with_payload(metadata=b'{"n": NaN}'), "NaN is not JSON"),
         "NUL": (with_payload(metadata=b'{"n": "\\u0000"}'), "u0000"),
         "empty thread": (with_payload(thread_id=""), "thread_id"),
+        "thread id past the index": (with_payload(thread_id="".join(map(str, range(3000)))), "Postgres rejected"),
         "not bytes": (with_payload(checkpoint={"a": 1}), "checkpoint"),
     }
 
 
-async def _produce(
-    settings: Any, records: list[tuple[bytes, bytes, list[tuple[str, bytes]]]], partition: int
-) -> list[int]:
+async def _produce(settings: Any, records: list[tuple[bytes, bytes]], partition: int) -> list[int]:
     producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")
     await producer.start()
     try:
         offsets = []
-        for value, key, headers in records:
+        for value, key in records:
             meta = await producer.send_and_wait(
-                settings.checkpoint_topic, value, key=key, partition=partition, headers=headers
+                settings.checkpoint_topic, value, key=key, partition=partition, headers=[("gl-type", b"checkpoint.put")]
             )
             offsets.append(meta.offset)
         return offsets
@@ -259,21 +227,9 @@ async def _produce(
 def test_hostile_records_are_dead_lettered_and_the_partition_moves_on(stack: Any, db: psycopg.Connection) -> None:
     thread = f"hostile-{uuid.uuid4()}"
     hostile = _hostile_records(put(thread, 1))
-
-    async def sealed() -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
-        """The events a client could publish, sealed as the stack's writers seal them (its unnamed tenant)."""
-        agent = Agent(stack.settings, "")
-        try:
-            return [await agent.sealed(put(long_thread, 1)), await agent.sealed(put(thread, 2))]
-        finally:
-            await agent.close()
-
-    long_thread = "".join(map(str, range(3000)))  # past Postgres's index: sealed, it names no subject
-    (long_key, long_value, long_headers), (key, good, good_headers) = asyncio.run(sealed())
-    records = [(v, thread.encode(), [("gl-type", b"checkpoint.put")]) for v, _ in hostile.values()]
-    records += [(long_value, long_key, long_headers), (good, key, good_headers)]
-    offsets = asyncio.run(_produce(stack.settings, records, partition=1))
-    hostile["thread id past the index"] = (long_value, "longer than Postgres indexes")
+    good = put(thread, 2)
+    values = [value for value, _ in hostile.values()] + [envelope.encode(to_envelope(good))]
+    offsets = asyncio.run(_produce(stack.settings, [(v, thread.encode()) for v in values], partition=1))
 
     def applied() -> bool:
         row = db.execute("SELECT 1 FROM checkpoints WHERE thread_id = %s", (thread,)).fetchone()
@@ -375,248 +331,3 @@ def test_read_api_answers_hostile_bodies_or_refuses_them_clearly(
     if response.status_code >= 400:
         answer = ormsgpack.unpackb(response.content) if fmt == MSGPACK else response.json()
         assert answer["error"] and answer["message"] and answer["retryable"] is False, answer
-
-
-# -- (d) a hostile producer with write access, against another tenant (docs/security.md, "Threat model") --
-
-VICTIM, EVIL = "victim", "evil"
-TURN = 3
-"""Checkpoints one turn of `_say` writes: its input, the loop's start and `speak`'s, one step each."""
-MOVE_ON_S = 10.0
-"""Every partition's other subjects are applied this soon after the hostile records."""
-CHART_VALUES = Path(__file__).resolve().parents[2] / "charts" / "graphledger" / "values.yaml"
-
-
-@pytest.fixture(scope="module")
-def two_tenants(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TenantApi]:
-    with tenant_read_api(stack.settings, (VICTIM, EVIL), tmp_path_factory.mktemp("hostile-tenants")) as api:
-        yield api
-
-
-class Agent:
-    """How a tenant's agent seals events (`EventSealer` over its token's `/v1/keys`), for records produced
-    by hand: a tenant's own writes placed on chosen partitions, or an attacker's with its own keys."""
-
-    def __init__(self, settings: Settings, tenant: str) -> None:
-        self.tenant = tenant
-        self._settings = settings
-        self._reader = ReadApiClient(settings)
-        self.sealer = EventSealer(ReadApiKeySource(self._reader), 60.0)
-
-    async def close(self) -> None:
-        await self._reader.close()
-
-    async def sealed(self, event: Any) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
-        """Key, value and headers of the record the tenant's client would publish for `event` (names as stored)."""
-        key, env = await self.sealer.seal(event, self.tenant)
-        assert key is not None
-        return key.encode(), envelope.encode(env), envelope.headers_for(env)
-
-    def data_key(self, thread_id: str) -> tuple[str, bytes]:
-        """The reference and data key of one of the tenant's threads, as its token is handed them."""
-        token = self._settings.api_token
-        headers = {"Content-Type": MSGPACK, "Accept": MSGPACK}
-        if token is not None:
-            headers["Authorization"] = f"Bearer {token.get_secret_value()}"
-        body = ormsgpack.packb({"subjects": [{"kind": "thread", "name": thread_id}]})
-        answer = ormsgpack.unpackb(
-            httpx.post(f"{self._settings.api_url}/v1/keys", content=body, headers=headers).content
-        )
-        return answer["keys"][0]["ref"], answer["keys"][0]["key"]
-
-
-def _plain(event: Any, version: int | None = None) -> tuple[bytes, list[tuple[str, bytes]]]:
-    env = to_envelope(event)
-    if version is not None:
-        env = envelope.Envelope(env.type, env.event_id, env.produced_ms, env.payload, version=version)
-    return envelope.encode(env), envelope.headers_for(env)
-
-
-Produced = tuple[str, int, bytes | None, bytes, list[tuple[str, bytes]]]
-"""A record as a producer sends it: topic, partition, key, value, headers."""
-
-
-async def _send(settings: Settings, records: list[Produced]) -> None:
-    """Produce `(topic, partition, key, value, headers)` records as they are: a producer with write access."""
-    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
-    await producer.start()
-    try:
-        for topic, partition, key, value, headers in records:
-            await producer.send_and_wait(topic, value, key=key, partition=partition, headers=headers)
-    finally:
-        await producer.stop()
-
-
-def _graphledger(stack: Any, *args: str) -> Any:
-    """A `graphledger` command against the stack, its JSON answer."""
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("GRAPHLEDGER_")} | stack.service_env()
-    done = subprocess.run(
-        [sys.executable, "-m", "graphledger_server", *args], env=env, capture_output=True, text=True, timeout=60,
-        check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout) if "--json" in args else done.stdout
-
-
-def _memory_limit_bytes() -> int:
-    limit = yaml.safe_load(CHART_VALUES.read_text())["projector"]["resources"]["limits"]["memory"]
-    assert limit.endswith("Gi") or limit.endswith("Mi"), limit
-    return int(limit[:-2]) * (1024**3 if limit.endswith("Gi") else 1024**2)
-
-
-def _peak_rss_bytes(pid: int) -> int:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) * 1024
-
-
-def _say(saver: KafkaSaver, thread: str, word: str) -> None:
-    """One turn of the victim's agent on `thread`."""
-
-    class State(TypedDict):
-        said: list[str]
-
-    def speak(state: State) -> dict[str, list[str]]:
-        return {"said": [*state.get("said", []), word]}
-
-    builder = StateGraph(State)
-    builder.add_node("speak", speak)
-    builder.add_edge(START, "speak")
-    builder.add_edge("speak", END)
-    builder.compile(checkpointer=saver).invoke({"said": []}, {"configurable": {"thread_id": thread}})
-
-
-def test_a_hostile_producer_harms_no_other_tenant_and_stops_no_partition(
-    stack: Any, two_tenants: TenantApi, db: psycopg.Connection
-) -> None:
-    settings: Settings = stack.settings
-    partitions = range(settings.topic_partitions)
-    run = uuid.uuid4().hex[:8]
-    conversation, memories = f"conv-{run}", ("memories", run)
-    projector_pid = stack.pids()["projector"]
-    victim_saver = KafkaSaver(two_tenants.settings(VICTIM))
-    victim_store = KafkaStore(two_tenants.settings(VICTIM))
-    with victim_saver, victim_store:
-        # The victim's data before the attack: a conversation turn and a memory, in the projection.
-        _say(victim_saver, conversation, "before")
-        victim_store.put(memories, "old", {"said": "before"})
-        stored_thread = f"{VICTIM}/{conversation}"
-
-        def projected(thread: str, words: int) -> bool:
-            row = db.execute(
-                "SELECT count(*) FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = ''", (thread,)
-            ).fetchone()
-            return row is not None and row[0] >= words
-
-        wait_until(lambda: projected(stored_thread, TURN), WAIT_S, "the victim's first turn in the projection")
-
-        async def attack() -> float:
-            victim, evil = Agent(two_tenants.settings(VICTIM), VICTIM), Agent(two_tenants.settings(EVIL), EVIL)
-            try:
-                # What anyone reads in the log: the victim's thread's record key and subject reference.
-                thread_key, _, thread_headers = await victim.sealed(put(stored_thread, 99))
-                thread_ref = dict(thread_headers)[envelope.HEADER_SUBJECT].decode()
-                thread_partition = (murmur2(thread_key) & 0x7FFFFFFF) % settings.topic_partitions
-                *_, store_headers = await victim.sealed(store_put((VICTIM, *memories), "old", {"said": "forged"}))
-                namespace_ref = dict(store_headers)[envelope.HEADER_SUBJECT].decode()
-                ck, st = settings.checkpoint_topic, settings.store_topic
-                hostile: list[Produced] = []
-                for topic in (ck, st):
-                    for p in partitions:
-                        hostile.append((topic, p, None, *_plain(TenantErase(VICTIM))))  # a forged tenant erasure
-                        hostile.append((topic, p, os.urandom(16), *_plain(put("x", 1), version=99)))  # no version
-                hostile += [
-                    (ck, thread_partition, thread_key, *_plain(ThreadErase(thread_ref))),  # a forged thread erasure
-                    *[(st, p, None, *_plain(NamespaceErase(namespace_ref))) for p in partitions],
-                    # The victim's thread and memory in the clear, for a deployment that seals.
-                    (ck, thread_partition, thread_key, *_plain(put(stored_thread, 50))),
-                    (ck, thread_partition, thread_key, *_plain(ThreadCopyBarrier(stored_thread, 0, 2**62))),
-                    (st, 0, b"forged", *_plain(store_put((VICTIM, *memories), "old", {"said": "forged"}))),
-                ]
-                # Sealed with the attacker's own keys: claiming the victim's thread inside the seal, and its
-                # own thread with a barrier at 2^62 (which parks only that thread).
-                evil_thread = f"{EVIL}/x-{run}"
-                evil_ref, evil_key = evil.data_key(evil_thread)
-                for tenant, name in ((VICTIM, stored_thread), (EVIL, stored_thread)):
-                    forged = seal(
-                        to_envelope(put(stored_thread, 51)),
-                        SealedSubject(evil_ref, "thread", tenant, name),
-                        cipher_of(evil_key),
-                    )
-                    hostile.append(
-                        (ck, thread_partition, thread_key, envelope.encode(forged), envelope.headers_for(forged))
-                    )
-                evil_barrier = await evil.sealed(ThreadCopyBarrier(evil_thread, 1, 2**62))
-                hostile.append((ck, (murmur2(evil_barrier[0]) & 0x7FFFFFFF) % settings.topic_partitions, *evil_barrier))
-                await _send(settings, hostile)
-                await produce_batch(settings, ck, 0, zstd_bomb(2 * 1024**3))  # 2 GB of zeros in ~120 KB
-                # Then, on every partition, another subject of the victim's: it must apply within MOVE_ON_S.
-                sentinels = [(ck, p, *await victim.sealed(put(f"{VICTIM}/sentinel-{run}-{p}", 1))) for p in partitions]
-                sentinels += [
-                    (st, p, *await victim.sealed(store_put((VICTIM, "sentinel", run, str(p)), "k", {"p": p})))
-                    for p in partitions
-                ]
-                await _send(settings, sentinels)
-                return time.monotonic()
-            finally:
-                await victim.close()
-                await evil.close()
-
-        started = datetime.now(UTC).isoformat()
-        sent = asyncio.run(attack())
-
-        def behind() -> list[str]:
-            """The sentinels not applied yet, as `topic:partition`."""
-            checkpoints = db.execute(
-                "SELECT thread_id FROM checkpoints WHERE starts_with(thread_id, %s)", (f"{VICTIM}/sentinel-{run}-",)
-            ).fetchall()
-            items = db.execute(
-                "SELECT prefix FROM store WHERE starts_with(prefix, %s)", (f"{VICTIM}.sentinel.{run}.",)
-            ).fetchall()
-            done = {f"{ck}:{t.rsplit('-', 1)[1]}" for (t,) in checkpoints} | {
-                f"{st}:{prefix.rsplit('.', 1)[1]}" for (prefix,) in items
-            }
-            return [f"{topic}:{p}" for topic in (ck, st) for p in partitions if f"{topic}:{p}" not in done]
-
-        ck, st = settings.checkpoint_topic, settings.store_topic
-        try:
-            wait_until(lambda: not behind(), sent + MOVE_ON_S - time.monotonic(), "every partition's other subjects")
-        except TimeoutError:
-            projector_log = (stack.log_dir / "projector.log").read_text().splitlines()[-40:]
-            raise AssertionError(
-                f"partitions {behind()}: their other subjects did not move on within {MOVE_ON_S:g}s\n"
-                + "\n".join(projector_log)
-            ) from None
-
-        # The victim: its old data and its keys are there, and its new writes apply.
-        _say(victim_saver, conversation, "after")
-        victim_store.put(memories, "new", {"said": "after"})
-        wait_until(lambda: projected(stored_thread, 2 * TURN), WAIT_S, "the victim's turn after the attack")
-        state = victim_saver.get_tuple({"configurable": {"thread_id": conversation}})
-        assert state is not None and state.checkpoint["channel_values"]["said"] == ["after"]
-        history = list(victim_saver.list({"configurable": {"thread_id": conversation}}))
-        # Both turns' checkpoints, newest first, and nothing else.
-        assert [c.metadata["step"] for c in history] == list(range(2 * TURN - 2, -2, -1)), history
-        assert (victim_store.get(memories, "old") or _missing()).value == {"said": "before"}
-        assert (victim_store.get(memories, "new") or _missing()).value == {"said": "after"}
-
-    # The projector never crashed, and stayed under the memory limit the chart gives it.
-    assert stack.pids()["projector"] == projector_pid
-    assert _peak_rss_bytes(projector_pid) < _memory_limit_bytes()
-
-    # What `graphledger` reports: the attacker's parked subjects and the dead letters.
-    parked = [
-        p for p in _graphledger(stack, "parked", "list", "--json", "--limit", "10000") if p["parked_at"] > started
-    ]
-    causes = [p["cause"] for p in parked]
-    assert causes.count("newer_version") == 2 * len(partitions) and causes.count("beyond_log") == 1, parked
-    letters = _graphledger(stack, "dlq", "list", "--json", "--limit", "10000")
-    reasons = [letter["reason"] for letter in letters if letter["recorded_at"] > started]
-    assert sum("the key store records no erasure" in r for r in reasons) == 3 * len(partitions) + 1, reasons
-    assert sum("in the clear names a subject's data" in r for r in reasons) == 3, reasons
-    assert any("of another tenant than its key's" in r for r in reasons)
-    assert any("outside that tenant" in r for r in reasons)
-    assert any(r.startswith("unreadable record batch") and "zstd" in r for r in reasons)
-
-
-def _missing() -> Any:
-    raise AssertionError("the victim's item is missing")

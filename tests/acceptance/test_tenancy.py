@@ -6,10 +6,13 @@ from nothing, the other's data; the server enforces it, whatever thread ids or n
 
 from __future__ import annotations
 
+import os
+import secrets
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -22,18 +25,70 @@ from typing_extensions import TypedDict
 
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.errors import ReadApiError
+from graphledger.settings import Settings
 from graphledger.tenancy import hash_token
-from tenant_api import TenantApi
-from tenant_api import tenant_api as tenant_read_api
+from graphledger.wire import MSGPACK
+from graphledger_server.devstack.ports import free_port, wait_until
+from graphledger_server.devstack.stack import settings_to_env
 
 TENANTS = ("acme", "globex")
+
+
+@dataclass
+class TenantApi:
+    url: str
+    tokens: dict[str, str]
+    """Each tenant's agent token."""
+    operator: str
+    """acme's operator token, granted erasure."""
+    base: Settings
+
+    def settings(self, tenant: str | None) -> Settings:
+        token = SecretStr(self.tokens[tenant]) if tenant else None
+        return self.base.model_copy(update={"api_url": self.url, "api_token": token})
+
+    def post(self, path: str, body: Any, token: str | None) -> httpx.Response:
+        headers = {"Content-Type": MSGPACK, "Accept": MSGPACK}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        return httpx.post(f"{self.url}{path}", content=ormsgpack.packb(body), headers=headers, timeout=30)
 
 
 @pytest.fixture(scope="module")
 def tenant_api(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TenantApi]:
     """A second read API process on the stack's projection, knowing two tenants by their tokens' hashes."""
-    with tenant_read_api(stack.settings, TENANTS, tmp_path_factory.mktemp("tenant-api")) as api:
-        yield api
+    tokens = {tenant: secrets.token_urlsafe(24) for tenant in TENANTS}
+    operator = secrets.token_urlsafe(24)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("GRAPHLEDGER_")}
+    env.update(settings_to_env(stack.settings))
+    env.pop("GRAPHLEDGER_METRICS_PORT", None)
+    env.pop("GRAPHLEDGER_API_TOKEN", None)
+    env["GRAPHLEDGER_API_PORT"] = str(port)
+    entries = [f"{t}:{hash_token(tok)}" for t, tok in tokens.items()] + [f"acme:{hash_token(operator)}:erase"]
+    env["GRAPHLEDGER_API_TOKEN_HASHES"] = ",".join(entries)
+    log_path = tmp_path_factory.mktemp("tenant-api") / "api.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "graphledger_server", "api"], env=env, stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"the tenant API exited {process.returncode}: {log_path.read_text()[-2000:]}")
+        try:
+            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(ready, 60, "the tenant read API")
+        yield TenantApi(url, tokens, operator, stack.settings)
+    finally:
+        process.terminate()
+        process.wait(30)
 
 
 class State(TypedDict):

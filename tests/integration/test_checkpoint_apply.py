@@ -119,7 +119,7 @@ async def test_delete_for_runs_reaches_a_copy_target_on_its_own_partition_before
     # The copy's barrier on the target's partition, then partition 1's copy of delete_for_runs.
     deleted = RunsDelete(("old", "copied"))
     result = await applier.apply(conn, [record(ThreadCopyBarrier("target", 0, 1), 1, 1), record(deleted, 1, 2)])
-    assert (result.parked, dead) == ([], [])
+    assert (result.held, dead) == ({}, [])
     assert await count(conn, "gl", "checkpoints", "thread_id = 'target'") == 0
     assert await count(conn, "gl", "checkpoints", "thread_id = 'src'") == 1  # partition 0's copy has not applied
     await applier.apply(conn, [record(deleted, 0, 2)])
@@ -198,15 +198,12 @@ async def test_a_copy_follows_the_targets_records_before_its_barrier_in_either_a
     if source_first:
         await applier.apply(conn, source)
         assert await _ids(conn, "t") == []  # the copy is staged, not applied
-        assert (await applier.apply(conn, target)).parked == []
+        assert (await applier.apply(conn, target)).held == {}
     else:
         result = await applier.apply(conn, target)
-        # The target waits at the barrier, after the earlier record; its later record waits with it.
-        assert [(s.first_offset, s.cause) for s in result.parked] == [(3, "waiting")]
+        assert result.held == {(TOPIC, 1): 3}  # at the barrier, after the earlier record
         await applier.apply(conn, source)
-        released = await applier.releasable(conn, {(TOPIC, 1)})
-        result = await applier.apply(conn, [], released=released)
-        assert (result.released, result.parked) == (1, [])
+        assert (await applier.apply(conn, target[3:])).held == {}
     assert await _ids(conn, "t") == [cid(n) for n in expected]
     assert await _ids(conn, "s") == [cid(1), cid(2), cid(3)]
     assert await count(conn, "gl", "graphledger_copy_stages") == 0

@@ -20,7 +20,6 @@ from graphledger.events import envelope, to_envelope
 from graphledger.events.envelope import Envelope
 from graphledger.settings import Settings
 from graphledger.telemetry import names
-from graphledger_server.projection import parked
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
@@ -28,7 +27,7 @@ from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projection.store import StoreProjection
 from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.main import run_projector
-from graphledger_server.telemetry.projector import _observe_parked
+from graphledger_server.telemetry.projector import _observe_stopped
 from polling import wait_for
 from projection_helpers import put
 from v1_events import CHECKPOINT_ID, CHECKPOINT_TOPIC, PRODUCED_MS, STORE_TOPIC, VECTOR_DIMS, fixture
@@ -96,12 +95,12 @@ async def test_v1_records_apply(fresh_database: str) -> None:
         await conn.close()
 
 
-# -- a newer version in the log: its subject parked, the metric, and release after an upgrade --------
+# -- a newer version in the log: the metric, and resuming after an upgrade ---------------------------
 
 
 @pytest.fixture
 async def settings(ready_settings: Callable[..., Awaitable[Settings]]) -> Settings:
-    return await ready_settings(batch_max_wait_ms=20, encrypt_events=False)  # events in the clear, as published here
+    return await ready_settings(batch_max_wait_ms=20)
 
 
 @pytest.fixture
@@ -112,7 +111,7 @@ async def producer(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
     await p.stop()
 
 
-async def test_a_newer_event_parks_its_subject_counted_and_applies_after_an_upgrade_and_a_release(
+async def test_a_newer_event_is_counted_stopped_on_and_applied_after_an_upgrade(
     settings: Settings, producer: AIOKafkaProducer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def send(env: Envelope) -> int:
@@ -124,10 +123,9 @@ async def test_a_newer_event_parks_its_subject_counted_and_applies_after_an_upgr
     newer = to_envelope(put("t", 2))
     await send(to_envelope(put("t", 1)))
     upgraded = envelope.SCHEMA_VERSION + 1
-    park_at = await send(Envelope(newer.type, newer.event_id, newer.produced_ms, newer.payload, version=upgraded))
+    stop_at = await send(Envelope(newer.type, newer.event_id, newer.produced_ms, newer.payload, version=upgraded))
     last = await send(to_envelope(put("t", 3)))
     conn = await asyncpg.connect(settings.postgres_dsn)
-    checkpoints = f"SELECT count(*) FROM {settings.postgres_schema}.checkpoints"
 
     async def next_offset() -> int:
         return (
@@ -139,15 +137,12 @@ async def test_a_newer_event_parks_its_subject_counted_and_applies_after_an_upgr
             or 0
         )
 
-    def parked_gauge() -> float:
-        return max(
-            (
-                value
-                for value, attributes in _observe_parked()
-                if attributes[names.MESSAGING_DESTINATION_NAME] == settings.checkpoint_topic
-                and attributes[names.GRAPHLEDGER_PARK_CAUSE] == "newer_version"
-            ),
-            default=0,
+    def stopped_gauge() -> float:
+        return sum(
+            value
+            for value, attributes in _observe_stopped()
+            if attributes[names.MESSAGING_CONSUMER_GROUP_NAME] == settings.projector_group_id
+            and attributes[names.GRAPHLEDGER_STOP_REASON] == "newer_version"
         )
 
     async def run_until(condition: Callable[[], Any], what: str) -> None:
@@ -161,22 +156,22 @@ async def test_a_newer_event_parks_its_subject_counted_and_applies_after_an_upgr
 
     try:
 
-        async def parked_past() -> bool:
-            return await next_offset() == last + 1 and parked_gauge() == 1
+        async def stopped() -> bool:
+            return await next_offset() == stop_at and stopped_gauge() == 1
 
-        await run_until(parked_past, "the partition to move past the newer event, its subject parked, the gauge at 1")
+        await run_until(stopped, "the partition to stop at the newer event, with the gauge at 1")
+        checkpoints = f"SELECT count(*) FROM {settings.postgres_schema}.checkpoints"
         assert await conn.fetchval(checkpoints) == 1
 
-        # The operator deploys a projector that knows the newer version and releases the subject.
+        # The operator deploys a projector that knows the newer version; it resumes at the stored offset.
         monkeypatch.setattr(envelope, "SCHEMA_VERSION", upgraded)
         monkeypatch.setitem(envelope.UPCASTERS, upgraded - 1, lambda event_type, payload: payload)
-        assert await parked.request(conn, settings.postgres_schema, settings.checkpoint_topic, 0, park_at, "release")
 
-        async def applied() -> bool:
-            return await conn.fetchval(checkpoints) == 3
+        async def resumed() -> bool:
+            return await next_offset() == last + 1
 
-        await run_until(applied, "the upgraded projector to apply the parked subject")
-        assert await parked.list_parked(conn, settings.postgres_schema) == []
+        await run_until(resumed, "the upgraded projector to apply the rest")
+        assert await conn.fetchval(checkpoints) == 3
         assert await conn.fetchval(f"SELECT count(*) FROM {settings.postgres_schema}.graphledger_dead_letters") == 0
     finally:
         await conn.close()

@@ -91,7 +91,7 @@ async def _checkpoints(settings: Settings) -> int:
 async def test_kafka_tools_see_the_lag_the_projector_has_and_see_it_go(
     ready_settings: Callable[..., Awaitable[Settings]],
 ) -> None:
-    settings = await ready_settings(topic_partitions=2, batch_max_wait_ms=20, encrypt_events=False)  # in the clear
+    settings = await ready_settings(topic_partitions=2, batch_max_wait_ms=20)
     async with producer_for(settings) as producer:
         for n in range(3):
             await publish(producer, settings, put(f"a{n}", 1), n % 2)
@@ -127,7 +127,7 @@ async def test_postgres_stays_the_truth_when_kafka_is_ahead(ready_settings: Call
     """The stored offset of partition 0 moved back (`offsets reset`, or Postgres restored from a backup)
     while Kafka's committed offset stayed ahead: the worker re-applies from the stored offset, so the
     rows removed since come back, and the records past Kafka's offset are applied too."""
-    settings = await ready_settings(topic_partitions=2, batch_max_wait_ms=20, encrypt_events=False)  # in the clear
+    settings = await ready_settings(topic_partitions=2, batch_max_wait_ms=20)
     tp = TopicPartition(settings.checkpoint_topic, 0)
     # Every partition starts with a stored offset, so each gets one committed to Kafka at assignment
     # (a partition without any would make the consumer raise NoOffsetForPartitionError instead of fetching).

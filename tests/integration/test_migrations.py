@@ -24,9 +24,6 @@ OUR_TABLES = (
     "graphledger_forks",  # 0007
     "graphledger_subjects",  # 0008
     "graphledger_thread_copies",  # 0008
-    "graphledger_parked",  # 0009
-    "graphledger_parked_records",  # 0009
-    "graphledger_parked_skips",  # 0009
     "graphledger_copy_stages",  # 0010
     "graphledger_staged_checkpoints",  # 0010
     "graphledger_staged_blobs",  # 0010

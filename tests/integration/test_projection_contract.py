@@ -24,7 +24,7 @@ import itertools
 import random
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
@@ -53,7 +53,6 @@ from graphledger_server.api.passthrough import PassThroughSerde
 from graphledger_server.api.read_through import thread_events
 from graphledger_server.api.store_sql import item_rows_statement
 from graphledger_server.api.tenant import Tenant
-from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.log.offsets import OffsetStatements, group_offsets
 from graphledger_server.projection import erasure
 from graphledger_server.projection.batch import BatchApplier, TopicProjection
@@ -90,38 +89,33 @@ def of_key(rows: Rows, columns: tuple[Any, ...]) -> Rows:
 
 @dataclasses.dataclass
 class Fetches:
-    """Batches applied as the projector applies what it fetched: a subject parked to wait at a record (a
-    copy barrier whose copy has not applied yet, `projection/parked.py`) runs again with the next batch
-    once its copy applied, as the worker runs it."""
+    """Batches applied as the projector applies what it fetched: a partition held at a record (a copy
+    barrier whose copy has not applied yet, `BatchResult.held`) is fetched again from that record, with
+    the next batch."""
 
     applier: BatchApplier
     conn: asyncpg.Connection
-    parked: set[tuple[str, int]] = dataclasses.field(default_factory=set)
-    """Partitions with parked subjects."""
+    held: list[SourceRecord] = dataclasses.field(default_factory=list)
     applied: int = 0
     skipped: int = 0
 
     async def apply(self, batch: Sequence[SourceRecord]) -> None:
-        released = await self.applier.releasable(self.conn, self.parked)
-        if batch or released:
-            result = await self.applier.apply(self.conn, batch, released=released)
+        records = [*self.held, *batch]
+        if records:
+            result = await self.applier.apply(self.conn, records)
             self.applied += result.applied
             self.skipped += result.skipped
-        rows = await self.conn.fetch(f"SELECT topic, partition FROM {self.applier.schema}.graphledger_parked")
-        self.parked = {(r["topic"], r["partition"]) for r in rows}
+            self.held = [r for r in records if r.offset >= result.held.get((r.topic, r.partition), r.offset + 1)]
 
 
 async def drain(*fetches: Fetches) -> None:
-    """Run parked subjects again until none is parked (each round can release the next)."""
-    subjects = 0
-    for f in fetches:
-        subjects += await f.conn.fetchval(f"SELECT count(*) FROM {f.applier.schema}.graphledger_parked")
-    for _ in range(subjects + 1):
-        if not any(f.parked for f in fetches):
+    """Fetch the held partitions again until none is held (each round can release the next)."""
+    for _ in range(sum(len(f.held) for f in fetches) + 1):
+        if not any(f.held for f in fetches):
             return
         for f in fetches:
             await f.apply([])
-    raise AssertionError(f"parked for ever: {[tp for f in fetches for tp in f.parked]}")
+    raise AssertionError(f"held for ever: {[r for f in fetches for r in f.held]}")
 
 
 def end_offsets(records: Sequence[SourceRecord]) -> dict[tuple[str, int], int]:
@@ -505,19 +499,6 @@ FOLD_REF = "reft"
 """The reference of thread `t` as a sealed event of it would have recorded it (for `thread.erase`)."""
 
 
-class ErasuresRecorded(DataKeyCache):
-    """The data keys of a key store that recorded every erasure the fold's events publish (an eraser
-    destroys the key before it publishes the event, and the projector applies an erasure only then)."""
-
-    def __init__(self) -> None:
-        super().__init__(None)
-
-    async def recorded_erasures(
-        self, conn: asyncpg.Connection, refs: Collection[str], tenants: Collection[str]
-    ) -> tuple[set[str], set[str]]:
-        return set(refs), set(tenants)
-
-
 def _scenarios() -> dict[str, list[Any]]:
     put, writes = checkpoints.put, checkpoints.writes
     chain = [
@@ -643,12 +624,10 @@ class TestCheckpointFold:
         contract = TestCheckpointProjection()
 
         final = await contract.applier(fresh_database, conn, "final", [])
-        final.keys = ErasuresRecorded()
         await erasure.record_subjects(conn, erasure.ErasureStatements("final"), [subject])
         for record in records:  # one at a time: a barrier's copy must have committed before it
             await final.apply(conn, [record])
         steps = await contract.applier(fresh_database, conn, "steps", [])
-        steps.keys = ErasuresRecorded()
         await erasure.record_subjects(conn, erasure.ErasureStatements("steps"), [subject])
         at_end, at_step = await _pg(fresh_database, "final"), await _pg(fresh_database, "steps")
         try:
@@ -744,10 +723,8 @@ class TestStoreFold:
         records = [_store_record(e, ts, offset) for offset, (e, ts) in enumerate(scenario)]
         contract = TestStoreProjection()
         final = await contract.applier(fresh_database, conn, "final", [])
-        final.keys = ErasuresRecorded()
         await final.apply(conn, records)
         steps = await contract.applier(fresh_database, conn, "steps", [])
-        steps.keys = ErasuresRecorded()
         to_event = final.projections[store.STORE_TOPIC].to_event
         timed = [to_event(envelope.decode(r.value or b""), r.timestamp) for r in records]
         items = sorted({(".".join(e.namespace), e.item_key) for e, _ in scenario if hasattr(e, "item_key")})

@@ -1,4 +1,4 @@
-"""The projector against the real broker and Postgres: offsets, chunks, dead letters, parked subjects, kill -9."""
+"""The projector against the real broker and Postgres: offsets, chunks, dead letters, version stops, kill -9."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ from graphledger.events.envelope import Envelope
 from graphledger.settings import Settings
 from graphledger_server.devstack.postgres import EmbeddedPostgres
 from graphledger_server.log.offsets import APPLIED_CHANNEL
-from graphledger_server.projection import parked
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import outgoing_records
@@ -42,7 +41,7 @@ WAIT_S = 60.0
 
 @pytest.fixture
 async def settings(ready_settings: Callable[..., Awaitable[Settings]]) -> Settings:
-    return await ready_settings(batch_max_wait_ms=20, encrypt_events=False)  # events in the clear, as published here
+    return await ready_settings(batch_max_wait_ms=20)
 
 
 @pytest.fixture
@@ -221,34 +220,25 @@ async def test_bad_records_go_to_the_dead_letter_topic_and_the_partition_moves_o
     assert {r["offset"] for r in rows} == set(bad)
 
 
-async def test_an_event_from_a_newer_version_parks_only_its_subject_until_an_operator_acts(
+async def test_an_event_from_a_newer_version_stops_only_its_partition(
     settings: Settings, db: asyncpg.Connection, producer: AIOKafkaProducer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR)
     await publish(producer, settings, put("p0", 1), 0)
     newer = to_envelope(put("p0", 2))
-    park_at = await publish(producer, settings, Envelope(newer.type, newer.event_id, 0, newer.payload, version=99), 0)
+    stop_at = await publish(producer, settings, Envelope(newer.type, newer.event_id, 0, newer.payload, version=99), 0)
     await publish(producer, settings, put("p0", 3), 0)
-    await publish(producer, settings, put("other", 1), 0, key="other")  # another subject of the partition
-    last = await publish(producer, settings, put("p1", 1), 1)
+    await publish(producer, settings, put("p1", 1), 1)
     async with projector(settings):
-        await wait_for(lambda: has_checkpoint(db, settings, "other", 1), "the partition's other subject")
-        await wait_for(lambda: _offsets_reached(db, settings, {0: park_at + 3, 1: last + 1}), "both partitions")
-        assert await has_checkpoint(db, settings, "p0", 1) and not await has_checkpoint(db, settings, "p0", 3)
-        await publish(producer, settings, put("p0", 4), 0)  # a later record of the parked subject waits too
-        await publish(producer, settings, put("other", 2), 0, key="other")
-        await wait_for(lambda: has_checkpoint(db, settings, "other", 2), "the other subject going on")
-        [subject] = await parked.list_parked(db, settings.postgres_schema)
-        assert (subject["first_offset"], subject["cause"], subject["records"]) == (park_at, "newer_version", 3)
-        assert not await has_checkpoint(db, settings, "p0", 4)
-        # The operator skips the record no version can apply: the subject's other records apply.
-        await parked.request(db, settings.postgres_schema, settings.checkpoint_topic, 0, park_at, "skip")
-        await wait_for(lambda: has_checkpoint(db, settings, "p0", 4), "the skipped subject's later records")
-        assert await has_checkpoint(db, settings, "p0", 3)
-        assert await parked.list_parked(db, settings.postgres_schema) == []
-    assert f"parked subject {settings.checkpoint_topic}:0@{park_at} (newer_version)" in caplog.text
-    rows = await db.fetch(f'SELECT "offset", reason FROM {settings.postgres_schema}.graphledger_dead_letters')
-    assert [r["offset"] for r in rows] == [park_at] and "skipped by an operator" in rows[0]["reason"]
+        await wait_for(lambda: has_checkpoint(db, settings, "p1", 1), "the other partition")
+        await wait_for(lambda: _offsets_reached(db, settings, {0: stop_at}), "partition 0 up to the newer event")
+        await publish(producer, settings, put("p1", 2), 1)
+        await wait_for(lambda: has_checkpoint(db, settings, "p1", 2), "the other partition going on")
+        assert (await offsets(db, settings))[0] == stop_at
+        assert await has_checkpoint(db, settings, "p0", 1)
+        assert not await has_checkpoint(db, settings, "p0", 3)
+    assert f"{settings.checkpoint_topic}:0 at offset {stop_at}" in caplog.text
+    assert await scalar(db, settings, "SELECT count(*) FROM {schema}.graphledger_dead_letters") == 0
 
 
 async def test_a_thread_delete_racing_its_writes_leaves_nothing(
@@ -379,11 +369,11 @@ async def test_chunks_of_a_bad_or_newer_event(
         b"garbage:2:3",
     ]
     assert b"".join(o.value or b"" for o in outgoing) == b"\xc1" * 100
-    assert [(s.first_offset, s.cause) for s in result.parked] == [(4, "newer_version")]
-    assert await offsets_of(db, settings, TOPIC) == {0: 6}
+    assert list(result.stopped) == [(TOPIC, 0)] and result.stopped[(TOPIC, 0)].record.offset == 4
+    assert await offsets_of(db, settings, TOPIC) == {0: 4}
     stored = await db.fetch(f"SELECT event_id, idx FROM {settings.postgres_schema}.graphledger_chunks")
     assert [tuple(r) for r in stored] == [("newer", 0)]  # kept for the worker that understands it
-    assert await has_checkpoint(db, settings, "t", 1)  # another subject (key t, the chunks' is k) goes on
+    assert not await has_checkpoint(db, settings, "t", 1)
 
 
 def prune_sequence(thread_id: str) -> list[CheckpointEvent]:

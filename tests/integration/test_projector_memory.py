@@ -62,10 +62,7 @@ async def _blob(db: asyncpg.Connection, schema: str, thread: str) -> bytes | Non
 @pytest.fixture
 async def settings(ready_settings: Callable[..., Awaitable[Settings]]) -> Settings:
     return await ready_settings(
-        max_message_bytes=CHUNK_BYTES,
-        batch_max_bytes=3 * CHUNK_BYTES + 2_000,
-        batch_max_wait_ms=20,
-        encrypt_events=False,  # events in the clear, as published here
+        max_message_bytes=CHUNK_BYTES, batch_max_bytes=3 * CHUNK_BYTES + 2_000, batch_max_wait_ms=20
     )
 
 

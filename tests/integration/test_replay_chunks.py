@@ -78,7 +78,6 @@ async def settings(ready_settings: Callable[..., Awaitable[Settings]]) -> Settin
         batch_max_bytes=3 * CHUNK_BYTES + 2_000,  # one chunked event's records or stored chunks, not two
         batch_max_wait_ms=20,
         replay_batch_max_events=20,
-        encrypt_events=False,  # events in the clear, as published here
     )
 
 

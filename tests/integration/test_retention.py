@@ -176,7 +176,6 @@ async def live(ready_settings: Callable[..., Awaitable[Settings]]) -> AsyncItera
         sweeper_interval_s=0.2,
         sweeper_batch_size=3,
         store_refresh_coalesce_s=0,
-        encrypt_events=False,  # the test publishes events in the clear
     )
     stop = asyncio.Event()
     projector = asyncio.create_task(run_projector(settings, stop, migrate_first=False))

@@ -34,9 +34,7 @@ async def _applied(conn: asyncpg.Connection, settings: Settings, thread_id: str)
 async def test_a_frozen_projector_turns_not_live_within_the_deadline_and_an_idle_one_stays_live(
     ready_settings: Callable[..., Awaitable[Settings]],
 ) -> None:
-    settings = await ready_settings(
-        health_port=free_port(), health_deadline_s=DEADLINE_S, projector_retry_max_s=1.0, encrypt_events=False
-    )  # events in the clear, as published here
+    settings = await ready_settings(health_port=free_port(), health_deadline_s=DEADLINE_S, projector_retry_max_s=1.0)
     base = f"http://127.0.0.1:{settings.health_port}"
     db = await asyncpg.connect(settings.postgres_dsn)
     try:

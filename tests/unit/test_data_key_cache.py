@@ -1,6 +1,5 @@
 """The data keys a reader of the log opens sealed events with (`graphledger_server.keys.lookup`),
-against an in-memory key store: fetched once with their owners, least recently used out first, erasures
-final, fresh keys bound only by a record that opened with them."""
+against an in-memory key store: fetched once, least recently used out first, erasures final."""
 
 from __future__ import annotations
 
@@ -20,19 +19,14 @@ from graphledger.erasure.sealing import (
 )
 from graphledger.events import to_envelope
 from graphledger.events.checkpoint import ThreadDelete
-from graphledger_server.keys.lookup import DataKeyCache, KeyOwner
-from graphledger_server.keys.store import FreshRow
+from graphledger_server.keys.lookup import DataKeyCache
 
 if TYPE_CHECKING:
     from graphledger_server.keys.store import KeyStore
 
 
-HASH_KEY = b"h" * 32
-
-
 class FakeKeyStore:
-    """`KeyStore.owned`: the keys that exist among the refs asked for, unwrapped, or `ERASED`, all of
-    tenant acme; fresh keys (acme's) by id, bound by `bind_fresh`."""
+    """`KeyStore.find`: the keys that exist among the refs asked for, unwrapped, or `ERASED`."""
 
     def __init__(self, keys: dict[str, bytes | Erased], fresh: dict[str, bytes] | None = None) -> None:
         self.keys = keys
@@ -41,19 +35,11 @@ class FakeKeyStore:
         """`bind_fresh`: fresh keys by id; `bound` their subjects once bound."""
         self.bound: dict[str, str] = {}
 
-    async def owned(self, refs: Collection[str]) -> dict[str, tuple[bytes | Erased, str]]:
+    async def find(self, refs: Collection[str]) -> dict[str, bytes | Erased]:
         self.asked.append(set(refs))
-        return {ref: (self.keys[ref], "acme") for ref in refs if ref in self.keys}
+        return {ref: self.keys[ref] for ref in refs if ref in self.keys}
 
-    async def fresh_found(self, ids: Collection[str]) -> dict[str, FreshRow]:
-        return {i: FreshRow(self.fresh[i], "acme", self.bound.get(i)) for i in ids if i in self.fresh}
-
-    async def hash_keys(self, tenants: Collection[str]) -> dict[str, bytes | Erased]:
-        return dict.fromkeys(tenants, HASH_KEY)
-
-    async def bind_fresh(
-        self, named: Collection[tuple[str, str]], conn: object = None
-    ) -> dict[tuple[str, str], bytes | Erased | Misbound]:
+    async def bind_fresh(self, named: Collection[tuple[str, str]]) -> dict[tuple[str, str], bytes | Erased | Misbound]:
         found: dict[tuple[str, str], bytes | Erased | Misbound] = {}
         for ref, key_id in named:
             if key_id not in self.fresh:
@@ -155,29 +141,16 @@ async def test_without_a_key_store_no_key_is_found() -> None:
     assert cache.get("a") is None
 
 
-async def test_a_key_is_held_with_its_owner_and_the_owners_hashing_key() -> None:
-    cache = cache_of(FakeKeyStore({"a": new_data_key()}, fresh={"k1": new_data_key()}))
-    await cache.load([("a", None), ("b", "k1")])
-    assert cache.owner("a") == cache.owner("b", "k1") == KeyOwner("acme", HASH_KEY)
-    assert cache.owner("unknown") is None
-
-
-async def test_a_fresh_key_is_bound_by_a_record_that_opened_with_it_not_by_one_naming_it() -> None:
+async def test_a_fresh_key_opens_the_records_of_the_subject_it_was_first_named_for() -> None:
     raw = new_data_key()
     store = FakeKeyStore({}, fresh={"k1": raw})
     cache = cache_of(store)
     sealed = seal(to_envelope(ThreadDelete("acme/a")), subject("a"), cipher_of(raw), "k1")
-    await cache.load([("b", "k1"), ("a", "k1")])  # a record of another subject names the key first
-    assert store.bound == {} and cache.unbound("a", "k1") and cache.unbound("b", "k1")
+    await cache.load([("a", "k1")])
     key = cache.get("a", "k1")
     assert key is not None and not isinstance(key, Erased | Misbound)
     assert unseal(sealed, key)[0].payload == {"thread_id": "acme/a"}
-    bound = await cache.bind(cast("object", None), [("a", "k1")])  # type: ignore[arg-type]
-    assert bound[("a", "k1")] is key and store.bound == {"k1": "a"} and not cache.unbound("a", "k1")
-    assert (await cache.bind(None, [("b", "k1")]))[("b", "k1")] is MISBOUND  # type: ignore[arg-type]
-    assert cache.get("b", "k1") is MISBOUND
-    cache = cache_of(store)
-    await cache.load([("b", "k1")])  # a new reader: the store says whose the key is
+    await cache.load([("b", "k1")])  # a record of another subject naming the same key
     assert cache.get("b", "k1") is MISBOUND
 
 

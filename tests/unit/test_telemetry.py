@@ -31,7 +31,7 @@ from graphledger.settings import Settings
 from graphledger.telemetry.client import redact_url
 from graphledger.telemetry.propagation import span_context_of, traceparent
 from graphledger_server.log import offsets
-from graphledger_server.projection import checkpoints, chunks, dead_letters, parked, prune, store
+from graphledger_server.projection import checkpoints, chunks, dead_letters, prune, store
 from graphledger_server.projection.records import SourceRecord
 from graphledger_server.telemetry import api as api_telemetry
 from graphledger_server.telemetry import metrics as registry
@@ -186,7 +186,7 @@ def test_grafana_provisioning_loads_the_dashboard_folder() -> None:
 
 def _projection_statements() -> list[tuple[str, str]]:
     found = []
-    for module in (checkpoints, offsets, prune, chunks, dead_letters, store, parked):
+    for module in (checkpoints, offsets, prune, chunks, dead_letters, store):
         for name, value in vars(module).items():
             if name.endswith("_SQL") and isinstance(value, str):
                 found.append((f"{module.__name__}.{name}", value.replace("{schema}", "graphledger")))

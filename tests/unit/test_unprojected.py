@@ -17,7 +17,6 @@ from graphledger_server.api.read_through import HeldView, RecordOpener, ThreadVi
 from graphledger_server.api.unprojected import KeyTail, Unprojected
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.projection.checkpoints import CheckpointProjection
-from projection_helpers import put
 
 TOPIC = "t.checkpoints"
 TP = TopicPartition(TOPIC, 0)
@@ -185,18 +184,3 @@ def test_kept_views_are_bounded_by_bytes_least_recently_used_first_out() -> None
     views.usable(b"a", None, 0)  # used: b is now the least recently used
     views.keep(b"d", HeldView(0, 1, fold.NEW))
     assert [views.usable(key, None, 0) is not None for key in (b"a", b"b", b"c", b"d")] == [True, False, True, True]
-
-
-async def test_a_record_the_projector_would_refuse_is_left_out_of_a_read_through() -> None:
-    """Producers are not trusted: with sealing on, a content event in the clear under a thread's key (anyone
-    can publish one) is dead-lettered by the projector, so a read that folds the thread's tail leaves it out."""
-    log, applied = Log(), Applied()
-    forged = to_envelope(put("t", 1))
-    value, headers = envelope.encode(forged), tuple(envelope.headers_for(forged))
-    log.records.append(LogRecord(0, b"t", value, headers, 1_700_000_000_000))  # appended: the event's time
-    to_event = CheckpointProjection("s").to_event
-    tail = await held(log, applied).tail(TP, b"t", 1.0)
-    assert tail is not None
-    for sealed_only, found in ((True, 0), (False, 1)):
-        opener = RecordOpener(held(log, applied), DataKeyCache(None), lambda topic: to_event, sealed_only=sealed_only)
-        assert len(await opener.events(tail, 0)) == found

@@ -63,13 +63,7 @@ def create_app(settings: Settings) -> FastAPI:
             settings.store_topic: store_events.to_event,
         }
         unprojected = Unprojected(log, offsets, topics, settings.api_read_through_max_bytes)
-        opener = RecordOpener(
-            unprojected,
-            DataKeyCache(key_store),
-            to_event.__getitem__,
-            sealed_only=settings.encrypt_events,
-            namespace_depth=settings.erasure_namespace_depth,
-        )
+        opener = RecordOpener(unprojected, DataKeyCache(key_store), to_event.__getitem__)
         unprojected.on_erasure = opener.erasure
         await unprojected.start()
         barrier = ReadBarrier(settings, log, offsets, slots, unprojected)

@@ -8,12 +8,11 @@ records in `[a, end)`, folded as the projector applies them (`graphledger.fold` 
 would: the data keys of sealed ones loaded first (`keys/lookup.py`: fresh keys bound to their subject
 as the projector binds them), each record classified (`projection/records.py`), chunks reassembled at
 the chunk that completes their event. What the projector would not apply is left out: dead letters,
-events its admission refuses (`projection/admission.py`: producers are not trusted), records of erased
-subjects (the key cache asks the key store again when an erasure record is read: `erasure`). Whatever
-the read cannot know from the records it holds raises `fold.Underivable`, and the read waits for the
-projection instead (`ReadBarrier.wait`):
-- an erasure of the thread or its tenant (the projector applies it only when the key store has it);
-- a record from a newer graphledger (the projector parks its subject there: `projection/parked.py`);
+records of erased subjects (the key cache asks the key store again when an erasure record is read:
+`erasure`). Whatever the read cannot know from the records it holds raises `fold.Underivable`, and the
+read waits for the projection instead (`ReadBarrier.wait`):
+- an erasure of the thread or its tenant (anyone can publish one: the projection decides);
+- a record from a newer graphledger (the projector stops its partition there);
 - a chunked event whose chunks are not all held (some went to the projection's chunk table);
 - the key store not answering for a sealed record's key.
 Decoding is kept per record (`Unprojected.note`), so each record is opened once while it is held.
@@ -44,12 +43,10 @@ from graphledger.events.checkpoint import (
 )
 from graphledger.events.envelope import HEADER_CHUNK
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
-from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH
 from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.api.unprojected import KeyTail, Unprojected
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.projection import chunks
-from graphledger_server.projection.admission import refusal
 from graphledger_server.projection.records import (
     Chunk,
     Classified,
@@ -78,17 +75,11 @@ class RecordOpener:
         unprojected: Unprojected,
         keys: DataKeyCache,
         to_event: Callable[[str], ToEvent],
-        *,
-        sealed_only: bool = False,
-        namespace_depth: int = DEFAULT_ERASURE_NAMESPACE_DEPTH,
     ) -> None:
         self._unprojected = unprojected
         self._keys = keys
         self._to_event = to_event
         """The topic's envelope validation (the projection's `to_event`)."""
-        self._sealed_only = sealed_only
-        self._namespace_depth = namespace_depth
-        """The projector's admission rules (`projection/admission.py`), which the fold applies too."""
 
     async def events(self, tail: KeyTail, since: int) -> list[tuple[int, Any]]:
         """`(offset, event)` of the projection's events (its `to_event`'s, with their time) among
@@ -150,8 +141,6 @@ class RecordOpener:
                     return []
                 if item.subject is not None and self._keys.is_erased(item.subject):
                     return []
-                if self._refused(item):
-                    return []  # the projector dead-letters it: no effect
                 return [(item.record.offset, item.event)]
             case DeadLetter() | Erased():
                 return []  # the projector dead-letters or skips it: no effect
@@ -161,18 +150,6 @@ class RecordOpener:
                 raise fold.Underivable(f"a record from a newer graphledger: {item.reason}")
             case _:
                 assert_never(item)
-
-    def _refused(self, item: Decoded) -> bool:
-        owner = self._keys.owner(item.subject.ref, item.key_id) if item.subject is not None else None
-        why = refusal(
-            item.event,
-            item.subject,
-            owner,
-            sealed_only=self._sealed_only,
-            namespace_depth=self._namespace_depth,
-            chunked=item.chunk_event_id is not None,
-        )
-        return why is not None
 
     def _classified(self, record: SourceRecord) -> Classified:
         noted = self._unprojected.note(record)

@@ -6,18 +6,11 @@ it with `ON CONFLICT DO NOTHING`, then reads what the table holds, so all of the
 An erasure replaces the wrapped key by NULL and stamps `erased_at` (a tombstone: the subject's key can
 never be created again), in the same transaction as its audit row.
 
-Fresh keys (`graphledger.erasure.fresh_keys`) are issued to a tenant bound to no subject; the projector
-binds one to the subject of the first record that opens with it (`bind_fresh`; a record only naming the
-key in its headers binds nothing, so nobody without the key can take it), and a record naming a key
+Fresh keys (`graphledger.erasure.fresh_keys`) are issued to a tenant bound to no subject; a reader of the log
+binds one to the subject of the first record sealed with it (`bind_fresh`), and a record naming a key
 bound to another subject does not open. An erasure destroys the fresh keys bound to its subject, and
 binding a key to an erased subject destroys it: both take the subject's advisory lock, so neither can
 slip between the other's check and write.
-
-Readers of the log learn whose each key is (`owned`, `fresh_found`: the tenant it was made for) and the
-tenants' hashing keys (`hash_keys`), so the projector can check that a sealed record's subject is its
-key's; and which erasures the store recorded (`recorded_erasures`), so an erasure event nobody erased
-changes nothing. `bind_fresh` and `recorded_erasures` also run on a connection in the caller's
-transaction (the projector's batch), never waiting for a second pooled connection.
 """
 
 from __future__ import annotations
@@ -88,8 +81,6 @@ ON CONFLICT (tenant) DO NOTHING
 """
 # $1 tenant.
 HASH_KEY_SQL = "SELECT kek_id, wrapped FROM {schema}.tenant_keys WHERE tenant = $1::text"
-# $1 -> tenants (existing hashing keys only; a NULL key is an erased tenant).
-HASH_KEYS_SQL = "SELECT tenant, kek_id, wrapped FROM {schema}.tenant_keys WHERE tenant = ANY($1::text[])"
 
 # $1 tenant: its hashing key row, locked against a concurrent erasure of the tenant (which locks it
 # for update), so that no data key is created for a tenant being erased.
@@ -101,7 +92,7 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[]
 ON CONFLICT (ref) DO NOTHING
 """
 # $1 -> refs. A row with a NULL key is an erased subject.
-DATA_KEYS_SQL = "SELECT ref, tenant, kek_id, wrapped FROM {schema}.data_keys WHERE ref = ANY($1::text[])"
+DATA_KEYS_SQL = "SELECT ref, kek_id, wrapped FROM {schema}.data_keys WHERE ref = ANY($1::text[])"
 
 # $1..$4 -> unnest(id, tenant, kek_id, wrapped).
 INSERT_FRESH_KEYS_SQL = """
@@ -123,13 +114,7 @@ FROM {schema}.data_keys AS d
 WHERE f.ref = d.ref AND d.ref = ANY($1::text[]) AND d.erased_at IS NOT NULL AND f.wrapped IS NOT NULL
 """
 # $1 -> ids.
-FRESH_KEYS_SQL = "SELECT id, tenant, ref, kek_id, wrapped FROM {schema}.fresh_keys WHERE id = ANY($1::text[])"
-# $1 -> refs, $2 -> tenants: those of them an erasure destroyed (the tombstones).
-RECORDED_ERASURES_SQL = """
-SELECT 'subject' AS kind, ref AS name FROM {schema}.data_keys WHERE ref = ANY($1::text[]) AND erased_at IS NOT NULL
-UNION ALL
-SELECT 'tenant', tenant FROM {schema}.tenant_keys WHERE tenant = ANY($2::text[]) AND erased_at IS NOT NULL
-"""
+FRESH_KEYS_SQL = "SELECT id, ref, kek_id, wrapped FROM {schema}.fresh_keys WHERE id = ANY($1::text[])"
 # $1 ref.
 DESTROY_BOUND_FRESH_KEYS_SQL = "UPDATE {schema}.fresh_keys SET kek_id = NULL, wrapped = NULL WHERE ref = $1::text"
 # $1 tenant.
@@ -173,16 +158,6 @@ UPDATE {schema}.tenant_keys SET kek_id = $3::text, wrapped = $4::bytea WHERE ten
 
 FreshKey = bytes | Erased | Misbound
 FRESH_ID_BYTES = 16
-
-
-@dataclass(frozen=True, slots=True)
-class FreshRow:
-    """A fresh key as the store holds it: the key (`ERASED` once destroyed), the tenant it was issued to,
-    and the subject it is bound to (None: none yet)."""
-
-    key: RawKey
-    tenant: str
-    ref: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,41 +271,22 @@ class KeyStore:
                 )
         return keys
 
-    async def fresh_found(self, ids: Collection[str]) -> dict[str, FreshRow]:
-        """The fresh keys of `ids` the store issued, bound or not (nothing is bound here)."""
+    async def bind_fresh(self, named: Collection[tuple[str, str]]) -> dict[tuple[str, str], FreshKey]:
+        """Each `(reference, fresh key id)` a record names: the key, once bound to that subject (if it
+        was bound to none); `ERASED` when the subject (so the key) is erased; `MISBOUND` when the key
+        is another subject's; none for an id the store never issued."""
+        named = sorted(set(named))
+        refs = sorted({ref for ref, _ in named})
         async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
             await self._ready(conn)
-            rows = await conn.fetch(self._sql["fresh_keys"], list(ids))
-        return {
-            row["id"]: FreshRow(
-                ERASED
-                if row["wrapped"] is None
-                else self._ring.unwrap(Wrapped(row["kek_id"], row["wrapped"]), _fresh_owner(row["id"])),
-                row["tenant"],
-                row["ref"],
-            )
-            for row in rows
-        }
-
-    async def bind_fresh(
-        self, named: Collection[tuple[str, str]], conn: asyncpg.Connection | None = None
-    ) -> dict[tuple[str, str], FreshKey]:
-        """Bind each `(reference, fresh key id)` of a record that opened with the key (if it was bound to
-        none): the key, once bound to that subject; `ERASED` when the subject (so the key) is erased;
-        `MISBOUND` when the key is another subject's; none for an id the store never issued. On `conn`
-        (in its transaction) when given."""
-        named = sorted(set(named))
-        if conn is None:
-            async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
-                return await self.bind_fresh(named, conn)
-        refs = sorted({ref for ref, _ in named})
-        await self._ready(conn)
-        async with conn.transaction():
-            for ref in refs:
-                await conn.execute(self._sql["subject_lock"], lock_key(f"graphledger:subject:{ref}"))
-            await conn.execute(self._sql["bind_fresh_keys"], [key_id for _, key_id in named], [ref for ref, _ in named])
-            await conn.execute(self._sql["destroy_fresh_keys_of_erased"], refs)
-            rows = await conn.fetch(self._sql["fresh_keys"], [key_id for _, key_id in named])
+            async with conn.transaction():
+                for ref in refs:
+                    await conn.execute(self._sql["subject_lock"], lock_key(f"graphledger:subject:{ref}"))
+                await conn.execute(
+                    self._sql["bind_fresh_keys"], [key_id for _, key_id in named], [ref for ref, _ in named]
+                )
+                await conn.execute(self._sql["destroy_fresh_keys_of_erased"], refs)
+                rows = await conn.fetch(self._sql["fresh_keys"], [key_id for _, key_id in named])
         by_id = {row["id"]: row for row in rows}
         found: dict[tuple[str, str], FreshKey] = {}
         for ref, key_id in named:
@@ -345,39 +301,6 @@ class KeyStore:
                 found[(ref, key_id)] = self._ring.unwrap(Wrapped(row["kek_id"], row["wrapped"]), _fresh_owner(key_id))
         return found
 
-    async def owned(self, refs: Collection[str]) -> dict[str, tuple[RawKey, str]]:
-        """The data keys of `refs` that exist, each with the tenant it was made for (none is created)."""
-        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
-            await self._ready(conn)
-            rows = await conn.fetch(self._sql["data_keys"], list(refs))
-        return {r["ref"]: (self._raw(r), r["tenant"]) for r in rows}
-
-    async def hash_keys(self, tenants: Collection[str]) -> dict[str, bytes | Erased]:
-        """The hashing keys of `tenants` that exist (none is created), `ERASED` for an erased tenant."""
-        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
-            await self._ready(conn)
-            rows = await conn.fetch(self._sql["hash_keys"], list(tenants))
-        return {
-            r["tenant"]: ERASED
-            if r["wrapped"] is None
-            else self._ring.unwrap(Wrapped(r["kek_id"], r["wrapped"]), _tenant_owner(r["tenant"]))
-            for r in rows
-        }
-
-    async def recorded_erasures(
-        self, refs: Collection[str], tenants: Collection[str], conn: asyncpg.Connection | None = None
-    ) -> tuple[set[str], set[str]]:
-        """The subjects of `refs` and the `tenants` an erasure destroyed (on `conn` when given)."""
-        if conn is None:
-            async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
-                return await self.recorded_erasures(refs, tenants, conn)
-        await self._ready(conn)
-        rows = await conn.fetch(self._sql["recorded_erasures"], list(refs), list(tenants))
-        return (
-            {r["name"] for r in rows if r["kind"] == "subject"},
-            {r["name"] for r in rows if r["kind"] == "tenant"},
-        )
-
     async def find(self, refs: Collection[str]) -> dict[str, RawKey]:
         """The data keys of `refs` that exist (none is created)."""
         async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
@@ -385,13 +308,12 @@ class KeyStore:
             return await self._fetch(conn, list(refs))
 
     async def _fetch(self, conn: asyncpg.Connection, refs: list[str]) -> dict[str, RawKey]:
-        return {r["ref"]: self._raw(r) for r in await conn.fetch(self._sql["data_keys"], refs)}
-
-    def _raw(self, row: asyncpg.Record) -> RawKey:
-        """A `data_keys` row's key, unwrapped, or `ERASED`."""
-        if row["wrapped"] is None:
-            return ERASED
-        return self._ring.unwrap(Wrapped(row["kek_id"], row["wrapped"]), row["ref"])
+        keys: dict[str, RawKey] = {}
+        for r in await conn.fetch(self._sql["data_keys"], refs):
+            keys[r["ref"]] = (
+                ERASED if r["wrapped"] is None else self._ring.unwrap(Wrapped(r["kek_id"], r["wrapped"]), r["ref"])
+            )
+        return keys
 
     async def erase(self, erasure: Erasure, erased_by: str) -> None:
         """Destroy the subject's data key, or every key of the tenant, and record who did it when."""
@@ -445,8 +367,6 @@ def _fresh_owner(key_id: str) -> str:
 _STATEMENTS = {
     "insert_hash_key": INSERT_HASH_KEY_SQL,
     "hash_key": HASH_KEY_SQL,
-    "hash_keys": HASH_KEYS_SQL,
-    "recorded_erasures": RECORDED_ERASURES_SQL,
     "tenant_erased": TENANT_ERASED_SQL,
     "insert_data_keys": INSERT_DATA_KEYS_SQL,
     "data_keys": DATA_KEYS_SQL,

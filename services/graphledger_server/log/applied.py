@@ -1,5 +1,4 @@
-"""A process's live view of `graphledger_offsets`: the next offset the projector will apply, per partition
-(as a read counts it: not past a subject the projector parked to wait for another partition, `waits_from`).
+"""A process's live view of `graphledger_offsets`: the next offset the projector will apply, per partition.
 
 One `AppliedOffsets` per process keeps the projector's rows in memory. Its own asyncpg connection
 `LISTEN`s on `graphledger_applied`, which the projector `NOTIFY`s after every batch commit, and re-reads
@@ -21,7 +20,7 @@ import logging
 import asyncpg
 
 from graphledger_server.driver_errors import is_database_error
-from graphledger_server.log.offsets import APPLIED_CHANNEL, OffsetStatements, visible_offsets
+from graphledger_server.log.offsets import APPLIED_CHANNEL, OffsetStatements, group_offsets
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +157,7 @@ class AppliedOffsets:
 
     async def _refresh(self, conn: asyncpg.Connection) -> None:
         try:
-            offsets = await visible_offsets(conn, self._sql, self._group)
+            offsets = await group_offsets(conn, self._sql, self._group)
         except asyncpg.UndefinedTableError:
             if not self._warned_no_table:
                 log.warning("no graphledger_offsets in schema %s yet; is it migrated?", self._schema)

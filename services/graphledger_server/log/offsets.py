@@ -62,17 +62,6 @@ FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(topic, partition, next_off
 WHERE o.consumer_group = $1::text AND o.topic = u.topic AND o.partition = u.partition
 """
 
-# $1 group, $2..$4 -> unnest(topic, partition, waits_from): the first record of a subject the projector
-# parked to wait (a copy barrier, `projection/parked.py`), null for none; reads count the partition as
-# applied up to there only.
-SET_WAITS_FROM_SQL = """
-UPDATE {schema}.graphledger_offsets o
-SET waits_from = u.waits_from
-FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(topic, partition, waits_from)
-WHERE o.consumer_group = $1::text AND o.topic = u.topic AND o.partition = u.partition
-  AND o.waits_from IS DISTINCT FROM u.waits_from
-"""
-
 # $1 group, $2/$3 -> unnest(topic, partition). Plain reads: a committed next offset only grows.
 NEXT_OFFSETS_SQL = """
 SELECT o.topic, o.partition, o.next_offset
@@ -100,17 +89,10 @@ GROUP_OFFSETS_SQL = """
 SELECT topic, partition, next_offset FROM {schema}.graphledger_offsets WHERE consumer_group = $1::text
 """
 
-# What a read may count as applied, per partition: the next offset, or the first record of a waiting
-# subject before it. $1 group.
-VISIBLE_OFFSETS_SQL = """
-SELECT topic, partition, least(next_offset, coalesce(waits_from, next_offset)) AS next_offset
-FROM {schema}.graphledger_offsets WHERE consumer_group = $1::text
-"""
-
-# Whether the group applied every listed position, as a read counts it (a partition without a row
-# applied nothing). $1 group, $2..$4 -> unnest(topic, partition, offset).
+# Whether the group applied every listed position (a partition without a row applied nothing).
+# $1 group, $2..$4 -> unnest(topic, partition, offset).
 ALL_APPLIED_SQL = """
-SELECT bool_and(coalesce(least(o.next_offset, coalesce(o.waits_from, o.next_offset)) > u.off, false))
+SELECT bool_and(coalesce(o.next_offset > u.off, false))
 FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(topic, partition, off)
 LEFT JOIN {schema}.graphledger_offsets o
   ON o.consumer_group = $1::text AND o.topic = u.topic AND o.partition = u.partition
@@ -161,8 +143,6 @@ class OffsetStatements:
         self.next = render(NEXT_OFFSETS_SQL, schema)
         self.current_table = render(CURRENT_OFFSETS_TABLE_SQL, schema)
         self.group = render(GROUP_OFFSETS_SQL, schema)
-        self.visible = render(VISIBLE_OFFSETS_SQL, schema)
-        self.set_waits_from = render(SET_WAITS_FROM_SQL, schema)
         self.all_applied = render(ALL_APPLIED_SQL, schema)
         self.partition_for_update = render(PARTITION_OFFSET_FOR_UPDATE_SQL, schema)
         self.set = render(SET_OFFSET_SQL, schema)
@@ -199,17 +179,6 @@ async def advance_offsets(
         )
 
 
-async def set_waits_from(
-    conn: asyncpg.Connection, sql: OffsetStatements, group: str, waits_from: Mapping[TopicPartition, int | None]
-) -> None:
-    """Record where each partition's first waiting subject starts (None: none waits)."""
-    if waits_from:
-        items = sorted(waits_from.items())
-        await conn.execute(
-            sql.set_waits_from, group, [t for (t, _), _ in items], [p for (_, p), _ in items], [o for _, o in items]
-        )
-
-
 async def next_offsets(
     conn: asyncpg.Connection, sql: OffsetStatements, group: str, partitions: Iterable[TopicPartition]
 ) -> dict[TopicPartition, int]:
@@ -232,12 +201,6 @@ async def stored_offsets(conn: asyncpg.Connection, sql: OffsetStatements, group:
 async def group_offsets(conn: asyncpg.Connection, sql: OffsetStatements, group: str) -> dict[TopicPartition, int]:
     """Next offset of every partition this group has applied to, on any topic."""
     return {(r["topic"], r["partition"]): r["next_offset"] for r in await conn.fetch(sql.group, group)}
-
-
-async def visible_offsets(conn: asyncpg.Connection, sql: OffsetStatements, group: str) -> dict[TopicPartition, int]:
-    """Per partition, the offset below which a read counts every record as applied: the next offset, or
-    the first record of a subject parked to wait (`projection/parked.py`) before it."""
-    return {(r["topic"], r["partition"]): r["next_offset"] for r in await conn.fetch(sql.visible, group)}
 
 
 async def all_applied(

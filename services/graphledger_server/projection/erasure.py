@@ -1,10 +1,9 @@
 """What the projections share to erase a subject: the names behind references, and the traces an
 erased subject leaves besides its rows (dead letters, stored chunks, its `graphledger_subjects` row).
 
-Every sealed event the projector opens and admits (`admission.py`: its seal authenticates the subject
-it names) records its subject (reference, kind, tenant, name) in the batch that applies it, so an
-erasure event, which names the subject by reference only, finds the rows to delete. A replay of a log
-whose subject was erased never opens its events and never records it.
+Every sealed event the projector opens records its subject (reference, kind, tenant, name) in the
+batch that applies it, so an erasure event, which names the subject by reference only, finds the rows
+to delete. A replay of a log whose subject was erased never opens its events and never records it.
 """
 
 from __future__ import annotations

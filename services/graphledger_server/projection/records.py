@@ -1,9 +1,8 @@
 """Kafka records as the projector sees them, and their pure classification before a batch applies.
 
-A record is an event, a chunk of a larger event, a dead letter (undecodable or invalid), a record of an
-erased subject, or an event from a newer graphledger, which parks its subject (`parked.py`).
-Classifying needs no database; chunks are resolved later, inside the batch transaction, where earlier
-chunks are stored.
+A record is an event, a chunk of a larger event, a dead letter (undecodable or invalid), or an event
+from a newer graphledger that its partition must stop before. Classifying needs no database; chunks
+are resolved later, inside the batch transaction, where earlier chunks are stored.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from graphledger.compressed_batches import UNREADABLE_HEADER
 from graphledger.erasure.sealing import Erased as ErasedKey
 from graphledger.erasure.sealing import KeyLookup, Misbound, SealedSubject, sealed_key_id, sealed_ref, unseal
 from graphledger.errors import InvalidEventError, UnknownEventVersionError
@@ -62,8 +60,6 @@ class Decoded:
     """The reassembled value (the dead-letter topic needs it if Postgres rejects the event)."""
     subject: SealedSubject | None = None
     """The subject of a sealed event (opened with its data key), None for one in the clear."""
-    key_id: str | None = None
-    """The fresh key a sealed event opened with (None: its subject's own, or in the clear)."""
 
     @property
     def value(self) -> bytes | None:
@@ -85,8 +81,7 @@ class DeadLetter:
 
 @dataclass(frozen=True, slots=True)
 class TooNew:
-    """An event written by a newer graphledger (or claiming a version no release wrote): it parks its
-    subject until an operator releases it to a newer worker (`parked.py`)."""
+    """An event written by a newer graphledger: its partition stops here until a newer worker runs."""
 
     record: SourceRecord
     reason: str
@@ -158,10 +153,6 @@ def no_keys(ref: str, key_id: str | None) -> None:
 
 def classify(record: SourceRecord, to_event: ToEvent, keys: KeyLookup = no_keys) -> Classified:
     """What a record is, without touching the database (`keys`: the batch's data keys, fetched before)."""
-    unreadable = envelope.header(record.headers, UNREADABLE_HEADER)
-    if unreadable is not None:  # a compressed batch beyond the bound, in the consumer's answer
-        reason = "unreadable record batch, " + unreadable[:1000].decode(errors="replace")
-        return DeadLetter(record, reason, None, record.value)
     chunk_header = envelope.header(record.headers, envelope.HEADER_CHUNK)
     if chunk_header is not None:
         try:
@@ -186,7 +177,6 @@ def decode_value(
     """Decode, open (a sealed event) and validate an event's bytes (a record's value, or a reassembled
     chunked event, which takes the time of `record`, its last chunk)."""
     subject = None
-    key_id = None
     try:
         env = envelope.decode(value)
         if (ref := sealed_ref(env)) is not None:
@@ -200,7 +190,7 @@ def decode_value(
                 raise InvalidEventError(f"no data key for subject {ref}: is the key store the one the writers used?")
             env, subject = unseal(env, key)
         event = to_event(env, envelope.append_time_ms(record.timestamp, record.headers))
-        return Decoded(record, event, chunk_event_id, value if chunk_event_id is not None else None, subject, key_id)
+        return Decoded(record, event, chunk_event_id, value if chunk_event_id is not None else None, subject)
     except UnknownEventVersionError as exc:
         return TooNew(record, str(exc))
     except InvalidEventError as exc:

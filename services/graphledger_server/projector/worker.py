@@ -7,10 +7,7 @@ only (`group_offsets`); nothing reads them back. A batch that fails on an error
 `driver_errors.verdict_of` calls `RETRY` (connection lost, serialization failure, deadlock, Kafka
 unreachable for a dead letter) is rolled back and retried as is, after a capped backoff; it is never
 skipped. A partition whose log lost records the projection
-applied is stopped, not reset (`log_guard`); no record stops one: a record no projector can apply parks
-its subject (`projection/parked.py`), and the worker runs parked subjects again when their copy applied
-(every `WAIT_CHECK_S`) or an operator asked (within `PARKED_CHECK_S`). The loop reports its steps to
-`health` (`/livez`, `/readyz`).
+applied is stopped, not reset (`log_guard`). The loop reports its steps to `health` (`/livez`, `/readyz`).
 """
 
 from __future__ import annotations
@@ -18,14 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from aiokafka.structs import ConsumerRecord
 
-from graphledger.log_tail import LogTail
 from graphledger.partition_layout import PartitionCheckedProducer
 from graphledger.settings import Settings
 from graphledger_server.driver_errors import Verdict, verdict_of
@@ -34,11 +30,9 @@ from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.store import key_store_for
 from graphledger_server.log.clients import new_consumer, new_producer
 from graphledger_server.log.offsets import OffsetStatements, stored_offsets
-from graphledger_server.projection import parked
-from graphledger_server.projection.batch import BatchApplier, BatchResult, DeadLetterSink, LogEnds, TopicProjection
+from graphledger_server.projection.batch import BatchApplier, BatchResult, TopicProjection
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import outgoing_records, outstanding, public_reason
-from graphledger_server.projection.parked import PartitionState, Release
 from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projection.store import StoreProjection
 from graphledger_server.projector.group_offsets import GroupOffsetMirror
@@ -51,51 +45,13 @@ BACKOFF_INITIAL_S = 0.1
 IDLE_POLL_MS = 200
 """How long one empty fetch waits: also the longest a stop request waits for an idle worker."""
 DEAD_LETTER_COUNT_INTERVAL_S = 30.0
-"""How often the outstanding dead-letter and parked-subject gauges are recounted (`graphledger dlq
-replay` and `graphledger parked` change them)."""
+"""How often the outstanding dead-letter gauge is recounted (`graphledger dlq replay` changes it)."""
 REVOKE_WAIT_S = 10.0
 """How long a rebalance waits for the in-flight batch before giving the partitions up anyway."""
-WAIT_CHECK_S = 0.05
-"""How often a worker with a subject parked to wait for its copy looks whether the copy applied."""
-PARKED_CHECK_S = 1.0
-"""How often a worker with parked subjects looks for an operator's `graphledger parked release|skip`."""
+HOLD_RETRY_S = 0.05
+"""How long a partition held at an event waits before it is fetched again (`BatchResult.held`)."""
 RESET_POLL_S = 1.0
 """How often a worker with stopped partitions looks for an operator's `graphledger offsets reset`."""
-
-
-def applier_for(
-    settings: Settings,
-    schema: str,
-    projections: dict[str, TopicProjection],
-    sink: DeadLetterSink,
-    log_ends: LogEnds | None,
-) -> BatchApplier:
-    """The batch applier of the projector (and a replay's rebuild) for `settings`."""
-    return BatchApplier(
-        schema,
-        settings.projector_group_id,
-        projections,
-        sink,
-        # What a batch holds: at most batch_max_bytes of records plus as much of stored chunks.
-        reassembly_max_bytes=settings.batch_max_bytes,
-        sealed_only=settings.encrypt_events,
-        namespace_depth=settings.erasure_namespace_depth,
-        log_ends=log_ends,
-    )
-
-
-def log_ends_of(tail: LogTail, timeout_s: float) -> LogEnds:
-    """Where partitions' logs end, by fetches through `tail` (a partition the topic lacks is absent)."""
-
-    async def ends(positions: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
-        existing = {}
-        for (topic, partition), position in positions.items():
-            if partition < await tail.partition_count(topic):
-                existing[TopicPartition(topic, partition)] = position
-        found = await tail.ends(existing, timeout_s) if existing else {}
-        return {(tp.topic, tp.partition): end for tp, end in found.items()}
-
-    return ends
 
 
 def projections_for(settings: Settings) -> dict[str, TopicProjection]:
@@ -172,14 +128,13 @@ class ProjectorWorker:
         self.settings = settings
         self.projections = projections or projections_for(settings)
         self.topics = list(self.projections)
-        self.tail = LogTail(settings)
-        """Where the logs end (a copy barrier naming a copy beyond it parks for an operator)."""
-        self.applier = applier_for(
-            settings,
+        self.applier = BatchApplier(
             settings.postgres_schema,
+            settings.projector_group_id,
             self.projections,
             self._produce_dead_letters,
-            log_ends_of(self.tail, settings.consistency_timeout_s),
+            # What a batch holds: at most batch_max_bytes of records plus as much of stored chunks.
+            reassembly_max_bytes=settings.batch_max_bytes,
         )
         self.batch_lock = asyncio.Lock()
         self.pool: asyncpg.Pool | None = None
@@ -189,9 +144,8 @@ class ProjectorWorker:
         self._stop = asyncio.Event()
         self.guard = LogGuard()
         self._reset_checked = 0.0
-        self.parked: dict[tuple[str, int], PartitionState] = {}
-        """Assigned partitions with parked subjects (as the last batch or the assignment found them)."""
-        self._release_due = 0.0
+        self._held: dict[TopicPartition, float] = {}
+        """Partitions paused at an event that waits for another partition, and when to fetch them again."""
         self.batches = 0
         self.events = 0
         self.telemetry = ProjectorTelemetry(settings)
@@ -213,7 +167,6 @@ class ProjectorWorker:
                 await projection.prepare(conn)  # before classifying events (the store's vector dims)
         self.producer = new_producer(s)
         await self.producer.start()
-        await self.tail.start()
         # Never reset silently: an offset the log no longer has stops the partition (log_guard).
         self.consumer = new_consumer(s, group_id=s.projector_group_id, auto_offset_reset="none")
         self.group_offsets = GroupOffsetMirror(self.consumer)
@@ -229,7 +182,6 @@ class ProjectorWorker:
                 await self.group_offsets.close()
             if self.consumer is not None:
                 await self.consumer.stop()
-            await self.tail.stop()
         finally:
             try:
                 if self.producer is not None:
@@ -250,12 +202,11 @@ class ProjectorWorker:
             if time.monotonic() - self._dead_letters_counted >= DEAD_LETTER_COUNT_INTERVAL_S:
                 await self.count_dead_letters()
             records = await self.next_batch(stop)
-            releases = await self.due_releases()
-            if (records or releases) and not stop.is_set():  # on stop, a batch not started is left to the next worker
-                result = await self.apply_with_retry(records, stop, releases)
+            if records and not stop.is_set():  # on stop, a batch not started is left to the next worker
+                result = await self.apply_with_retry(records, stop)
                 if result is not None:
                     self.commit_to_kafka(result.next_offsets)
-                if result is not None and (result.dead_letters or result.parked or result.released):
+                if result is not None and result.dead_letters:
                     await self.count_dead_letters()
 
     def commit_to_kafka(self, next_offsets: dict[tuple[str, int], int]) -> None:
@@ -264,21 +215,18 @@ class ProjectorWorker:
             self.group_offsets.submit(next_offsets)
 
     async def count_dead_letters(self) -> None:
-        """Recount the outstanding dead letters and the parked subjects awaiting an operator for their
-        gauges; a failure only delays the gauges."""
+        """Recount the outstanding dead letters for their gauge; a failure only delays the gauge."""
         assert self.pool is not None
         self._dead_letters_counted = time.monotonic()
         try:
             async with self.pool.acquire() as conn:
                 counts = await outstanding(conn, self.settings.postgres_schema, self.topics)
-                parked_counts = await parked.counts(conn, self.applier.parked_statements)
         except Exception as exc:
             if verdict_of(exc) is not Verdict.RETRY:
                 raise
-            log.warning("cannot count dead letters and parked subjects (%s); the gauges keep their values", exc)
+            log.warning("cannot count dead letters (%s); the gauge keeps its last value", exc)
             return
         self.telemetry.outstanding_dead_letters = counts
-        self.telemetry.parked = parked_counts
 
     # -- assignment ----------------------------------------------------------------------------------
 
@@ -295,7 +243,7 @@ class ProjectorWorker:
     def forget(self, partitions: set[TopicPartition]) -> None:
         self.guard.forget(partitions)
         for tp in partitions:
-            self.parked.pop((tp.topic, tp.partition), None)
+            self._held.pop(tp, None)
         if self.group_offsets is not None:
             self.group_offsets.forget(partitions)
         self.telemetry.lost_log = frozenset((tp.topic, tp.partition) for tp in self.guard.stopped)
@@ -314,9 +262,6 @@ class ProjectorWorker:
                         topic: await stored_offsets(conn, self._offsets, self.settings.projector_group_id, topic)
                         for topic in {tp.topic for tp in assigned}
                     }
-                    found = await parked.state(
-                        conn, self.applier.parked_statements, {(tp.topic, tp.partition) for tp in assigned}
-                    )
                 break
             except Exception as exc:
                 if verdict_of(exc) is not Verdict.RETRY or self._stop.is_set():
@@ -324,7 +269,6 @@ class ProjectorWorker:
                 log.warning("cannot read stored offsets (%s); retrying in %.1fs", exc, delay)
                 await _sleep_or_stop(self._stop, delay)
                 delay = min(delay * 2, self.settings.projector_retry_max_s)
-        self.parked.update({tp: PartitionState(n, waits_from is not None) for tp, (n, waits_from) in found.items()})
         beginning = []
         for tp in sorted(assigned):
             offset = stored[tp.topic].get(tp.partition)
@@ -357,12 +301,9 @@ class ProjectorWorker:
         deadline: float | None = None
         full = False
         while not full and not stop.is_set():
+            self._resume_held()
             if deadline is None:
-                if self.parked and time.monotonic() >= self._release_due:
-                    break  # parked subjects to look at: the caller does, with whatever came
                 timeout_ms = IDLE_POLL_MS
-                if self.parked:
-                    timeout_ms = max(0, min(timeout_ms, int((self._release_due - time.monotonic()) * 1000)))
                 if self.guard.stopped and time.monotonic() - self._reset_checked >= RESET_POLL_S:
                     await self.resume_reset_partitions()
             else:
@@ -407,43 +348,19 @@ class ProjectorWorker:
                 break
         return records
 
-    async def due_releases(self) -> list[Release]:
-        """The parked subjects of this worker's partitions to run again now (their copy applied, or an
-        operator asked), looked for every `WAIT_CHECK_S` while one waits, else every `PARKED_CHECK_S`."""
-        now = time.monotonic()
-        if not self.parked or now < self._release_due:
-            return []
-        waiting = any(state.waiting for state in self.parked.values())
-        self._release_due = now + (WAIT_CHECK_S if waiting else PARKED_CHECK_S)
+    async def apply_with_retry(self, records: Sequence[SourceRecord], stop: asyncio.Event) -> BatchResult | None:
+        """Apply one batch, retrying retryable failures with a capped backoff; None if abandoned."""
         assert self.pool is not None
-        try:
-            async with self.pool.acquire() as conn:
-                return await self.applier.releasable(conn, set(self.parked))
-        except Exception as exc:
-            if verdict_of(exc) is not Verdict.RETRY:
-                raise
-            log.warning("cannot look for parked subjects to release (%s); looking again later", exc)
-            return []
-
-    async def apply_with_retry(
-        self, records: Sequence[SourceRecord], stop: asyncio.Event, releases: Sequence[Release] = ()
-    ) -> BatchResult | None:
-        """Apply one batch (after the records of `releases`), retrying retryable failures with a capped
-        backoff; None if abandoned."""
-        assert self.pool is not None
-        classified = released = None  # once: a retry re-runs only the transaction
+        classified = None  # once: a retry re-runs only the transaction
         delay = BACKOFF_INITIAL_S
         while True:
             try:
-                if classified is None or released is None:
+                if classified is None:
                     classified = await self.applier.classify(records)  # the key store may be down
-                    released = await self.applier.classify_released(releases)
                 async with self.batch_lock, self.pool.acquire() as conn:
                     started = time.perf_counter()
                     with self.telemetry.batch(conn, records) as observed:  # spans, metrics
-                        result = observed.result = await self.applier.apply(
-                            observed.conn, records, classified, releases, released
-                        )
+                        result = observed.result = await self.applier.apply(observed.conn, records, classified)
                 break
             except Exception as exc:
                 if verdict_of(exc) is not Verdict.RETRY:
@@ -462,27 +379,31 @@ class ProjectorWorker:
         self.health.set_ready()
         self.batches += 1
         self.events += result.applied
+        if result.stopped:
+            assert self.consumer is not None
+            self.consumer.pause(*(TopicPartition(t, p) for t, p in result.stopped))
         for (topic, partition), offset in result.deferred.items():
             assert self.consumer is not None
             self.consumer.seek(TopicPartition(topic, partition), offset)  # the next batch starts there
-        self._note_parked(records, releases, result)
+        for (topic, partition), offset in result.held.items():
+            assert self.consumer is not None
+            tp = TopicPartition(topic, partition)
+            self.consumer.seek(tp, offset)
+            self.consumer.pause(tp)
+            self._held[tp] = time.monotonic() + HOLD_RETRY_S
         log.debug("applied %d events (%d dead letters, %d skipped) in %.1f ms", result.applied,
                   result.dead_letters, result.skipped, (time.perf_counter() - started) * 1000)  # fmt: skip
         return result
 
-    def _note_parked(self, records: Sequence[SourceRecord], releases: Sequence[Release], result: BatchResult) -> None:
-        """What is parked on the batch's partitions now; a subject parked to wait is looked at soon."""
-        if not (result.parked_state or result.parked or result.released or self.parked):
-            return
-        touched = {(r.topic, r.partition) for r in records} | {release.subject.tp for release in releases}
-        for tp in touched:
-            state = result.parked_state.get(tp)
-            if state is None:
-                self.parked.pop(tp, None)
-            else:
-                self.parked[tp] = state
-        if any(s.cause == parked.WAITING for s in result.parked):
-            self._release_due = min(self._release_due, time.monotonic() + WAIT_CHECK_S)
+    def _resume_held(self) -> None:
+        """Fetch held partitions again once their pause is over (their requirement may be met by now)."""
+        now = time.monotonic()
+        for tp, until in list(self._held.items()):
+            if until <= now:
+                del self._held[tp]
+                assert self.consumer is not None
+                if tp in self.consumer.assignment() and tp not in self.guard.stopped:
+                    self.consumer.resume(tp)
 
     # -- lost logs -----------------------------------------------------------------------------------
 

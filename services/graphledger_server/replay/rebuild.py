@@ -15,9 +15,7 @@ fetched batch is split by lane, and each lane's part applies while the next batc
 decoded here (and planned for the other lane). Within a lane, batches commit one after the other,
 so each partition's events apply in log order; lanes share no partition, as two projector replicas
 share none. Order across partitions is not defined by the log, and the live projector's replicas do
-not keep one either. Subjects the rebuild parks as the live projector did (`projection/parked.py`) run
-again at each `flush`: those waiting for a copy once it applied, those an operator skipped in the live
-schema (the replay carries the skips over) with their first record dead-lettered.
+not keep one either.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger.telemetry import names
 from graphledger_server.driver_errors import Verdict, verdict_of
@@ -41,10 +38,9 @@ from graphledger_server.keys.store import key_store_for
 from graphledger_server.log.clients import new_consumer
 from graphledger_server.log.offsets import OffsetStatements, stored_offsets
 from graphledger_server.log.topics import source_topics
-from graphledger_server.projection.batch import BatchResult
-from graphledger_server.projection.parked import PartitionState, Release
+from graphledger_server.projection.batch import BatchApplier, BatchResult
 from graphledger_server.projection.records import Classified, DeadLetter, SourceRecord
-from graphledger_server.projector.worker import BACKOFF_INITIAL_S, applier_for, log_ends_of, projections_for
+from graphledger_server.projector.worker import BACKOFF_INITIAL_S, projections_for
 from graphledger_server.telemetry import replay as telemetry
 
 log = logging.getLogger(__name__)
@@ -75,19 +71,16 @@ class Rebuilder:
         self.schema = schema
         self.group = settings.projector_group_id
         self.projections = projections_for(settings.model_copy(update={"postgres_schema": schema}))
-        self.tail = LogTail(settings)
-        # The live projector's applier: its reassembly budget, admission and parking.
-        self.applier = applier_for(
-            settings, schema, self.projections, _already_dead_lettered,
-            log_ends_of(self.tail, settings.consistency_timeout_s),
-        )  # fmt: skip
+        # The live projector's reassembly budget: a batch loads at most batch_max_bytes of stored chunks.
+        self.applier = BatchApplier(
+            schema, self.group, self.projections, _already_dead_lettered, reassembly_max_bytes=settings.batch_max_bytes
+        )
         self.positions: dict[TP, int] = {}
         """The rebuild schema's next offset per partition (what is applied)."""
         self.caps: dict[TP, int] = {}
         self.records = 0
         """Records this process applied (or skipped as applied before), for the rate."""
-        self.parked: dict[TP, PartitionState] = {}
-        """Partitions with parked subjects, as the last batch of each found them."""
+        self.stopped: set[TP] = set()
         self._deferred: dict[TP, int] = {}
         """Partitions a batch cut short (chunk reassembly over its budget) and where to fetch them again."""
         self._fetched: dict[TP, int] = {}
@@ -105,7 +98,6 @@ class Rebuilder:
             s.postgres_dsn, min_size=1, max_size=LANES, server_settings={"synchronous_commit": "off"}
         )
         self.applier.keys = DataKeyCache(key_store_for(s, self._pool))
-        await self.tail.start()
         statements = OffsetStatements(self.schema)
         async with self._pool.acquire() as conn:
             for projection in self.projections.values():
@@ -138,7 +130,6 @@ class Rebuilder:
         try:
             if self._consumer is not None:
                 await self._consumer.stop()
-            await self.tail.stop()
         finally:
             if self._pool is not None:
                 await self._pool.close()
@@ -150,7 +141,7 @@ class Rebuilder:
         assert self._consumer is not None
         self.caps = {tp: targets.get(tp, 0) for tp in self.positions}
         for tp in list(self._paused):
-            if self._fetched[tp] < self.caps[tp]:
+            if tp not in self.stopped and self._fetched[tp] < self.caps[tp]:
                 self._consumer.resume(TopicPartition(*tp))
                 self._paused.discard(tp)
         for tp, cap in self.caps.items():
@@ -167,7 +158,7 @@ class Rebuilder:
 
     def lag(self) -> int:
         """Records the rebuild still has to apply to reach the caps (a batch in flight counts as not applied)."""
-        return sum(max(0, self.caps.get(tp, 0) - pos) for tp, pos in self.positions.items())
+        return sum(max(0, self.caps.get(tp, 0) - pos) for tp, pos in self.positions.items() if tp not in self.stopped)
 
     # -- batches ------------------------------------------------------------------------------------
 
@@ -208,19 +199,6 @@ class Rebuilder:
         while self._inflight:
             await self._inflight.pop(min(self._inflight))
         self._rewind_deferred()
-        while self.parked and await self._release():
-            pass
-
-    async def _release(self) -> int:
-        """Run the parked subjects due again (a copy applied, a skip carried over) in one batch; how many."""
-        assert self._pool is not None
-        async with self._pool.acquire() as conn:
-            releases = await self.applier.releasable(conn, set(self.parked))
-        if not releases:
-            return 0
-        result = await self._apply([], [], releases, await self.applier.classify_released(releases))
-        self._note(result, {release.subject.tp for release in releases})
-        return result.released
 
     def _rewind_deferred(self) -> set[TP]:
         """Fetch again from where a batch deferred a partition (chunks beyond its reassembly budget);
@@ -230,7 +208,7 @@ class Rebuilder:
         for tp, offset in self._deferred.items():
             self._consumer.seek(TopicPartition(*tp), offset)
             self._fetched[tp] = offset
-            if tp in self._paused and offset < self.caps.get(tp, 0):
+            if tp in self._paused and tp not in self.stopped and offset < self.caps.get(tp, 0):
                 self._consumer.resume(TopicPartition(*tp))
                 self._paused.discard(tp)
         self._deferred.clear()
@@ -242,16 +220,11 @@ class Rebuilder:
         self.records += len(records)
         self.positions.update(result.next_offsets)
         self._deferred.update(result.deferred)
-        self._note(result, {(r.topic, r.partition) for r in records})
-
-    def _note(self, result: BatchResult, touched: set[TP]) -> None:
-        """What is parked on a batch's partitions now."""
-        for tp in touched:
-            state = result.parked_state.get(tp)
-            if state is None:
-                self.parked.pop(tp, None)
-            else:
-                self.parked[tp] = state
+        self._deferred.update(result.held)  # fetched again at once: the other lane is applying meanwhile
+        for tp, too_new in result.stopped.items():
+            log.error("rebuild stopped at %s:%d@%d: %s", *tp, too_new.record.offset, too_new.reason)
+            self.stopped.add(tp)
+            self._pause(tp, too_new.record.offset)
 
     async def _fetch(self) -> list[SourceRecord]:
         """Records below the caps, up to `replay_batch_max_events` / `batch_max_bytes`; a partition cut short
@@ -294,19 +267,13 @@ class Rebuilder:
                 break
         return records
 
-    async def _apply(
-        self,
-        records: list[SourceRecord],
-        classified: list[Classified],
-        releases: list[Release] | None = None,
-        released: list[Classified] | None = None,
-    ) -> BatchResult:
+    async def _apply(self, records: list[SourceRecord], classified: list[Classified]) -> BatchResult:
         assert self._pool is not None
         delay = BACKOFF_INITIAL_S
         while True:
             try:
                 async with self._pool.acquire() as conn:
-                    return await self.applier.apply(conn, records, classified, releases or (), released or [])
+                    return await self.applier.apply(conn, records, classified)
             except Exception as exc:
                 if verdict_of(exc) is not Verdict.RETRY:
                     raise

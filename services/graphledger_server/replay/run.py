@@ -35,7 +35,6 @@ from graphledger_server.log.offsets import (
     notify_applied,
     offsets_table_exists,
 )
-from graphledger_server.projection import parked
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.vector_index import load_vector_index
 from graphledger_server.replay import indexes, schemas
@@ -99,7 +98,6 @@ async def run_replay(
             # The live schema's vector table shape, not the settings': the projector obeys the schema's.
             await migrate(settings.postgres_dsn, rebuilt, vectors=await load_vector_index(conn, live))
             await schemas.mark_rebuild(conn, live)
-            await parked.carry_skips(conn, live, rebuilt)  # the rebuild skips what an operator skipped live
             await indexes.drop_secondary(conn, rebuilt)
             rebuilder = Rebuilder(settings, rebuilt)
             progress = Progress(out)
@@ -157,8 +155,9 @@ async def _verify_and_switch(
             targets = await group_offsets(conn, OffsetStatements(live), group)
             rebuilder.set_caps(targets)
             deadline = time.monotonic() + FINAL_CATCH_UP_S
-            await parked.carry_skips(conn, live, rebuilt)  # an operator's skips since the start, under the lock
             while rebuilder.lag() > 0:
+                if rebuilder.stopped:
+                    raise ReplayVerificationError(f"the rebuild stopped at partitions {sorted(rebuilder.stopped)}")
                 if time.monotonic() > deadline:
                     raise GraphledgerError(
                         f"the rebuild did not reach the live offsets within {FINAL_CATCH_UP_S:.0f}s while holding "

@@ -107,22 +107,11 @@ PROJECTOR_PARTITIONS_STOPPED = MetricSpec(
     "graphledger.projector.partitions.stopped",
     "observable_gauge",
     "{partition}",
-    "1 for each partition a worker has stopped, by reason: `lost_log` (the log no longer holds records the "
-    "projection applied; `graphledger offsets reset` resumes it). No record stops a partition: see "
-    "`graphledger.projector.subjects.parked`.",
+    "1 for each partition a worker has stopped, by reason: `newer_version` (an event from a newer "
+    "graphledger; an upgraded projector takes it over, docs/events.md) or `lost_log` (the log no longer "
+    "holds records the projection applied; `graphledger offsets reset` resumes it).",
     names.PROJECTOR_SCOPE,
     (_TOPIC, _PARTITION, _GROUP, names.GRAPHLEDGER_STOP_REASON),
-)
-PROJECTOR_SUBJECTS_PARKED = MetricSpec(
-    "graphledger.projector.subjects.parked",
-    "observable_gauge",
-    "{subject}",
-    "Subjects (a partition's records of one record key) the projector parked until an operator acts, by "
-    "topic and cause: `newer_version` (an event from a newer graphledger, or a version no release wrote), "
-    "`beyond_log` (a copy barrier naming a copy past the end of the log), `copy_parked` (a barrier whose copy "
-    "is parked). `graphledger parked list` names them; the partitions' other subjects go on.",
-    names.PROJECTOR_SCOPE,
-    (_TOPIC, names.GRAPHLEDGER_PARK_CAUSE),
 )
 PROJECTOR_BATCH_SIZE = MetricSpec(
     "graphledger.projector.batch.size",
@@ -321,7 +310,6 @@ REPLAY_PROGRESS = MetricSpec(
 REGISTRY: tuple[MetricSpec, ...] = (
     PROJECTOR_LAG,
     PROJECTOR_PARTITIONS_STOPPED,
-    PROJECTOR_SUBJECTS_PARKED,
     PROJECTOR_BATCH_SIZE,
     PROJECTOR_APPLY_DURATION,
     PROJECTOR_FRESHNESS,
