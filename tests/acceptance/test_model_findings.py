@@ -8,11 +8,8 @@ until fixed: a strict one turns the suite red once the bug is gone, so that its 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import asyncpg
@@ -49,16 +46,6 @@ def _config(thread: str, parent: str | None = None, ns: str = "") -> Any:
 
 def _thread() -> str:
     return f"f-{uuid.uuid4().hex[:8]}"
-
-
-@contextmanager
-def _frozen(stack: DevStack) -> Iterator[None]:
-    pid = stack.pids()["projector"]
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
 
 async def _projection(stack: DevStack, config: Any) -> Any:
@@ -218,7 +205,7 @@ async def test_delete_for_runs_reaches_a_copied_thread_at_its_own_partition(stac
             if positions[0][0] == positions[1][0]:
                 continue
             await _projection(stack, _config(target))  # the copy applied
-            with _frozen(stack):
+            with stack.projector_frozen():
                 # Records ahead on the source's partition: the projector reaches its runs.delete last.
                 await asyncio.gather(
                     *(writer.aput_writes(_config(source, "1"), [("x", i)], f"t{i}") for i in range(PADDING))
@@ -297,7 +284,7 @@ async def test_an_erase_asked_again_after_erasure_incomplete_erases_copies_of_co
             # The source's erasure lands right after its last record; once it is applied the eraser erases
             # the copy, whose erasure the projector, stopped now, cannot apply in time: erasure_incomplete.
             await _until_past(stack, partition, last + 1)
-            with _frozen(stack):
+            with stack.projector_frozen():
                 try:
                     await erasing
                 except GraphledgerError as exc:

@@ -15,12 +15,10 @@ sees every earlier turn of its conversation, and a hop turn's p50 is at most 1.5
 from __future__ import annotations
 
 import os
-import signal
 import statistics
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -47,16 +45,6 @@ def stack() -> Iterator[DevStack]:
     base = Settings(consistency_timeout_s=10.0, api_read_through_max_bytes=READ_THROUGH_MAX_BYTES)
     with DevStack(partitions=4, base=base, log_level="WARNING") as dev:
         yield dev
-
-
-@contextmanager
-def projector_stopped(stack: DevStack) -> Iterator[None]:
-    pid = stack.pids()["projector"]
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
 
 class Conversation:
@@ -88,7 +76,7 @@ def test_turns_hop_between_processes_while_the_projector_is_stopped(stack: DevSt
         assert load.call("load_start", concurrency=LOAD_CONCURRENCY)["ok"]
         hops: list[float] = []
         stays: list[float] = []
-        with projector_stopped(stack):
+        with stack.projector_frozen():
             deadline = time.monotonic() + STOPPED_S
             while time.monotonic() < deadline:
                 hopping, staying = Conversation([a, b]), {a: Conversation([a]), b: Conversation([b])}

@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import re
-import signal
 import threading
 import uuid
 from collections import Counter
@@ -143,10 +142,9 @@ def workload(observed: DevStack, agent_tracer: trace.Tracer) -> Workload:
 def _search_waiting_for_the_projector(observed: DevStack, store: KafkaStore) -> None:
     """A search that arrives while the projector is stopped with the put before it unapplied: it waits
     (one consistency wait, reached once the projector goes on), then runs once more on the projection."""
-    pid, api = observed.pids()["projector"], observed.metrics_urls()["api"]
+    api = observed.metrics_urls()["api"]
     found: list[Any] = []
-    os.kill(pid, signal.SIGSTOP)
-    try:
+    with observed.projector_frozen():
         store.put(("obs", RUN), "later", {"text": "applied after the search arrived"})
         searching = threading.Thread(target=lambda: found.append(store.search(("obs", RUN), query="note")))
         searching.start()
@@ -155,8 +153,6 @@ def _search_waiting_for_the_projector(observed: DevStack, store: KafkaStore) -> 
             return _total(_scrape(api), "http_server_active_requests", http_request_method="POST") >= 1
 
         wait_until(in_flight, EXPORT_TIMEOUT_S, "the search to reach the read API", 0.05)
-    finally:
-        os.kill(pid, signal.SIGCONT)
     searching.join()
     assert found and found[0]
 

@@ -19,8 +19,9 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -277,6 +278,17 @@ class DevStack:
     def start_postgres(self) -> None:
         """Start Postgres again after `stop_postgres`, on the same data dir and socket."""
         self._running_postgres().resume()
+
+    @contextmanager
+    def projector_frozen(self) -> Iterator[None]:
+        """The projector SIGSTOPped for the block (nothing applies; its partitions stay assigned), then
+        SIGCONTed, whatever the block raised."""
+        pid = self.pids()["projector"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
 
     def freeze_broker(self) -> None:
         """SIGSTOP the broker: connections stay open but nothing answers (a hung broker)."""
