@@ -17,11 +17,12 @@ import asyncio
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from operator import add
 from pathlib import Path
@@ -39,15 +40,15 @@ from graphledger import KafkaSaver, KafkaStore
 from graphledger.embeddings import HashEmbedder
 from graphledger.erasure.sealer import EventSealer
 from graphledger.erasure.sealing import sealed_ref
-from graphledger.erasure.subjects import LABEL_SEPARATOR
+from graphledger.erasure.subjects import LABEL_SEPARATOR, reference, thread_subject
 from graphledger.events import envelope
 from graphledger.events.chunks import frame
 from graphledger.events.store import StorePut
 from graphledger.settings import Settings
-from graphledger.tenancy import hash_token, scoped_namespace
+from graphledger.tenancy import hash_token, scoped_namespace, scoped_thread
 from graphledger_server.devstack.stack import CLIENT_FIELDS, DevStack, settings_to_env
 from graphledger_server.keys.source import StoreKeySource
-from graphledger_server.keys.store import key_store_for
+from graphledger_server.keys.store import Erasure, key_store_for
 from polling import wait_for
 
 pytestmark = pytest.mark.slow
@@ -490,6 +491,59 @@ async def test_writes_racing_an_erasure_are_refused_or_erased_never_readable(
         assert await store.asearch(namespace, limit=100) == []
         for i in range(21):
             assert await store.aget(namespace, f"k{i}") is None
+
+
+async def test_a_write_whose_key_was_erased_under_it_reads_as_erased_never_as_before_it(
+    erasable: Erasable, tmp_path: Path
+) -> None:
+    """An eraser records the erasure in the key store, then publishes its events, and can die in between.
+    A turn acknowledged before the erasure, opened neither by the projector nor by the read API before
+    its key was destroyed, must not vanish from a thread that still reads as its earlier turn: another
+    pod (holding the key and the earlier turn) reads the thread as erased, through the read API's
+    read-through while the projector is down, and from the projection after."""
+    run = uuid.uuid4().hex[:8]
+    thread = f"under-{run}"
+    stored = scoped_thread("acme", thread)
+    writer = AgentPod("writer", erasable.agent_env("acme"), tmp_path)
+    reader = AgentPod("reader", erasable.agent_env("acme"), tmp_path)
+    settings = erasable.dev.settings
+    pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=1)
+    try:
+        assert writer.call("turn", thread=thread, text="first")["ok"]
+        assert reader.call("state", thread=thread)["messages"] == ["first", "reply to first"]
+
+        async def projected() -> bool:
+            query = f"SELECT count(*) FROM {settings.postgres_schema}.checkpoints WHERE thread_id = $1"
+            return bool(await pool.fetchval(query, stored))
+
+        await wait_for(projected, "the first turn to be projected", timeout_s=WAIT_S)
+        erasable.dev.stop_api()  # the key caches of the read API and of the projector go with them
+        erasable.dev.start_api()
+        erasable.dev.kill_projector(signal.SIGTERM)
+        assert writer.call("turn", thread=thread, text="second")["ok"]
+        keys = key_store_for(settings, pool)
+        assert keys is not None
+        ref = reference(await keys.hash_key("acme"), thread_subject("acme", stored))
+        await keys.erase(Erasure("thread", "acme", ref), "an eraser that died before publishing")
+
+        # The read API finds the second turn's key erased: it waits for the projector, which is down
+        # (and rejoins its group slowly on tansu): the read is erased, or retryably refused.
+        answer = reader.call("state", thread=thread)
+        refused = not answer["ok"] and answer["retryable"] and "consistency_timeout" in answer["error"]
+        assert refused or answer["messages"] == [], answer
+        erasable.dev.start_projector()
+        assert reader.call("state", thread=thread)["messages"] == []
+        await wait_for(lambda: _not(projected()), "the projection to drop the thread", timeout_s=WAIT_S)
+    finally:
+        if not erasable.dev.children["projector"].running:
+            erasable.dev.start_projector()
+        writer.close()
+        reader.close()
+        await pool.close()
+
+
+async def _not(condition: Awaitable[bool]) -> bool:
+    return not await condition
 
 
 def test_a_token_gets_no_key_of_another_tenant(erasable: Erasable) -> None:

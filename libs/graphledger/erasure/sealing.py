@@ -98,6 +98,13 @@ def sealed_ref(envelope: Envelope) -> str | None:
     return ref
 
 
+def sealed_kind(envelope: Envelope) -> str | None:
+    """The subject kind a sealed envelope names (`SealedSubject.kind`), None when it names none."""
+    sealed = envelope.payload.get(SEALED)
+    kind = sealed.get("kind") if isinstance(sealed, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def sealed_key_id(envelope: Envelope) -> str | None:
     """The fresh key a sealed envelope names (`erasure/fresh_keys.py`), or None: sealed with its subject's own."""
     sealed = envelope.payload.get(SEALED)

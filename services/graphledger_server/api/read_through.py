@@ -9,7 +9,8 @@ would: the data keys of sealed ones loaded first (`keys/lookup.py`: fresh keys b
 as the projector binds them), each record classified (`projection/records.py`), chunks reassembled at
 the chunk that completes their event. What the projector would not apply is left out: dead letters,
 records of erased subjects (the key cache asks the key store again when an erasure record is read:
-`erasure`). Whatever the read cannot know from the records it holds raises `fold.Underivable`, and the
+`erasure`), except for the erasure such a record stands for, which the projector applies there
+(`records.erasure_at`). Whatever the read cannot know from the records it holds raises `fold.Underivable`, and the
 read waits for the projection instead (`ReadBarrier.wait`):
 - an erasure of the thread or its tenant (anyone can publish one: the projection decides);
 - a record from a newer graphledger (the projector stops its partition there);
@@ -58,6 +59,7 @@ from graphledger_server.projection.records import (
     TooNew,
     classify,
     decode_value,
+    erasure_at,
     key_name,
 )
 
@@ -140,16 +142,23 @@ class RecordOpener:
                 if item.record.offset < since:
                     return []
                 if item.subject is not None and self._keys.is_erased(item.subject):
-                    return []
+                    return self._erasure(Erased(item.record, item.subject.ref, None, item.subject.kind))
                 return [(item.record.offset, item.event)]
-            case DeadLetter() | Erased():
-                return []  # the projector dead-letters or skips it: no effect
+            case DeadLetter():
+                return []  # the projector dead-letters it: no effect
+            case Erased():
+                return [] if item.record.offset < since else self._erasure(item)
             case TooNew():
                 if item.record.offset < since:
                     return []
                 raise fold.Underivable(f"a record from a newer graphledger: {item.reason}")
             case _:
                 assert_never(item)
+
+    def _erasure(self, erased: Erased) -> list[tuple[int, Any]]:
+        """The erasure a record of an erased subject stands for, where the projector applies it."""
+        event = erasure_at(erased, self._to_event(erased.record.topic))
+        return [] if event is None else [(erased.record.offset, event)]
 
     def _classified(self, record: SourceRecord) -> Classified:
         noted = self._unprojected.note(record)

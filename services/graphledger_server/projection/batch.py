@@ -7,7 +7,8 @@ In order, inside the transaction:
    is cut before the first event over the budget (the first always fits) and the rest is `deferred`;
 3. stop a partition at an event from a newer graphledger (nothing of it or after it is applied);
    skip the records of erased subjects (their key is gone, or an erasure before them in the batch
-   or in an earlier one applied), counting them;
+   or in an earlier one applied), counting them; a record whose key the key store reports erased
+   applies its subject's erasure there (`records.erasure_at`);
 4. apply the events, set-based, per topic projection, and record the subjects of sealed ones;
 5. record dead letters, advance the offsets, `NOTIFY graphledger_applied`;
 6. produce the dead letters to their topic (the sink waits for the broker's acknowledgement);
@@ -58,6 +59,7 @@ from graphledger_server.projection.records import (
     TooNew,
     classify,
     decode_value,
+    erasure_at,
     key_name,
 )
 from graphledger_server.projection.report import ApplyReport
@@ -126,6 +128,8 @@ class _Resolved:
     events: list[Decoded] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     erased: list[Erased] = field(default_factory=list)
+    erasures: set[str] = field(default_factory=set)
+    """Subjects whose erasure a record of theirs applies in this batch (`_erase_at`)."""
     stopped: dict[TopicPartition, TooNew] = field(default_factory=dict)
     deferred: dict[TopicPartition, int] = field(default_factory=dict)
     held: dict[TopicPartition, int] = field(default_factory=dict)
@@ -354,10 +358,22 @@ class BatchApplier:
                 out.dead.append(outcome)
             case Erased():
                 out.erased.append(outcome)
+                self._erase_at(out, outcome)
             case TooNew():
                 self._stop(out, outcome)
             case _:
                 assert_never(outcome)
+
+    def _erase_at(self, out: _Resolved, erased: Erased) -> None:
+        """Apply the erasure a record of an erased subject stands for at that record (`erasure_at`),
+        once per subject in a batch."""
+        if erased.ref in out.erasures:
+            return
+        event = erasure_at(erased, self.projections[erased.record.topic].to_event)
+        if event is not None:
+            out.erasures.add(erased.ref)
+            self.keys.erase(erased.ref)  # a record after it that opens with a key held from before is skipped
+            out.events.append(Decoded(erased.record, event))
 
     def _admit(self, out: _Resolved, decoded: Decoded, committed: Mapping[TopicPartition, int]) -> None:
         """Add an event to the batch, unless what it requires is not committed yet: then hold its partition;

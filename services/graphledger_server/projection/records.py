@@ -13,11 +13,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphledger.erasure.sealing import Erased as ErasedKey
-from graphledger.erasure.sealing import KeyLookup, Misbound, SealedSubject, sealed_key_id, sealed_ref, unseal
+from graphledger.erasure.sealing import (
+    KeyLookup,
+    Misbound,
+    SealedSubject,
+    sealed_key_id,
+    sealed_kind,
+    sealed_ref,
+    unseal,
+)
 from graphledger.errors import InvalidEventError, UnknownEventVersionError
-from graphledger.events import envelope
+from graphledger.events import envelope, to_envelope
 from graphledger.events.chunks import ChunkRef, parse_header
 from graphledger.events.envelope import Envelope
+from graphledger.events.erasure import NamespaceErase, ThreadErase
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +98,14 @@ class TooNew:
 
 @dataclass(frozen=True, slots=True)
 class Erased:
-    """A sealed event of an erased subject: skipped, never applied nor dead-lettered."""
+    """A sealed event of an erased subject: never applied nor dead-lettered; the erasure it stands for
+    is (`erasure_at`)."""
 
     record: SourceRecord
     ref: str
     event_type: str | None
+    kind: str | None = None
+    """The subject's kind as the seal names it (`SealedSubject.kind`): which erasure it stands for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +129,29 @@ def header_type(record: SourceRecord) -> str | None:
     if raw is None:
         return None
     return raw[:MAX_EVENT_TYPE_CHARS].decode(errors="replace").replace("\x00", "\\x00")
+
+
+def erasure_at(erased: Erased, to_event: ToEvent) -> Any | None:
+    """The erasure of `erased`'s subject, typed by its topic's `to_event` at the record's time, or None
+    (a seal naming no kind of its topic: it changes nothing).
+
+    The key store answers a subject erased only once its eraser recorded the erasure, which it does
+    before publishing the erasure's events: the subject is erased from this record on, whether its
+    erasure event is in the log yet or not (or ever: an eraser can die in between). Applied here, a
+    thread never reads as its older checkpoints without the acknowledged write whose key was erased
+    under it, and a replay, which finds every key of the subject erased, erases it at its first record,
+    to the same rows."""
+    match erased.kind:
+        case "thread":
+            event: ThreadErase | NamespaceErase = ThreadErase(erased.ref)
+        case "namespace":
+            event = NamespaceErase(erased.ref)
+        case _:
+            return None
+    try:
+        return to_event(to_envelope(event), envelope.append_time_ms(erased.record.timestamp, erased.record.headers))
+    except InvalidEventError:
+        return None
 
 
 def subject_ref(record: SourceRecord) -> str | None:
@@ -183,7 +218,7 @@ def decode_value(
             key_id = sealed_key_id(env)
             key = keys(ref, key_id)
             if isinstance(key, ErasedKey):
-                return Erased(record, ref, header_type(record))
+                return Erased(record, ref, header_type(record), sealed_kind(env))
             if isinstance(key, Misbound):
                 raise InvalidEventError(f"sealed with fresh key {key_id}, which is bound to another subject than {ref}")
             if key is None:
