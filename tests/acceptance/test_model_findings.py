@@ -300,3 +300,25 @@ async def test_an_erase_asked_again_after_erasure_incomplete_erases_copies_of_co
             assert "1" not in await _ids(reader, _config(copy_of_copy))  # the source's checkpoint is still there
         return
     pytest.skip("the projector never stopped between the two erasures")
+
+
+async def test_erasing_a_thread_erases_a_copy_the_projector_reached_only_after_the_key_was_destroyed(
+    short_deadline_stack: DevStack,
+) -> None:
+    """The model test's seed 551499706: a copy acknowledged before its source's erasure, applied by a
+    projector that reached the source's records only once the source's key was destroyed (so the
+    projection never held what the copy copied), is a copy of the source all the same: the erasure
+    erases it, as it erases every thread copied from its source."""
+    stack = short_deadline_stack
+    source, target = _thread(), _thread()
+    async with KafkaSaver(stack.settings) as writer, KafkaSaver(stack.settings) as eraser:
+        await writer.aput(_config(target), _checkpoint("t"), {}, {})
+        await _projection(stack, _config(target))
+        with stack.projector_frozen():
+            await writer.aput(_config(source), _checkpoint("s"), {}, {})
+            await writer.acopy_thread(source, target)
+            with pytest.raises(GraphledgerError, match=r"erasure_incomplete|erase it again"):
+                await eraser.aerase_thread(source)  # the key is destroyed; its event waits for the projector
+        await eraser.aerase_thread(source)  # asked again, as the error says: now its copies are known
+    async with KafkaSaver(stack.settings) as reader:
+        assert await _ids(reader, _config(target)) == []

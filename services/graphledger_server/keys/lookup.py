@@ -11,7 +11,7 @@ configured) no sealed event opens.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from graphledger.erasure.sealing import ERASED, DataKey, Erased, Misbound, SealedSubject, cipher_of
 from graphledger_server.keys.store import KeyStore
@@ -42,6 +42,12 @@ class DataKeyCache:
         if fresh := {(ref, key_id) for ref, key_id in missing if key_id is not None}:
             for name, found in (await self._store.bind_fresh(fresh)).items():
                 self._hold(name, found if isinstance(found, Erased | Misbound) else cipher_of(found))
+
+    async def thread_erasure_times(self, refs: Collection[str]) -> dict[str, int]:
+        """When each erased thread among `refs` was erased (ms), from the key store (none without one)."""
+        if not refs or self._store is None:
+            return {}
+        return await self._store.thread_erasure_times(refs)
 
     def get(self, ref: str, key_id: str | None = None) -> DataKey | Misbound | None:
         if self._keys.get((ref, None)) is ERASED:

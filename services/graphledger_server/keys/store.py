@@ -144,6 +144,12 @@ RECORD_ERASURE_SQL = """
 INSERT INTO {schema}.erasures (kind, ref, tenant, erased_by) VALUES ($1::text, $2::text, $3::text, $4::text)
 """
 
+# $1 -> thread references.
+THREAD_ERASURE_TIMES_SQL = """
+SELECT ref, (extract(epoch FROM min(erased_at)) * 1000)::bigint AS at_ms
+FROM {schema}.erasures WHERE kind = 'thread' AND ref = ANY($1::text[]) GROUP BY ref
+"""
+
 # Rotation: the keys wrapped by another key-encryption key than the active one. $1 active kek id.
 STALE_DATA_KEYS_SQL = "SELECT ref, kek_id, wrapped FROM {schema}.data_keys WHERE kek_id <> $1::text"
 STALE_HASH_KEYS_SQL = "SELECT tenant, kek_id, wrapped FROM {schema}.tenant_keys WHERE kek_id <> $1::text"
@@ -315,6 +321,13 @@ class KeyStore:
             )
         return keys
 
+    async def thread_erasure_times(self, refs: Collection[str]) -> dict[str, int]:
+        """When each of the threads `refs` was first erased (ms since the epoch), for those erased."""
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            await self._ready(conn)
+            rows = await conn.fetch(self._sql["thread_erasure_times"], list(refs))
+        return {r["ref"]: r["at_ms"] for r in rows}
+
     async def erase(self, erasure: Erasure, erased_by: str) -> None:
         """Destroy the subject's data key, or every key of the tenant, and record who did it when."""
         async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
@@ -374,6 +387,7 @@ _STATEMENTS = {
     "erase_tenant_data_keys": ERASE_TENANT_DATA_KEYS_SQL,
     "erase_hash_key": ERASE_HASH_KEY_SQL,
     "record_erasure": RECORD_ERASURE_SQL,
+    "thread_erasure_times": THREAD_ERASURE_TIMES_SQL,
     "stale_data_keys": STALE_DATA_KEYS_SQL,
     "stale_hash_keys": STALE_HASH_KEYS_SQL,
     "rewrap_data_key": REWRAP_DATA_KEY_SQL,

@@ -28,12 +28,13 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, assert_never
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, TypeGuard, assert_never
 
 import asyncpg
 
 from graphledger.errors import SchemaSwitchedError
+from graphledger.events.checkpoint import ThreadCopy
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger_server.driver_errors import Verdict, verdict_of
@@ -48,6 +49,7 @@ from graphledger_server.log.offsets import (
 )
 from graphledger_server.projection import chunks as chunk_store
 from graphledger_server.projection import erasure
+from graphledger_server.projection.checkpoints import TimedCheckpointEvent
 from graphledger_server.projection.dead_letters import record_dead_letters
 from graphledger_server.projection.records import (
     Chunk,
@@ -140,6 +142,20 @@ class _Resolved:
         return min(cuts) if cuts else None
 
 
+def _is_copy(item: Classified) -> TypeGuard[Decoded]:
+    return (
+        isinstance(item, Decoded)
+        and isinstance(item.event, TimedCheckpointEvent)
+        and isinstance(item.event.event, ThreadCopy)
+        and bool(item.record.key)
+    )
+
+
+def _ref_of(record: SourceRecord) -> str:
+    """A thread event's subject reference: its record key."""
+    return (record.key or b"").decode(errors="replace")
+
+
 SCHEMA_SWITCH_RETRIES = 3
 """A replay switches a schema once; more switches in a row than this is something else going wrong."""
 
@@ -193,12 +209,17 @@ class BatchApplier:
         self._offsets = OffsetStatements(schema)
         self._chunks = chunk_store.ChunkStatements(schema)
         self._erasure = erasure.ErasureStatements(schema)
+        self._source_erasures: dict[str, int] = {}
+        """When each erased source of a copy met in `classify` was erased (ms); once erased, always."""
 
     async def classify(self, records: Sequence[SourceRecord]) -> list[Classified]:
         """Decode, open and validate every record (outside the transaction), after fetching the data
         keys their `gl-subject` headers name."""
         await self.keys.load({name for r in records if (name := key_name(r)) is not None})
-        return [classify(r, self.projections[r.topic].to_event, self.keys.get) for r in records]
+        classified = [classify(r, self.projections[r.topic].to_event, self.keys.get) for r in records]
+        copies = {_ref_of(c.record) for c in classified if _is_copy(c)}
+        self._source_erasures.update(await self.keys.thread_erasure_times(copies - self._source_erasures.keys()))
+        return classified
 
     async def apply(
         self, conn: asyncpg.Connection, records: Sequence[SourceRecord], classified: Sequence[Classified] | None = None
@@ -331,7 +352,19 @@ class BatchApplier:
         if indexed_chunks:
             await chunk_store.store(conn, self._chunks, [c for parts in in_batch.values() for c in parts.values()])
             await chunk_store.delete(conn, self._chunks, finished)
+        self._mark_copies_of_sources_erased_later(out)
         return out
+
+    def _mark_copies_of_sources_erased_later(self, out: _Resolved) -> None:
+        """Mark each `thread.copy` whose source the key store showed erased after the copy was appended
+        (`TimedCheckpointEvent.source_erased_later`, from `classify`): the source's records before it may
+        have been skipped as erased, yet the copy copied them, and an erasure of the source erases the copy."""
+        for i, decoded in enumerate(out.events):
+            if _is_copy(decoded):
+                timed = decoded.event
+                at = self._source_erasures.get(_ref_of(decoded.record))
+                if at is not None and timed.ts_ms < at:
+                    out.events[i] = replace(decoded, event=replace(timed, source_erased_later=True))
 
     def _reassembled(
         self, last: Chunk, key: chunk_store.ChunkKey, parts: dict[int, bytes]

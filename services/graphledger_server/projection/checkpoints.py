@@ -53,6 +53,10 @@ class TimedCheckpointEvent:
 
     event: CheckpointEvent
     ts_ms: int
+    source_erased_later: bool = False
+    """For a `thread.copy`: its source's erasure was recorded in the key store after the copy was
+    appended (`BatchApplier`), so the source held what the copy copied even if the projector, reaching
+    the source's records after its key was destroyed, holds none of it: the copy's lineage is kept."""
 
     @property
     def TYPE(self) -> str:
@@ -277,13 +281,15 @@ SELECT $4::text, $1::text, $5::int,
 # A copy's lineage, for erasing the source's copies with it: recorded with the stage, in the source's
 # log order, so an erasure of the source that follows the copy there finds it, whether or not the
 # barrier has moved the stage yet. Only when the copy copied something (a source with no rows, erased
-# among them, leaves nothing of it in the target, which a later erasure of the source must then spare).
-# $1 source, $2 target.
+# among them, leaves nothing of it in the target, which a later erasure of the source must then spare),
+# or when the source was erased only after the copy ($3: the projector met the source's records after
+# its key was destroyed, so it holds nothing of what the copy copied).
+# $1 source, $2 target, $3 the source was erased after the copy.
 RECORD_COPY_SQL = """
 INSERT INTO {schema}.graphledger_thread_copies (source_thread_id, target_thread_id)
 SELECT $1::text, $2::text
 WHERE $1::text <> $2::text
-  AND (EXISTS (SELECT 1 FROM {schema}.checkpoints WHERE thread_id = $1::text)
+  AND ($3::bool OR EXISTS (SELECT 1 FROM {schema}.checkpoints WHERE thread_id = $1::text)
        OR EXISTS (SELECT 1 FROM {schema}.checkpoint_writes WHERE thread_id = $1::text))
 ON CONFLICT DO NOTHING
 """
@@ -506,6 +512,7 @@ class StageCopy:
     partition: int
     offset: int
     ts_ms: int | None = None
+    source_erased_later: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -698,7 +705,8 @@ def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
                 barrier(PruneKeepLatest(event.thread_id, topic, partition, event.keep))
             case ThreadCopy():
                 source, target = event.source_thread_id, event.target_thread_id
-                barrier(StageCopy(source, target, topic, partition, offset, ts_ms))
+                erased_later = isinstance(item, TimedCheckpointEvent) and item.source_erased_later
+                barrier(StageCopy(source, target, topic, partition, offset, ts_ms, erased_later))
                 if event.at_record:  # written before copies landed at their barrier: it lands here, as then
                     barrier(ApplyCopy(target, topic, partition, partition, offset, ts_ms))
             case ThreadExpire():
@@ -758,7 +766,7 @@ async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps
                 await conn.execute(
                     sql.stage_copy, step.source, step.target, step.topic, step.partition, step.offset, step.ts_ms
                 )
-                await conn.execute(sql.record_copy, step.source, step.target)
+                await conn.execute(sql.record_copy, step.source, step.target, step.source_erased_later)
             case ApplyCopy():
                 await conn.execute(
                     sql.apply_copy, step.topic, step.copy_partition, step.copy_offset, step.target, step.partition,
