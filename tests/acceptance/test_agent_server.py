@@ -75,16 +75,25 @@ class Direct:
     schema: str
 
     async def checkpoint_rows(self, thread_id: str) -> list[tuple[str, str | None]]:
+        await self._checkpoints_projected()
         rows = await self.pg.fetch(render(CHECKPOINT_ROWS_SQL, self.schema), thread_id)
         return [(row["checkpoint_id"], row["run_id"]) for row in rows]
 
     async def write_channels(self, thread_id: str, checkpoint_id: str) -> list[str]:
+        await self._checkpoints_projected()
         rows = await self.pg.fetch(render(WRITE_CHANNELS_SQL, self.schema), thread_id, checkpoint_id)
         return [row["channel"] for row in rows]
 
     async def store_rows(self, namespace: tuple[str, ...]) -> dict[str, Any]:
+        await self.store.asearch(namespace, limit=1)  # a search waits for the projection of the whole topic
         rows = await self.pg.fetch(render(STORE_ROWS_SQL, self.schema), ".".join(namespace))
         return {row["key"]: json.loads(row["value"]) for row in rows}
+
+    async def _checkpoints_projected(self) -> None:
+        """Until the projection holds every write acknowledged so far: a list across threads waits for it,
+        where a read of one thread may answer from the log without it (read-through)."""
+        async for _ in self.saver.alist(None, limit=1):
+            break
 
 
 # -- processes ---------------------------------------------------------------------------------------
