@@ -174,6 +174,16 @@ class LogTail:
             log.warning("%s", exc)
 
     async def stop(self) -> None:
+        """Cancel the fetches in flight, then close the client: a fetch it closed under would fail a
+        round that no read awaits any more (its error never retrieved, logged at exit)."""
+        for round_ in self._rounds.values():
+            round_.done.cancel()
+        self._rounds.clear()
+        in_flight = list(self._in_flight.values())
+        for task in in_flight:
+            task.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
+        self._in_flight.clear()
         if self._client is not None and self._owned:
             await self._client.close()
         self._client = None
