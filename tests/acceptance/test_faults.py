@@ -295,6 +295,7 @@ def test_writes_to_a_down_or_hung_broker_fail_after_the_deadline_and_the_same_sa
         # Hung mid-run (SIGSTOP): the write fails at the deadline; nothing acknowledged, no token.
         broker.process.send_signal(signal.SIGSTOP)
         try:
+            wait_until(lambda: _stopped(broker.process.pid), WAIT_S, "the broker to be stopped (SIGSTOP)")
             with pytest.raises(PublishError) as hung:
                 write("broker-hung")
             assert hung.value.retryable and f"within {PRODUCE_TIMEOUT_S}s" in str(hung.value)
@@ -315,6 +316,12 @@ def test_writes_to_a_down_or_hung_broker_fail_after_the_deadline_and_the_same_sa
         calls.shutdown()
         if broker is not None:
             broker.stop()
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped (state `T` in /proc): a SIGSTOP sent is not yet a process stopped."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "T"
 
 
 def write_after(write: Callable[[str], Any], thread_id: str) -> None:
