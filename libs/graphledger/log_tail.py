@@ -7,14 +7,18 @@ before it answers a read of its own thread from what it holds (`tails`: keys). A
 the high watermark in the answer to a fetch *sent after the read began* bounds every such write. One
 fetch also brings the records between a given position and that end.
 
-Every fetch starts one record before the first offset asked about: a fetch that finds data is answered
-at once, while one positioned at the end of the log is held for its whole `max_wait` (tansu holds it
-even when the wait is 0, and answers a wait of 0 with no partitions at all). The record before is
-dropped from the answer. At most one shared fetch per broker and lane is in flight: the reads arriving
-meanwhile join the next one, sent when it is answered (after all of them began), so concurrent reads
-share fetches. A round fetches each partition from the lowest position asked, so the reads of whole
-records from where the read API has read (`pages`) have a lane of their own, apart from the fetches
-from the projection's positions (`ends`, `tails`).
+A fetch from a position below the log's end is answered at once, one positioned at the end is held
+for its `max_wait` (by tansu even when `min_bytes` is 0; Kafka answers it at once). Both kinds are
+wanted: a read of a thread's tail most often finds nothing past its position, and a fetch there must
+come back fast. So where the end is all a fetch needs, or what it expects to find (`ends`; `tails`
+from a position at or past the end this process last saw, `note_end`), it waits `END_MAX_WAIT_MS`;
+where it needs records it knows are there, it starts one record back with `FETCH_MAX_WAIT_MS`, which
+tansu also spends scanning its in-memory log for the position (with a 1 ms wait it answers a long
+partition with no records, the high watermark still right). At most one shared fetch per broker and
+lane is in flight: the reads arriving meanwhile join the next one, sent when it is answered (after all
+of them began), so concurrent reads share fetches. A round fetches each partition from the lowest
+position asked, so the reads of whole records from where the read API has read (`pages`) have a lane
+of their own, apart from the fetches from the projection's positions (`ends`, `tails`).
 
 Each fetch names the partition's leader epoch, learned with its leader from a Metadata request of our
 own (`kafka_requests.py`: aiokafka's carry no epochs), so that a deposed leader answers with an error
@@ -59,11 +63,11 @@ log = logging.getLogger(__name__)
 READ_UNCOMMITTED = 0
 """graphledger's producers use no transactions, so the last stable offset is the high watermark."""
 FETCH_MAX_WAIT_MS = 100
-"""A fetch that finds data is answered at once by Kafka, whatever its wait; tansu spends at most the
-wait scanning its in-memory log for the position, and answers a large partition empty under a
-millisecond. Every fetch here starts one record back, so it finds data, but at offset 0 of an empty
-partition: that one waits `EMPTY_MAX_WAIT_MS`."""
-EMPTY_MAX_WAIT_MS = 1
+"""The wait of a fetch for records: Kafka answers one that finds data at once, whatever its wait; tansu
+spends at most the wait scanning its in-memory log for the position."""
+END_MAX_WAIT_MS = 1
+"""The wait of a fetch that wants the log's end, or expects to find nothing past its position: tansu
+holds such a fetch for its whole wait (0 is no better: it then answers with no partitions at all)."""
 PAGE_BYTES = 1024 * 1024
 """Bytes one fetch brings per partition (Kafka answers at least one whole batch however large)."""
 END_BYTES = 1
@@ -135,6 +139,8 @@ class _Round:
     done: asyncio.Future[dict[TopicPartition, _Answer]]
     positions: dict[TopicPartition, tuple[int, int]] = field(default_factory=dict)
     """Per partition: where to fetch from and how many bytes (the most any of its readers wants)."""
+    wait_ms: int = END_MAX_WAIT_MS
+    """The longest any of its readers wants the broker to look for records."""
 
 
 class LogTail:
@@ -158,6 +164,9 @@ class LogTail:
         self._clock = time.monotonic
         self._layout = PartitionLayout(settings)
         """The source topics' recorded partition counts, which `partition_count` checks the broker's against."""
+        self._seen_ends: dict[TopicPartition, int] = {}
+        """The furthest end of each partition this process saw: a fetch's high watermark, an acknowledged
+        write (`note_end`). A tail from before it has records to find."""
 
     async def start(self) -> None:
         if not self._owned:
@@ -208,6 +217,11 @@ class LogTail:
         hashed: int = murmur2(key)
         return (hashed & 0x7FFFFFFF) % await self.partition_count(topic)
 
+    def note_end(self, tp: TopicPartition, end: int) -> None:
+        """The log of `tp` reaches `end` at least (a write this process had acknowledged below it)."""
+        if end > self._seen_ends.get(tp, 0):
+            self._seen_ends[tp] = end
+
     async def tails(self, starts: Mapping[TopicPartition, int], timeout_s: float) -> dict[TopicPartition, Tail]:
         """The tail of each partition from its start offset, read by fetches sent after this call."""
         try:
@@ -223,7 +237,7 @@ class LogTail:
         try:
             async with asyncio.timeout(timeout_s):
                 pages = await asyncio.gather(
-                    *(self._shared_page(tp, max(start - 1, 0), END_BYTES) for tp, start in starts.items())
+                    *(self._shared_page(tp, start, END_BYTES, END_MAX_WAIT_MS) for tp, start in starts.items())
                 )
                 return {
                     tp: page.end if page is not None else await self._list_end(tp)
@@ -248,22 +262,25 @@ class LogTail:
         return dict(zip(positions, found, strict=True))
 
     async def _from(self, tp: TopicPartition, position: int, back: int) -> Page:
-        page = await self._shared_page(tp, max(position - back, 0), PAGE_BYTES, lane=PAGES_LANE)
+        page = await self._shared_page(tp, max(position - back, 0), PAGE_BYTES, FETCH_MAX_WAIT_MS, PAGES_LANE)
         if page is None:  # the log ends before `position - 1` (Kafka: out of range)
             return Page(await self._list_end(tp), ())
         return Page(page.end, tuple(r for r in page.records if r.offset >= position))
 
     async def _tail(self, tp: TopicPartition, start: int) -> Tail:
-        page = await self._shared_page(tp, max(start - 1, 0), PAGE_BYTES)
-        if page is None:  # the log ends before `start - 1` (Kafka: out of range)
+        if start < self._seen_ends.get(tp, 0):  # records to find: at once, from one record back
+            page = await self._shared_page(tp, max(start - 1, 0), PAGE_BYTES, FETCH_MAX_WAIT_MS)
+        else:  # most likely the end
+            page = await self._shared_page(tp, start, PAGE_BYTES, END_MAX_WAIT_MS)
+        if page is None:  # the log ends before the position (Kafka: out of range)
             end = await self._list_end(tp)
             return Tail(start, end, (), complete=end <= start)
         records = [(r.offset, r.key) for r in page.records if r.offset >= start]
         scanned = page.size
         position = max(page.records[-1].offset + 1 if page.records else start, start)
-        # More than one page behind: read on from where the page stopped, up to the bound. Each fetch
-        # starts one record back too (one at the position can come back empty), and a batch comes whole:
-        # records before the position are dropped.
+        # More than one page behind, or a fetch that expected the end and found more: read on from where
+        # the page stopped, up to the bound. Each fetch starts one record back (one at the position waits
+        # when it finds nothing), and a batch comes whole: records before the position are dropped.
         while position < page.end and scanned < SCAN_MAX_BYTES:
             more = await self._page(tp, position - 1)
             if more is None:
@@ -279,15 +296,15 @@ class LogTail:
     # -- fetches, shared by the reads of one loop turn -------------------------------------------------
 
     async def _shared_page(
-        self, tp: TopicPartition, position: int, max_bytes: int, lane: str = TAILS_LANE
+        self, tp: TopicPartition, position: int, max_bytes: int, wait_ms: int, lane: str = TAILS_LANE
     ) -> _Page | None:
         """A page of `tp` from `position`, fetched in the next round for its leader and `lane`: every read
         that arrives while a round is in flight there joins the one after it (sent after all of them
         began), so many concurrent reads cost a fetch or two, not one each.
 
-        A round fetches each partition from the lowest position asked: reads of whole records from
-        where the read API has read (`pages`) have a lane of their own, so that a scan from the
-        projection's position, far behind it, never takes the page they need."""
+        A round fetches each partition from the lowest position asked, waiting the longest any read
+        asked: reads of whole records from where the read API has read (`pages`) have a lane of their
+        own, so that a scan from the projection's position, far behind it, never takes the page they need."""
         while True:
             node = await self._leader(tp)
             round_ = self._rounds.get((node, lane))
@@ -301,6 +318,7 @@ class LogTail:
                     in_flight.add_done_callback(functools.partial(self._send_round_after, (node, lane)))
             earlier, most = round_.positions.get(tp, (position, max_bytes))
             round_.positions[tp] = (min(position, earlier), max(max_bytes, most))
+            round_.wait_ms = max(round_.wait_ms, wait_ms)
             answer = (await asyncio.shield(round_.done)).get(tp)
             if isinstance(answer, _Page) or answer is None:
                 return answer
@@ -311,7 +329,8 @@ class LogTail:
 
     def _send_round(self, key: tuple[int, str]) -> None:
         round_ = self._rounds.pop(key)
-        task = self._in_flight[key] = asyncio.get_running_loop().create_task(self._fetch(key[0], round_.positions))
+        fetch = self._fetch(key[0], round_.positions, round_.wait_ms)
+        task = self._in_flight[key] = asyncio.get_running_loop().create_task(fetch)
 
         def settle(finished: asyncio.Task[dict[TopicPartition, _Answer]]) -> None:
             if round_.done.cancelled():
@@ -328,18 +347,20 @@ class LogTail:
     async def _page(self, tp: TopicPartition, position: int) -> _Page | None:
         """A page of `tp` from `position`, fetched on its own (the reader is more than a page behind)."""
         while True:
-            answer = (await self._fetch(await self._leader(tp), {tp: (position, PAGE_BYTES)}))[tp]
+            answer = (await self._fetch(await self._leader(tp), {tp: (position, PAGE_BYTES)}, FETCH_MAX_WAIT_MS))[tp]
             if isinstance(answer, _Page) or answer is None:
                 return answer
             await self._recover(tp, answer)
 
     async def _fetch(
-        self, node: int, positions: Mapping[TopicPartition, tuple[int, int]]
+        self, node: int, positions: Mapping[TopicPartition, tuple[int, int]], wait_ms: int
     ) -> dict[TopicPartition, _Answer]:
         """One fetch from `node`, naming each partition's leader epoch: per partition a page, None when
-        the position is past the log's end (Kafka's OFFSET_OUT_OF_RANGE), or the error to recover from."""
+        the position is past the log's end (Kafka's OFFSET_OUT_OF_RANGE), or the error to recover from.
+        At offset 0 (an empty partition, or one read from its start) it never waits long."""
         total = sum(max_bytes for _, max_bytes in positions.values())
-        wait_ms = FETCH_MAX_WAIT_MS if all(position for position, _ in positions.values()) else EMPTY_MAX_WAIT_MS
+        if not all(position for position, _ in positions.values()):
+            wait_ms = END_MAX_WAIT_MS
         at = {tp: FetchPosition(offset, max_bytes, self._epoch(tp)) for tp, (offset, max_bytes) in positions.items()}
         request = EpochFetchRequest(wait_ms, 0, total, READ_UNCOMMITTED, at)
         try:
@@ -357,6 +378,7 @@ class LogTail:
             else:
                 records, size = _records(raw)
                 answers[tp] = _Page(high_watermark, records, size)
+                self.note_end(tp, high_watermark)
         for tp in positions:  # a broker that left a partition out of its answer: ask again
             answers.setdefault(tp, NotLeaderForPartitionError(f"Kafka node {node} did not answer for {tp}"))
         return answers

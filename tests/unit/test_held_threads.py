@@ -112,3 +112,18 @@ def test_a_tail_of_own_records_decides_by_offsets_but_not_for_the_threads_record
     threads.forget("t")
     threads.acked("t", PARTITION, (12,), SECOND)  # the thread's, but held anew: not in the snapshot
     assert not threads.unchanged_by_others("t", snapshot, end=13)
+
+
+def test_a_look_at_the_log_starts_past_the_own_records_its_offsets_clear() -> None:
+    threads = HeldThreads()
+    threads.install("t", None, PARTITION, fold.NEW, applied=0, end=10)
+    threads.acked("t", PARTITION, (10,), FIRST)
+    threads.acked("u", PARTITION, (11,), FIRST)  # another thread's, this process's: cleared too
+    snapshot = threads.get("t")
+    assert snapshot is not None
+    assert threads.first_unknown("t", snapshot) == 12  # the log most likely ends there
+    assert threads.first_unknown("t", snapshot, end=11) == 11
+    threads.forget("t")
+    threads.acked("t", PARTITION, (12,), SECOND)  # the thread's, held anew: the snapshot must look at it
+    threads.acked("u", PARTITION, (13,), SECOND)
+    assert threads.first_unknown("t", snapshot) == 12

@@ -154,8 +154,8 @@ async def test_the_fetch_names_the_leader_epoch_metadata_v7_gave() -> None:
     assert fetches(wire) == [(2, 10, {0: 7, 1: 7})]
     [sent] = wire.of(FETCH)
     positions = {p["partition"]: (p["fetch_offset"], p["max_bytes"]) for p in sent.obj()["topics"][0]["partitions"]}
-    assert positions == {0: (2, 1), 1: (0, 1)}  # one record back, and only the end wanted
-    assert (sent.obj()["replica_id"], sent.obj()["isolation_level"]) == (-1, 0)
+    assert positions == {0: (3, 1), 1: (0, 1)}  # from the position, and only the end wanted
+    assert (sent.obj()["replica_id"], sent.obj()["isolation_level"], sent.obj()["max_wait_time"]) == (-1, 0, 1)
 
 
 @pytest.mark.parametrize(

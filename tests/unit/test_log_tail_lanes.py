@@ -58,7 +58,7 @@ async def test_a_page_asked_with_an_end_from_far_behind_comes_from_its_own_posit
     assert ends == {P0: END}
     assert [r.offset for r in pages[P0].records] == [4000, 4001]  # one record back, dropped
     assert pages[P0].end == END
-    assert fetched_from(wire_) == [9, 3999]  # two fetches, each from its own lane's position
+    assert fetched_from(wire_) == [10, 3999]  # two fetches, each from its own lane's position
 
 
 async def test_reads_of_one_lane_still_share_a_fetch() -> None:

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, Self, TypeVar
 
+from aiokafka import TopicPartition
 from opentelemetry.context import Context
 
 from graphledger.client.loop import BackgroundLoop, HomeLoop
@@ -207,13 +208,19 @@ class ClientRuntime:
         finally:
             if thread is not None:
                 self.threads.sent(thread)
-        self.acked.record(acked)
+        self._acked(acked)
         _, partition, _ = acked[0]
         if thread is not None:
             self.threads.acked(thread, partition, tuple(offset for _, _, offset in acked), event)  # type: ignore[arg-type]  # a thread's: a checkpoint event
         elif isinstance(event, checkpoint.RunsDelete):
             self.threads.acked_everywhere(partition, acked[-1][2], event)
         return acked
+
+    def _acked(self, acked: Sequence[tuple[str, int, int]]) -> None:
+        self.acked.record(acked)
+        if self.log is not None:  # its look at the log then expects these records
+            for topic, partition, offset in acked:
+                self.log.note_end(TopicPartition(topic, partition), offset + 1)
 
     async def _publish_copy(self, topic: str, copy: ThreadCopy, context: Context) -> None:
         """The copy, then, once acknowledged, the barrier that orders the target's events after it."""
@@ -230,7 +237,7 @@ class ClientRuntime:
         for partition in await self.publisher.partitions(topic):
             _, envelope = await self._envelope(event)
             acked = await self.publisher.publish(topic, None, envelope, context=context, partition=partition)
-            self.acked.record(acked)
+            self._acked(acked)
             if isinstance(event, checkpoint.RunsDelete):
                 self.threads.acked_everywhere(partition, acked[-1][2], event)
 

@@ -3,9 +3,10 @@
 Writes are encoded exactly as `langgraph-checkpoint-postgres` stores them (primitive channel values
 inline in the checkpoint jsonb, the rest as `(type, bytes)` blobs from this saver's serde), so the
 projection is the official layout. Each write returns once Kafka acknowledged it. Every read reflects
-every write acknowledged to any process before it began (the read API finds them in the log); a get
-names this saver's own unprojected writes of the thread and adds them to the answer itself
-(`own_writes.py`), so a process continuing its own thread does not wait for the projector.
+every write acknowledged to any process before it began: a get of a thread this process holds is
+answered from what it holds when the log shows no other writer's record since (`thread_reads.py`,
+`threads.py`), else by the read API, which finds the other records in the log; so a process continuing
+its own thread needs neither the projector nor Postgres.
 """
 
 from __future__ import annotations

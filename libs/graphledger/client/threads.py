@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,16 +155,21 @@ class HeldThreads:
     def unchanged_by_others(self, thread_id: str, snapshot: Held, end: int) -> bool:
         """Whether every record of the snapshot's partition in `[through, end)` is this process's, and
         those of the thread are the snapshot's own: the offsets decide, without the records' keys."""
-        recent = self._recent.get(snapshot.partition)
-        if recent is None or snapshot.through is None or end - snapshot.through > len(recent):
-            return False
+        return snapshot.through is not None and self.first_unknown(thread_id, snapshot, end) >= end
+
+    def first_unknown(self, thread_id: str, snapshot: Held, end: int | None = None) -> int:
+        """The first offset from the snapshot's `through` (up to `end`) that its offsets alone cannot
+        clear: a record that is not this process's, or one of the thread's that is not the snapshot's own.
+        A look at the log needs only the records from there."""
+        assert snapshot.through is not None
+        recent: Mapping[int, str | None] = self._recent.get(snapshot.partition, {})
         own = {o for offsets, _ in snapshot.own for o in offsets}
-        for offset in range(snapshot.through, end):
-            if offset not in recent:
-                return False  # another process's record, or one of ours forgotten
+        offset = snapshot.through
+        while (end is None or offset < end) and offset in recent:
             if recent[offset] in (thread_id, None) and offset not in own:
-                return False  # the thread's, but not in the snapshot: held anew since
-        return True
+                break  # the thread's, but not in the snapshot: held anew since
+            offset += 1
+        return offset
 
     def _remember(self, partition: int, offsets: tuple[int, ...], thread_id: str | None) -> None:
         recent = self._recent.setdefault(partition, OrderedDict())
