@@ -4,9 +4,10 @@ A read reflects every write to the thread acknowledged to any process before it 
 (docs/architecture.md, "Consistency"). The client takes the thread's snapshot (`threads.Held`) and
 asks the log, with a fetch sent after the read began, for the thread's partition from the
 snapshot's `through` (from past the process's own records there, which their offsets clear): when
-every record of the thread there is its own, the snapshot is the answer (no HTTP, no Postgres). Otherwise, or when it holds no view of what is asked, the read API answers
-(it waits for, or folds, every record the client does not name as its own) and the client folds its
-named records onto that answer. When the fold cannot derive the answer, the client asks once more
+every record of the thread there is its own, the snapshot is the answer (no HTTP, no Postgres).
+Otherwise, or when it holds no view of what is asked, the read API answers (it waits for, or folds,
+every record the client does not name as its own) and the client folds its named records onto that
+answer. When the fold cannot derive the answer, the client asks once more
 naming nothing, and the read API then waits for every record of the thread.
 """
 
