@@ -2,15 +2,42 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+LOWEST_PORT = 10_000
+"""Where the ports handed out here start (below it: well-known and registered services)."""
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on, for a service started next. Chosen at random below the kernel's
+    ephemeral range: a port from that range (what binding port 0 gives) can become the local port of any
+    outgoing connection before the service binds it, which two test workers' connections made happen."""
+    below = _ephemeral_start()
+    if below - LOWEST_PORT >= 1_000:
+        for _ in range(100):
+            port = random.randrange(LOWEST_PORT, below)
+            with socket.socket() as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (Linux; elsewhere IANA's 49152)."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49_152
 
 
 def free_port_block(count: int, host: str = "127.0.0.1") -> int:
