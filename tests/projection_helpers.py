@@ -76,10 +76,12 @@ def put(
     metadata: dict[str, Any] | None = None,
     ver: int | None = None,
     refs: dict[str, int] | None = None,
+    legacy: bool = False,
 ) -> CheckpointPut:
     """A put of checkpoint `cid(n)`: `inline` values in its JSON, `blobs` (channel -> bytes, None for an
     "empty" blob) at version `ver` (default n), every channel listed in `channel_versions`, plus `refs`
-    (channel -> version number) for values stored by an earlier put."""
+    (channel -> version number) for values stored by an earlier put. `legacy`: without its new channels, as
+    events written before they were recorded."""
     inline = inline or {}
     blobs = blobs or {}
     v = version(ver if ver is not None else n)
@@ -104,6 +106,7 @@ def put(
         json.dumps(checkpoint).encode(),
         json.dumps(meta).encode(),
         tuple(Blob(ch, v, "empty" if data is None else "bytes", data) for ch, data in blobs.items()),
+        None if legacy else (*inline, *blobs),
     )
 
 

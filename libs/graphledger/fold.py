@@ -378,11 +378,16 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
             blobs[key] = typed(blob.type, blob.data or b"") if blob.type != "empty" else EMPTY_BLOB
         elif known is not None:
             blobs[key] = known
-        elif (parent_versions is not None and _newer(version, parent_versions.get(channel))) or (
-            newest is None and event.parent_checkpoint_id is None
+        elif event.new_channels is not None and channel in event.new_channels:
+            blobs[key] = NO_BLOB  # this put's own, which it wrote no blob for (inline, or absent)
+        elif (event.new_channels is None or inline.get(channel) is not None) and (
+            (parent_versions is not None and _newer(version, parent_versions.get(channel)))
+            or (newest is None and event.parent_checkpoint_id is None)
         ):
-            # A version newer than the parent's (LangGraph's versions only grow), or any of the first
-            # checkpoint: this put's own, which it wrote no blob for (inline, or absent).
+            # A put recorded before its new channels were, or a value this put holds inline: a version
+            # newer than the parent's (LangGraph's versions only grow), or any of the first checkpoint,
+            # is taken for this put's own. Any other version names a blob row another put stored, which
+            # only the projection holds.
             blobs[key] = NO_BLOB
         else:
             raise Underivable(f"the value of channel {channel!r} at version {version} is not held")

@@ -515,6 +515,20 @@ def _scenarios() -> dict[str, list[Any]]:
             # A put again of an older checkpoint: its row changes, the newest does not.
             put("t", 1, inline={"n": 1}, blobs={"msgs": b"m1", "empty": None}, metadata={"run_id": "r1", "x": 1}),
         ],
+        # A put again of an older checkpoint with a blob at a version no checkpoint of the chain has yet;
+        # a later put names that version without a blob of its own: the projection's blob row answers.
+        "checkpoint.put (a version first stored by a put of an older checkpoint)": [
+            *chain,
+            put("t", 1, inline={"n": 1}, blobs={"msgs": b"m9"}, ver=9, refs={"empty": 1}),
+            put("t", 3, parent=2, refs={"msgs": 9, "empty": 1}),
+            writes("t", 3, "task-a", [("msgs", b"w3")]),
+        ],
+        # Written before puts recorded their new channels: a version newer than the parent's is the put's own.
+        "checkpoint.put (events before their new channels were recorded)": [
+            put("t", 1, inline={"n": 1}, blobs={"msgs": b"m1", "empty": None}, legacy=True),
+            put("t", 2, parent=1, blobs={"msgs": b"m2"}, refs={"empty": 1}, legacy=True),
+            put("t", 3, parent=2, inline={"n": 3}, refs={"msgs": 2, "empty": 1}, legacy=True),
+        ],
         "checkpoint.writes": [
             *chain,
             writes("t", 2, "task-b", [("msgs", b"w2"), ("n", b"w3")], task_path="~b"),
@@ -547,6 +561,8 @@ WAITS = {
     "thread.copy.barrier": ThreadCopyBarrier,
     "thread.expire": ThreadExpire,
     "runs.delete (the newest's run)": RunsDelete,
+    # The fold holds no blob of an older checkpoint's put: the later put's read waits for the blob row.
+    "checkpoint.put (a version first stored by a put of an older checkpoint)": CheckpointPut,
 }
 """Scenarios whose event the fold cannot derive (a read that meets it waits for the projection)."""
 

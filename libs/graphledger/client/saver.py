@@ -269,6 +269,7 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
             checkpoint_json=dump_checkpoint_json({**checkpoint, "channel_values": inline}),
             metadata_json=dump_json(get_serializable_checkpoint_metadata(config, metadata), "checkpoint metadata"),
             blobs=blobs,
+            new_channels=tuple(new_versions),
         )
 
     def _dump(self, value: Any, what: str) -> tuple[str, bytes]:

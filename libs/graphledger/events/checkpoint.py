@@ -59,6 +59,9 @@ class CheckpointPut(EventPayload):
     metadata_json: bytes = field(metadata=wire("metadata"))
     """`get_serializable_checkpoint_metadata(config, metadata)` as JSON text."""
     blobs: tuple[Blob, ...]
+    new_channels: tuple[str, ...] | None = field(default=None, metadata=wire(omitted=True))
+    """The channels whose version this put made (LangGraph's `new_versions`): a version of another
+    channel names a blob an earlier put stored. None in events written before it was recorded."""
 
     @property
     def key(self) -> str:
