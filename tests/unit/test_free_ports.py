@@ -15,4 +15,3 @@ def test_a_free_port_lies_below_the_ephemeral_range_and_can_be_bound() -> None:
     assert len(ports) > 1  # at random, so that two workers' stacks seldom pick the same
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", ports.pop()))
-
