@@ -328,7 +328,9 @@ class LogTail:
         self._send_round(key)
 
     def _send_round(self, key: tuple[int, str]) -> None:
-        round_ = self._rounds.pop(key)
+        round_ = self._rounds.pop(key, None)
+        if round_ is None:
+            return  # `stop` dropped it (and cancelled the fetch it waited behind)
         fetch = self._fetch(key[0], round_.positions, round_.wait_ms)
         task = self._in_flight[key] = asyncio.get_running_loop().create_task(fetch)
 

@@ -6,7 +6,10 @@ behind (a stopped projector)."""
 from __future__ import annotations
 
 import asyncio
+import logging
+from typing import Any
 
+import pytest
 from aiokafka import TopicPartition
 from aiokafka.protocol.api import RequestStruct, Response
 
@@ -67,3 +70,38 @@ async def test_reads_of_one_lane_still_share_a_fetch() -> None:
     first, second = await asyncio.gather(tail.pages({P0: 4000}, 1), tail.pages({P0: 4000}, 1))
     assert first == second
     assert fetched_from(wire_) == [3999]
+
+
+class HeldWire(Wire):
+    """A broker that answers no fetch until `answer` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(cluster=Cluster({TOPIC: 1}))
+        self.handlers = {METADATA: metadata, FETCH: fetch}
+        self.answer = asyncio.Event()
+        self.fetching = asyncio.Event()
+
+    async def send(self, node_id: int, request: Any) -> Response:
+        if request.API_KEY == FETCH:
+            self.fetching.set()
+            await self.answer.wait()
+        return await super().send(node_id, request)
+
+
+async def test_stopping_with_a_round_queued_behind_a_fetch_in_flight_leaves_no_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`stop` drops the queued round and cancels the fetch it waits behind; the fetch's done callback then
+    finds no round to send (before, a KeyError logged by the event loop at the read API's exit)."""
+    wire_ = HeldWire()
+    tail = LogTail(Settings(topic_prefix="gl"), wire_)  # type: ignore[arg-type]  # a recorded wire, not a client
+    first = asyncio.ensure_future(tail.pages({P0: 4000}, 5))
+    await wire_.fetching.wait()
+    second = asyncio.ensure_future(tail.pages({P0: 4000}, 5))  # queued: the round after the one in flight
+    async with asyncio.timeout(1):  # the second read has joined its round (state no event announces)
+        while not tail._rounds:  # noqa: ASYNC110
+            await asyncio.sleep(0)
+    await tail.stop()
+    await asyncio.gather(first, second, return_exceptions=True)
+    await asyncio.sleep(0)  # one loop turn: the cancelled fetch's done callbacks run
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
