@@ -66,11 +66,7 @@ CALL_TIMEOUT_S = 180.0
 FINAL_READ_DEADLINE_S = 180.0
 """How long the last reads are asked again while they fail retryably (a restarted projector catching up)."""
 
-KNOWN_BUGS: dict[str, str] = {
-    "writes_before_put": "a read misses pending writes a copy brought: thread A holds writes of a checkpoint "
-    "never put on A, A is copied onto B, B then puts that checkpoint, and a get of B's namespace answers it "
-    "without the copied writes (seed 411599499 replays it, on 7a94d34 as on later commits)",
-}
+KNOWN_BUGS: dict[str, str] = {}
 """Behaviours of the script (`model_ops.FEATURES`, or operation kinds) left out by default because they
 find a graphledger bug already reported; `GRAPHLEDGER_MODEL_KNOWN_BUGS=1` includes them."""
 

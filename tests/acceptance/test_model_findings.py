@@ -154,6 +154,37 @@ async def test_a_put_after_another_processes_writes_to_it_reads_them(stack: DevS
         assert (await writer.aget_tuple(_config(thread))).pending_writes == expected  # it reads []
 
 
+async def test_a_put_in_a_namespace_that_held_only_writes_reads_them(stack: DevStack) -> None:
+    thread, reference = _thread(), ReferenceSaver()
+    call = _config(thread, ns="call:1")
+    async with KafkaSaver(stack.settings) as writer, KafkaSaver(stack.settings) as other:
+        for first, second in ((writer, other), (reference, reference)):
+            await first.aput(_config(thread), _checkpoint("1"), {}, {})
+            await second.aput_writes(_config(thread, "2", ns="call:1"), [("x", 1)], "task")  # a namespace of writes
+            await first.aget_tuple(_config(thread))  # answered by the read API, with the thread's namespaces
+            await first.aput(call, _checkpoint("2"), {}, {})
+        expected = [("task", "x", 1)]
+        assert (await reference.aget_tuple(call)).pending_writes == expected
+        assert (await _projection(stack, call)).pending_writes == expected
+        assert (await writer.aget_tuple(call)).pending_writes == expected  # it read []
+
+
+async def test_a_put_in_a_namespace_a_copy_brought_only_writes_to_reads_them(stack: DevStack) -> None:
+    source, target, reference = _thread(), _thread(), ReferenceSaver()
+    call = _config(target, ns="call:1")
+    async with KafkaSaver(stack.settings) as writer, KafkaSaver(stack.settings) as other:
+        for first, second in ((writer, other), (reference, reference)):
+            await first.aput(_config(target), _checkpoint("1"), {}, {})
+            await second.aput_writes(_config(source, "2", ns="call:1"), [("x", 1)], "task")
+            await second.acopy_thread(source, target)
+            await first.aget_tuple(_config(target))  # answered by the read API, with the thread's namespaces
+            await first.aput(call, _checkpoint("2"), {}, {})
+        expected = [("task", "x", 1)]
+        assert (await reference.aget_tuple(call)).pending_writes == expected
+        assert (await _projection(stack, call)).pending_writes == expected
+        assert (await writer.aget_tuple(call)).pending_writes == expected  # it read []
+
+
 # -- the projection (services/graphledger_server/projection) ------------------------------------
 
 

@@ -59,18 +59,31 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/checkpoints", tags=["checkpoints"])
 
-# Every namespace of a thread, by a skip scan of the checkpoints' primary key: one index probe per
-# namespace, however many checkpoints each holds. %(thread)s -> the stored thread id.
+# Every namespace of a thread, a checkpoint's or a pending write's (writes can reach a namespace before
+# any put there: a put of their checkpoint must then be read with them), by a skip scan of each table's
+# primary key: one index probe per namespace, however many rows each holds. %(thread)s -> the stored
+# thread id; at most %(most)s.
 THREAD_NAMESPACES_SQL = """
-WITH RECURSIVE ns AS (
+WITH RECURSIVE c AS (
     (SELECT checkpoint_ns FROM checkpoints WHERE thread_id = %(thread)s ORDER BY checkpoint_ns LIMIT 1)
     UNION ALL
-    SELECT (SELECT c.checkpoint_ns FROM checkpoints c
-            WHERE c.thread_id = %(thread)s AND c.checkpoint_ns > ns.checkpoint_ns
-            ORDER BY c.checkpoint_ns LIMIT 1)
-    FROM ns WHERE ns.checkpoint_ns IS NOT NULL
+    SELECT (SELECT n.checkpoint_ns FROM checkpoints n
+            WHERE n.thread_id = %(thread)s AND n.checkpoint_ns > c.checkpoint_ns
+            ORDER BY n.checkpoint_ns LIMIT 1)
+    FROM c WHERE c.checkpoint_ns IS NOT NULL
+), w AS (
+    (SELECT checkpoint_ns FROM checkpoint_writes WHERE thread_id = %(thread)s ORDER BY checkpoint_ns LIMIT 1)
+    UNION ALL
+    SELECT (SELECT n.checkpoint_ns FROM checkpoint_writes n
+            WHERE n.thread_id = %(thread)s AND n.checkpoint_ns > w.checkpoint_ns
+            ORDER BY n.checkpoint_ns LIMIT 1)
+    FROM w WHERE w.checkpoint_ns IS NOT NULL
 )
-SELECT checkpoint_ns FROM ns WHERE checkpoint_ns IS NOT NULL LIMIT %(most)s
+SELECT checkpoint_ns FROM (
+    (SELECT checkpoint_ns FROM c WHERE checkpoint_ns IS NOT NULL LIMIT %(most)s)
+    UNION
+    (SELECT checkpoint_ns FROM w WHERE checkpoint_ns IS NOT NULL LIMIT %(most)s)
+) named ORDER BY checkpoint_ns LIMIT %(most)s
 """
 # The writes of a namespace's checkpoints newer than an answer's: writes that reached the log before
 # their put. %(thread)s, %(ns)s, %(newest)s -> the stored thread id, the namespace, the answer's checkpoint
@@ -423,7 +436,9 @@ async def _get_through(
     elif checkpoint_id is None:
         folded["later_writes"] = _later_held(held)
         if view.complete:
-            folded["namespaces"] = sorted(n for n, kept in view.namespaces.items() if kept is None or kept.newest)
+            folded["namespaces"] = sorted(
+                n for n, kept in view.namespaces.items() if kept is None or kept.newest or kept.writes
+            )
     return folded
 
 
@@ -556,7 +571,7 @@ async def _later_writes(request: Request, stored_thread_id: str, checkpoint_ns: 
 
 
 async def _namespaces(request: Request, stored_thread_id: str) -> list[str] | None:
-    """Every namespace the thread has a checkpoint in (None: more than `MAX_NAMESPACES`)."""
+    """Every namespace the thread has a checkpoint or a pending write in (None: more than `MAX_NAMESPACES`)."""
     async with api_state(request).pool.connection() as conn:
         return await _namespaces_on(conn, stored_thread_id)
 

@@ -163,8 +163,8 @@ class GetResponse(BaseModel):
     )
     namespaces: list[str] | None = Field(
         None,
-        description="A get of the newest checkpoint: every namespace of the thread with a checkpoint in the "
-        "answer's projection (absent: too many to list); a client knows the others are empty.",
+        description="A get of the newest checkpoint: every namespace of the thread with a checkpoint or a pending "
+        "write in the answer's projection (absent: too many to list); a client knows the others are empty.",
     )
     erased: bool = Field(False, description="The thread was erased: it has no checkpoint, and never will.")
     later_writes: dict[str, list[list[Any]]] | None = Field(
