@@ -10,7 +10,9 @@ partition; `delete_for_runs` at its copy on the thread's partition; an erasure a
 `thread.erase` record of the thread in the log (the test scans the topic for them: an erase also erases
 every thread copied from the erased one, each at a record of its own, and an erase that answered
 `erasure_incomplete` and was asked again published some of them in the attempt that failed), with the
-time of the erase call that erased it.
+time of the erase call that erased it. A copy whose source that call erases may copy nothing once the
+call has begun (docs/security.md, "Erase": the projector may meet the source's records only after its
+key is gone), so a read of such a copy ending after the call began may also see its copies hollow.
 
 **The window.** A read of a thread is correct when it equals the reference after some prefix of the
 thread's writes in log order that holds every write acknowledged before the read began and no write
@@ -142,7 +144,10 @@ class History:
         self.tainted: dict[str, float] = {}
         """Threads whose writes are not all known, from the time the unknown one began."""
         self.anomalies: list[str] = []
-        self._states: dict[str, dict[int, ReferenceSaver]] = defaultdict(dict)
+        self._states: dict[tuple[str, bool], dict[int, ReferenceSaver]] = defaultdict(dict)
+        self.hollow_from: dict[str, float] = {}
+        """Copies erased with their source, from the time the erase call began (`_erasures`)."""
+        self._erased_by: dict[str, Op] = {}
         broadcasts: list[tuple[int, int, Op, Outcome]] = []
         for op in ops:
             out = outcomes.get(op.index)
@@ -228,6 +233,10 @@ class History:
             effect = Effect(thread, partition, offset, call, self.outcomes[call.index], kind)
             bisect.insort(self.effects[thread], effect, key=lambda e: e.offset)
         self._states.clear()
+        self._erased_by = expected
+        for thread, call in expected.items():
+            if call.args["thread"] != thread:
+                self.hollow_from[thread] = self.outcomes[call.index].t0
         self.erase_calls = calls
         self.erased_copies = {t for t, c in expected.items() if c.args["thread"] != t}
 
@@ -242,9 +251,10 @@ class History:
 
     # -- the reference after a prefix ------------------------------------------------------------
 
-    def state(self, thread: str, k: int) -> ReferenceSaver:
-        """The reference holding `thread` after its first `k` writes in log order."""
-        memo = self._states[thread]
+    def state(self, thread: str, k: int, hollow: bool = False) -> ReferenceSaver:
+        """The reference holding `thread` after its first `k` writes in log order (`hollow`: its copies
+        from a thread erased by the call that erases it copied nothing)."""
+        memo = self._states[thread, hollow]
         if k in memo:
             return memo[k]
         known = [i for i in memo if i <= k]
@@ -252,13 +262,13 @@ class History:
         state = memo[start].snapshot() if known else ReferenceSaver()
         effects = self.effects[thread]
         for i in range(start, k):
-            self._apply(state, effects[i])
+            self._apply(state, effects[i], hollow)
             if (i + 1) % 32 == 0 and i + 1 < k:
                 memo[i + 1] = state.snapshot()
         memo[k] = state
         return state
 
-    def _apply(self, state: ReferenceSaver, effect: Effect) -> None:
+    def _apply(self, state: ReferenceSaver, effect: Effect, hollow: bool = False) -> None:
         a, thread = effect.op.args, effect.thread
         match effect.kind:
             case "put":
@@ -281,6 +291,9 @@ class History:
             case "copy_thread":
                 assert effect.source is not None
                 source, partition, offset = effect.source
+                erasing = self._erased_by.get(thread)
+                if hollow and erasing is not None and self._erased_by.get(source) is erasing:
+                    return
                 if source != thread:
                     source_effects = self.effects.get(source, [])
                     if source_effects and source_effects[0].partition != partition:
@@ -304,21 +317,25 @@ class History:
         hi = min((i for i, e in enumerate(effects) if e.outcome.t0 > t1), default=len(effects))
         return lo, hi
 
-    async def candidates(self, op: Op, thread: str, lo: int, hi: int) -> list[Any]:
-        """What the read may answer: the reference's answer after each prefix of `lo..hi` writes."""
-        if op.kind != "get_state":
-            return [self._answer(op, thread, self.state(thread, k)) for k in range(lo, hi + 1)]
-        # `aget_state` makes two reads: the newest tuple, then (when a channel stores no value there)
-        # the delta history of its ancestors, at the same or a later prefix.
+    async def candidates(self, op: Op, thread: str, lo: int, hi: int, t1: float = 0.0) -> list[Any]:
+        """What the read may answer: the reference's answer after each prefix of `lo..hi` writes (and with
+        its copies hollow, when the read ended after the call erasing the thread with their source began)."""
         found = []
-        for k in range(lo, hi + 1):
-            reads = self._graph_reads
-            reads.tuples, reads.history, reads.walked = self.state(thread, k), None, False
-            found.append(await self._graph.aget_state({"configurable": {"thread_id": thread}}))
-            if reads.walked:
-                for later in range(k + 1, hi + 1):
-                    reads.history = self.state(thread, later)
-                    found.append(await self._graph.aget_state({"configurable": {"thread_id": thread}}))
+        hollows = (False, True) if t1 > self.hollow_from.get(thread, float("inf")) else (False,)
+        for hollow in hollows:
+            if op.kind != "get_state":
+                found.extend(self._answer(op, thread, self.state(thread, k, hollow)) for k in range(lo, hi + 1))
+                continue
+            # `aget_state` makes two reads: the newest tuple, then (when a channel stores no value there)
+            # the delta history of its ancestors, at the same or a later prefix.
+            for k in range(lo, hi + 1):
+                reads = self._graph_reads
+                reads.tuples, reads.history, reads.walked = self.state(thread, k, hollow), None, False
+                found.append(await self._graph.aget_state({"configurable": {"thread_id": thread}}))
+                if reads.walked:
+                    for later in range(k + 1, hi + 1):
+                        reads.history = self.state(thread, later, hollow)
+                        found.append(await self._graph.aget_state({"configurable": {"thread_id": thread}}))
         return found
 
     def _answer(self, op: Op, thread: str, state: ReferenceSaver) -> Any:
@@ -364,7 +381,7 @@ class History:
             if lo > hi:
                 self.anomalies.append(f"op#{op.index}: empty window {lo}..{hi} on {thread}")
                 continue
-            expected = await self.candidates(op, thread, lo, hi)
+            expected = await self.candidates(op, thread, lo, hi, out.t1)
             if not any(answer == e for e in expected):
                 report.violations.append(Verdict(op, out, thread, (lo, hi), answer, expected))
             elif op.kind in ("get_tuple", "list") and not any(_ordered(answer) == _ordered(e) for e in expected):

@@ -1,0 +1,70 @@
+"""The model check's window around an erasure that reaches a copy (`tests/model_check.py`): the copy may
+lose what it copied from the erased source once the erase call has begun, and not before."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from model_check import History, Outcome
+from model_ops import Op
+from model_reference import ReferenceSaver
+
+SOURCE, TARGET = "s", "t"
+
+
+def _checkpoint(cid: str) -> dict[str, Any]:
+    return {"v": 4, "id": cid, "ts": "2026-01-01T00:00:00+00:00", "channel_values": {},
+            "channel_versions": {}, "versions_seen": {}, "updated_channels": None}  # fmt: skip
+
+
+def _put(index: int, thread: str, cid: str) -> Op:
+    args = {"thread": thread, "ns": "", "parent": None, "extra": {}, "checkpoint": _checkpoint(cid),
+            "metadata": {}, "new_versions": {}}  # fmt: skip
+    return Op(index, 0, "put", args)
+
+
+def _history(read_at: tuple[float, float], answer_ids: list[str]) -> History:
+    """S (partition 0) puts a; T (partition 1) puts b; S is copied onto T; S is erased from time 10
+    (T with it, as a copy); a list of T runs at `read_at` and answers `answer_ids`."""
+    ops = [
+        _put(0, SOURCE, "a"),
+        _put(1, TARGET, "b"),
+        Op(2, 0, "copy_thread", {"source": SOURCE, "target": TARGET}),
+        Op(3, 0, "erase", {"thread": SOURCE}),
+        Op(4, 1, "list", {"thread": TARGET, "ns": None, "filter": None, "before": None, "limit": None}),
+    ]
+    tuples = [_tuple(cid) for cid in answer_ids]
+    outcomes = {
+        0: Outcome(True, 1.0, 2.0, [[(0, 0)]]),
+        1: Outcome(True, 1.0, 2.0, [[(1, 0)]]),
+        2: Outcome(True, 3.0, 4.0, [[(0, 1)], [(1, 1)]]),
+        3: Outcome(True, 10.0, 20.0, []),
+        4: Outcome(True, *read_at, [], tuples),
+    }
+    return History(ops, outcomes, [SOURCE, TARGET], {SOURCE: [(0, 2)], TARGET: [(1, 2)]})
+
+
+def _tuple(cid: str) -> Any:
+    reference = ReferenceSaver()
+    config = {"configurable": {"thread_id": TARGET, "checkpoint_ns": ""}}
+    reference.put(config, _checkpoint(cid), {}, {})
+    return reference.get_tuple(config)
+
+
+async def _violations(read_at: tuple[float, float], answer_ids: list[str]) -> int:
+    history = _history(read_at, answer_ids)
+    report = await history.check()
+    assert not report.anomalies
+    return len(report.violations)
+
+
+async def test_a_copy_read_before_its_sources_erase_began_holds_what_it_copied() -> None:
+    assert await _violations((5.0, 6.0), ["b", "a"]) == 0
+    assert await _violations((5.0, 6.0), ["b"]) == 1
+
+
+async def test_a_copy_read_while_its_sources_erase_runs_may_have_lost_what_it_copied() -> None:
+    assert await _violations((12.0, 13.0), ["b", "a"]) == 0
+    assert await _violations((12.0, 13.0), ["b"]) == 0
+    assert await _violations((12.0, 13.0), []) == 0
+    assert await _violations((12.0, 13.0), ["a"]) == 1
