@@ -38,10 +38,17 @@ from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 from aiokafka.client import AIOKafkaClient
-from aiokafka.errors import KafkaError, NotLeaderForPartitionError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from aiokafka.errors import (
+    KafkaError,
+    NotLeaderForPartitionError,
+    OffsetOutOfRangeError,
+    UnknownTopicOrPartitionError,
+    UnsupportedCodecError,
+)
 from aiokafka.partitioner import murmur2
 from aiokafka.record.memory_records import MemoryRecords
 
+from graphledger.compressed_batches import UnreadableBatchError, bound_decompression
 from graphledger.errors import LogUnavailableError
 from graphledger.kafka_requests import (
     NO_EPOCH,
@@ -147,6 +154,7 @@ class LogTail:
     """A window on the log: an aiokafka client (its own, or a producer's), no consumer group, no offsets."""
 
     def __init__(self, settings: Settings, client: AIOKafkaClient | None = None) -> None:
+        bound_decompression(settings.max_decompressed_batch_bytes)
         self._settings = settings
         self._client = client
         """Given: a started client someone else owns (a producer's)."""
@@ -492,7 +500,8 @@ class LogTail:
 
 
 def _records(raw: bytes | None) -> tuple[list[LogRecord], int]:
-    """The data records in a fetched record set, and its size in bytes."""
+    """The data records in a fetched record set, up to its first unreadable batch (a compressed one
+    beyond the bound), and its size in bytes."""
     if not raw:
         return [], 0
     out: list[LogRecord] = []
@@ -503,5 +512,9 @@ def _records(raw: bytes | None) -> tuple[list[LogRecord], int]:
             break
         if getattr(batch, "is_control_batch", False):
             continue
-        out.extend(LogRecord(r.offset, r.key, r.value, tuple(r.headers), r.timestamp) for r in batch)
+        try:
+            out.extend(LogRecord(r.offset, r.key, r.value, tuple(r.headers), r.timestamp) for r in batch)
+        except (UnreadableBatchError, UnsupportedCodecError) as exc:
+            log.warning("a record batch at offset %d is unreadable (%s); the scan ends there", batch.base_offset, exc)
+            break
     return out, len(raw)

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 DEFAULT_TOPIC_PREFIX = "graphledger"
 DEFAULT_PARTITIONS = 12
 DEFAULT_MAX_MESSAGE_BYTES = 900_000  # below Kafka's default 1 MiB message.max.bytes, with room for headers
+DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES = 64 * 1024 * 1024
 DEFAULT_PRODUCE_TIMEOUT_S = 30.0
 DEFAULT_CONSISTENCY_TIMEOUT_S = 10.0
 DEFAULT_BATCH_MAX_EVENTS = 5_000
@@ -85,6 +86,12 @@ class Settings(BaseSettings):
         DEFAULT_MAX_MESSAGE_BYTES,
         ge=10_000,
         description="Largest record the client publishes; bigger events are split into chunks.",
+    )
+    max_decompressed_batch_bytes: int = Field(
+        DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES,
+        ge=1024 * 1024,
+        description="Most bytes a compressed record batch may decompress to when read from Kafka (graphledger never "
+        "compresses; a hostile producer may): a larger one is not read, and the projector dead-letters it.",
     )
     produce_timeout_s: float = Field(
         DEFAULT_PRODUCE_TIMEOUT_S, gt=0, description="Seconds a write waits for the broker's acknowledgement."

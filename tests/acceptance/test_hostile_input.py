@@ -13,6 +13,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,7 +34,18 @@ from graphledger.events.checkpoint import CheckpointPut
 from graphledger.pg_text import MAX_JSON_DEPTH
 from graphledger.wire import JSON, MSGPACK
 from graphledger_server.projection.checkpoints import to_checkpoint_event
-from hostile import FEW, HOSTILE, SQL_LEAKS, assert_clear, json_objects, json_values, nest, texts
+from hostile import (
+    FEW,
+    HOSTILE,
+    SQL_LEAKS,
+    assert_clear,
+    json_objects,
+    json_values,
+    nest,
+    produce_batch,
+    texts,
+    zstd_bomb,
+)
 from polling import wait_until
 from projection_helpers import put
 
@@ -247,6 +259,44 @@ def test_hostile_records_are_dead_lettered_and_the_partition_moves_on(stack: Any
         assert offset in rows, f"{name} was not dead-lettered"
         assert words in rows[offset], (name, rows[offset])
     assert db.execute("SELECT count(*) FROM checkpoints WHERE thread_id = %s", (thread,)).fetchone()[0] == 1
+
+
+def _peak_rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for pid {pid}")
+
+
+def test_a_decompression_bomb_is_dead_lettered_within_the_bound(stack: Any, db: psycopg.Connection) -> None:
+    """A zstd batch of ~120 KB that expands to 2 GB: the projector reads at most
+    `max_decompressed_batch_bytes` of it, dead-letters it, stays up under its chart memory limit (1 GiB)
+    and applies the partition's next record."""
+    pid = stack.pids()["projector"]
+    thread = f"bomb-{uuid.uuid4()}"
+    topic, partition = stack.settings.checkpoint_topic, 2
+
+    async def attack() -> int:
+        await produce_batch(stack.settings, topic, partition, zstd_bomb(2 * 1024**3))
+        (offset,) = await _produce(stack.settings, [(envelope.encode(to_envelope(put(thread, 1))), b"k")], partition)
+        return offset
+
+    good = asyncio.run(attack())
+
+    def applied() -> bool:
+        return db.execute("SELECT 1 FROM checkpoints WHERE thread_id = %s", (thread,)).fetchone() is not None
+
+    wait_until(applied, WAIT_S, "the record after the bomb")
+    reasons = [
+        reason
+        for (reason,) in db.execute(
+            'SELECT reason FROM graphledger_dead_letters WHERE topic = %s AND partition = %s AND "offset" = %s',
+            (topic, partition, good - 1),
+        ).fetchall()
+    ]
+    assert len(reasons) == 1 and reasons[0].startswith("unreadable record batch") and "zstd" in reasons[0], reasons
+    assert stack.pids()["projector"] == pid
+    assert _peak_rss_bytes(pid) < 1024**3
 
 
 # -- (c) the read API -----------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 A TLS or SASL setting then reaches every client. Producers are the client library's `new_producer`,
 the one every writer uses, so a service acknowledges and frames records exactly as an agent does.
 Consumers never commit to Kafka on their own (progress lives in `graphledger_offsets`), and fetch at
-least a whole record of `max_message_bytes` plus its headers from a partition at once.
+least a whole record of `max_message_bytes` plus its headers from a partition at once. A compressed
+batch decompresses to at most `max_decompressed_batch_bytes` (`graphledger.compressed_batches`): past
+that, the consumer yields a placeholder record for it, which the projector dead-letters.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from graphledger.client.producer import new_producer
+from graphledger.compressed_batches import bound_decompression
 from graphledger.events.chunks import RECORD_HEADROOM_BYTES
 from graphledger.settings import Settings
 
@@ -33,6 +36,7 @@ def new_consumer(
     """An unstarted consumer: in `group_id` (None: partitions assigned by hand), from the earliest offset
     where none is known (`none`: a lost position raises), fetching `fetch_bytes` a partition or a whole
     record, whichever is more."""
+    bound_decompression(settings.max_decompressed_batch_bytes)
     return AIOKafkaConsumer(
         **settings.kafka_client_options(),
         group_id=group_id,

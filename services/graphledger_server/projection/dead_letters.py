@@ -96,7 +96,10 @@ def outgoing_records(letter: DeadLetter, max_message_bytes: int) -> list[Outgoin
     ]
     headers = with_append_time(record)
     if letter.chunk_event_id is None:
-        return [OutgoingRecord(record.key, letter.value, [*headers, *dlq])]
+        # A record with neither key nor value (a producer's null record, or the stand-in for an unreadable
+        # batch) goes out with an empty value: Kafka producers refuse to send neither.
+        value = b"" if record.key is None and letter.value is None else letter.value
+        return [OutgoingRecord(record.key, value, [*headers, *dlq])]
     original = [(k, v) for k, v in headers if k != envelope.HEADER_CHUNK]
     framed = frame(letter.value or b"", original, max_message_bytes, letter.chunk_event_id)
     return [OutgoingRecord(record.key, r.value, [*r.headers, *dlq]) for r in framed]

@@ -1,6 +1,7 @@
 """Kafka records as the projector sees them, and their pure classification before a batch applies.
 
-A record is an event, a chunk of a larger event, a dead letter (undecodable or invalid), or an event
+A record is an event, a chunk of a larger event, a dead letter (undecodable or invalid, or the
+stand-in for a compressed batch beyond `max_decompressed_batch_bytes`), or an event
 from a newer graphledger that its partition must stop before. Classifying needs no database; chunks
 are resolved later, inside the batch transaction, where earlier chunks are stored.
 """
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from graphledger.compressed_batches import UNREADABLE_HEADER
 from graphledger.erasure.sealing import Erased as ErasedKey
 from graphledger.erasure.sealing import (
     KeyLookup,
@@ -188,6 +190,10 @@ def no_keys(ref: str, key_id: str | None) -> None:
 
 def classify(record: SourceRecord, to_event: ToEvent, keys: KeyLookup = no_keys) -> Classified:
     """What a record is, without touching the database (`keys`: the batch's data keys, fetched before)."""
+    unreadable = envelope.header(record.headers, UNREADABLE_HEADER)
+    if unreadable is not None:  # a compressed batch beyond the bound, in the consumer's answer
+        reason = "unreadable record batch, " + unreadable[:1000].decode(errors="replace")
+        return DeadLetter(record, reason, None, record.value)
     chunk_header = envelope.header(record.headers, envelope.HEADER_CHUNK)
     if chunk_header is not None:
         try:
