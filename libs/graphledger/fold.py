@@ -355,7 +355,14 @@ def _in_namespace(held: View, checkpoint_ns: str, change: Callable[[Namespace], 
 def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
     newest = ns.newest
     if newest is not None and event.checkpoint_id < newest.checkpoint_id:
-        return ns  # not the newest: a read of the newest is unchanged
+        # Not the newest: a read of the newest is unchanged, unless this put stores a channel version the
+        # newest names and the view holds no blob row of (puts of two writers can reach the log out of
+        # order: the projection's answer of the newest then lacked the value this put brings).
+        for blob in event.blobs:
+            key = (blob.channel, blob.version)
+            if newest.versions.get(blob.channel) == blob.version and ns.blobs.get(key) in (None, NO_BLOB):
+                raise Underivable(f"an older checkpoint's put stores channel {blob.channel!r} the newest names")
+        return ns
     checkpoint = orjson.loads(event.checkpoint_json)
     legacy = not isinstance(checkpoint.get("v"), int) or checkpoint["v"] < 4
     if legacy and event.parent_checkpoint_id and _sends_of(ns, event.parent_checkpoint_id):

@@ -74,6 +74,21 @@ def test_an_older_put_leaves_the_newest_as_it_is() -> None:
     assert newest(fold.apply(view, older)) == newest(view)
 
 
+def test_an_older_put_storing_a_value_the_newest_names_leaves_the_namespace_not_held() -> None:
+    # Checkpoint 03 names msgs at version 2, which its parent 02 stores; 03's put reached the log first
+    # (another writer's), and the projection answered 03 before 02's put applied: without msgs.
+    answer = newest(folded(FIRST, SECOND))
+    assert answer is not None
+    answer["config"]["checkpoint_id"] = "03"
+    answer["checkpoint"]["channel_versions"]["msgs"] = "2"
+    del answer["checkpoint"]["channel_values"]["msgs"]
+    view = fold.from_answer("", answer, namespaces=[""])
+    parent = put("02", "01", {"msgs": ["b"], "n": 2}, {"msgs": "2", "n": "2"}, {"msgs": "2", "n": "2"})
+    assert fold.apply(view, parent).namespaces[""] is None  # the projection reads 03 with msgs now
+    unrelated = put("02", "01", {"msgs": ["b"], "n": 2}, {"msgs": "3", "n": "2"}, {"msgs": "3", "n": "2"})
+    assert newest(fold.apply(view, unrelated)) == newest(view)
+
+
 def test_a_fork_from_a_checkpoint_not_held_leaves_the_namespace_not_held() -> None:
     view = folded(put("05", None, {"msgs": ["x"]}, {"msgs": "5"}, {"msgs": "5"}))
     forked = fold.apply(view, put("06", "03", {"msgs": ["old"]}, {"msgs": "3"}, {}))
