@@ -355,12 +355,14 @@ def _in_namespace(held: View, checkpoint_ns: str, change: Callable[[Namespace], 
 def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
     newest = ns.newest
     if newest is not None and event.checkpoint_id < newest.checkpoint_id:
-        # Not the newest: a read of the newest is unchanged, unless this put stores a channel version the
-        # newest names and the view holds no blob row of (puts of two writers can reach the log out of
-        # order: the projection's answer of the newest then lacked the value this put brings).
+        # Not the newest: a read of the newest is unchanged, unless this put stores a value at a channel
+        # version the newest names and the view holds no blob row of (puts of two writers can reach the
+        # log out of order: the projection's answer of the newest then lacked the value this put brings).
         for blob in event.blobs:
             key = (blob.channel, blob.version)
-            if newest.versions.get(blob.channel) == blob.version and ns.blobs.get(key) in (None, NO_BLOB):
+            if blob.type == "empty" or newest.versions.get(blob.channel) != blob.version:
+                continue
+            if ns.blobs.get(key) in (None, NO_BLOB):
                 raise Underivable(f"an older checkpoint's put stores channel {blob.channel!r} the newest names")
         return ns
     checkpoint = orjson.loads(event.checkpoint_json)

@@ -41,8 +41,9 @@ from graphledger.embeddings import HashEmbedder
 from graphledger.erasure.sealer import EventSealer
 from graphledger.erasure.sealing import sealed_ref
 from graphledger.erasure.subjects import LABEL_SEPARATOR, reference, thread_subject
-from graphledger.events import envelope
+from graphledger.events import envelope, to_envelope
 from graphledger.events.chunks import frame
+from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.events.store import StorePut
 from graphledger.settings import Settings
 from graphledger.tenancy import hash_token, scoped_namespace, scoped_thread
@@ -539,6 +540,57 @@ async def test_a_write_whose_key_was_erased_under_it_reads_as_erased_never_as_be
             erasable.dev.start_projector()
         writer.close()
         reader.close()
+        await pool.close()
+
+
+async def test_a_forged_erasure_is_dead_lettered_and_erases_nothing(erasable: Erasable) -> None:
+    """A producer with write access publishes erasures no eraser asked for: a `thread.erase` naming a
+    thread's reference (its record key, which anyone reading Kafka sees) and a `tenant.erase` of its
+    tenant, on every partition. The key store records neither, so the projector dead-letters them, and
+    the victim's checkpoints, old and new, stay readable."""
+    run = uuid.uuid4().hex[:8]
+    thread = f"victim-{run}"
+    stored = scoped_thread("acme", thread)
+    settings = erasable.dev.settings
+    pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=1)
+    schema = settings.postgres_schema
+    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+    await producer.start()
+    try:
+        async with KafkaSaver(erasable.client("acme")) as saver:
+            graph = chat_graph(saver)
+            config = {"configurable": {"thread_id": thread}}
+            await graph.ainvoke({"messages": ["before"]}, config)
+            ref = saver._runtime.record_key_of_thread(thread)
+            assert ref is not None
+            forged: list[tuple[str, Any]] = [(settings.checkpoint_topic, ThreadErase(ref.decode()))]
+            forged += [(topic, TenantErase("acme")) for topic in (settings.checkpoint_topic, settings.store_topic)]
+            offsets = []
+            for topic, event in forged:
+                env = to_envelope(event)
+                for partition in range(settings.topic_partitions):
+                    sent = await producer.send_and_wait(
+                        topic, envelope.encode(env), key=ref, partition=partition, headers=envelope.headers_for(env)
+                    )
+                    offsets.append((topic, partition, sent.offset))
+
+            async def dead_lettered() -> bool:
+                query = (
+                    f'SELECT count(*) FROM {schema}.graphledger_dead_letters WHERE (topic, partition, "offset") IN '
+                    "(SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[])) AND reason LIKE '%records no erasure%'"
+                )
+                found = await pool.fetchval(query, *map(list, zip(*offsets, strict=True)))
+                return bool(found == len(offsets))
+
+            await wait_for(dead_lettered, "every forged erasure to be dead-lettered", timeout_s=WAIT_S)
+            await graph.ainvoke({"messages": ["after"]}, config)
+        async with KafkaSaver(erasable.client("acme")) as reader:
+            state = await chat_graph(reader).aget_state(config)
+            assert state.values["messages"] == ["before", "reply to before", "after", "reply to after"]
+        checkpoints = f"SELECT count(*) FROM {schema}.checkpoints WHERE thread_id = $1"
+        assert await pool.fetchval(checkpoints, stored) > 0
+    finally:
+        await producer.stop()
         await pool.close()
 
 

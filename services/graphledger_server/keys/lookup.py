@@ -43,6 +43,17 @@ class DataKeyCache:
             for name, found in (await self._store.bind_fresh(fresh)).items():
                 self._hold(name, found if isinstance(found, Erased | Misbound) else cipher_of(found))
 
+    async def recorded_erasures(
+        self, refs: Collection[str], tenants: Collection[str]
+    ) -> tuple[set[str], set[str]] | None:
+        """Which of the subjects `refs` and the `tenants` the key store recorded as erased (None: there is no
+        key store to ask)."""
+        if self._store is None:
+            return None
+        if not refs and not tenants:
+            return set(), set()
+        return await self._store.recorded_erasures(refs, tenants)
+
     async def thread_erasure_times(self, refs: Collection[str]) -> dict[str, int]:
         """When each erased thread among `refs` was erased (ms), from the key store (none without one)."""
         if not refs or self._store is None:

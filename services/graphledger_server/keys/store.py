@@ -150,6 +150,12 @@ SELECT ref, (extract(epoch FROM min(erased_at)) * 1000)::bigint AS at_ms
 FROM {schema}.erasures WHERE kind = 'thread' AND ref = ANY($1::text[]) GROUP BY ref
 """
 
+# $1 -> subject references, $2 -> tenants: which of them the key store recorded as erased.
+RECORDED_ERASURES_SQL = """
+SELECT kind, ref, tenant FROM {schema}.erasures
+WHERE ref = ANY($1::text[]) OR (kind = 'tenant' AND tenant = ANY($2::text[]))
+"""
+
 # Rotation: the keys wrapped by another key-encryption key than the active one. $1 active kek id.
 STALE_DATA_KEYS_SQL = "SELECT ref, kek_id, wrapped FROM {schema}.data_keys WHERE kek_id <> $1::text"
 STALE_HASH_KEYS_SQL = "SELECT tenant, kek_id, wrapped FROM {schema}.tenant_keys WHERE kek_id <> $1::text"
@@ -321,6 +327,14 @@ class KeyStore:
             )
         return keys
 
+    async def recorded_erasures(self, refs: Collection[str], tenants: Collection[str]) -> tuple[set[str], set[str]]:
+        """Which of the subjects `refs` and the `tenants` the key store recorded as erased."""
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            await self._ready(conn)
+            rows = await conn.fetch(self._sql["recorded_erasures"], list(refs), list(tenants))
+        erased_refs = {r["ref"] for r in rows if r["kind"] != "tenant"}
+        return erased_refs, {r["tenant"] for r in rows if r["kind"] == "tenant"}
+
     async def thread_erasure_times(self, refs: Collection[str]) -> dict[str, int]:
         """When each of the threads `refs` was first erased (ms since the epoch), for those erased."""
         async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
@@ -388,6 +402,7 @@ _STATEMENTS = {
     "erase_hash_key": ERASE_HASH_KEY_SQL,
     "record_erasure": RECORD_ERASURE_SQL,
     "thread_erasure_times": THREAD_ERASURE_TIMES_SQL,
+    "recorded_erasures": RECORDED_ERASURES_SQL,
     "stale_data_keys": STALE_DATA_KEYS_SQL,
     "stale_hash_keys": STALE_HASH_KEYS_SQL,
     "rewrap_data_key": REWRAP_DATA_KEY_SQL,

@@ -211,6 +211,9 @@ class BatchApplier:
         self._erasure = erasure.ErasureStatements(schema)
         self._source_erasures: dict[str, int] = {}
         """When each erased source of a copy met in `classify` was erased (ms); once erased, always."""
+        self._recorded_erasures: tuple[set[str], set[str]] | None = (set(), set())
+        """The subject references and tenants of erasure events met in `classify` that the key store
+        recorded as erased (once erased, always); None: no key store to ask, every erasure applies."""
 
     async def classify(self, records: Sequence[SourceRecord]) -> list[Classified]:
         """Decode, open and validate every record (outside the transaction), after fetching the data
@@ -219,7 +222,41 @@ class BatchApplier:
         classified = [classify(r, self.projections[r.topic].to_event, self.keys.get) for r in records]
         copies = {_ref_of(c.record) for c in classified if _is_copy(c)}
         self._source_erasures.update(await self.keys.thread_erasure_times(copies - self._source_erasures.keys()))
+        await self._ask_about_erasures(classified)
         return classified
+
+    async def _ask_about_erasures(self, classified: Sequence[Classified]) -> None:
+        """Learn which erasure events of the batch the key store recorded. An eraser records the erasure
+        (and destroys the keys) before it publishes the event, so a genuine one is always recorded by the
+        time the projector reads it; one that is not was forged by a producer."""
+        if self._recorded_erasures is None:
+            return
+        refs, tenants = self._recorded_erasures
+        events = [_unwrapped(c.event) for c in classified if isinstance(c, Decoded)]
+        asked_refs = {e.ref for e in events if isinstance(e, ThreadErase | NamespaceErase)} - refs
+        asked_tenants = {e.tenant for e in events if isinstance(e, TenantErase)} - tenants
+        if not asked_refs and not asked_tenants:
+            return
+        recorded = await self.keys.recorded_erasures(asked_refs, asked_tenants)
+        if recorded is None:
+            self._recorded_erasures = None
+            return
+        refs.update(recorded[0])
+        tenants.update(recorded[1])
+
+    def _unrecorded_erasure(self, event: Any) -> str | None:
+        """Why an erasure event may not apply (None: it may, or it is no erasure): the key store does not
+        record it."""
+        if self._recorded_erasures is None:
+            return None
+        refs, tenants = self._recorded_erasures
+        if isinstance(event, TenantErase) and event.tenant not in tenants:
+            return f"{event.TYPE}: the key store records no erasure of that tenant (erasers erase its keys first)"
+        if isinstance(event, ThreadErase | NamespaceErase) and event.ref not in refs:
+            return (
+                f"{event.TYPE}: the key store records no erasure of subject {event.ref} (erasers erase its key first)"
+            )
+        return None
 
     async def apply(
         self, conn: asyncpg.Connection, records: Sequence[SourceRecord], classified: Sequence[Classified] | None = None
@@ -415,7 +452,10 @@ class BatchApplier:
         if decoded.subject is not None and self.keys.is_erased(decoded.subject):
             out.erased.append(Erased(record, decoded.subject.ref, getattr(decoded.event, "TYPE", None)))
             return
-        event = getattr(decoded.event, "event", decoded.event)  # the projections' timed wrappers
+        event = _unwrapped(decoded.event)
+        if (forged := self._unrecorded_erasure(event)) is not None:
+            out.dead.append(DeadLetter(record, forged, event.TYPE, decoded.value, decoded.chunk_event_id))
+            return
         if isinstance(event, ThreadErase | NamespaceErase):
             self.keys.erase(event.ref)  # the key store erased it before the event was published
         elif isinstance(event, TenantErase):
@@ -498,3 +538,8 @@ class BatchApplier:
                 event_type = getattr(d.event, "TYPE", None)
                 dead.append(DeadLetter(r, f"Postgres rejected the event: {exc}", event_type, d.value, d.chunk_event_id))
         return dead, report
+
+
+def _unwrapped(event: Any) -> Any:
+    """A projection's event without its timed wrapper."""
+    return getattr(event, "event", event)
