@@ -353,3 +353,33 @@ async def test_erasing_a_thread_erases_a_copy_the_projector_reached_only_after_t
         await eraser.aerase_thread(source)  # asked again, as the error says: now its copies are known
     async with KafkaSaver(stack.settings) as reader:
         assert await _ids(reader, _config(target)) == []
+
+
+async def test_a_child_put_before_its_parents_reads_the_value_the_parents_put_stores(
+    short_deadline_stack: DevStack,
+) -> None:
+    """Another writer's puts reach the log out of order: checkpoint 3, naming xs at version a, then its
+    parent 2, whose put stores xs at a. The projection answered 3 without xs in between; a reader that
+    folds 2's put onto that answer must not keep it (the official saver reads 3 with xs)."""
+    stack, thread, reference = short_deadline_stack, _thread(), ReferenceSaver()
+    child, parent = _checkpoint("3", {}, {"xs": "a"}), _checkpoint("2", {"xs": [1]}, {"xs": "a"})
+    async with KafkaSaver(stack.settings) as writer, KafkaSaver(stack.settings) as other:
+        for saver in (writer, reference):
+            await saver.aput(_config(thread), _checkpoint("1"), {}, {})
+        seen = _positions(other)
+        for saver in (other, reference):
+            await saver.aput(_config(thread, "2"), child, {}, {})
+        ((partition, offset),) = seen
+        await _until_past(stack, partition, offset)  # the projection holds 3, without xs
+        expected = {"xs": [1]}
+        with stack.projector_frozen():
+            for saver in (other, reference):
+                await saver.aput(_config(thread, "1"), parent, {}, {"xs": "a"})
+            try:
+                mine = await writer.aget_tuple(_config(thread))
+            except GraphledgerError as exc:  # it waits for the projection, which is frozen
+                assert exc.retryable, exc
+            else:
+                assert mine is not None and mine.checkpoint["channel_values"] == expected  # it read {}
+        assert (await reference.aget_tuple(_config(thread))).checkpoint["channel_values"] == expected
+        assert (await writer.aget_tuple(_config(thread))).checkpoint["channel_values"] == expected
