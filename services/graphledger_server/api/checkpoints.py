@@ -59,26 +59,25 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/checkpoints", tags=["checkpoints"])
 
+
+def _skip_scan(table: str, name: str) -> str:
+    """The CTE `name` of the thread's namespaces in `table`, by a skip scan of its primary key: one index
+    probe per namespace however many rows each holds (and a final null)."""
+    return f"""{name} AS (
+    (SELECT checkpoint_ns FROM {table} WHERE thread_id = %(thread)s ORDER BY checkpoint_ns LIMIT 1)
+    UNION ALL
+    SELECT (SELECT n.checkpoint_ns FROM {table} n
+            WHERE n.thread_id = %(thread)s AND n.checkpoint_ns > {name}.checkpoint_ns
+            ORDER BY n.checkpoint_ns LIMIT 1)
+    FROM {name} WHERE {name}.checkpoint_ns IS NOT NULL
+)"""
+
+
 # Every namespace of a thread, a checkpoint's or a pending write's (writes can reach a namespace before
-# any put there: a put of their checkpoint must then be read with them), by a skip scan of each table's
-# primary key: one index probe per namespace, however many rows each holds. %(thread)s -> the stored
-# thread id; at most %(most)s.
-THREAD_NAMESPACES_SQL = """
-WITH RECURSIVE c AS (
-    (SELECT checkpoint_ns FROM checkpoints WHERE thread_id = %(thread)s ORDER BY checkpoint_ns LIMIT 1)
-    UNION ALL
-    SELECT (SELECT n.checkpoint_ns FROM checkpoints n
-            WHERE n.thread_id = %(thread)s AND n.checkpoint_ns > c.checkpoint_ns
-            ORDER BY n.checkpoint_ns LIMIT 1)
-    FROM c WHERE c.checkpoint_ns IS NOT NULL
-), w AS (
-    (SELECT checkpoint_ns FROM checkpoint_writes WHERE thread_id = %(thread)s ORDER BY checkpoint_ns LIMIT 1)
-    UNION ALL
-    SELECT (SELECT n.checkpoint_ns FROM checkpoint_writes n
-            WHERE n.thread_id = %(thread)s AND n.checkpoint_ns > w.checkpoint_ns
-            ORDER BY n.checkpoint_ns LIMIT 1)
-    FROM w WHERE w.checkpoint_ns IS NOT NULL
-)
+# any put there: a put of their checkpoint must then be read with them). %(thread)s -> the stored thread
+# id; at most %(most)s.
+THREAD_NAMESPACES_SQL = f"""
+WITH RECURSIVE {_skip_scan("checkpoints", "c")}, {_skip_scan("checkpoint_writes", "w")}
 SELECT checkpoint_ns FROM (
     (SELECT checkpoint_ns FROM c WHERE checkpoint_ns IS NOT NULL LIMIT %(most)s)
     UNION
