@@ -358,12 +358,12 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
         # Not the newest: a read of the newest is unchanged, unless this put stores a value at a channel
         # version the newest names and the view holds no blob row of (puts of two writers can reach the
         # log out of order: the projection's answer of the newest then lacked the value this put brings).
-        for blob in event.blobs:
-            key = (blob.channel, blob.version)
-            if blob.type == "empty" or newest.versions.get(blob.channel) != blob.version:
+        for stored_blob in event.blobs:
+            channel, version = stored_blob.channel, stored_blob.version
+            if stored_blob.type == "empty" or newest.versions.get(channel) != version:
                 continue
-            if ns.blobs.get(key) in (None, NO_BLOB):
-                raise Underivable(f"an older checkpoint's put stores channel {blob.channel!r} the newest names")
+            if ns.blobs.get((channel, version)) in (None, NO_BLOB):
+                raise Underivable(f"an older checkpoint's put stores channel {channel!r} the newest names")
         return ns
     checkpoint = orjson.loads(event.checkpoint_json)
     legacy = not isinstance(checkpoint.get("v"), int) or checkpoint["v"] < 4
