@@ -39,7 +39,7 @@ from agent_pods import AgentPod
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.embeddings import HashEmbedder
 from graphledger.erasure.sealer import EventSealer
-from graphledger.erasure.sealing import sealed_ref
+from graphledger.erasure.sealing import SealedSubject, cipher_of, seal, sealed_ref
 from graphledger.erasure.subjects import LABEL_SEPARATOR, reference, thread_subject
 from graphledger.events import envelope, to_envelope
 from graphledger.events.chunks import frame
@@ -51,6 +51,8 @@ from graphledger_server.devstack.stack import CLIENT_FIELDS, DevStack, settings_
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import Erasure, key_store_for
 from polling import wait_for
+from projection_helpers import cid
+from projection_helpers import put as projection_put
 
 pytestmark = pytest.mark.slow
 
@@ -589,6 +591,61 @@ async def test_a_forged_erasure_is_dead_lettered_and_erases_nothing(erasable: Er
             assert state.values["messages"] == ["before", "reply to before", "after", "reply to after"]
         checkpoints = f"SELECT count(*) FROM {schema}.checkpoints WHERE thread_id = $1"
         assert await pool.fetchval(checkpoints, stored) > 0
+    finally:
+        await producer.stop()
+        await pool.close()
+
+
+async def test_an_event_sealed_with_another_tenants_key_is_dead_lettered(erasable: Erasable) -> None:
+    """Another tenant's agent seals a put naming acme's thread under a key of its own, claiming acme's
+    subject inside the seal, and publishes it among acme's records. The key store made that key for the
+    other tenant, so the projector (and the read API's read-through) refuse it: acme's thread reads as
+    before."""
+    run = uuid.uuid4().hex[:8]
+    thread = f"victim-{run}"
+    stored = scoped_thread("acme", thread)
+    settings = erasable.dev.settings
+    schema = settings.postgres_schema
+    pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=1)
+    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+    await producer.start()
+    config = {"configurable": {"thread_id": thread}}
+    try:
+        async with KafkaSaver(erasable.client("acme")) as saver:
+            await chat_graph(saver).ainvoke({"messages": ["mine"]}, config)
+            record_key = saver._runtime.record_key_of_thread(thread)
+        keys = key_store_for(settings, pool)
+        assert keys is not None and record_key is not None
+        attacker = f"evil{run}"  # a tenant of its own (this module's other tests erase beta)
+        own = scoped_thread(attacker, "x")
+        evil_ref = reference(await keys.hash_key(attacker), thread_subject(attacker, own))
+        evil_key = (await keys.data_keys([(evil_ref, thread_subject(attacker, own))]))[evil_ref]
+        assert isinstance(evil_key, bytes)
+        forged = seal(
+            to_envelope(projection_put(stored, 99)),
+            SealedSubject(evil_ref, "thread", "acme", stored),
+            cipher_of(evil_key),
+        )
+        sent = await producer.send_and_wait(
+            settings.checkpoint_topic, envelope.encode(forged), key=record_key, headers=envelope.headers_for(forged)
+        )
+
+        async def dead_lettered() -> bool:
+            reason = await pool.fetchval(
+                f"SELECT reason FROM {schema}.graphledger_dead_letters "
+                'WHERE topic = $1 AND partition = $2 AND "offset" = $3',
+                settings.checkpoint_topic,
+                sent.partition,
+                sent.offset,
+            )
+            return reason is not None and "another tenant than its key's" in reason
+
+        await wait_for(dead_lettered, "the forged put to be dead-lettered", timeout_s=WAIT_S)
+        async with KafkaSaver(erasable.client("acme")) as reader:
+            state = await chat_graph(reader).aget_state(config)
+            assert state.values["messages"] == ["mine", "reply to mine"]
+        forged_rows = f"SELECT count(*) FROM {schema}.checkpoints WHERE thread_id = $1 AND checkpoint_id = $2"
+        assert await pool.fetchval(forged_rows, stored, cid(99)) == 0
     finally:
         await producer.stop()
         await pool.close()

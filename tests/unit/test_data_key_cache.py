@@ -39,6 +39,10 @@ class FakeKeyStore:
         self.asked.append(set(refs))
         return {ref: self.keys[ref] for ref in refs if ref in self.keys}
 
+    async def owners(self, refs: Collection[str], key_ids: Collection[str]) -> tuple[dict[str, str], dict[str, str]]:
+        """Every key is tenant acme's, but for a ref or id that starts with another tenant's name and a colon."""
+        return {ref: _tenant_of(ref) for ref in refs}, {key_id: _tenant_of(key_id) for key_id in key_ids}
+
     async def bind_fresh(self, named: Collection[tuple[str, str]]) -> dict[tuple[str, str], bytes | Erased | Misbound]:
         found: dict[tuple[str, str], bytes | Erased | Misbound] = {}
         for ref, key_id in named:
@@ -52,6 +56,10 @@ class FakeKeyStore:
             else:
                 found[(ref, key_id)] = self.fresh[key_id]
         return found
+
+
+def _tenant_of(name: str) -> str:
+    return name.split(":", 1)[0] if ":" in name else "acme"
 
 
 def own(*refs: str) -> list[tuple[str, None]]:
@@ -84,6 +92,19 @@ async def test_load_asks_the_store_only_for_the_refs_not_held() -> None:
     await cache.load(own("a", "b", "c"))
     await cache.load(own("c", "a"))
     assert store.asked == [{"a", "b"}, {"c"}]
+
+
+async def test_a_held_key_says_which_tenant_the_key_store_made_it_for_until_it_is_dropped() -> None:
+    store = FakeKeyStore({"a": new_data_key(), "evil:b": new_data_key(), "c": new_data_key()}, {"k": new_data_key()})
+    cache = cache_of(store, capacity=3)
+    await cache.load(own("a"))
+    await cache.load([*own("evil:b"), ("evil:b", "k")])
+    owners = [cache.owner(name) for name in [*own("a", "evil:b"), ("evil:b", "k")]]
+    assert owners == ["acme", "evil", "acme"]  # a fresh key is its issuer's, whatever subject it names
+    await cache.load(own("c"))  # beyond the capacity: the least recently used key goes, with its owner
+    assert cache.owner(("a", None)) is None and cache.owner(("c", None)) == "acme"
+    cache.forget("evil:b")
+    assert cache.owner(("evil:b", None)) is None
 
 
 async def test_a_ref_the_store_does_not_know_has_no_key_and_is_asked_for_again() -> None:

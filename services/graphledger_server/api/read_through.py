@@ -48,6 +48,7 @@ from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.api.unprojected import KeyTail, Unprojected
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.projection import chunks
+from graphledger_server.projection.admission import misattributed
 from graphledger_server.projection.records import (
     Chunk,
     Classified,
@@ -143,6 +144,9 @@ class RecordOpener:
                     return []
                 if item.subject is not None and self._keys.is_erased(item.subject):
                     return self._erasure(Erased(item.record, item.subject.ref, None, item.subject.kind))
+                if item.subject is not None and (name := key_name(item.record)) is not None:
+                    if misattributed(item.event, item.subject, self._keys.owner(name)) is not None:
+                        return []  # the projector dead-letters it: no effect
                 return [(item.record.offset, item.event)]
             case DeadLetter():
                 return []  # the projector dead-letters it: no effect

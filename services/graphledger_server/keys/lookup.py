@@ -5,7 +5,8 @@ records' `gl-subject` headers name (and the fresh keys their `gl-key` headers na
 binds to that subject on first sight), and kept (least recently used first out) until an erasure of
 their subject applies: from then on the subject's records are erased, whatever key was cached. A fresh
 key bound to another subject opens nothing (`MISBOUND`). Without a key store (no key-encryption keys
-configured) no sealed event opens.
+configured) no sealed event opens. Each key is held with its owner, the tenant the key store made it
+for, so a reader can refuse a record sealed for a subject of another tenant (`projection/admission.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class DataKeyCache:
         self._store = store
         self._capacity = capacity
         self._keys: OrderedDict[KeyName, DataKey | Misbound] = OrderedDict()
+        self._owners: dict[KeyName, str] = {}
         self._erased_tenants: set[str] = set()
 
     async def load(self, names: Iterable[KeyName]) -> None:
@@ -42,6 +44,22 @@ class DataKeyCache:
         if fresh := {(ref, key_id) for ref, key_id in missing if key_id is not None}:
             for name, found in (await self._store.bind_fresh(fresh)).items():
                 self._hold(name, found if isinstance(found, Erased | Misbound) else cipher_of(found))
+        opened = [
+            name for name in missing if name in self._keys and not isinstance(self._keys[name], Erased | Misbound)
+        ]
+        if not opened:
+            return
+        by_ref, by_id = await self._store.owners(
+            {ref for ref, key_id in opened if key_id is None}, {key_id for _, key_id in opened if key_id is not None}
+        )
+        for ref, key_id in opened:
+            owner = by_ref.get(ref) if key_id is None else by_id.get(key_id)
+            if owner is not None:
+                self._owners[(ref, key_id)] = owner
+
+    def owner(self, name: KeyName) -> str | None:
+        """The tenant the held key `name` was made for (None: not held, or unknown)."""
+        return self._owners.get(name)
 
     async def recorded_erasures(
         self, refs: Collection[str], tenants: Collection[str]
@@ -79,18 +97,21 @@ class DataKeyCache:
         """Drop what is held of the subject `ref`: its next `load` asks the key store again."""
         for name in [name for name in self._keys if name[0] == ref]:
             del self._keys[name]
+            self._owners.pop(name, None)
 
     def forget_tenant(self, tenant: str) -> None:
         """Drop every key held (they do not say their tenant): the next `load` asks the key store again.
         A tenant's erasure is rare; a cache refilled is cheap."""
         self._keys.clear()
+        self._owners.clear()
 
     def _hold(self, name: KeyName, key: DataKey | Misbound) -> None:
         """Keep `key` as the most recently used, forgetting the least recently used beyond the capacity."""
         self._keys[name] = key
         self._keys.move_to_end(name)
         while len(self._keys) > self._capacity:
-            self._keys.popitem(last=False)
+            forgotten, _ = self._keys.popitem(last=False)
+            self._owners.pop(forgotten, None)
 
     def erase_tenant(self, tenant: str) -> None:
         self._erased_tenants.add(tenant)

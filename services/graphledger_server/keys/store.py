@@ -150,6 +150,13 @@ SELECT ref, (extract(epoch FROM min(erased_at)) * 1000)::bigint AS at_ms
 FROM {schema}.erasures WHERE kind = 'thread' AND ref = ANY($1::text[]) GROUP BY ref
 """
 
+# $1 -> subject references, $2 -> fresh key ids: the tenant each key was made for (or issued to).
+KEY_OWNERS_SQL = """
+SELECT ref, NULL::text AS id, tenant FROM {schema}.data_keys WHERE ref = ANY($1::text[])
+UNION ALL
+SELECT NULL, id, tenant FROM {schema}.fresh_keys WHERE id = ANY($2::text[])
+"""
+
 # $1 -> subject references, $2 -> tenants: which of them the key store recorded as erased.
 RECORDED_ERASURES_SQL = """
 SELECT kind, ref, tenant FROM {schema}.erasures
@@ -327,6 +334,14 @@ class KeyStore:
             )
         return keys
 
+    async def owners(self, refs: Collection[str], key_ids: Collection[str]) -> tuple[dict[str, str], dict[str, str]]:
+        """The tenant each data key of `refs` and each fresh key of `key_ids` was made for (those that exist)."""
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            await self._ready(conn)
+            rows = await conn.fetch(self._sql["key_owners"], list(refs), list(key_ids))
+        by_ref = {r["ref"]: r["tenant"] for r in rows if r["ref"] is not None}
+        return by_ref, {r["id"]: r["tenant"] for r in rows if r["id"] is not None}
+
     async def recorded_erasures(self, refs: Collection[str], tenants: Collection[str]) -> tuple[set[str], set[str]]:
         """Which of the subjects `refs` and the `tenants` the key store recorded as erased."""
         async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
@@ -403,6 +418,7 @@ _STATEMENTS = {
     "record_erasure": RECORD_ERASURE_SQL,
     "thread_erasure_times": THREAD_ERASURE_TIMES_SQL,
     "recorded_erasures": RECORDED_ERASURES_SQL,
+    "key_owners": KEY_OWNERS_SQL,
     "stale_data_keys": STALE_DATA_KEYS_SQL,
     "stale_hash_keys": STALE_HASH_KEYS_SQL,
     "rewrap_data_key": REWRAP_DATA_KEY_SQL,

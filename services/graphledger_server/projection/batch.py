@@ -49,6 +49,7 @@ from graphledger_server.log.offsets import (
 )
 from graphledger_server.projection import chunks as chunk_store
 from graphledger_server.projection import erasure
+from graphledger_server.projection.admission import misattributed
 from graphledger_server.projection.checkpoints import TimedCheckpointEvent
 from graphledger_server.projection.dead_letters import record_dead_letters
 from graphledger_server.projection.records import (
@@ -453,8 +454,12 @@ class BatchApplier:
             out.erased.append(Erased(record, decoded.subject.ref, getattr(decoded.event, "TYPE", None)))
             return
         event = _unwrapped(decoded.event)
-        if (forged := self._unrecorded_erasure(event)) is not None:
-            out.dead.append(DeadLetter(record, forged, event.TYPE, decoded.value, decoded.chunk_event_id))
+        forged = self._unrecorded_erasure(event)
+        if forged is None and decoded.subject is not None and (name := key_name(record)) is not None:
+            forged = misattributed(event, decoded.subject, self.keys.owner(name))
+        if forged is not None:
+            letter = DeadLetter(record, forged, event.TYPE, decoded.value, decoded.chunk_event_id, decoded.subject)
+            out.dead.append(letter)
             return
         if isinstance(event, ThreadErase | NamespaceErase):
             self.keys.erase(event.ref)  # the key store erased it before the event was published

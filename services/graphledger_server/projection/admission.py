@@ -1,0 +1,63 @@
+"""Whether a sealed event may affect what it names: producers are not trusted (docs/security.md, "Tenants").
+
+Agents of every tenant can write the shared topics, so anyone can publish an event naming any thread or
+namespace, and seal it under a key of their own while claiming another tenant's subject inside the seal.
+What they cannot forge is whose a key is: the key store made each data key for one tenant (a fresh key
+too: it was issued to one). So a sealed event is admitted only when the tenant its seal claims is its
+key's, what it names lies within that tenant (a copy's source too: a copy reads the source's rows), and
+the subject it claims is the thread or namespace it names. Pure; the projector's batch and the read API's
+read-through ask it with the key's owner from `DataKeyCache.owner`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphledger.erasure.sealing import SealedSubject
+from graphledger.erasure.subjects import LABEL_SEPARATOR
+from graphledger.events import checkpoint, store
+from graphledger.tenancy import THREAD_SEPARATOR
+
+
+def misattributed(event: Any, subject: SealedSubject, owner: str | None) -> str | None:
+    """Why the sealed `event` (a projection's event, or its timed wrapper) may not apply (None: it may).
+    `subject`: what its seal claims; `owner`: the tenant its key was made for (None: the key store names
+    none). The reason names the reference, never the names the event carries."""
+    event = getattr(event, "event", event)
+    kind, ref, tenant = event.TYPE, subject.ref, subject.tenant
+    if owner is None:
+        return f"{kind} sealed for subject {ref} with a key the key store names no owner of"
+    if owner != tenant:
+        return f"{kind} sealed for subject {ref} of another tenant than its key's"
+    match event:
+        case store.StorePut() | store.StoreDelete() | store.StoreRefresh() | store.StoreExpire():
+            labels = tuple(subject.name.split(LABEL_SEPARATOR))
+            if subject.kind != "namespace" or tuple(event.namespace[: len(labels)]) != labels:
+                return f"{kind} sealed for subject {ref}, but names another namespace"
+            if tenant and event.namespace[:1] != (tenant,):
+                return f"{kind} sealed for subject {ref} of its tenant, but names data outside that tenant"
+        case checkpoint.ThreadCopy() | checkpoint.ThreadCopyBarrier():
+            named = [event.target_thread_id]
+            if isinstance(event, checkpoint.ThreadCopy):
+                named.append(event.source_thread_id)
+            return _thread_problem(kind, subject, event.target_thread_id, named)
+        case (
+            checkpoint.CheckpointPut()
+            | checkpoint.CheckpointWrites()
+            | checkpoint.ThreadDelete()
+            | checkpoint.ThreadPrune()
+            | checkpoint.ThreadExpire()
+        ):
+            return _thread_problem(kind, subject, event.thread_id, [event.thread_id])
+        case _:
+            return None  # names no one's data (run ids, references): nothing to check
+    return None
+
+
+def _thread_problem(kind: str, subject: SealedSubject, thread_id: str, named: list[str]) -> str | None:
+    if subject.kind != "thread" or subject.name != thread_id:
+        return f"{kind} sealed for subject {subject.ref}, but names another thread"
+    prefix = subject.tenant + THREAD_SEPARATOR
+    if subject.tenant and not all(name.startswith(prefix) for name in named):
+        return f"{kind} sealed for subject {subject.ref} of its tenant, but names data outside that tenant"
+    return None

@@ -1,0 +1,37 @@
+"""Which sealed events the projector admits (`projection/admission.py`): a seal claiming a subject of
+another tenant than its key's, or naming other data than the subject it claims, is refused."""
+
+from __future__ import annotations
+
+from graphledger.erasure.sealing import SealedSubject
+from graphledger.events.checkpoint import ThreadCopy, ThreadCopyBarrier
+from graphledger_server.projection.admission import misattributed
+from projection_helpers import put
+from store_helpers import put as store_put
+
+ACME_THREAD = SealedSubject("r1", "thread", "acme", "acme/t")
+ACME_MEMORIES = SealedSubject("r2", "namespace", "acme", "acme.users.42")
+
+
+def test_a_subjects_own_events_sealed_with_its_tenants_key_are_admitted() -> None:
+    assert misattributed(put("acme/t", 1), ACME_THREAD, "acme") is None
+    assert misattributed(ThreadCopy("acme/s", "acme/t"), ACME_THREAD, "acme") is None
+    assert misattributed(ThreadCopyBarrier("acme/t", 0, 5), ACME_THREAD, "acme") is None
+    assert misattributed(store_put(("acme", "users", "42", "notes"), "k", {}), ACME_MEMORIES, "acme") is None
+    unnamed = SealedSubject("r3", "thread", "", "t")  # the unnamed tenant owns every name
+    assert misattributed(ThreadCopy("s", "t"), unnamed, "") is None
+
+
+def test_a_seal_claiming_another_tenants_subject_is_refused() -> None:
+    reason = misattributed(put("acme/t", 1), ACME_THREAD, "evil")
+    assert reason is not None and "another tenant than its key's" in reason and "acme/t" not in reason
+    assert "no owner" in (misattributed(put("acme/t", 1), ACME_THREAD, None) or "")
+
+
+def test_an_event_naming_other_data_than_its_seals_subject_is_refused() -> None:
+    assert "another thread" in (misattributed(put("acme/other", 1), ACME_THREAD, "acme") or "")
+    namespace = ("acme", "users", "43")
+    assert "another namespace" in (misattributed(store_put(namespace, "k", {}), ACME_MEMORIES, "acme") or "")
+    evil = SealedSubject("r4", "thread", "evil", "evil/t")
+    stolen = misattributed(ThreadCopy("acme/t", "evil/t"), evil, "evil")  # a copy reads its source's rows
+    assert stolen is not None and "outside that tenant" in stolen
