@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from graphledger.erasure.sealing import SealedSubject
 from graphledger.events.checkpoint import ThreadCopy, ThreadCopyBarrier
-from graphledger_server.projection.admission import misattributed
+from graphledger.events.envelope import HEADER_SUBJECT
+from graphledger_server.projection.admission import admitted, misattributed
+from graphledger_server.projection.records import DeadLetter, Decoded, SourceRecord
 from projection_helpers import put
 from store_helpers import put as store_put
 
@@ -35,3 +37,16 @@ def test_an_event_naming_other_data_than_its_seals_subject_is_refused() -> None:
     evil = SealedSubject("r4", "thread", "evil", "evil/t")
     stolen = misattributed(ThreadCopy("acme/t", "evil/t"), evil, "evil")  # a copy reads its source's rows
     assert stolen is not None and "outside that tenant" in stolen
+
+
+def test_the_verdict_is_taken_when_a_record_is_decoded_and_kept_with_it() -> None:
+    """The read API keeps a record's classification for later reads, after its key may have left the
+    cache: a refused event is a dead letter from the start, an admitted one stays as it was decoded."""
+    record = SourceRecord("t", 0, 7, b"k", b"v", ((HEADER_SUBJECT, b"r1"),))
+    decoded = Decoded(record, put("acme/t", 1), subject=ACME_THREAD)
+    assert admitted(decoded, lambda name: "acme") is decoded
+    letter = admitted(decoded, lambda name: "evil" if name == ("r1", None) else None)
+    assert (
+        isinstance(letter, DeadLetter) and "another tenant" in letter.reason and letter.event_type == "checkpoint.put"
+    )
+    assert admitted(DeadLetter(record, "bad", None, b"v"), lambda name: None).reason == "bad"  # type: ignore[union-attr]

@@ -48,7 +48,7 @@ from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.api.unprojected import KeyTail, Unprojected
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.projection import chunks
-from graphledger_server.projection.admission import misattributed
+from graphledger_server.projection.admission import admitted
 from graphledger_server.projection.records import (
     Chunk,
     Classified,
@@ -144,9 +144,6 @@ class RecordOpener:
                     return []
                 if item.subject is not None and self._keys.is_erased(item.subject):
                     return self._erasure(Erased(item.record, item.subject.ref, None, item.subject.kind))
-                if item.subject is not None and (name := key_name(item.record)) is not None:
-                    if misattributed(item.event, item.subject, self._keys.owner(name)) is not None:
-                        return []  # the projector dead-letters it: no effect
                 return [(item.record.offset, item.event)]
             case DeadLetter():
                 return []  # the projector dead-letters it: no effect
@@ -168,7 +165,7 @@ class RecordOpener:
         noted = self._unprojected.note(record)
         if noted is not None:
             return noted
-        found = classify(record, self._to_event(record.topic), self._keys.get)
+        found = admitted(classify(record, self._to_event(record.topic), self._keys.get), self._keys.owner)
         self._unprojected.set_note(record, found)
         return found
 
@@ -178,7 +175,8 @@ class RecordOpener:
         if value is None:
             reason = f"chunks of event {last.ref.event_id} do not cover 0..{last.ref.count - 1}"
             return DeadLetter(record, reason, None, None, last.ref.event_id)
-        return decode_value(record, value, self._to_event(record.topic), self._keys.get, last.ref.event_id)
+        decoded = decode_value(record, value, self._to_event(record.topic), self._keys.get, last.ref.event_id)
+        return admitted(decoded, self._keys.owner)
 
     async def _load_keys(self, records: Any) -> None:
         names = {name for r in records if (name := key_name(r)) is not None}

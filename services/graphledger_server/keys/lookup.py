@@ -33,10 +33,11 @@ class DataKeyCache:
         self._erased_tenants: set[str] = set()
 
     async def load(self, names: Iterable[KeyName]) -> None:
-        """Fetch the keys of `names` not held yet, binding fresh ones (raises what the key store raises:
-        the batch retries)."""
+        """Fetch the keys of `names` not held yet, binding fresh ones, and the owners of those held without
+        one (raises what the key store raises: the batch retries)."""
+        names = set(names)
         missing = {name for name in names if name not in self._keys}
-        if not missing or self._store is None:
+        if self._store is None:
             return
         if own := {ref for ref, key_id in missing if key_id is None}:
             for ref, key in (await self._store.find(own)).items():
@@ -45,7 +46,9 @@ class DataKeyCache:
             for name, found in (await self._store.bind_fresh(fresh)).items():
                 self._hold(name, found if isinstance(found, Erased | Misbound) else cipher_of(found))
         opened = [
-            name for name in missing if name in self._keys and not isinstance(self._keys[name], Erased | Misbound)
+            name
+            for name in names
+            if name not in self._owners and not isinstance(self._keys.get(name, ERASED), Erased | Misbound)
         ]
         if not opened:
             return

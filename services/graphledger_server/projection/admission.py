@@ -6,17 +6,33 @@ What they cannot forge is whose a key is: the key store made each data key for o
 too: it was issued to one). So a sealed event is admitted only when the tenant its seal claims is its
 key's, what it names lies within that tenant (a copy's source too: a copy reads the source's rows), and
 the subject it claims is the thread or namespace it names. Pure; the projector's batch and the read API's
-read-through ask it with the key's owner from `DataKeyCache.owner`.
+read-through apply `admitted` to each record as they decode it, right after loading its key and its
+key's owner (`DataKeyCache.owner`), so a classification kept for later carries the verdict.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from graphledger.erasure.sealing import SealedSubject
 from graphledger.erasure.subjects import LABEL_SEPARATOR
 from graphledger.events import checkpoint, store
 from graphledger.tenancy import THREAD_SEPARATOR
+from graphledger_server.projection.records import DeadLetter, Decoded, key_name
+
+Item = TypeVar("Item")
+
+
+def admitted(item: Item, owner_of: Callable[[tuple[str, str | None]], str | None]) -> Item | DeadLetter:
+    """`item` (a classified record), or a dead letter when it is a sealed event `misattributed` refuses."""
+    if not isinstance(item, Decoded) or item.subject is None or (name := key_name(item.record)) is None:
+        return item
+    reason = misattributed(item.event, item.subject, owner_of(name))
+    if reason is None:
+        return item
+    kind = getattr(getattr(item.event, "event", item.event), "TYPE", None)
+    return DeadLetter(item.record, reason, kind, item.value, item.chunk_event_id, item.subject)
 
 
 def misattributed(event: Any, subject: SealedSubject, owner: str | None) -> str | None:

@@ -49,7 +49,7 @@ from graphledger_server.log.offsets import (
 )
 from graphledger_server.projection import chunks as chunk_store
 from graphledger_server.projection import erasure
-from graphledger_server.projection.admission import misattributed
+from graphledger_server.projection.admission import admitted
 from graphledger_server.projection.checkpoints import TimedCheckpointEvent
 from graphledger_server.projection.dead_letters import record_dead_letters
 from graphledger_server.projection.records import (
@@ -220,7 +220,9 @@ class BatchApplier:
         """Decode, open and validate every record (outside the transaction), after fetching the data
         keys their `gl-subject` headers name."""
         await self.keys.load({name for r in records if (name := key_name(r)) is not None})
-        classified = [classify(r, self.projections[r.topic].to_event, self.keys.get) for r in records]
+        classified = [
+            admitted(classify(r, self.projections[r.topic].to_event, self.keys.get), self.keys.owner) for r in records
+        ]
         copies = {_ref_of(c.record) for c in classified if _is_copy(c)}
         self._source_erasures.update(await self.keys.thread_erasure_times(copies - self._source_erasures.keys()))
         await self._ask_about_erasures(classified)
@@ -416,7 +418,7 @@ class BatchApplier:
                 record, f"chunks of event {key[2]} do not cover 0..{last.ref.count - 1}", None, None, key[2]
             )
         to_event = self.projections[record.topic].to_event
-        return decode_value(record, value, to_event, self.keys.get, chunk_event_id=key[2])
+        return admitted(decode_value(record, value, to_event, self.keys.get, chunk_event_id=key[2]), self.keys.owner)
 
     def _sort(
         self, out: _Resolved, outcome: Decoded | DeadLetter | TooNew | Erased, committed: Mapping[TopicPartition, int]
@@ -454,12 +456,8 @@ class BatchApplier:
             out.erased.append(Erased(record, decoded.subject.ref, getattr(decoded.event, "TYPE", None)))
             return
         event = _unwrapped(decoded.event)
-        forged = self._unrecorded_erasure(event)
-        if forged is None and decoded.subject is not None and (name := key_name(record)) is not None:
-            forged = misattributed(event, decoded.subject, self.keys.owner(name))
-        if forged is not None:
-            letter = DeadLetter(record, forged, event.TYPE, decoded.value, decoded.chunk_event_id, decoded.subject)
-            out.dead.append(letter)
+        if (forged := self._unrecorded_erasure(event)) is not None:
+            out.dead.append(DeadLetter(record, forged, event.TYPE, decoded.value, decoded.chunk_event_id))
             return
         if isinstance(event, ThreadErase | NamespaceErase):
             self.keys.erase(event.ref)  # the key store erased it before the event was published
