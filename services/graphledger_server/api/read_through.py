@@ -62,6 +62,7 @@ from graphledger_server.projection.records import (
     decode_value,
     erasure_at,
     key_name,
+    unwrapped,
 )
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ def thread_events(
     naming another thread (a hash collision, a hostile producer) changes another thread's rows."""
     mine: list[CheckpointEvent | ThreadErase | TenantErase] = []
     for _, timed in events:
-        event = getattr(timed, "event", timed)  # the projection's timed wrapper
+        event = unwrapped(timed)
         match event:
             case CheckpointPut() | CheckpointWrites() | ThreadDelete() | ThreadPrune() | ThreadExpire():
                 if event.thread_id == stored_thread_id:

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from graphledger.erasure.sealing import SealedSubject
-from graphledger.erasure.subjects import LABEL_SEPARATOR
-from graphledger.events import checkpoint, store
+from graphledger.erasure.subjects import LABEL_SEPARATOR, subject_of
+from graphledger.events.checkpoint import ThreadCopy
+from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH
 from graphledger.tenancy import THREAD_SEPARATOR
-from graphledger_server.projection.records import DeadLetter, Decoded, key_name
+from graphledger_server.projection.records import DeadLetter, Decoded, key_name, unwrapped
 
 Item = TypeVar("Item")
 
@@ -31,7 +32,7 @@ def admitted(item: Item, owner_of: Callable[[tuple[str, str | None]], str | None
     reason = misattributed(item.event, item.subject, owner_of(name))
     if reason is None:
         return item
-    kind = getattr(getattr(item.event, "event", item.event), "TYPE", None)
+    kind = getattr(unwrapped(item.event), "TYPE", None)
     return DeadLetter(item.record, reason, kind, item.value, item.chunk_event_id, item.subject)
 
 
@@ -39,41 +40,25 @@ def misattributed(event: Any, subject: SealedSubject, owner: str | None) -> str 
     """Why the sealed `event` (a projection's event, or its timed wrapper) may not apply (None: it may).
     `subject`: what its seal claims; `owner`: the tenant its key was made for (None: the key store names
     none). The reason names the reference, never the names the event carries."""
-    event = getattr(event, "event", event)
+    event = unwrapped(event)
     kind, ref, tenant = event.TYPE, subject.ref, subject.tenant
     if owner is None:
         return f"{kind} sealed for subject {ref} with a key the key store names no owner of"
     if owner != tenant:
         return f"{kind} sealed for subject {ref} of another tenant than its key's"
-    match event:
-        case store.StorePut() | store.StoreDelete() | store.StoreRefresh() | store.StoreExpire():
-            labels = tuple(subject.name.split(LABEL_SEPARATOR))
-            if subject.kind != "namespace" or tuple(event.namespace[: len(labels)]) != labels:
-                return f"{kind} sealed for subject {ref}, but names another namespace"
-            if tenant and event.namespace[:1] != (tenant,):
-                return f"{kind} sealed for subject {ref} of its tenant, but names data outside that tenant"
-        case checkpoint.ThreadCopy() | checkpoint.ThreadCopyBarrier():
-            named = [event.target_thread_id]
-            if isinstance(event, checkpoint.ThreadCopy):
-                named.append(event.source_thread_id)
-            return _thread_problem(kind, subject, event.target_thread_id, named)
-        case (
-            checkpoint.CheckpointPut()
-            | checkpoint.CheckpointWrites()
-            | checkpoint.ThreadDelete()
-            | checkpoint.ThreadPrune()
-            | checkpoint.ThreadExpire()
-        ):
-            return _thread_problem(kind, subject, event.thread_id, [event.thread_id])
-        case _:
-            return None  # names no one's data (run ids, references): nothing to check
-    return None
-
-
-def _thread_problem(kind: str, subject: SealedSubject, thread_id: str, named: list[str]) -> str | None:
-    if subject.kind != "thread" or subject.name != thread_id:
-        return f"{kind} sealed for subject {subject.ref}, but names another thread"
-    prefix = subject.tenant + THREAD_SEPARATOR
-    if subject.tenant and not all(name.startswith(prefix) for name in named):
-        return f"{kind} sealed for subject {subject.ref} of its tenant, but names data outside that tenant"
-    return None
+    # The subject a writer seals the event for (its depth matters not: a namespace is checked against the
+    # labels the seal claims, which are the first labels of the namespace the event names).
+    named = subject_of(event, tenant, DEFAULT_ERASURE_NAMESPACE_DEPTH)
+    if named is None:
+        return None  # names no one's data (run ids, references): nothing to check
+    outside = f"{kind} sealed for subject {ref} of its tenant, but names data outside that tenant"
+    if named.kind == "namespace":
+        labels = tuple(subject.name.split(LABEL_SEPARATOR))
+        if subject.kind != "namespace" or tuple(event.namespace[: len(labels)]) != labels:
+            return f"{kind} sealed for subject {ref}, but names another namespace"
+        return outside if tenant and event.namespace[:1] != (tenant,) else None
+    if subject.kind != "thread" or subject.name != named.name:
+        return f"{kind} sealed for subject {ref}, but names another thread"
+    threads = [named.name, event.source_thread_id] if isinstance(event, ThreadCopy) else [named.name]
+    prefix = tenant + THREAD_SEPARATOR
+    return outside if tenant and not all(name.startswith(prefix) for name in threads) else None

@@ -64,6 +64,7 @@ from graphledger_server.projection.records import (
     decode_value,
     erasure_at,
     key_name,
+    unwrapped,
 )
 from graphledger_server.projection.report import ApplyReport
 
@@ -235,7 +236,7 @@ class BatchApplier:
         if self._recorded_erasures is None:
             return
         refs, tenants = self._recorded_erasures
-        events = [_unwrapped(c.event) for c in classified if isinstance(c, Decoded)]
+        events = [unwrapped(c.event) for c in classified if isinstance(c, Decoded)]
         asked_refs = {e.ref for e in events if isinstance(e, ThreadErase | NamespaceErase)} - refs
         asked_tenants = {e.tenant for e in events if isinstance(e, TenantErase)} - tenants
         if not asked_refs and not asked_tenants:
@@ -455,7 +456,7 @@ class BatchApplier:
         if decoded.subject is not None and self.keys.is_erased(decoded.subject):
             out.erased.append(Erased(record, decoded.subject.ref, getattr(decoded.event, "TYPE", None)))
             return
-        event = _unwrapped(decoded.event)
+        event = unwrapped(decoded.event)
         if (forged := self._unrecorded_erasure(event)) is not None:
             out.dead.append(DeadLetter(record, forged, event.TYPE, decoded.value, decoded.chunk_event_id))
             return
@@ -541,8 +542,3 @@ class BatchApplier:
                 event_type = getattr(d.event, "TYPE", None)
                 dead.append(DeadLetter(r, f"Postgres rejected the event: {exc}", event_type, d.value, d.chunk_event_id))
         return dead, report
-
-
-def _unwrapped(event: Any) -> Any:
-    """A projection's event without its timed wrapper."""
-    return getattr(event, "event", event)

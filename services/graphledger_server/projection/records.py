@@ -1,9 +1,9 @@
 """Kafka records as the projector sees them, and their pure classification before a batch applies.
 
-A record is an event, a chunk of a larger event, a dead letter (undecodable or invalid, or the
-stand-in for a compressed batch beyond `max_decompressed_batch_bytes`), or an event
-from a newer graphledger that its partition must stop before. Classifying needs no database; chunks
-are resolved later, inside the batch transaction, where earlier chunks are stored.
+A record is an event, a chunk of a larger event, a dead letter (undecodable or invalid, or the stand-in
+for a compressed batch beyond `max_decompressed_batch_bytes`), or an event from a newer graphledger that
+its partition must stop before. Classifying needs no database; chunks are resolved later, inside the
+batch transaction, where earlier chunks are stored.
 """
 
 from __future__ import annotations
@@ -186,6 +186,11 @@ def with_append_time(record: SourceRecord) -> tuple[Header, ...]:
 def no_keys(ref: str, key_id: str | None) -> None:
     """The key lookup of a reader without a key store: no sealed event opens."""
     return None
+
+
+def unwrapped(event: Any) -> Any:
+    """A projection's event without its timed wrapper (the event itself when it has none)."""
+    return getattr(event, "event", event)
 
 
 def classify(record: SourceRecord, to_event: ToEvent, keys: KeyLookup = no_keys) -> Classified:
