@@ -13,7 +13,7 @@ Python. One fold, written down once, with the projection's rules:
 - an erasure ends the thread for good: nothing after it counts.
 Whatever needs rows the view does not hold raises `Underivable`, and the reader asks the read API:
 a put whose channel values come from a checkpoint the view never saw (a fork from an older
-checkpoint), a copy onto the thread, an expiry (it depends on the thread's activity time), a prune
+checkpoint, a version it does not call new that a blob row may hold: `Namespace.ceilings`), a copy onto the thread, an expiry (it depends on the thread's activity time), a prune
 `keep_latest` (it unlinks parents and drops subgraph namespaces), a `runs.delete` naming a newest
 checkpoint, a read of a checkpoint older than the newest.
 
@@ -139,6 +139,10 @@ class Namespace:
     """The DeltaChannel history of the newest checkpoint per channel (None: not known); with
     `history_complete`, a channel missing from it has none (no seed, no writes)."""
     history_complete: bool
+    ceilings: Mapping[str, int] | None
+    """Per channel, the highest version counter among the namespace's blob rows (a channel missing from
+    it has none; `UNCOUNTED` for a version without a counter); None: not known. A put's version above
+    it names no blob row, whoever wrote the rows."""
     size: int
     """Roughly the bytes it holds."""
 
@@ -180,6 +184,7 @@ def namespace(
     blobs: Mapping[tuple[str, str], Any],
     history: Mapping[str, History] | None = None,
     history_complete: bool = False,
+    ceilings: Mapping[str, int] | None = None,
 ) -> Namespace:
     size = 200
     if newest is not None and newest.put is not None:
@@ -190,15 +195,46 @@ def namespace(
     size += sum(_wire_size(row[2]) + 64 for rows in writes.values() for row in rows)
     if history:
         size += sum(_wire_size(w[2]) + 48 for _, ws in history.values() for w in ws)
-    return Namespace(newest, writes, blobs, history, history_complete, size)
+    return Namespace(newest, writes, blobs, history, history_complete, ceilings, size)
 
 
 def _wire_size(value: Any) -> int:
     return len(value.get("b") or b"") + 32 if isinstance(value, dict) else 32
 
 
-EMPTY: Final = namespace(None, {}, {}, {}, True)
-"""A namespace with no checkpoint (its history, when one comes, starts at the root)."""
+EMPTY: Final = namespace(None, {}, {}, {}, True, {})
+"""A namespace with no checkpoint and no blob row (its history, when one comes, starts at the root)."""
+NOT_FOUND: Final = namespace(None, {}, {}, {}, True)
+"""A namespace whose checkpoint was not found: its blob rows are not known."""
+UNCOUNTED: Final = 2**63
+"""The ceiling of a channel with a blob row whose version has no counter: no version is above it."""
+
+
+def version_counter(version: str) -> int | None:
+    """The counter of a LangGraph channel version: an integer, or the zero-padded integer before the
+    random tiebreak (`"00..07.0.42"`); None for any other form."""
+    head = version.split(".", 1)[0]
+    return int(head) if head.isascii() and head.isdigit() else None
+
+
+def _above(ceilings: Mapping[str, int] | None, channel: str, version: str) -> bool:
+    """Whether the namespace certainly holds no blob row of `channel` at `version`."""
+    if ceilings is None:
+        return False
+    counter = version_counter(version)
+    return counter is not None and counter > ceilings.get(channel, -1)
+
+
+def _raised(ceilings: Mapping[str, int] | None, event: CheckpointPut) -> Mapping[str, int] | None:
+    """`ceilings` after the rows `event` stores (an empty blob is a row too)."""
+    if ceilings is None or not event.blobs:
+        return ceilings
+    raised = dict(ceilings)
+    for blob in event.blobs:
+        counter = version_counter(blob.version)
+        raised[blob.channel] = max(raised.get(blob.channel, -1), UNCOUNTED if counter is None else counter)
+    return raised
+
 
 MAX_NAMESPACES = 256
 """Most namespaces a view knows of; beyond, it forgets those not held and no longer claims the rest empty."""
@@ -248,23 +284,28 @@ def from_answer(
     answer: Mapping[str, Any] | None,
     namespaces: Iterable[str] | None = None,
     later_writes: Mapping[str, Any] | None = None,
+    ceilings: Mapping[str, int] | None = None,
 ) -> View:
     """The view a read API answer gives: the namespace's newest checkpoint (`answer`, None: none), the
-    writes of newer checkpoints whose puts are still to come (`later_writes`) and, with `namespaces`
-    (every namespace of the thread), that the others exist but are not held."""
+    writes of newer checkpoints whose puts are still to come (`later_writes`), its blob rows' `ceilings`
+    and, with `namespaces` (every namespace of the thread), that the others exist but are not held."""
     held: dict[str, Namespace | None] = dict.fromkeys(namespaces or (), None)
-    held[checkpoint_ns] = namespace_of(answer, later_writes)
+    held[checkpoint_ns] = namespace_of(answer, later_writes, ceilings)
     return view(held, namespaces is not None)
 
 
-def namespace_of(answer: Mapping[str, Any] | None, later_writes: Mapping[str, Any] | None = None) -> Namespace:
+def namespace_of(
+    answer: Mapping[str, Any] | None,
+    later_writes: Mapping[str, Any] | None = None,
+    ceilings: Mapping[str, int] | None = None,
+) -> Namespace:
     """A namespace whose newest checkpoint is the read API's `answer` (a get of the newest)."""
     later = {
         cid: tuple(sorted((_write_row(w) for w in rows), key=lambda r: writes_sort_key(r[3], r[0], r[4])))
         for cid, rows in (later_writes or {}).items()
     }
     if answer is None:
-        return namespace(None, later, {}, {}, True) if later else EMPTY
+        return namespace(None, later, {}, {}, True, ceilings)
     checkpoint = answer["checkpoint"]
     versions = {channel: str(v) for channel, v in (checkpoint.get("channel_versions") or {}).items()}
     cid = answer["config"]["checkpoint_id"]
@@ -290,7 +331,7 @@ def namespace_of(answer: Mapping[str, Any] | None, later_writes: Mapping[str, An
         for value in (values.get(channel),)
     }
     writes = tuple(_write_row(w) for w in answer.get("pending_writes") or ())
-    return namespace(row, {**later, cid: writes} if writes else later, blobs)
+    return namespace(row, {**later, cid: writes} if writes else later, blobs, ceilings=ceilings)
 
 
 def with_history(ns: Namespace, checkpoint_id: str, answered: Mapping[str, Any]) -> Namespace:
@@ -302,7 +343,7 @@ def with_history(ns: Namespace, checkpoint_id: str, answered: Mapping[str, Any])
         writes = tuple((w[0], w[1], w[2]) for w in entry.get("writes") or ())
         history[channel] = (entry.get("seed"), writes)
     complete = ns.history is not None and ns.history_complete
-    return namespace(ns.newest, ns.writes, ns.blobs, history, complete)
+    return namespace(ns.newest, ns.writes, ns.blobs, history, complete, ns.ceilings)
 
 
 def _write_row(raw: Any) -> WriteRow:
@@ -364,7 +405,10 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
                 continue
             if ns.blobs.get((channel, version)) in (None, NO_BLOB):
                 raise Underivable(f"an older checkpoint's put stores channel {channel!r} the newest names")
-        return ns
+        ceilings = _raised(ns.ceilings, event)
+        if ceilings is ns.ceilings:
+            return ns
+        return namespace(newest, ns.writes, ns.blobs, ns.history, ns.history_complete, ceilings)
     checkpoint = orjson.loads(event.checkpoint_json)
     legacy = not isinstance(checkpoint.get("v"), int) or checkpoint["v"] < 4
     if legacy and event.parent_checkpoint_id and _sends_of(ns, event.parent_checkpoint_id):
@@ -389,14 +433,16 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
             blobs[key] = known
         elif event.new_channels is not None and channel in event.new_channels:
             blobs[key] = NO_BLOB  # this put's own, which it wrote no blob for (inline, or absent)
-        elif (event.new_channels is None or inline.get(channel) is not None) and (
+        elif _above(ns.ceilings, channel, version):
+            blobs[key] = NO_BLOB  # no put stored a row at this version: the value is inline, or absent
+        elif event.new_channels is None and (
             (parent_versions is not None and _newer(version, parent_versions.get(channel)))
             or (newest is None and event.parent_checkpoint_id is None)
         ):
-            # A put recorded before its new channels were, or a value this put holds inline: a version
-            # newer than the parent's (LangGraph's versions only grow), or any of the first checkpoint,
-            # is taken for this put's own. Any other version names a blob row another put stored, which
-            # only the projection holds.
+            # A put recorded before its new channels were: a version newer than the parent's (LangGraph's
+            # versions only grow), or any of the first checkpoint, is taken for this put's own. A version
+            # a put names and does not call new names a blob row another put stored (a copy's, a
+            # sibling's), or none: only the projection knows which, whatever the put holds inline.
             blobs[key] = NO_BLOB
         else:
             raise Underivable(f"the value of channel {channel!r} at version {version} is not held")
@@ -409,10 +455,11 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
     run_id = orjson.loads(event.metadata_json).get("run_id")
     row = Row(event.checkpoint_id, parent_id, versions, run_id, legacy=legacy, stored=stored, put=event)
     writes = {cid: rows for cid, rows in ns.writes.items() if cid >= event.checkpoint_id}
+    ceilings = _raised(ns.ceilings, event)
     if repeated:
-        return namespace(row, writes, blobs, ns.history, ns.history_complete)
+        return namespace(row, writes, blobs, ns.history, ns.history_complete, ceilings)
     history, complete = _child_history(ns, event.parent_checkpoint_id)
-    return namespace(row, writes, blobs, history, complete)
+    return namespace(row, writes, blobs, history, complete, ceilings)
 
 
 def _newer(version: str, parent: str | None) -> bool:
@@ -478,7 +525,7 @@ def _writes(ns: Namespace, event: CheckpointWrites) -> Namespace:
             # A late write of the parent is in the newest's DeltaChannel history: no longer held.
             late = {w.channel for w in event.writes}
             history = {channel: h for channel, h in ns.history.items() if channel not in late}
-            return namespace(newest, ns.writes, ns.blobs, history, False)
+            return namespace(newest, ns.writes, ns.blobs, history, False, ns.ceilings)
         return ns  # writes of an older checkpoint: no read of the newest shows them
     rows = {(row[0], row[4]): row for row in ns.writes.get(cid, ())}
     for write in event.writes:
@@ -493,7 +540,7 @@ def _writes(ns: Namespace, event: CheckpointWrites) -> Namespace:
     writes = {**ns.writes, cid: ordered}
     if len(writes) > MAX_PENDING_CHECKPOINTS + 1:
         raise Underivable(f"writes of more than {MAX_PENDING_CHECKPOINTS} checkpoints wait for their puts")
-    return namespace(ns.newest, writes, ns.blobs, ns.history, ns.history_complete)
+    return namespace(ns.newest, writes, ns.blobs, ns.history, ns.history_complete, ns.ceilings)
 
 
 def _runs_deleted(held: View, run_ids: frozenset[str]) -> View:
@@ -505,7 +552,7 @@ def _runs_deleted(held: View, run_ids: frozenset[str]) -> View:
         if ns is not None and ns.newest is not None and ns.newest.run_id in run_ids:
             namespaces[name] = None
         elif ns is not None and ns.history is not None:
-            namespaces[name] = namespace(ns.newest, ns.writes, ns.blobs)
+            namespaces[name] = namespace(ns.newest, ns.writes, ns.blobs, ceilings=ns.ceilings)
         else:
             namespaces[name] = ns
     return view(namespaces, held.complete)
@@ -536,7 +583,7 @@ def apply_to_checkpoint(held: View, event: CheckpointEvent, checkpoint_ns: str, 
             return NEW
         case RunsDelete():
             if row is not None and row.run_id in event.run_ids:
-                return view({checkpoint_ns: EMPTY}, False)  # dropped: a read of it finds nothing
+                return view({checkpoint_ns: NOT_FOUND}, False)  # dropped: a read of it finds nothing
             return UNKNOWN if row is not None and row.legacy else held
         case ThreadPrune() | ThreadCopyBarrier() | ThreadExpire():
             return UNKNOWN
@@ -577,4 +624,4 @@ def fold_to_checkpoint(newest: View, events: Iterable[CheckpointEvent], checkpoi
         return one
     if lost or put:
         raise Underivable(f"checkpoint {checkpoint_id} was never the newest held")
-    return view({checkpoint_ns: EMPTY}, False)
+    return view({checkpoint_ns: NOT_FOUND}, False)

@@ -48,7 +48,7 @@ from graphledger.events.checkpoint import (
 )
 from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.events.store import StoreExpire, StoreRefresh
-from graphledger_server.api.checkpoints import THREAD_NAMESPACES_SQL, TenantSaver, wire_tuple
+from graphledger_server.api.checkpoints import BLOB_CEILINGS_SQL, THREAD_NAMESPACES_SQL, TenantSaver, wire_tuple
 from graphledger_server.api.passthrough import PassThroughSerde
 from graphledger_server.api.read_through import thread_events
 from graphledger_server.api.store_sql import item_rows_statement
@@ -523,6 +523,18 @@ def _scenarios() -> dict[str, list[Any]]:
             put("t", 3, parent=2, refs={"msgs": 9, "empty": 1}),
             writes("t", 3, "task-a", [("msgs", b"w3")]),
         ],
+        # A put naming a version it does not call new, holding a value inline: above every blob row of the
+        # channel, the inline value answers; at a version another put stored a row at, the row does.
+        "checkpoint.put (an inline value at a version the put does not call new)": [
+            *chain,
+            _not_new(put("t", 3, parent=2, inline={"n": 3}, refs={"msgs": 2, "empty": 1})),
+        ],
+        "checkpoint.put (an inline value at a version another put stored a row at)": [
+            *chain,
+            put("t", 1, inline={"n": 1}, blobs={"msgs": b"m9"}, ver=9, refs={"empty": 1}),
+            _not_new(put("t", 3, parent=2, inline={"msgs": "inline"}, ver=9, refs={"empty": 1})),
+            writes("t", 3, "task-a", [("msgs", b"w3")]),
+        ],
         # Written before puts recorded their new channels: a version newer than the parent's is the put's own.
         "checkpoint.put (events before their new channels were recorded)": [
             put("t", 1, inline={"n": 1}, blobs={"msgs": b"m1", "empty": None}, legacy=True),
@@ -556,6 +568,11 @@ def _scenarios() -> dict[str, list[Any]]:
     }
 
 
+def _not_new(event: CheckpointPut) -> CheckpointPut:
+    """The put as code that calls the saver itself may make it: no channel called new."""
+    return dataclasses.replace(event, new_channels=())
+
+
 WAITS = {
     "thread.prune (keep_latest)": ThreadPrune,
     "thread.copy.barrier": ThreadCopyBarrier,
@@ -563,6 +580,7 @@ WAITS = {
     "runs.delete (the newest's run)": RunsDelete,
     # The fold holds no blob of an older checkpoint's put: the later put's read waits for the blob row.
     "checkpoint.put (a version first stored by a put of an older checkpoint)": CheckpointPut,
+    "checkpoint.put (an inline value at a version another put stored a row at)": CheckpointPut,
 }
 """Scenarios whose event the fold cannot derive (a read that meets it waits for the projection)."""
 
@@ -578,6 +596,13 @@ class ThreadAnswers:
     async def namespaces(self) -> list[str]:
         cursor = await self.conn.execute(THREAD_NAMESPACES_SQL, {"thread": self.thread_id, "most": 100})
         return [row["checkpoint_ns"] for row in await cursor.fetchall()]
+
+    async def ceilings(self, ns: str) -> dict[str, int]:
+        cursor = await self.conn.execute(BLOB_CEILINGS_SQL, {"thread": self.thread_id, "ns": ns})
+        row = await cursor.fetchone()
+        assert row is not None
+        ceilings: dict[str, int] = row["ceilings"]
+        return ceilings
 
     async def get(self, ns: str, checkpoint_id: str | None = None) -> dict[str, Any] | None:
         configurable = {"thread_id": self.thread_id, "checkpoint_ns": ns}
@@ -603,8 +628,10 @@ async def _pg(dsn: str, schema: str) -> Any:
     )
 
 
-def _fold_newest(base: dict[str, Any] | None, namespaces: list[str], events: Sequence[Any], ns: str) -> Any:
-    view = fold.from_answer(ns, base, namespaces)
+def _fold_newest(
+    base: dict[str, Any] | None, namespaces: list[str], ceilings: dict[str, int], events: Sequence[Any], ns: str
+) -> Any:
+    view = fold.from_answer(ns, base, namespaces, ceilings=ceilings)
     for event in events:
         view = fold.apply(view, event)
     return None if view.erased else view.namespace(ns).answer("t", ns, None), view
@@ -667,7 +694,7 @@ class TestCheckpointFold:
                 for ns in read_ns:
                     base = await step.get(ns)
                     try:
-                        answer, view = _fold_newest(base, namespaces, suffix, ns)
+                        answer, view = _fold_newest(base, namespaces, await step.ceilings(ns), suffix, ns)
                     except fold.Underivable:
                         underivable |= kinds
                         continue

@@ -191,7 +191,8 @@ class ThreadReads:
         if checkpoint_id is not None:
             return _older(named, answer["tuple"], thread_id, checkpoint_ns, checkpoint_id, applied)
         later = answer.get("later_writes", {})
-        view = fold.from_answer(checkpoint_ns, answer["tuple"], answer.get("namespaces"), later)
+        ceilings = answer.get("blob_ceilings")
+        view = fold.from_answer(checkpoint_ns, answer["tuple"], answer.get("namespaces"), later, ceilings)
         # Too many writes of newer checkpoints to send: the answer stands, the thread is not held.
         view = self._threads.install(thread_id, named, partition, view, applied, end, hold=later is not None)
         return view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, None)

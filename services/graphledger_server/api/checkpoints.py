@@ -107,14 +107,30 @@ SELECT EXISTS (
 ) AS early
 """
 
+# Per channel of a namespace, the highest counter of its blob rows' versions (`fold.version_counter`;
+# 2^63 for a channel with a version without one), as one jsonb object: a put naming a version above it
+# names no row, so a client holding the namespace answers it without asking. One index-only pass over
+# the namespace's blob keys. %(thread)s, %(ns)s.
+BLOB_CEILINGS_SQL = """
+SELECT coalesce(jsonb_object_agg(channel, counter), '{}'::jsonb) AS ceilings FROM (
+    SELECT channel,
+           CASE WHEN bool_and(split_part(version, '.', 1) ~ '^[0-9]+$')
+                THEN least(max(CASE WHEN split_part(version, '.', 1) ~ '^[0-9]+$'
+                                    THEN split_part(version, '.', 1)::numeric END), 9223372036854775808)
+                ELSE 9223372036854775808 END AS counter
+    FROM checkpoint_blobs WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s
+    GROUP BY channel
+) per_channel
+"""
+
 # What a get of a namespace's newest checkpoint folds the thread's unprojected records onto, in one
 # statement, so in one snapshot (a projector batch commits rows and offsets at once): the projection's
 # applied offset on the thread's partition, every namespace of the thread (at most %(most)s), the newest
-# checkpoint's row as the official saver selects it (its columns null without one), and whether writes
-# of a newer checkpoint wait for their put (as EARLY_WRITES_SQL). One round trip: the reads that
+# checkpoint's row as the official saver selects it (its columns null without one), whether writes
+# of a newer checkpoint wait for their put (as EARLY_WRITES_SQL) and the blob ceilings. One round trip: the reads that
 # hop between processes pay for each. %(group)s, %(topic)s, %(partition)s, %(thread)s, %(ns)s, %(most)s.
 THROUGH_NEWEST_SQL = f"""
-SELECT o.applied, n.namespaces, t.*, e.early
+SELECT o.applied, n.namespaces, t.*, e.early, b.ceilings
 FROM (SELECT coalesce(({SNAPSHOT_OFFSET_SQL}), 0) AS applied) o
 CROSS JOIN LATERAL (SELECT ARRAY({THREAD_NAMESPACES_SQL}) AS namespaces) n
 LEFT JOIN LATERAL (
@@ -127,6 +143,7 @@ CROSS JOIN LATERAL (
         WHERE w.thread_id = %(thread)s AND w.checkpoint_ns = %(ns)s AND w.checkpoint_id > coalesce(t.checkpoint_id, '')
     ) AS early
 ) e
+CROSS JOIN LATERAL ({BLOB_CEILINGS_SQL}) b
 """
 
 
@@ -350,26 +367,28 @@ async def _get(
         # own: the thread's namespaces, and the writes of checkpoints newer than the answer's (their
         # puts are still to come); and, for no checkpoint at all, whether the thread was erased.
         newest = found.config["configurable"]["checkpoint_id"] if found else ""
-        namespaces, later, erased = await asyncio.gather(
+        namespaces, later, ceilings, erased = await asyncio.gather(
             _namespaces(request, stored),
             _later_writes(request, stored, body.checkpoint_ns, newest),
+            _blob_ceilings(request, stored, body.checkpoint_ns),
             _erased(request, tenant, body.thread_id) if found is None else _false(),
         )
     else:
-        namespaces, later = None, None
+        namespaces, later, ceilings = None, None, None
         erased = found is None and await _erased(request, tenant, body.thread_id)
     if erased:
         answer["erased"] = True
     elif body.checkpoint_id is None:
         answer["later_writes"] = later
+        answer["blob_ceilings"] = ceilings
         if namespaces is not None:
             answer["namespaces"] = namespaces
     return _answer(request, answer)
 
 
-Base = tuple[int, dict[str, Any] | None, list[str] | None]
-"""The projection's applied offset on a thread's partition, the answer of a namespace's newest checkpoint
-and the thread's namespaces (None: too many), as of one snapshot."""
+Base = tuple[int, dict[str, Any] | None, list[str] | None, dict[str, int]]
+"""The projection's applied offset on a thread's partition, the answer of a namespace's newest checkpoint,
+the thread's namespaces (None: too many) and the namespace's blob ceilings, as of one snapshot."""
 
 
 async def _newest_base_started(request: Request, tenant: Tenant, body: GetRequest) -> asyncio.Task[Base | None] | None:
@@ -434,6 +453,8 @@ async def _get_through(
         folded["erased"] = True
     elif checkpoint_id is None:
         folded["later_writes"] = _later_held(held)
+        if held.ceilings is not None:
+            folded["blob_ceilings"] = dict(held.ceilings)
         if view.complete:
             folded["namespaces"] = sorted(
                 n for n, kept in view.namespaces.items() if kept is None or kept.newest or kept.writes
@@ -475,10 +496,11 @@ async def _newest_view(
         based = await started
         if based is None:
             return None
-        applied, base, namespaces = based
+        applied, base, namespaces, ceilings = based
         if applied >= settled.tail.start:
             events = await _thread_events(request, settled, stored, applied)
-            return _fold(fold.from_answer(ns, base, namespaces), events), max(applied, settled.end)
+            view = fold.from_answer(ns, base, namespaces, ceilings=ceilings)
+            return _fold(view, events), max(applied, settled.end)
         started = None  # the projection moved on while the read began: read it again
     return None
 
@@ -513,11 +535,10 @@ async def _one_view(
     return view, through
 
 
-async def _newest_base(
-    request: Request, tenant: Tenant, stored: str, ns: str, partition: int
-) -> tuple[int, dict[str, Any] | None, list[str] | None] | None:
-    """The applied offset, the newest checkpoint's answer and the namespaces, in one snapshot (None: the
-    projection holds writes before their put, or a checkpoint before format 4: the read waits)."""
+async def _newest_base(request: Request, tenant: Tenant, stored: str, ns: str, partition: int) -> Base | None:
+    """The applied offset, the newest checkpoint's answer, the namespaces and the blob ceilings, in one
+    snapshot (None: the projection holds writes before their put, or a checkpoint before format 4: the
+    read waits)."""
     settings = api_state(request).settings
     params = {
         "group": settings.projector_group_id,
@@ -535,11 +556,11 @@ async def _newest_base(
         return None
     namespaces = row["namespaces"] if len(row["namespaces"]) <= MAX_NAMESPACES else None
     if row["checkpoint_id"] is None:
-        return row["applied"], None, namespaces
+        return row["applied"], None, namespaces, row["ceilings"]
     if row["checkpoint"]["v"] < 4 and row["parent_checkpoint_id"]:
         return None  # read with its parent's pending sends: a second statement, so a second snapshot
     found = await _saver(request, tenant)._load_checkpoint_tuple(row)
-    return row["applied"], wire_tuple(found, tenant), namespaces
+    return row["applied"], wire_tuple(found, tenant), namespaces, row["ceilings"]
 
 
 async def _early_writes(conn: AsyncConnection[Any], stored: str, ns: str, newest: dict[str, Any] | None) -> bool:
@@ -567,6 +588,15 @@ async def _later_writes(request: Request, stored_thread_id: str, checkpoint_ns: 
             [row["task_id"], row["channel"], typed(row["type"], row["blob"]), row["task_path"], row["idx"]]
         )
     return later
+
+
+async def _blob_ceilings(request: Request, stored_thread_id: str, checkpoint_ns: str) -> dict[str, int]:
+    """`BLOB_CEILINGS_SQL` of the namespace. Read after the answer: a row stored since only raises it."""
+    async with api_state(request).pool.connection() as conn:
+        cursor = await conn.execute(BLOB_CEILINGS_SQL, {"thread": stored_thread_id, "ns": checkpoint_ns})
+        row = await cursor.fetchone()
+    ceilings: dict[str, int] = row["ceilings"] if row is not None else {}
+    return ceilings
 
 
 async def _namespaces(request: Request, stored_thread_id: str) -> list[str] | None:

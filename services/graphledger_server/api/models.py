@@ -172,6 +172,11 @@ class GetResponse(BaseModel):
         description="A get of the newest checkpoint: the pending writes of the namespace's newer checkpoints, whose "
         "puts are still to come, by checkpoint id (null: too many to send).",
     )
+    blob_ceilings: dict[str, int] | None = Field(
+        None,
+        description="A get of the newest checkpoint: per channel, the highest version counter among the namespace's "
+        "blob rows (2^63: a version without a counter); a client knows no row holds a version above it.",
+    )
 
 
 class ListResponse(BaseModel):
