@@ -13,9 +13,10 @@ Python. One fold, written down once, with the projection's rules:
 - an erasure ends the thread for good: nothing after it counts.
 Whatever needs rows the view does not hold raises `Underivable`, and the reader asks the read API:
 a put whose channel values come from a checkpoint the view never saw (a fork from an older
-checkpoint, a version it does not call new that a blob row may hold: `Namespace.ceilings`), a copy onto the thread, an expiry (it depends on the thread's activity time), a prune
-`keep_latest` (it unlinks parents and drops subgraph namespaces), a `runs.delete` naming a newest
-checkpoint, a read of a checkpoint older than the newest.
+checkpoint, a version it does not call new that a blob row may hold: `Namespace.ceilings`), a copy
+onto the thread, an expiry (it depends on the thread's activity time), a prune `keep_latest` (it
+unlinks parents and drops subgraph namespaces), a `runs.delete` naming a newest checkpoint, a read of
+a checkpoint older than the newest.
 
 A view holds per namespace the newest checkpoint, the writes of it and of any newer checkpoint whose
 put has not come yet (writes can reach the log before their put), what is known of the channel
@@ -140,9 +141,9 @@ class Namespace:
     `history_complete`, a channel missing from it has none (no seed, no writes)."""
     history_complete: bool
     ceilings: Mapping[str, int] | None
-    """Per channel, the highest version counter among the namespace's blob rows (a channel missing from
-    it has none; `UNCOUNTED` for a version without a counter); None: not known. A put's version above
-    it names no blob row, whoever wrote the rows."""
+    """Per channel, the highest counter of the namespace's blob rows whose versions have one
+    (`version_counter`; a channel missing from it has none; `UNCOUNTED`: not known); None: not known
+    for any channel. A put's version with a counter above it names no blob row, whoever wrote the rows."""
     size: int
     """Roughly the bytes it holds."""
 
@@ -207,14 +208,22 @@ EMPTY: Final = namespace(None, {}, {}, {}, True, {})
 NOT_FOUND: Final = namespace(None, {}, {}, {}, True)
 """A namespace whose checkpoint was not found: its blob rows are not known."""
 UNCOUNTED: Final = 2**63
-"""The ceiling of a channel with a blob row whose version has no counter: no version is above it."""
+"""The ceiling of a channel whose highest counter is not known: no version is above it."""
+COUNTER_DIGITS: Final = 32
 
 
 def version_counter(version: str) -> int | None:
-    """The counter of a LangGraph channel version: an integer, or the zero-padded integer before the
-    random tiebreak (`"00..07.0.42"`); None for any other form."""
-    head = version.split(".", 1)[0]
-    return int(head) if head.isascii() and head.isdigit() else None
+    """The counter of a version in LangGraph's form, 32 zero-padded digits before an optional random
+    tiebreak (`"00..07.0.42"`, as `get_next_version` of the official savers and this one makes them);
+    None for any other form. Versions of that form sort by their counters in any collation, so the
+    projection finds a channel's highest with one index probe (`api/checkpoints.py`); a version of
+    another form never equals one of that form."""
+    head = version[:COUNTER_DIGITS]
+    if len(head) < COUNTER_DIGITS or not (head.isascii() and head.isdigit()):
+        return None
+    if len(version) > COUNTER_DIGITS and version[COUNTER_DIGITS] != ".":
+        return None
+    return int(head)
 
 
 def _above(ceilings: Mapping[str, int] | None, channel: str, version: str) -> bool:
@@ -226,13 +235,15 @@ def _above(ceilings: Mapping[str, int] | None, channel: str, version: str) -> bo
 
 
 def _raised(ceilings: Mapping[str, int] | None, event: CheckpointPut) -> Mapping[str, int] | None:
-    """`ceilings` after the rows `event` stores (an empty blob is a row too)."""
+    """`ceilings` after the rows `event` stores (an empty blob is a row too; a row without a counter
+    never equals a version with one)."""
     if ceilings is None or not event.blobs:
         return ceilings
     raised = dict(ceilings)
     for blob in event.blobs:
         counter = version_counter(blob.version)
-        raised[blob.channel] = max(raised.get(blob.channel, -1), UNCOUNTED if counter is None else counter)
+        if counter is not None:
+            raised[blob.channel] = max(raised.get(blob.channel, -1), counter)
     return raised
 
 

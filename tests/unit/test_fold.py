@@ -89,22 +89,39 @@ def test_an_older_put_storing_a_value_the_newest_names_leaves_the_namespace_not_
     assert newest(fold.apply(view, unrelated)) == newest(view)
 
 
+def _v(counter: int) -> str:
+    """A version in LangGraph's form: 32 zero-padded digits and a tiebreak."""
+    return f"{counter:032}.0.5"
+
+
 def test_a_version_a_put_does_not_call_new_answers_inline_only_above_every_blob_row() -> None:
     # Checkpoint 02 names n at version 7 without calling it new and holds n inline (code that calls the
     # saver itself). The official saver reads a blob row at version 7 over the inline value if any put
     # stored one (a copied thread's, a sibling's): only above every row's counter is the inline value it.
-    foreign = put("02", "01", {"msgs": ["a"], "n": 2}, {"msgs": "1", "n": "7"}, {})
+    foreign = put("02", "01", {"msgs": ["a"], "n": 2}, {"msgs": "1", "n": _v(7)}, {})
     answer = newest(folded(FIRST))
     unknown = fold.from_answer("", answer, [""])
     assert fold.apply(unknown, foreign).namespaces[""] is None
-    at_a_row = fold.from_answer("", answer, [""], ceilings={"msgs": 1, "n": 7})
+    at_a_row = fold.from_answer("", answer, [""], ceilings={"n": 7})
     assert fold.apply(at_a_row, foreign).namespaces[""] is None
-    above = fold.from_answer("", answer, [""], ceilings={"msgs": 1, "n": 6})
+    uncounted = fold.from_answer("", answer, [""], ceilings={"n": fold.UNCOUNTED})
+    assert fold.apply(uncounted, foreign).namespaces[""] is None
+    above = fold.from_answer("", answer, [""], ceilings={"n": 6})
     assert values(newest(fold.apply(above, foreign))) == {"msgs": ["a"], "n": 2}  # type: ignore[arg-type]
     # A thread folded from its start has seen every row; a put's rows raise its ceilings.
     assert values(newest(fold.apply(folded(FIRST), foreign))) == {"msgs": ["a"], "n": 2}  # type: ignore[arg-type]
-    stores_n = put("02", "01", {"msgs": ["a"], "n": ["x"]}, {"msgs": "1", "n": "7"}, {"n": "7"})
-    assert folded(FIRST, stores_n).namespaces[""].ceilings == {"msgs": 1, "n": 7}  # type: ignore[union-attr]
+    stores_n = put("02", "01", {"msgs": ["a"], "n": ["x"]}, {"msgs": "1", "n": _v(7)}, {"n": _v(7)})
+    assert folded(FIRST, stores_n).namespaces[""].ceilings == {"n": 7}  # type: ignore[union-attr]
+    # A version of another form has no counter: it is never taken for above the rows.
+    integer = put("02", "01", {"msgs": ["a"], "n": 2}, {"msgs": "1", "n": "7"}, {})
+    assert fold.apply(above, integer).namespaces[""] is None
+
+
+def test_a_version_counter_is_its_32_zero_padded_digits() -> None:
+    assert fold.version_counter(_v(12)) == 12
+    assert fold.version_counter("0" * 31 + "9") == 9
+    for other in ("12", "12.0.5", "0" * 33 + ".0.5", "0" * 32 + "x", "٠" * 32):
+        assert fold.version_counter(other) is None, other
 
 
 def test_a_fork_from_a_checkpoint_not_held_leaves_the_namespace_not_held() -> None:

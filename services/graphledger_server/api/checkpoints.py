@@ -107,20 +107,33 @@ SELECT EXISTS (
 ) AS early
 """
 
-# Per channel of a namespace, the highest counter of its blob rows' versions (`fold.version_counter`;
-# 2^63 for a channel with a version without one), as one jsonb object: a put naming a version above it
-# names no row, so a client holding the namespace answers it without asking. One index-only pass over
-# the namespace's blob keys. %(thread)s, %(ns)s.
+# Per channel of a namespace, the counter of its blob rows' highest version (`fold.version_counter`;
+# 2^63 when that version has no counter), as one jsonb object: a put naming a version with a counter
+# above it names no row, so a client holding the namespace answers it without asking. Versions with a
+# counter sort by it, and above them only versions without one: one skip scan of the primary key over
+# the channels and one backward index probe each, however many rows the namespace holds. %(thread)s, %(ns)s.
 BLOB_CEILINGS_SQL = """
-SELECT coalesce(jsonb_object_agg(channel, counter), '{}'::jsonb) AS ceilings FROM (
-    SELECT channel,
-           CASE WHEN bool_and(split_part(version, '.', 1) ~ '^[0-9]+$')
-                THEN least(max(CASE WHEN split_part(version, '.', 1) ~ '^[0-9]+$'
-                                    THEN split_part(version, '.', 1)::numeric END), 9223372036854775808)
-                ELSE 9223372036854775808 END AS counter
-    FROM checkpoint_blobs WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s
-    GROUP BY channel
-) per_channel
+WITH RECURSIVE channels AS (
+    (SELECT channel FROM checkpoint_blobs WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s
+     ORDER BY channel LIMIT 1)
+    UNION ALL
+    SELECT (SELECT b.channel FROM checkpoint_blobs b
+            WHERE b.thread_id = %(thread)s AND b.checkpoint_ns = %(ns)s AND b.channel > channels.channel
+            ORDER BY b.channel LIMIT 1)
+    FROM channels WHERE channels.channel IS NOT NULL
+)
+SELECT coalesce(jsonb_object_agg(
+    channel,
+    CASE WHEN top ~ '^[0-9]{32}([.]|$)' THEN left(top, 32)::numeric ELSE 9223372036854775808 END
+), '{}'::jsonb) AS ceilings
+FROM (
+    SELECT channel, (
+        SELECT b.version FROM checkpoint_blobs b
+        WHERE b.thread_id = %(thread)s AND b.checkpoint_ns = %(ns)s AND b.channel = channels.channel
+        ORDER BY b.version DESC LIMIT 1
+    ) AS top
+    FROM channels WHERE channel IS NOT NULL
+) tops
 """
 
 # What a get of a namespace's newest checkpoint folds the thread's unprojected records onto, in one
