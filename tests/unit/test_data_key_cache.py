@@ -1,5 +1,6 @@
 """The data keys a reader of the log opens sealed events with (`graphledger_server.keys.lookup`),
-against an in-memory key store: fetched once, least recently used out first, erasures final."""
+against an in-memory key store: fetched once, least recently used out first, erasures final; fresh keys
+bound only to the subject of a record that opened with them (`projection/binding.py`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, cast
 from graphledger.erasure.sealing import (
     ERASED,
     MISBOUND,
+    UNCLAIMED,
     Erased,
     Misbound,
     SealedSubject,
@@ -17,9 +19,23 @@ from graphledger.erasure.sealing import (
     seal,
     unseal,
 )
-from graphledger.events import to_envelope
+from graphledger.events import Event, envelope, to_envelope
 from graphledger.events.checkpoint import ThreadDelete
 from graphledger_server.keys.lookup import DataKeyCache
+from graphledger_server.keys.store import IssuedFreshKey
+from graphledger_server.projection.admission import admitted
+from graphledger_server.projection.binding import bind_opened
+from graphledger_server.projection.checkpoints import CheckpointProjection
+from graphledger_server.projection.records import (
+    Classified,
+    DeadLetter,
+    Decoded,
+    SourceRecord,
+    classify,
+    key_name,
+)
+from graphledger_server.projection.records import Erased as ErasedRecord
+from projection_helpers import TOPIC, put
 
 if TYPE_CHECKING:
     from graphledger_server.keys.store import KeyStore
@@ -28,12 +44,14 @@ if TYPE_CHECKING:
 class FakeKeyStore:
     """`KeyStore.find`: the keys that exist among the refs asked for, unwrapped, or `ERASED`."""
 
-    def __init__(self, keys: dict[str, bytes | Erased], fresh: dict[str, bytes] | None = None) -> None:
+    def __init__(self, keys: dict[str, bytes | Erased], fresh: dict[str, bytes | Erased] | None = None) -> None:
         self.keys = keys
         self.asked: list[set[str]] = []
-        self.fresh = fresh or {}
-        """`bind_fresh`: fresh keys by id; `bound` their subjects once bound."""
+        self.issued = fresh or {}
+        """Fresh keys by id (`ERASED`: destroyed); `bound` their subjects once bound."""
         self.bound: dict[str, str] = {}
+        self.binds: list[set[tuple[str, str]]] = []
+        """What each `bind_fresh` call was asked to bind."""
 
     async def find(self, refs: Collection[str]) -> dict[str, bytes | Erased]:
         self.asked.append(set(refs))
@@ -43,18 +61,20 @@ class FakeKeyStore:
         """Every key is tenant acme's, but for a ref or id that starts with another tenant's name and a colon."""
         return {ref: _tenant_of(ref) for ref in refs}, {key_id: _tenant_of(key_id) for key_id in key_ids}
 
-    async def bind_fresh(self, named: Collection[tuple[str, str]]) -> dict[tuple[str, str], bytes | Erased | Misbound]:
+    async def fresh(self, key_ids: Collection[str]) -> dict[str, IssuedFreshKey]:
+        return {k: IssuedFreshKey(self.issued[k], self.bound.get(k)) for k in key_ids if k in self.issued}
+
+    async def bind_fresh(self, opened: Collection[tuple[str, str]]) -> dict[tuple[str, str], bytes | Erased | Misbound]:
+        self.binds.append(set(opened))
         found: dict[tuple[str, str], bytes | Erased | Misbound] = {}
-        for ref, key_id in named:
-            if key_id not in self.fresh:
+        for ref, key_id in sorted(opened):
+            if key_id not in self.issued:
                 continue
             bound = self.bound.setdefault(key_id, ref)
-            if bound != ref:
-                found[(ref, key_id)] = MISBOUND
-            elif self.keys.get(ref) is ERASED:
-                found[(ref, key_id)] = ERASED
-            else:
-                found[(ref, key_id)] = self.fresh[key_id]
+            if self.keys.get(bound) is ERASED:
+                self.issued[key_id] = ERASED  # binding to an erased subject destroys the key
+            key = self.issued[key_id]
+            found[(ref, key_id)] = MISBOUND if bound != ref else key
         return found
 
 
@@ -162,17 +182,125 @@ async def test_without_a_key_store_no_key_is_found() -> None:
     assert cache.get("a") is None
 
 
-async def test_a_fresh_key_opens_the_records_of_the_subject_it_was_first_named_for() -> None:
+async def test_a_fresh_key_is_fetched_as_a_candidate_binding_nothing_until_a_record_opened_with_it() -> None:
     raw = new_data_key()
     store = FakeKeyStore({}, fresh={"k1": raw})
     cache = cache_of(store)
     sealed = seal(to_envelope(ThreadDelete("acme/a")), subject("a"), cipher_of(raw), "k1")
-    await cache.load([("a", "k1")])
+    await cache.load([("a", "k1"), ("b", "k1")])  # two records name it, for two subjects
+    assert (store.bound, store.binds) == ({}, [])
+    assert cache.is_candidate(("a", "k1")) and cache.is_candidate(("b", "k1"))
     key = cache.get("a", "k1")
     assert key is not None and not isinstance(key, Erased | Misbound)
     assert unseal(sealed, key)[0].payload == {"thread_id": "acme/a"}
-    await cache.load([("b", "k1")])  # a record of another subject naming the same key
-    assert cache.get("b", "k1") is MISBOUND
+    assert await cache.bind([("a", "k1")]) == set()  # a's record opened with it
+    assert store.bound == {"k1": "a"} and not cache.is_candidate(("a", "k1"))
+    assert cache.owner(("a", "k1")) == "acme"
+    assert cache.get("b", "k1") is MISBOUND  # the name beside another subject: the key is a's now
+    assert await cache.bind([("b", "k1")]) == {("b", "k1")}  # had b's record opened too (its holder sealed both)
+    assert await cache.bind([("a", "k1")]) == set() and len(store.binds) == 1  # settled: not asked again
+    await cache.load([("c", "k1")])  # a record of another subject naming the key once it is bound
+    assert cache.get("c", "k1") is MISBOUND
+
+
+async def test_a_candidate_bound_to_another_subject_meanwhile_is_misbound_after_all() -> None:
+    store = FakeKeyStore({}, fresh={"k1": new_data_key()})
+    cache = cache_of(store)
+    await cache.load([("a", "k1")])
+    store.bound["k1"] = "b"  # another reader (a replay, the read API) bound it first
+    assert await cache.bind([("a", "k1")]) == {("a", "k1")}
+    assert cache.get("a", "k1") is MISBOUND and not cache.is_candidate(("a", "k1"))
+
+
+async def test_a_candidate_of_a_subject_erased_meanwhile_is_destroyed_by_its_binding() -> None:
+    store = FakeKeyStore({}, fresh={"k1": new_data_key()})
+    cache = cache_of(store)
+    await cache.load([("a", "k1")])
+    store.keys["a"] = ERASED
+    assert await cache.bind([("a", "k1")]) == {("a", "k1")}
+    assert cache.get("a", "k1") is ERASED and store.issued["k1"] is ERASED
+
+
+async def test_a_fresh_key_destroyed_unbound_is_unclaimed_and_binds_nothing() -> None:
+    store = FakeKeyStore({}, fresh={"k1": ERASED})  # its tenant was erased before any record opened with it
+    cache = cache_of(store)
+    await cache.load([("a", "k1")])
+    assert cache.get("a", "k1") is UNCLAIMED and not cache.is_candidate(("a", "k1"))
+    record = _sealed_record(ThreadDelete("acme/a"), subject("a"), new_data_key(), "k1")
+    found = classify(record, CheckpointProjection("gl").to_event, cache.get)
+    assert isinstance(found, ErasedRecord) and found.kind is None  # skipped; it stands for no erasure
+    assert store.bound == {}
+
+
+def _sealed_record(
+    event: Event, sealed_for: SealedSubject, raw: bytes, key_id: str | None, offset: int = 0
+) -> SourceRecord:
+    env = seal(to_envelope(event), sealed_for, cipher_of(raw), key_id)
+    headers = tuple(envelope.headers_for(env))
+    return SourceRecord(TOPIC, 0, offset, b"key", envelope.encode(env), headers, env.produced_ms)
+
+
+async def _classified(cache: DataKeyCache, records: list[SourceRecord]) -> list[Classified]:
+    """What the projector's `BatchApplier.classify` does with a batch's keys: load, decode, bind."""
+    to_event = CheckpointProjection("gl").to_event
+    await cache.load({name for r in records if (name := key_name(r)) is not None})
+
+    def again(i: int) -> Classified:
+        return admitted(classify(records[i], to_event, cache.get), cache.owner)
+
+    return await bind_opened([again(i) for i in range(len(records))], cache, again)
+
+
+async def test_a_record_naming_a_fresh_key_it_does_not_open_with_binds_nothing_and_is_a_dead_letter() -> None:
+    victim_key = new_data_key()
+    store = FakeKeyStore({}, fresh={"k1": victim_key})
+    cache = cache_of(store)
+    forged = _sealed_record(put("evil/t", 1), subject("e", "evil"), new_data_key(), "k1")
+    genuine = _sealed_record(put("acme/a", 1), subject("a"), victim_key, "k1", offset=1)
+    [letter] = await _classified(cache, [forged])
+    assert isinstance(letter, DeadLetter) and "does not open with fresh key k1" in letter.reason
+    assert (store.bound, store.binds) == ({}, [])
+    [applied] = await _classified(cache, [genuine])
+    assert isinstance(applied, Decoded) and applied.key_id == "k1"
+    assert store.bound == {"k1": "a"}
+    [again] = await _classified(cache, [forged])  # once bound, a record naming it for another subject
+    assert isinstance(again, DeadLetter) and "bound to another subject" in again.reason
+
+
+async def test_in_one_batch_a_forged_record_before_the_genuine_one_changes_nothing() -> None:
+    victim_key = new_data_key()
+    store = FakeKeyStore({}, fresh={"k1": victim_key})
+    cache = cache_of(store)
+    forged = _sealed_record(put("acme/a", 9), subject("e"), new_data_key(), "k1")
+    genuine = _sealed_record(put("acme/a", 1), subject("a"), victim_key, "k1", offset=1)
+    letter, applied = await _classified(cache, [forged, genuine])
+    assert isinstance(letter, DeadLetter) and isinstance(applied, Decoded)
+    assert store.binds == [{("a", "k1")}] and store.bound == {"k1": "a"}
+
+
+async def test_records_that_opened_with_a_key_another_subject_won_are_decoded_again() -> None:
+    key = new_data_key()
+    store = FakeKeyStore({}, fresh={"k1": key})
+    cache = cache_of(store)
+    first = _sealed_record(put("acme/a", 1), subject("a"), key, "k1")
+    second = _sealed_record(put("acme/b", 1), subject("b"), key, "k1", offset=1)  # its holder sealed both
+    one, other = await _classified(cache, [first, second])
+    assert store.bound == {"k1": "a"}  # the key store's first binding wins (here: the first asked)
+    assert isinstance(one, Decoded)
+    assert isinstance(other, DeadLetter) and "bound to another subject than b" in other.reason
+
+
+async def test_admission_asks_the_owner_of_the_key_a_record_opened_with_not_the_one_its_headers_name() -> None:
+    store = FakeKeyStore({"evil:e": new_data_key()}, fresh={"acme-key": new_data_key()})
+    cache = cache_of(store)
+    raw = store.keys["evil:e"]
+    assert isinstance(raw, bytes)
+    env = seal(to_envelope(put("acme/a", 1)), SealedSubject("evil:e", "thread", "acme", "acme/a"), cipher_of(raw))
+    headers = ((envelope.HEADER_SUBJECT, b"a"), (envelope.HEADER_KEY, b"acme-key"))  # an acme key's name
+    record = SourceRecord(TOPIC, 0, 0, b"key", envelope.encode(env), headers, env.produced_ms)
+    await cache.load([("evil:e", None)])  # held from an earlier record of evil's
+    [refused] = await _classified(cache, [record])
+    assert isinstance(refused, DeadLetter) and "another tenant than its key's" in refused.reason
 
 
 async def test_an_erased_subject_erases_its_fresh_keys_too() -> None:

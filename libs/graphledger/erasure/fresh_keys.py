@@ -3,9 +3,10 @@ trip (docs/security.md, "Keys off the write path").
 
 The key store issues keys that belong to no subject yet (`POST /v1/keys` with `fresh`); the client
 binds one to a subject the first time it seals for it, and names the key in the sealed payload
-(`sealing.py`). The projector binds the key to that subject in the key store when it first applies a
-record sealed with it, refuses a record that names a key bound to another subject, and destroys the
-key when the subject is erased, so an erasure reaches keys bound after it too. The pool refills in the
+(`sealing.py`). A reader of the log binds the key to that subject in the key store when a record of
+it first opens with the key (a record that merely names the key binds nothing: its id is in the
+record's headers for anyone to copy), refuses a record that names a key bound to another subject, and
+the key is destroyed when the subject is erased, so an erasure reaches keys bound after it too. The pool refills in the
 background when it runs low; when the read API is away it waits and tries again, and a subject that
 finds the pool empty fetches its own key as before.
 """

@@ -49,6 +49,17 @@ class Misbound:
 
 
 MISBOUND = Misbound()
+
+
+class Unclaimed(Erased):
+    """A fresh key destroyed (its tenant erased) before any record opened with it: bound to no subject, it
+    opens nothing, and a record naming it proves no subject's, so it is skipped as erased and erases nothing."""
+
+    def __repr__(self) -> str:
+        return "UNCLAIMED"
+
+
+UNCLAIMED = Unclaimed()
 Cipher = AESGCM
 """A data key ready to use (building one costs more than sealing a small event)."""
 DataKey = Cipher | Erased
@@ -126,7 +137,9 @@ def unseal(envelope: Envelope, data_key: Cipher) -> tuple[Envelope, SealedSubjec
     try:
         plain = data_key.decrypt(nonce, ciphertext, _associated(envelope.event_id, ref, sealed_key_id(envelope)))
     except InvalidTag:
-        raise InvalidEventError(f"sealed payload of subject {ref} does not open with its key") from None
+        key_id = sealed_key_id(envelope)
+        key = "its key" if key_id is None else f"fresh key {key_id}"
+        raise InvalidEventError(f"sealed payload of subject {ref} does not open with {key}") from None
     try:
         opened = ormsgpack.unpackb(plain)
     except ormsgpack.MsgpackDecodeError:  # authentic, so written by a broken sealer

@@ -5,17 +5,20 @@ A read of a thread (or of a store item) that finds records of its key the projec
 its applied offset `a` on the key's partition (read in the same snapshot as `a`), and the key's
 records in `[a, end)`, folded as the projector applies them (`graphledger.fold` for a thread,
 `store_fold` for an item). This module turns those records into events exactly as a projector batch
-would: the data keys of sealed ones loaded first (`keys/lookup.py`: fresh keys bound to their subject
-as the projector binds them), each record classified (`projection/records.py`), chunks reassembled at
-the chunk that completes their event. What the projector would not apply is left out: dead letters,
-records of erased subjects (the key cache asks the key store again when an erasure record is read:
-`erasure`), except for the erasure such a record stands for, which the projector applies there
-(`records.erasure_at`). Whatever the read cannot know from the records it holds raises `fold.Underivable`, and the
-read waits for the projection instead (`ReadBarrier.wait`):
+would: the data keys of sealed ones loaded first (`keys/lookup.py`), each record classified
+(`projection/records.py`), chunks reassembled at the chunk that completes their event. A fresh key a
+record opened with while bound to no subject is bound here as the projector binds it
+(`projection/binding.py`: only by a record that opened with it, outside any transaction): the key
+store's first binding decides for every reader, so what is folded here is what the projector applies.
+What the projector would not apply is left out: dead letters, records of erased subjects (the key cache
+asks the key store again when an erasure record is read: `erasure`), except for the erasure such a
+record stands for, which the projector applies there (`records.erasure_at`). Whatever the read cannot
+know from the records it holds raises `fold.Underivable`, and the read waits for the projection instead
+(`ReadBarrier.wait`):
 - an erasure of the thread or its tenant (anyone can publish one: the projection decides);
 - a record from a newer graphledger (the projector stops its partition there);
 - a chunked event whose chunks are not all held (some went to the projection's chunk table);
-- the key store not answering for a sealed record's key.
+- the key store not answering for a sealed record's key, or for the binding of a fresh key.
 Decoding is kept per record (`Unprojected.note`), so each record is opened once while it is held.
 """
 
@@ -49,6 +52,7 @@ from graphledger_server.api.unprojected import KeyTail, Unprojected
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.projection import chunks
 from graphledger_server.projection.admission import admitted
+from graphledger_server.projection.binding import Item, bind_opened
 from graphledger_server.projection.records import (
     Chunk,
     Classified,
@@ -92,8 +96,16 @@ class RecordOpener:
         # Before `since` only chunks matter (one may complete its event at or after it): nothing else
         # there is opened.
         records = [r for r in tail.records if r.offset >= since or envelope.header(r.headers, HEADER_CHUNK)]
-        await self._load_keys(r for r in records if self._unprojected.note(r) is None)
-        classified = [self._classified(r) for r in records]
+        noted: list[Classified | None] = [self._unprojected.note(r) for r in records]
+        new = [r for r, note in zip(records, noted, strict=True) if note is None]
+        await self._load_keys(new)
+        opened = iter(await self._bound([self._classify(r) for r in new], lambda i: self._classify(new[i])))
+        classified: list[Classified] = []
+        for record, note in zip(records, noted, strict=True):
+            if note is None:
+                note = next(opened)
+                self._unprojected.set_note(record, note)  # kept once its key is settled
+            classified.append(note)
         out: list[tuple[int, Any]] = []
         parts: dict[str, dict[int, SourceRecord]] = {}
         finished: set[str] = set()
@@ -108,7 +120,7 @@ class RecordOpener:
                     if len(got) < item.ref.count:
                         continue
                     if record.offset >= since:
-                        out.extend(self._admitted(self._reassembled(item, got), since))
+                        out.extend(self._admitted(await self._reassembled(item, got), since))
                     del parts[event_id]
                     finished.add(event_id)
                 case Decoded() | DeadLetter() | Erased() | TooNew():
@@ -162,24 +174,31 @@ class RecordOpener:
         event = erasure_at(erased, self._to_event(erased.record.topic))
         return [] if event is None else [(erased.record.offset, event)]
 
-    def _classified(self, record: SourceRecord) -> Classified:
-        noted = self._unprojected.note(record)
-        if noted is not None:
-            return noted
-        found = admitted(classify(record, self._to_event(record.topic), self._keys.get), self._keys.owner)
-        self._unprojected.set_note(record, found)
-        return found
+    def _classify(self, record: SourceRecord) -> Classified:
+        return admitted(classify(record, self._to_event(record.topic), self._keys.get), self._keys.owner)
 
-    def _reassembled(self, last: Chunk, parts: dict[int, SourceRecord]) -> Decoded | DeadLetter | TooNew | Erased:
+    async def _reassembled(self, last: Chunk, parts: dict[int, SourceRecord]) -> Decoded | DeadLetter | TooNew | Erased:
         record = last.record
         value = chunks.assemble({i: r.value or b"" for i, r in parts.items()}, last.ref.count)
         if value is None:
             reason = f"chunks of event {last.ref.event_id} do not cover 0..{last.ref.count - 1}"
             return DeadLetter(record, reason, None, None, last.ref.event_id)
-        decoded = decode_value(record, value, self._to_event(record.topic), self._keys.get, last.ref.event_id)
-        return admitted(decoded, self._keys.owner)
 
-    async def _load_keys(self, records: Any) -> None:
+        def decoded(_: int = 0) -> Decoded | DeadLetter | TooNew | Erased:
+            found = decode_value(record, value, self._to_event(record.topic), self._keys.get, last.ref.event_id)
+            return admitted(found, self._keys.owner)
+
+        return (await self._bound([decoded()], decoded))[0]
+
+    async def _bound(self, classified: list[Item], again: Callable[[int], Item]) -> list[Item]:
+        """`binding.bind_opened`; `fold.Underivable` when the key store does not answer."""
+        try:
+            return await bind_opened(classified, self._keys, again)
+        except Exception as exc:  # the key store is down: the projector cannot apply them either
+            log.warning("read-through could not bind fresh keys (%s); the read waits for the projection", exc)
+            raise fold.Underivable(f"the key store did not answer: {type(exc).__name__}") from exc
+
+    async def _load_keys(self, records: Sequence[SourceRecord]) -> None:
         names = {name for r in records if (name := key_name(r)) is not None}
         if not names:
             return

@@ -1,12 +1,21 @@
-"""The data keys a reader of the log opens sealed events with (projector, replay, `dlq`).
+"""The data keys a reader of the log opens sealed events with (projector, replay, read API, `dlq`).
 
 A batch's keys are fetched from the key store before any record is decoded, by the references its
-records' `gl-subject` headers name (and the fresh keys their `gl-key` headers name, which the key store
-binds to that subject on first sight), and kept (least recently used first out) until an erasure of
-their subject applies: from then on the subject's records are erased, whatever key was cached. A fresh
-key bound to another subject opens nothing (`MISBOUND`). Without a key store (no key-encryption keys
-configured) no sealed event opens. Each key is held with its owner, the tenant the key store made it
-for, so a reader can refuse a record sealed for a subject of another tenant (`projection/admission.py`).
+records' `gl-subject` headers name (and the fresh keys their `gl-key` headers name), and kept (least
+recently used first out) until an erasure of their subject applies: from then on the subject's records
+are erased, whatever key was cached. Without a key store (no key-encryption keys configured) no sealed
+event opens. Each key is held with its owner, the tenant the key store made it for, so a reader can
+refuse a record sealed for a subject of another tenant (`projection/admission.py`).
+
+Fetching a fresh key binds nothing: anyone who reads the log sees the key ids its headers name, and
+anyone who can produce can name one beside any subject. A fresh key bound to no subject yet is held as a
+*candidate* of the `(reference, key id)` that named it: it opens that subject's records, and the reader
+binds it (`bind`, one key store call for a batch) only for the names a record actually opened with
+(`projection/binding.py`); a record that named it and did not open binds nothing and is dead-lettered.
+The key store's first binding wins, so a candidate that lost a race (bound meanwhile to another
+subject, or destroyed with an erased one) opens nothing after all and its records are decoded again. A
+fresh key bound to another subject opens nothing (`MISBOUND`); one destroyed before any record opened
+with it (its tenant erased) is `UNCLAIMED`.
 """
 
 from __future__ import annotations
@@ -14,7 +23,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
 
-from graphledger.erasure.sealing import ERASED, DataKey, Erased, Misbound, SealedSubject, cipher_of
+from graphledger.erasure.sealing import (
+    ERASED,
+    MISBOUND,
+    UNCLAIMED,
+    DataKey,
+    Erased,
+    Misbound,
+    SealedSubject,
+    cipher_of,
+)
 from graphledger_server.keys.store import KeyStore
 
 KeyName = tuple[str, str | None]
@@ -24,17 +42,24 @@ CAPACITY = 100_000
 """Keys kept: a cipher is about 1 KiB, so at most ~100 MiB."""
 
 
+def name_opens(key: DataKey | Misbound | None) -> bool:
+    """Whether a held key opens records (a key, not `ERASED`, `MISBOUND` or nothing)."""
+    return key is not None and not isinstance(key, Erased | Misbound)
+
+
 class DataKeyCache:
     def __init__(self, store: KeyStore | None, capacity: int = CAPACITY) -> None:
         self._store = store
         self._capacity = capacity
         self._keys: OrderedDict[KeyName, DataKey | Misbound] = OrderedDict()
         self._owners: dict[KeyName, str] = {}
+        self._candidates: set[KeyName] = set()
+        """Names held with a fresh key bound to no subject yet: bound once a record opens with it (`bind`)."""
         self._erased_tenants: set[str] = set()
 
     async def load(self, names: Iterable[KeyName]) -> None:
-        """Fetch the keys of `names` not held yet, binding fresh ones, and the owners of those held without
-        one (raises what the key store raises: the batch retries)."""
+        """Fetch the keys of `names` not held yet, binding none, and the owners of those held without one
+        (raises what the key store raises: the batch retries)."""
         names = set(names)
         missing = {name for name in names if name not in self._keys}
         if self._store is None:
@@ -43,8 +68,22 @@ class DataKeyCache:
             for ref, key in (await self._store.find(own)).items():
                 self._hold((ref, None), ERASED if isinstance(key, Erased) else cipher_of(key))
         if fresh := {(ref, key_id) for ref, key_id in missing if key_id is not None}:
-            for name, found in (await self._store.bind_fresh(fresh)).items():
-                self._hold(name, found if isinstance(found, Erased | Misbound) else cipher_of(found))
+            issued = await self._store.fresh({key_id for _, key_id in fresh})
+            for ref, key_id in fresh:
+                if (found := issued.get(key_id)) is None:
+                    continue
+                if found.ref is None:
+                    self._hold((ref, key_id), UNCLAIMED if isinstance(found.key, Erased) else cipher_of(found.key))
+                    if not isinstance(found.key, Erased):
+                        self._candidates.add((ref, key_id))
+                elif found.ref != ref:
+                    self._hold((ref, key_id), MISBOUND)
+                else:
+                    self._hold((ref, key_id), ERASED if isinstance(found.key, Erased) else cipher_of(found.key))
+        await self._load_owners(names)
+
+    async def _load_owners(self, names: Iterable[KeyName]) -> None:
+        assert self._store is not None
         opened = [
             name
             for name in names
@@ -59,6 +98,36 @@ class DataKeyCache:
             owner = by_ref.get(ref) if key_id is None else by_id.get(key_id)
             if owner is not None:
                 self._owners[(ref, key_id)] = owner
+
+    def is_candidate(self, name: KeyName) -> bool:
+        """Whether `name` is held with a fresh key bound to no subject yet (a record opening with it binds it)."""
+        return name in self._candidates
+
+    async def bind(self, opened: Collection[KeyName]) -> set[KeyName]:
+        """Bind the fresh keys of `opened`, names a record OPENED with (never names records merely carry),
+        to their subjects, unless they are bound already; returns the names whose key is not theirs after
+        all (bound meanwhile to another subject, destroyed with an erased one, or unknown): the records
+        that opened with them must be decoded again. Raises what the key store raises."""
+        unsettled: set[tuple[str, str]] = {
+            (ref, key_id)
+            for ref, key_id in opened
+            if key_id is not None and ((ref, key_id) in self._candidates or (ref, key_id) not in self._keys)
+        }
+        if unsettled and self._store is not None:
+            bound = await self._store.bind_fresh(unsettled)
+            for name in unsettled:
+                self._candidates.discard(name)
+                found = bound.get(name)
+                if found is None:
+                    self._drop(name)
+                else:
+                    self._hold(name, found if isinstance(found, Erased | Misbound) else cipher_of(found))
+            won = {key_id: ref for ref, key_id in unsettled if name_opens(self._keys.get((ref, key_id)))}
+            for other in [(ref, key_id) for ref, key_id in self._candidates if key_id in won and won[key_id] != ref]:
+                self._candidates.discard(other)  # named beside another subject than the one it is bound to now
+                self._hold(other, MISBOUND)
+            await self._load_owners(unsettled)
+        return {name for name in opened if name[1] is not None and not name_opens(self._keys.get(name))}
 
     def owner(self, name: KeyName) -> str | None:
         """The tenant the held key `name` was made for (None: not held, or unknown)."""
@@ -99,14 +168,14 @@ class DataKeyCache:
     def forget(self, ref: str) -> None:
         """Drop what is held of the subject `ref`: its next `load` asks the key store again."""
         for name in [name for name in self._keys if name[0] == ref]:
-            del self._keys[name]
-            self._owners.pop(name, None)
+            self._drop(name)
 
     def forget_tenant(self, tenant: str) -> None:
         """Drop every key held (they do not say their tenant): the next `load` asks the key store again.
         A tenant's erasure is rare; a cache refilled is cheap."""
         self._keys.clear()
         self._owners.clear()
+        self._candidates.clear()
 
     def _hold(self, name: KeyName, key: DataKey | Misbound) -> None:
         """Keep `key` as the most recently used, forgetting the least recently used beyond the capacity."""
@@ -115,6 +184,12 @@ class DataKeyCache:
         while len(self._keys) > self._capacity:
             forgotten, _ = self._keys.popitem(last=False)
             self._owners.pop(forgotten, None)
+            self._candidates.discard(forgotten)
+
+    def _drop(self, name: KeyName) -> None:
+        self._keys.pop(name, None)
+        self._owners.pop(name, None)
+        self._candidates.discard(name)
 
     def erase_tenant(self, tenant: str) -> None:
         self._erased_tenants.add(tenant)

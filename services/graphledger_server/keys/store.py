@@ -6,11 +6,13 @@ it with `ON CONFLICT DO NOTHING`, then reads what the table holds, so all of the
 An erasure replaces the wrapped key by NULL and stamps `erased_at` (a tombstone: the subject's key can
 never be created again), in the same transaction as its audit row.
 
-Fresh keys (`graphledger.erasure.fresh_keys`) are issued to a tenant bound to no subject; a reader of the log
-binds one to the subject of the first record sealed with it (`bind_fresh`), and a record naming a key
-bound to another subject does not open. An erasure destroys the fresh keys bound to its subject, and
-binding a key to an erased subject destroys it: both take the subject's advisory lock, so neither can
-slip between the other's check and write.
+Fresh keys (`graphledger.erasure.fresh_keys`) are issued to a tenant bound to no subject. A reader of the
+log reads them without binding (`fresh`), and binds one to a subject (`bind_fresh`) only once a record of
+that subject opened with it: the seal's associated data names the subject, so only a holder of the key
+can make such a record, while anyone who reads the log sees the key ids its headers name. The first
+binding wins; a record naming a key bound to another subject does not open. An erasure destroys the
+fresh keys bound to its subject, and binding a key to an erased subject destroys it: both take the
+subject's advisory lock, so neither can slip between the other's check and write.
 """
 
 from __future__ import annotations
@@ -180,6 +182,16 @@ FRESH_ID_BYTES = 16
 
 
 @dataclass(frozen=True, slots=True)
+class IssuedFreshKey:
+    """A fresh key as the key store holds it (`KeyStore.fresh`), read without binding it."""
+
+    key: RawKey
+    """The key, or `ERASED` once destroyed (an erasure of its subject or of its tenant)."""
+    ref: str | None
+    """The subject it is bound to, None while it is bound to none."""
+
+
+@dataclass(frozen=True, slots=True)
 class Erasure:
     """What to erase: a subject (by its reference) or a whole tenant (`ref` None)."""
 
@@ -290,11 +302,27 @@ class KeyStore:
                 )
         return keys
 
-    async def bind_fresh(self, named: Collection[tuple[str, str]]) -> dict[tuple[str, str], FreshKey]:
-        """Each `(reference, fresh key id)` a record names: the key, once bound to that subject (if it
-        was bound to none); `ERASED` when the subject (so the key) is erased; `MISBOUND` when the key
-        is another subject's; none for an id the store never issued."""
-        named = sorted(set(named))
+    async def fresh(self, key_ids: Collection[str]) -> dict[str, IssuedFreshKey]:
+        """The fresh keys among `key_ids` the store issued, as they are: binds none."""
+        async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            await self._ready(conn)
+            rows = await conn.fetch(self._sql["fresh_keys"], list(key_ids))
+        return {
+            row["id"]: IssuedFreshKey(
+                ERASED
+                if row["wrapped"] is None
+                else self._ring.unwrap(Wrapped(row["kek_id"], row["wrapped"]), _fresh_owner(row["id"])),
+                row["ref"],
+            )
+            for row in rows
+        }
+
+    async def bind_fresh(self, opened: Collection[tuple[str, str]]) -> dict[tuple[str, str], FreshKey]:
+        """Each `(reference, fresh key id)` a record OPENED with (authenticated: never one a record merely
+        names): the key, once bound to that subject (if it was bound to none); `ERASED` when the subject
+        (so the key) is erased; `MISBOUND` when the key is another subject's (bound first, perhaps by
+        another reader meanwhile); none for an id the store never issued."""
+        named = sorted(set(opened))
         refs = sorted({ref for ref, _ in named})
         async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
             await self._ready(conn)

@@ -20,20 +20,21 @@ from graphledger.erasure.subjects import LABEL_SEPARATOR, subject_of
 from graphledger.events.checkpoint import ThreadCopy
 from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH
 from graphledger.tenancy import THREAD_SEPARATOR
-from graphledger_server.projection.records import DeadLetter, Decoded, key_name, unwrapped
+from graphledger_server.projection.records import DeadLetter, Decoded, unwrapped
 
 Item = TypeVar("Item")
 
 
 def admitted(item: Item, owner_of: Callable[[tuple[str, str | None]], str | None]) -> Item | DeadLetter:
     """`item` (a classified record), or a dead letter when it is a sealed event `misattributed` refuses."""
-    if not isinstance(item, Decoded) or item.subject is None or (name := key_name(item.record)) is None:
+    if not isinstance(item, Decoded) or item.subject is None:
         return item
-    reason = misattributed(item.event, item.subject, owner_of(name))
+    # The key it opened with, as its seal names it (authenticated), not as its headers do (anyone's).
+    reason = misattributed(item.event, item.subject, owner_of((item.subject.ref, item.key_id)))
     if reason is None:
         return item
     kind = getattr(unwrapped(item.event), "TYPE", None)
-    return DeadLetter(item.record, reason, kind, item.value, item.chunk_event_id, item.subject)
+    return DeadLetter(item.record, reason, kind, item.value, item.chunk_event_id, item.subject, item.key_id)
 
 
 def misattributed(event: Any, subject: SealedSubject, owner: str | None) -> str | None:

@@ -5,6 +5,9 @@ In order, inside the transaction:
 2. resolve chunks (store them, or reassemble a completed event at its last chunk's position); when
    the stored chunks of the events completing in the batch exceed `reassembly_max_bytes`, the batch
    is cut before the first event over the budget (the first always fits) and the rest is `deferred`;
+   a reassembled event that opened with a fresh key bound to no subject yet cuts its partition there:
+   the key store is not asked inside the transaction, so the key is bound before the next batch
+   (`projection/binding.py`), which fetches the event again;
 3. stop a partition at an event from a newer graphledger (nothing of it or after it is applied);
    skip the records of erased subjects (their key is gone, or an erasure before them in the batch
    or in an earlier one applied), counting them; a record whose key the key store reports erased
@@ -50,6 +53,7 @@ from graphledger_server.log.offsets import (
 from graphledger_server.projection import chunks as chunk_store
 from graphledger_server.projection import erasure
 from graphledger_server.projection.admission import admitted
+from graphledger_server.projection.binding import bind_opened, unbound
 from graphledger_server.projection.checkpoints import TimedCheckpointEvent
 from graphledger_server.projection.dead_letters import record_dead_letters
 from graphledger_server.projection.records import (
@@ -113,7 +117,8 @@ class BatchResult:
     dead_letters_by_type: Counter[str | None] = field(default_factory=Counter)
     """`dead_letters` by event type, None where the record did not say."""
     deferred: dict[TopicPartition, int] = field(default_factory=dict)
-    """Partitions cut short to bound reassembly memory: the offset to fetch again from."""
+    """Partitions cut short to bound reassembly memory, or at a chunked event whose fresh key the next
+    batch binds first: the offset to fetch again from."""
     held: dict[TopicPartition, int] = field(default_factory=dict)
     """Partitions held at an event whose requirement (`TopicProjection.holds`) no committed batch met
     yet: the offset to fetch again from, after a pause."""
@@ -137,11 +142,21 @@ class _Resolved:
     stopped: dict[TopicPartition, TooNew] = field(default_factory=dict)
     deferred: dict[TopicPartition, int] = field(default_factory=dict)
     held: dict[TopicPartition, int] = field(default_factory=dict)
+    unbound: dict[TopicPartition, int] = field(default_factory=dict)
+    """Partitions cut at a reassembled event that opened with a fresh key bound to no subject yet."""
 
     def cut(self, tp: TopicPartition) -> int | None:
         """Where the batch stops applying `tp` short of its records (None: it does not)."""
-        cuts = [offset for offset in (self.deferred.get(tp), self.held.get(tp)) if offset is not None]
+        found = (self.deferred.get(tp), self.held.get(tp), self.unbound.get(tp))
+        cuts = [offset for offset in found if offset is not None]
         return min(cuts) if cuts else None
+
+    def fetch_again(self) -> dict[TopicPartition, int]:
+        """Where each partition cut short of its records without holding it is fetched again from."""
+        again = dict(self.deferred)
+        for tp, offset in self.unbound.items():
+            again[tp] = min(offset, again.get(tp, offset))
+        return again
 
 
 def _is_copy(item: Classified) -> TypeGuard[Decoded]:
@@ -216,14 +231,24 @@ class BatchApplier:
         self._recorded_erasures: tuple[set[str], set[str]] | None = (set(), set())
         """The subject references and tenants of erasure events met in `classify` that the key store
         recorded as erased (once erased, always); None: no key store to ask, every erasure applies."""
+        self._to_bind: set[tuple[str, str]] = set()
+        """Fresh keys reassembled events opened with inside a batch's transaction: bound by the next `classify`."""
 
     async def classify(self, records: Sequence[SourceRecord]) -> list[Classified]:
         """Decode, open and validate every record (outside the transaction), after fetching the data
-        keys their `gl-subject` headers name."""
+        keys their `gl-subject` and `gl-key` headers name; then bind the fresh keys records opened with
+        to their subjects (`projection/binding.py`)."""
+        if self._to_bind:
+            binding = set(self._to_bind)  # a replay lane's batch may add to it meanwhile
+            await self.keys.bind(binding)
+            self._to_bind -= binding
         await self.keys.load({name for r in records if (name := key_name(r)) is not None})
-        classified = [
-            admitted(classify(r, self.projections[r.topic].to_event, self.keys.get), self.keys.owner) for r in records
-        ]
+
+        def classified_again(i: int) -> Classified:
+            record = records[i]
+            return admitted(classify(record, self.projections[record.topic].to_event, self.keys.get), self.keys.owner)
+
+        classified = await bind_opened([classified_again(i) for i in range(len(records))], self.keys, classified_again)
         copies = {_ref_of(c.record) for c in classified if _is_copy(c)}
         self._source_erasures.update(await self.keys.thread_erasure_times(copies - self._source_erasures.keys()))
         await self._ask_about_erasures(classified)
@@ -334,7 +359,7 @@ class BatchApplier:
             if dead:
                 await self.sink(dead)
             result.stopped = resolved.stopped
-            result.deferred = resolved.deferred
+            result.deferred = resolved.fetch_again()
             result.held = resolved.held
             result.applied = len(resolved.events) - (len(dead) - len(resolved.dead))
             result.dead_letters = len(dead)
@@ -370,7 +395,7 @@ class BatchApplier:
         for position, item in enumerate(items):
             record = item.record
             tp = (record.topic, record.partition)
-            if tp in out.stopped or tp in out.held:
+            if tp in out.stopped or tp in out.held or tp in out.unbound:
                 continue
             match item:
                 case Chunk():
@@ -382,6 +407,12 @@ class BatchApplier:
                         continue
                     earlier = {i: c.record.value or b"" for i, c in in_batch.get(key, {}).items()}
                     outcome = self._reassembled(item, key, {**stored_parts.get(key, {}), **earlier})
+                    if (name := unbound(outcome, self.keys)) is not None:
+                        # Its key is bound (or found another subject's) before the next batch, which
+                        # reassembles it again from the chunks stored below.
+                        self._to_bind.add(name)
+                        out.unbound[tp] = record.offset
+                        continue
                     if not isinstance(outcome, TooNew):  # a stopped partition reassembles it again later
                         finished.add(key)
                         in_batch.pop(key, None)

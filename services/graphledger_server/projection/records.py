@@ -19,6 +19,7 @@ from graphledger.erasure.sealing import (
     KeyLookup,
     Misbound,
     SealedSubject,
+    Unclaimed,
     sealed_key_id,
     sealed_kind,
     sealed_ref,
@@ -71,6 +72,8 @@ class Decoded:
     """The reassembled value (the dead-letter topic needs it if Postgres rejects the event)."""
     subject: SealedSubject | None = None
     """The subject of a sealed event (opened with its data key), None for one in the clear."""
+    key_id: str | None = None
+    """The fresh key a sealed event opened with (its seal names it), None for its subject's own."""
 
     @property
     def value(self) -> bytes | None:
@@ -88,6 +91,8 @@ class DeadLetter:
     chunk_event_id: str | None = None
     subject: SealedSubject | None = None
     """The subject of a sealed event that opened and was then refused."""
+    key_id: str | None = None
+    """The fresh key such an event opened with, None for its subject's own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +193,14 @@ def no_keys(ref: str, key_id: str | None) -> None:
     return None
 
 
+def opened_with(item: Classified) -> tuple[str, str] | None:
+    """The `(reference, fresh key id)` a sealed event opened with (a reader binds that key to that
+    subject: `keys/lookup.py`), None when it did not open or opened with its subject's own key."""
+    if isinstance(item, Decoded | DeadLetter) and item.subject is not None and item.key_id is not None:
+        return item.subject.ref, item.key_id
+    return None
+
+
 def unwrapped(event: Any) -> Any:
     """A projection's event without its timed wrapper (the event itself when it has none)."""
     return getattr(event, "event", event)
@@ -222,26 +235,32 @@ def decode_value(
 ) -> Decoded | DeadLetter | TooNew | Erased:
     """Decode, open (a sealed event) and validate an event's bytes (a record's value, or a reassembled
     chunked event, which takes the time of `record`, its last chunk)."""
-    subject = None
+    subject: SealedSubject | None = None
+    key_id: str | None = None
     try:
         env = envelope.decode(value)
         if (ref := sealed_ref(env)) is not None:
             key_id = sealed_key_id(env)
             key = keys(ref, key_id)
             if isinstance(key, ErasedKey):
-                return Erased(record, ref, header_type(record), sealed_kind(env))
+                # A key destroyed before any record opened with it proves no subject: no erasure to apply.
+                kind = None if isinstance(key, Unclaimed) else sealed_kind(env)
+                return Erased(record, ref, header_type(record), kind)
             if isinstance(key, Misbound):
                 raise InvalidEventError(f"sealed with fresh key {key_id}, which is bound to another subject than {ref}")
             if key is None:
                 raise InvalidEventError(f"no data key for subject {ref}: is the key store the one the writers used?")
             env, subject = unseal(env, key)
         event = to_event(env, envelope.append_time_ms(record.timestamp, record.headers))
-        return Decoded(record, event, chunk_event_id, value if chunk_event_id is not None else None, subject)
+        held = value if chunk_event_id is not None else None
+        return Decoded(record, event, chunk_event_id, held, subject, key_id if subject is not None else None)
     except UnknownEventVersionError as exc:
         return TooNew(record, str(exc))
     except InvalidEventError as exc:
-        return DeadLetter(record, str(exc), header_type(record), value, chunk_event_id, subject)
+        opened_key = key_id if subject is not None else None
+        return DeadLetter(record, str(exc), header_type(record), value, chunk_event_id, subject, opened_key)
     except Exception as exc:  # a validator bug must not stop the partition; the DLQ keeps the event
         log.exception("unexpected error validating %s:%d@%d", record.topic, record.partition, record.offset)
         reason = f"unexpected {type(exc).__name__}: {exc}"
-        return DeadLetter(record, reason, header_type(record), value, chunk_event_id, subject)
+        opened_key = key_id if subject is not None else None
+        return DeadLetter(record, reason, header_type(record), value, chunk_event_id, subject, opened_key)
