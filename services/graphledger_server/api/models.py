@@ -174,8 +174,8 @@ class GetResponse(BaseModel):
     )
     blob_ceilings: dict[str, int] | None = Field(
         None,
-        description="A get of the newest checkpoint: per channel, the highest version counter among the namespace's "
-        "blob rows (2^63: a version without a counter); a client knows no row holds a version above it.",
+        description="A get of the newest checkpoint: per channel, the counter of the namespace's highest blob version "
+        "(its 32 zero-padded digits; 2^63 when it has none): no row holds a version with a counter above it.",
     )
 
 
