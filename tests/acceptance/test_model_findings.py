@@ -185,6 +185,25 @@ async def test_a_put_in_a_namespace_a_copy_brought_only_writes_to_reads_them(sta
         assert (await writer.aget_tuple(call)).pending_writes == expected  # it read []
 
 
+async def test_a_put_holding_inline_a_version_a_copy_brought_reads_the_copied_blob(stack: DevStack) -> None:
+    source, target, reference = _thread(), _thread(), ReferenceSaver()
+    copied = f"{5:032}.0.5"  # LangGraph's form: newer than any version the target's checkpoint 1 names
+    async with KafkaSaver(stack.settings) as writer, KafkaSaver(stack.settings) as other:
+        for first, second in ((writer, other), (reference, reference)):
+            await second.aput(_config(source), _checkpoint("1", {"xs": [1]}, {"xs": copied}), {}, {"xs": copied})
+            await first.aput(_config(target), _checkpoint("1"), {}, {})
+            await second.acopy_thread(source, target)
+            await first.aget_tuple(_config(target))  # answered by the read API, after the copy
+            # xs inline at the copied version, not called new (as code that calls the saver itself may):
+            # the official saver reads the copied blob row over the inline value.
+            held_inline = _checkpoint("2", {"xs": "inline"}, {"xs": copied})
+            await first.aput(_config(target, "1"), held_inline, {}, {})
+        expected = {"xs": [1]}
+        assert (await reference.aget_tuple(_config(target))).checkpoint["channel_values"] == expected
+        assert (await _projection(stack, _config(target))).checkpoint["channel_values"] == expected
+        assert (await writer.aget_tuple(_config(target))).checkpoint["channel_values"] == expected  # it read "inline"
+
+
 # -- the projection (services/graphledger_server/projection) ------------------------------------
 
 
