@@ -136,6 +136,9 @@ FROM (
 ) tops
 """
 
+# A get's namespaces and blob ceilings, on one connection. %(thread)s, %(ns)s, %(most)s.
+NAMESPACES_AND_CEILINGS_SQL = f"SELECT ARRAY({THREAD_NAMESPACES_SQL}) AS namespaces, ({BLOB_CEILINGS_SQL}) AS ceilings"
+
 # What a get of a namespace's newest checkpoint folds the thread's unprojected records onto, in one
 # statement, so in one snapshot (a projector batch commits rows and offsets at once): the projection's
 # applied offset on the thread's partition, every namespace of the thread (at most %(most)s), the newest
@@ -380,10 +383,9 @@ async def _get(
         # own: the thread's namespaces, and the writes of checkpoints newer than the answer's (their
         # puts are still to come); and, for no checkpoint at all, whether the thread was erased.
         newest = found.config["configurable"]["checkpoint_id"] if found else ""
-        namespaces, later, ceilings, erased = await asyncio.gather(
-            _namespaces(request, stored),
+        (namespaces, ceilings), later, erased = await asyncio.gather(
+            _namespaces_and_ceilings(request, stored, body.checkpoint_ns),
             _later_writes(request, stored, body.checkpoint_ns, newest),
-            _blob_ceilings(request, stored, body.checkpoint_ns),
             _erased(request, tenant, body.thread_id) if found is None else _false(),
         )
     else:
@@ -603,19 +605,18 @@ async def _later_writes(request: Request, stored_thread_id: str, checkpoint_ns: 
     return later
 
 
-async def _blob_ceilings(request: Request, stored_thread_id: str, checkpoint_ns: str) -> dict[str, int]:
-    """`BLOB_CEILINGS_SQL` of the namespace. Read after the answer: a row stored since only raises it."""
+async def _namespaces_and_ceilings(
+    request: Request, stored_thread_id: str, checkpoint_ns: str
+) -> tuple[list[str] | None, dict[str, int]]:
+    """Every namespace the thread has a checkpoint or a pending write in (None: more than `MAX_NAMESPACES`),
+    and the blob ceilings of `checkpoint_ns`, in one statement. Read after the answer: a namespace or a
+    blob row stored since only adds to them."""
+    params = {"thread": stored_thread_id, "ns": checkpoint_ns, "most": MAX_NAMESPACES + 1}
     async with api_state(request).pool.connection() as conn:
-        cursor = await conn.execute(BLOB_CEILINGS_SQL, {"thread": stored_thread_id, "ns": checkpoint_ns})
-        row = await cursor.fetchone()
-    ceilings: dict[str, int] = row["ceilings"] if row is not None else {}
-    return ceilings
-
-
-async def _namespaces(request: Request, stored_thread_id: str) -> list[str] | None:
-    """Every namespace the thread has a checkpoint or a pending write in (None: more than `MAX_NAMESPACES`)."""
-    async with api_state(request).pool.connection() as conn:
-        return await _namespaces_on(conn, stored_thread_id)
+        row = await (await conn.execute(NAMESPACES_AND_CEILINGS_SQL, params)).fetchone()
+    assert row is not None
+    names: list[str] = row["namespaces"]
+    return (names if len(names) <= MAX_NAMESPACES else None), row["ceilings"]
 
 
 async def _namespaces_on(conn: AsyncConnection[Any], stored_thread_id: str) -> list[str] | None:
