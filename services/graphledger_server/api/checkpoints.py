@@ -569,7 +569,7 @@ async def _newest_base(request: Request, tenant: Tenant, stored: str, ns: str, p
     if row["early"]:
         log.info("thread %r has writes before their put in the projection: the read waits", stored)
         return None
-    namespaces = row["namespaces"] if len(row["namespaces"]) <= MAX_NAMESPACES else None
+    namespaces = _listed(row["namespaces"])
     if row["checkpoint_id"] is None:
         return row["applied"], None, namespaces, row["ceilings"]
     if row["checkpoint"]["v"] < 4 and row["parent_checkpoint_id"]:
@@ -615,13 +615,17 @@ async def _namespaces_and_ceilings(
     async with api_state(request).pool.connection() as conn:
         row = await (await conn.execute(NAMESPACES_AND_CEILINGS_SQL, params)).fetchone()
     assert row is not None
-    names: list[str] = row["namespaces"]
-    return (names if len(names) <= MAX_NAMESPACES else None), row["ceilings"]
+    return _listed(row["namespaces"]), row["ceilings"]
 
 
 async def _namespaces_on(conn: AsyncConnection[Any], stored_thread_id: str) -> list[str] | None:
     cursor = await conn.execute(THREAD_NAMESPACES_SQL, {"thread": stored_thread_id, "most": MAX_NAMESPACES + 1})
     names = [row["checkpoint_ns"] for row in await cursor.fetchall()]
+    return _listed(names)
+
+
+def _listed(names: list[str]) -> list[str] | None:
+    """The thread's namespaces as a get answers them: None when there are more than `MAX_NAMESPACES`."""
     return names if len(names) <= MAX_NAMESPACES else None
 
 

@@ -84,11 +84,7 @@ class DataKeyCache:
 
     async def _load_owners(self, names: Iterable[KeyName]) -> None:
         assert self._store is not None
-        opened = [
-            name
-            for name in names
-            if name not in self._owners and not isinstance(self._keys.get(name, ERASED), Erased | Misbound)
-        ]
+        opened = [name for name in names if name not in self._owners and name_opens(self._keys.get(name))]
         if not opened:
             return
         by_ref, by_id = await self._store.owners(
