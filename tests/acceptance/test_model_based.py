@@ -46,7 +46,7 @@ from graphledger.events.envelope import HEADER_TYPE, header
 from graphledger.settings import Settings
 from graphledger_server.devstack.stack import DevStack
 from model_check import History, Outcome, Report
-from model_ops import EVERY_THREAD_KINDS, READ_KINDS, Fault, Generator, Op, Script, pack
+from model_ops import EVERY_THREAD_KINDS, READ_KINDS, RUN_IDS, Fault, Generator, Op, Script, pack
 
 SHORT_RUN_OPS = 600
 OPS = int(os.environ.get("GRAPHLEDGER_MODEL_OPS") or SHORT_RUN_OPS)
@@ -229,8 +229,11 @@ def _touch_same_threads(a: Op, b: Op) -> bool:
 
 def _final_reads(script: Script, agents: int, start: int) -> list[Op]:
     """Every thread read by every agent (the last one is fresh): each namespace's newest, the whole
-    history, the graph state."""
+    history, the graph state; and by each agent a list across threads, so every kind of read is checked
+    even when a short run's faults failed all of one kind."""
     ops, index = [], itertools.count(start)
+    for agent in range(agents):
+        ops.append(Op(next(index), agent, "list_all", {"filter": {"run_id": RUN_IDS[agent % len(RUN_IDS)]}}))
     for agent, thread in itertools.product(range(agents), script.threads):
         for ns in ("", "inner", "call:1"):
             ops.append(Op(next(index), agent, "get_tuple", {"thread": thread, "ns": ns, "checkpoint_id": None}))
