@@ -39,7 +39,7 @@ class SubjectName(_Request):
 
 
 MAX_FRESH = 256
-"""Most fresh keys one request asks for (a client's pool asks for 64 at a time)."""
+"""Most fresh keys one request asks for (a client's pool asks for up to this many at a time)."""
 
 
 class KeysRequest(_Request):
