@@ -132,7 +132,9 @@ def fresh_database(pg: EmbeddedPostgres) -> str:
 
 @pytest.fixture
 def make_settings(broker: EmbeddedBroker, pg: EmbeddedPostgres):
-    """Settings for an isolated graphledger: own topic prefix, own database, tansu-compatible producer."""
+    """Settings for an isolated graphledger: own topic prefix, own database, tansu-compatible producer.
+    Events of a thread or namespace published in the clear are applied (`accept_clear_events`), as in a
+    log with a clear era: tests build logs by hand; those of sealing pass `accept_clear_events=False`."""
 
     def make(**overrides: object) -> Settings:
         values: dict[str, object] = {
@@ -143,6 +145,7 @@ def make_settings(broker: EmbeddedBroker, pg: EmbeddedPostgres):
             "topic_replication_factor": 1,
             "topic_allow_single_broker_acks": True,  # the one tansu broker
             "projector_group_id": f"g{uuid.uuid4().hex[:10]}",
+            "accept_clear_events": True,
         }
         if "postgres_dsn" not in overrides:
             values["postgres_dsn"] = pg.create_database(f"t_{uuid.uuid4().hex[:12]}")

@@ -144,6 +144,12 @@ class Settings(BaseSettings):
         "keys, so that erasing a subject makes its data unreadable in the log. Clients and services must agree; "
         "turning it on for an existing log goes through `graphledger encrypt-log`.",
     )
+    accept_clear_events: bool = Field(
+        False,
+        description="With encryption on, apply events of a thread or store namespace that reach the log in the "
+        "clear (a log written before encryption was turned on, until `graphledger encrypt-log` has sealed it). "
+        "Off, the projector and the read API dead-letter them: any producer could write one for any tenant.",
+    )
     erasure_namespace_depth: int = Field(
         DEFAULT_ERASURE_NAMESPACE_DEPTH,
         ge=1,
@@ -432,6 +438,11 @@ class Settings(BaseSettings):
     def layout_topic(self) -> str:
         """Where `topics ensure` records the source topics' partition counts (`graphledger.partition_layout`)."""
         return f"{self.topic_prefix}.layout"
+
+    @property
+    def clear_events_refused(self) -> bool:
+        """Events of a thread or namespace that reach the log in the clear are dead-lettered, not applied."""
+        return self.encrypt_events and not self.accept_clear_events
 
     @property
     def min_insync_replicas(self) -> int:

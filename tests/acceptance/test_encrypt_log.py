@@ -243,7 +243,8 @@ async def _invoke(saver: KafkaSaver, thread: str, run_id: str | None = None) -> 
 async def copied(broker: EmbeddedBroker, pg: EmbeddedPostgres) -> Log:
     run = uuid.uuid4().hex[:10]
     dsn = pg.create_database(f"t_{uuid.uuid4().hex[:12]}")
-    original = _settings(broker, dsn, f"clear{run}", "live")
+    # Its services read a log with a clear era (docs/operations.md); those of the sealed copy refuse one.
+    original = _settings(broker, dsn, f"clear{run}", "live", accept_clear_events=True)
     threads = {name: f"{name}-{run}" for name in ("alpha", "beta", "gamma", "delta", "epsilon")}
     threads["tenanted"] = scoped_thread(TENANT, f"tenanted-{run}")  # as a tenant's client stores its threads
     await ensure_topics(original)
@@ -335,6 +336,7 @@ async def test_a_repartition_copy_projects_the_same_rows(copied: Log) -> None:
             "topic_partitions": 3,
             "postgres_schema": "moved",
             "projector_group_id": f"g-moved{copied.run}",
+            "accept_clear_events": True,  # a repartition copies the clear era as it is
         }
     )
     status, out, err = await graphledger(

@@ -651,6 +651,58 @@ async def test_an_event_sealed_with_another_tenants_key_is_dead_lettered(erasabl
         await pool.close()
 
 
+async def test_an_event_in_the_clear_naming_a_sealed_tenants_thread_is_dead_lettered(erasable: Erasable) -> None:
+    """Any producer can publish a put in the clear naming acme's thread (its record key is in the log for
+    anyone to read). It proves no key, so with encryption on the projector dead-letters it (replay and the
+    read API's read-through decide the same: `admission.in_the_clear`); acme reads its thread as before and
+    its next turn applies after it."""
+    run = uuid.uuid4().hex[:8]
+    thread = f"victim-clear-{run}"
+    stored = scoped_thread("acme", thread)
+    settings = erasable.dev.settings
+    schema = settings.postgres_schema
+    pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=1)
+    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+    await producer.start()
+    config = {"configurable": {"thread_id": thread}}
+    try:
+        async with KafkaSaver(erasable.client("acme")) as saver:
+            await chat_graph(saver).ainvoke({"messages": ["mine"]}, config)
+            record_key = saver._runtime.record_key_of_thread(thread)
+        assert record_key is not None
+        forged = to_envelope(projection_put(stored, 98))
+        sent = await producer.send_and_wait(
+            settings.checkpoint_topic, envelope.encode(forged), key=record_key, headers=envelope.headers_for(forged)
+        )
+
+        async def dead_lettered() -> bool:
+            reason = await pool.fetchval(
+                f"SELECT reason FROM {schema}.graphledger_dead_letters "
+                'WHERE topic = $1 AND partition = $2 AND "offset" = $3',
+                settings.checkpoint_topic,
+                sent.partition,
+                sent.offset,
+            )
+            return reason is not None and "in the clear while encryption is on" in reason
+
+        await wait_for(dead_lettered, "the put in the clear to be dead-lettered", timeout_s=WAIT_S)
+        async with KafkaSaver(erasable.client("acme")) as reader:
+            graph = chat_graph(reader)
+            assert (await graph.aget_state(config)).values["messages"] == ["mine", "reply to mine"]
+            await graph.ainvoke({"messages": ["again"]}, config)
+            newest = (await graph.aget_state(config)).config["configurable"]["checkpoint_id"]
+        rows = f"SELECT count(*) FROM {schema}.checkpoints WHERE thread_id = $1 AND checkpoint_id = $2"
+        assert await pool.fetchval(rows, stored, cid(98)) == 0
+
+        async def next_turn_applied() -> bool:
+            return await pool.fetchval(rows, stored, newest) == 1
+
+        await wait_for(next_turn_applied, "acme's next turn to be applied after the forged put", timeout_s=WAIT_S)
+    finally:
+        await producer.stop()
+        await pool.close()
+
+
 async def _not(condition: Awaitable[bool]) -> bool:
     return not await condition
 

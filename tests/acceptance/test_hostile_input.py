@@ -16,6 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import orjson
 import ormsgpack
@@ -28,11 +29,14 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.store.base import InvalidNamespaceError
 
 from graphledger import KafkaSaver, KafkaStore
+from graphledger.erasure.sealer import EventSealer
 from graphledger.errors import InvalidInputError, ReadApiError
 from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import CheckpointPut
 from graphledger.pg_text import MAX_JSON_DEPTH
 from graphledger.wire import JSON, MSGPACK
+from graphledger_server.keys.source import StoreKeySource
+from graphledger_server.keys.store import key_store_for
 from graphledger_server.projection.checkpoints import to_checkpoint_event
 from hostile import (
     FEW,
@@ -53,6 +57,7 @@ WAIT_S = 60.0
 DELTA = "/v1/checkpoints/delta-history"
 API_THREAD = "hostile-api-thread"
 LAST = 2**63 - 1  # the largest count the read API takes (Postgres bigint)
+KEY_CACHE_TTL_S = 600.0
 
 
 @pytest.fixture(scope="module")
@@ -198,12 +203,13 @@ def test_store_search_and_list_namespaces_answer_or_refuse(
 # -- (b) the events -----------------------------------------------------------------------------------
 
 
-def _hostile_records(valid: CheckpointPut) -> dict[str, tuple[bytes, str]]:
-    """Records a client could never publish, each with the words its dead-letter reason must name."""
+def _hostile_records(valid: CheckpointPut) -> dict[str, tuple[bytes | envelope.Envelope, str]]:
+    """Records a client could never publish, each with the words its dead-letter reason must name: bytes,
+    or an envelope an agent seals with a key of its own (`_sealed_records`)."""
     env = to_envelope(valid)
 
-    def with_payload(**change: Any) -> bytes:
-        return envelope.encode(envelope.Envelope(env.type, env.event_id, env.produced_ms, {**env.payload, **change}))
+    def with_payload(**change: Any) -> envelope.Envelope:
+        return envelope.Envelope(env.type, env.event_id, env.produced_ms, {**env.payload, **change})
 
     deep = b'{"a": ' * 10_000 + b"1" + b"}" * 10_000
     return {
@@ -221,14 +227,42 @@ def _hostile_records(valid: CheckpointPut) -> dict[str, tuple[bytes, str]]:
     }
 
 
-async def _produce(settings: Any, records: list[tuple[bytes, bytes]], partition: int) -> list[int]:
+Record = tuple[bytes, list[tuple[str, bytes]]]
+"""A record's value and headers."""
+
+
+async def _sealed_records(
+    settings: Any, event: CheckpointPut, payloads: list[bytes | envelope.Envelope]
+) -> list[Record]:
+    """Each payload as a record: an envelope sealed for the thread it names (else `event`'s) with that
+    thread's data key from the key store, as any agent with encryption on can seal anything (bytes as
+    they are)."""
+    pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=1)
+    try:
+        key_store = key_store_for(settings, pool)
+        assert key_store is not None
+        sealer = EventSealer(StoreKeySource(key_store, settings), KEY_CACHE_TTL_S)
+        records: list[Record] = []
+        for payload in payloads:
+            if isinstance(payload, bytes):
+                records.append((payload, [("gl-type", b"checkpoint.put")]))
+            else:
+                named = payload.payload.get("thread_id")
+                _, sealed = await sealer.seal(put(named, 1) if isinstance(named, str) and named else event, "", payload)
+                records.append((envelope.encode(sealed), envelope.headers_for(sealed)))
+        return records
+    finally:
+        await pool.close()
+
+
+async def _produce(settings: Any, records: list[Record], partition: int) -> list[int]:
     producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")
     await producer.start()
     try:
         offsets = []
-        for value, key in records:
+        for value, headers in records:
             meta = await producer.send_and_wait(
-                settings.checkpoint_topic, value, key=key, partition=partition, headers=[("gl-type", b"checkpoint.put")]
+                settings.checkpoint_topic, value, key=b"k", partition=partition, headers=headers
             )
             offsets.append(meta.offset)
         return offsets
@@ -240,8 +274,12 @@ def test_hostile_records_are_dead_lettered_and_the_partition_moves_on(stack: Any
     thread = f"hostile-{uuid.uuid4()}"
     hostile = _hostile_records(put(thread, 1))
     good = put(thread, 2)
-    values = [value for value, _ in hostile.values()] + [envelope.encode(to_envelope(good))]
-    offsets = asyncio.run(_produce(stack.settings, [(v, thread.encode()) for v in values], partition=1))
+    payloads = [value for value, _ in hostile.values()] + [to_envelope(good)]
+
+    async def attack() -> list[int]:
+        return await _produce(stack.settings, await _sealed_records(stack.settings, good, payloads), partition=1)
+
+    offsets = asyncio.run(attack())
 
     def applied() -> bool:
         row = db.execute("SELECT 1 FROM checkpoints WHERE thread_id = %s", (thread,)).fetchone()
@@ -278,7 +316,10 @@ def test_a_decompression_bomb_is_dead_lettered_within_the_bound(stack: Any, db: 
 
     async def attack() -> int:
         await produce_batch(stack.settings, topic, partition, zstd_bomb(2 * 1024**3))
-        (offset,) = await _produce(stack.settings, [(envelope.encode(to_envelope(put(thread, 1))), b"k")], partition)
+        event = put(thread, 1)
+        (offset,) = await _produce(
+            stack.settings, await _sealed_records(stack.settings, event, [to_envelope(event)]), partition
+        )
         return offset
 
     good = asyncio.run(attack())

@@ -1,11 +1,13 @@
-"""Which sealed events the projector admits (`projection/admission.py`): a seal claiming a subject of
-another tenant than its key's, or naming other data than the subject it claims, is refused."""
+"""Which events the projector admits (`projection/admission.py`): a seal claiming a subject of
+another tenant than its key's, or naming other data than the subject it claims, is refused; so is an
+event of a subject in the clear while encryption is on."""
 
 from __future__ import annotations
 
 from graphledger.erasure.sealing import SealedSubject
-from graphledger.events.checkpoint import ThreadCopy, ThreadCopyBarrier
+from graphledger.events.checkpoint import RunsDelete, ThreadCopy, ThreadCopyBarrier, ThreadDelete
 from graphledger.events.envelope import HEADER_SUBJECT
+from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger_server.projection.admission import admitted, misattributed
 from graphledger_server.projection.records import DeadLetter, Decoded, SourceRecord
 from projection_helpers import put
@@ -50,3 +52,26 @@ def test_the_verdict_is_taken_when_a_record_is_decoded_and_kept_with_it() -> Non
         isinstance(letter, DeadLetter) and "another tenant" in letter.reason and letter.event_type == "checkpoint.put"
     )
     assert admitted(DeadLetter(record, "bad", None, b"v"), lambda name: None).reason == "bad"  # type: ignore[union-attr]
+
+
+def test_with_encryption_on_an_event_of_a_subject_in_the_clear_is_refused_unless_a_clear_era_is_accepted() -> None:
+    """Anyone can publish an event in the clear naming any thread or namespace: it proves no key, so with
+    encryption on it is refused (`clear_refused`); erasures and `runs.delete` are never sealed and pass."""
+    record = SourceRecord("t", 0, 7, b"k", b"v", ())
+    no_owner = lambda name: None  # noqa: E731
+    for event in (
+        put("acme/t", 1),
+        ThreadCopy("acme/s", "acme/t"),
+        ThreadCopyBarrier("acme/t", 0, 5),
+        ThreadDelete("acme/t"),
+        store_put(("acme", "users", "42"), "k", {}),
+    ):
+        clear = Decoded(record, event)
+        letter = admitted(clear, no_owner, clear_refused=True)
+        assert isinstance(letter, DeadLetter), event
+        assert "in the clear while encryption is on" in letter.reason and "acme" not in letter.reason
+        assert letter.event_type == event.TYPE
+        assert admitted(clear, no_owner) is clear, "a log with a clear era (or encryption off) applies it"
+    for keyless in (RunsDelete(("r",)), ThreadErase("ref"), TenantErase("acme")):
+        clear = Decoded(record, keyless)
+        assert admitted(clear, no_owner, clear_refused=True) is clear, keyless

@@ -63,7 +63,9 @@ def create_app(settings: Settings) -> FastAPI:
             settings.store_topic: store_events.to_event,
         }
         unprojected = Unprojected(log, offsets, topics, settings.api_read_through_max_bytes)
-        opener = RecordOpener(unprojected, DataKeyCache(key_store), to_event.__getitem__)
+        opener = RecordOpener(
+            unprojected, DataKeyCache(key_store), to_event.__getitem__, clear_refused=settings.clear_events_refused
+        )
         unprojected.on_erasure = opener.erasure
         await unprojected.start()
         barrier = ReadBarrier(settings, log, offsets, slots, unprojected)

@@ -83,9 +83,13 @@ class RecordOpener:
         unprojected: Unprojected,
         keys: DataKeyCache,
         to_event: Callable[[str], ToEvent],
+        *,
+        clear_refused: bool = False,
     ) -> None:
         self._unprojected = unprojected
         self._keys = keys
+        self._clear_refused = clear_refused
+        """As the projector's (`BatchApplier.clear_refused`)."""
         self._to_event = to_event
         """The topic's envelope validation (the projection's `to_event`)."""
 
@@ -175,7 +179,8 @@ class RecordOpener:
         return [] if event is None else [(erased.record.offset, event)]
 
     def _classify(self, record: SourceRecord) -> Classified:
-        return admitted(classify(record, self._to_event(record.topic), self._keys.get), self._keys.owner)
+        found = classify(record, self._to_event(record.topic), self._keys.get)
+        return admitted(found, self._keys.owner, clear_refused=self._clear_refused)
 
     async def _reassembled(self, last: Chunk, parts: dict[int, SourceRecord]) -> Decoded | DeadLetter | TooNew | Erased:
         record = last.record
@@ -186,7 +191,7 @@ class RecordOpener:
 
         def decoded(_: int = 0) -> Decoded | DeadLetter | TooNew | Erased:
             found = decode_value(record, value, self._to_event(record.topic), self._keys.get, last.ref.event_id)
-            return admitted(found, self._keys.owner)
+            return admitted(found, self._keys.owner, clear_refused=self._clear_refused)
 
         return (await self._bound([decoded()], decoded))[0]
 

@@ -5,9 +5,11 @@ namespace, and seal it under a key of their own while claiming another tenant's 
 What they cannot forge is whose a key is: the key store made each data key for one tenant (a fresh key
 too: it was issued to one). So a sealed event is admitted only when the tenant its seal claims is its
 key's, what it names lies within that tenant (a copy's source too: a copy reads the source's rows), and
-the subject it claims is the thread or namespace it names. Pure; the projector's batch and the read API's
-read-through apply `admitted` to each record as they decode it, right after loading its key and its
-key's owner (`DataKeyCache.owner`), so a classification kept for later carries the verdict.
+the subject it claims is the thread or namespace it names. With encryption on, an event of a thread or
+namespace in the clear is refused too, unless the log is known to hold a clear era
+(`accept_clear_events`): a clear event carries no proof of whose it is. Pure; the projector's batch and
+the read API's read-through apply `admitted` to each record as they decode it, right after loading its
+key and its key's owner (`DataKeyCache.owner`), so a classification kept for later carries the verdict.
 """
 
 from __future__ import annotations
@@ -25,16 +27,34 @@ from graphledger_server.projection.records import DeadLetter, Decoded, unwrapped
 Item = TypeVar("Item")
 
 
-def admitted(item: Item, owner_of: Callable[[tuple[str, str | None]], str | None]) -> Item | DeadLetter:
-    """`item` (a classified record), or a dead letter when it is a sealed event `misattributed` refuses."""
-    if not isinstance(item, Decoded) or item.subject is None:
+def admitted(
+    item: Item, owner_of: Callable[[tuple[str, str | None]], str | None], *, clear_refused: bool = False
+) -> Item | DeadLetter:
+    """`item` (a classified record), or a dead letter when it is a sealed event `misattributed` refuses, or
+    (`clear_refused`: encryption on, no clear era accepted) an event of a thread or namespace in the clear."""
+    if not isinstance(item, Decoded):
         return item
-    # The key it opened with, as its seal names it (authenticated), not as its headers do (anyone's).
-    reason = misattributed(item.event, item.subject, owner_of((item.subject.ref, item.key_id)))
+    if item.subject is None:
+        reason = in_the_clear(item.event) if clear_refused else None
+    else:
+        # The key it opened with, as its seal names it (authenticated), not as its headers do (anyone's).
+        reason = misattributed(item.event, item.subject, owner_of((item.subject.ref, item.key_id)))
     if reason is None:
         return item
     kind = getattr(unwrapped(item.event), "TYPE", None)
     return DeadLetter(item.record, reason, kind, item.value, item.chunk_event_id, item.subject, item.key_id)
+
+
+def in_the_clear(event: Any) -> str | None:
+    """Why an event that reached the log unsealed may not apply with encryption on (None: it carries no
+    one's data, as erasures and `runs.delete`, which are never sealed). Names no thread or namespace."""
+    event = unwrapped(event)
+    if subject_of(event, "", DEFAULT_ERASURE_NAMESPACE_DEPTH) is None:
+        return None
+    return (
+        f"{event.TYPE} in the clear while encryption is on: writers seal every event of a thread or namespace "
+        "(a log with a clear era: GRAPHLEDGER_ACCEPT_CLEAR_EVENTS, until `graphledger encrypt-log` has sealed it)"
+    )
 
 
 def misattributed(event: Any, subject: SealedSubject, owner: str | None) -> str | None:

@@ -36,6 +36,7 @@ from typing import Any, Protocol, TypeGuard, assert_never
 
 import asyncpg
 
+from graphledger.erasure.sealing import SealedSubject
 from graphledger.errors import SchemaSwitchedError
 from graphledger.events.checkpoint import ThreadCopy
 from graphledger.events.envelope import Envelope
@@ -214,10 +215,14 @@ class BatchApplier:
         *,
         reassembly_max_bytes: int | None = None,
         keys: DataKeyCache | None = None,
+        clear_refused: bool = False,
     ) -> None:
         self.schema = schema
         self.keys = keys or DataKeyCache(None)
         """The data keys sealed events open with (none: no sealed event opens)."""
+        self.clear_refused = clear_refused
+        """Encryption is on and the log has no clear era: events of a thread or namespace in the clear are
+        dead-lettered (`admission.in_the_clear`)."""
         self.reassembly_max_bytes = reassembly_max_bytes
         """Most bytes of stored chunks one batch loads to reassemble events; None: no bound."""
         self.group = consumer_group
@@ -246,7 +251,8 @@ class BatchApplier:
 
         def classified_again(i: int) -> Classified:
             record = records[i]
-            return admitted(classify(record, self.projections[record.topic].to_event, self.keys.get), self.keys.owner)
+            found = classify(record, self.projections[record.topic].to_event, self.keys.get)
+            return admitted(found, self.keys.owner, clear_refused=self.clear_refused)
 
         classified = await bind_opened([classified_again(i) for i in range(len(records))], self.keys, classified_again)
         copies = {_ref_of(c.record) for c in classified if _is_copy(c)}
@@ -334,13 +340,14 @@ class BatchApplier:
             resolved = await self._resolve(conn, fresh, stored)
             dead = list(resolved.dead)
             # Before the events: an erasure among them finds its subject's name.
-            subjects = [*(e.subject for e in resolved.events), *(d.subject for d in dead)]
-            opened = (subject for subject in subjects if subject is not None)
-            await erasure.record_subjects(conn, self._erasure, opened)
-            if isolate:
+            if isolate:  # each subject with its event: Postgres may reject a name (too long to index)
+                await self._record_subjects_apart(conn, [d.subject for d in dead if d.subject is not None])
                 rejected, report = await self._apply_isolated(conn, resolved.events)
                 dead.extend(rejected)
             else:
+                subjects = [*(e.subject for e in resolved.events), *(d.subject for d in dead)]
+                opened = (subject for subject in subjects if subject is not None)
+                await erasure.record_subjects(conn, self._erasure, opened)
                 report = await self._apply_events(conn, resolved.events)
             result.forks = report.forks
             await record_dead_letters(conn, self.schema, dead)
@@ -450,7 +457,8 @@ class BatchApplier:
                 record, f"chunks of event {key[2]} do not cover 0..{last.ref.count - 1}", None, None, key[2]
             )
         to_event = self.projections[record.topic].to_event
-        return admitted(decode_value(record, value, to_event, self.keys.get, chunk_event_id=key[2]), self.keys.owner)
+        found = decode_value(record, value, to_event, self.keys.get, chunk_event_id=key[2])
+        return admitted(found, self.keys.owner, clear_refused=self.clear_refused)
 
     def _sort(
         self, out: _Resolved, outcome: Decoded | DeadLetter | TooNew | Erased, committed: Mapping[TopicPartition, int]
@@ -552,16 +560,30 @@ class BatchApplier:
             report += await self.projections[topic].apply(conn, items)
         return report
 
+    async def _record_subjects_apart(self, conn: asyncpg.Connection, subjects: Sequence[SealedSubject]) -> None:
+        """Record each subject in its own savepoint, leaving out those Postgres rejects (dead letters'
+        subjects: their names only help an erasure find their rows, and they have none)."""
+        for subject in subjects:
+            try:
+                async with conn.transaction():
+                    await erasure.record_subjects(conn, self._erasure, [subject])
+            except Exception as exc:
+                if verdict_of(exc) is not Verdict.REJECT:
+                    raise
+                log.warning("Postgres rejected the name of subject %s (%s)", subject.ref, type(exc).__name__)
+
     async def _apply_isolated(
         self, conn: asyncpg.Connection, events: Sequence[Decoded]
     ) -> tuple[list[DeadLetter], ApplyReport]:
-        """Apply each event in its own savepoint; the ones Postgres rejects become dead letters."""
+        """Apply each event, with its sealed subject's name, in its own savepoint; the ones Postgres rejects
+        become dead letters."""
         dead = []
         report = ApplyReport()
         for d in events:
             r = d.record
             try:
                 async with conn.transaction():
+                    await erasure.record_subjects(conn, self._erasure, [d.subject] if d.subject is not None else [])
                     report += await self.projections[r.topic].apply(conn, [(r.topic, r.partition, r.offset, d.event)])
             except Exception as exc:
                 if verdict_of(exc) is not Verdict.REJECT:

@@ -135,6 +135,7 @@ class ProjectorWorker:
             self._produce_dead_letters,
             # What a batch holds: at most batch_max_bytes of records plus as much of stored chunks.
             reassembly_max_bytes=settings.batch_max_bytes,
+            clear_refused=settings.clear_events_refused,
         )
         self.batch_lock = asyncio.Lock()
         self.pool: asyncpg.Pool | None = None

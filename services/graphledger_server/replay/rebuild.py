@@ -73,7 +73,12 @@ class Rebuilder:
         self.projections = projections_for(settings.model_copy(update={"postgres_schema": schema}))
         # The live projector's reassembly budget: a batch loads at most batch_max_bytes of stored chunks.
         self.applier = BatchApplier(
-            schema, self.group, self.projections, _already_dead_lettered, reassembly_max_bytes=settings.batch_max_bytes
+            schema,
+            self.group,
+            self.projections,
+            _already_dead_lettered,
+            reassembly_max_bytes=settings.batch_max_bytes,
+            clear_refused=settings.clear_events_refused,
         )
         self.positions: dict[TP, int] = {}
         """The rebuild schema's next offset per partition (what is applied)."""
