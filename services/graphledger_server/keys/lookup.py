@@ -72,6 +72,7 @@ class DataKeyCache:
             for ref, key_id in fresh:
                 if (found := issued.get(key_id)) is None:
                     continue
+                self._owners[(ref, key_id)] = found.tenant  # as `owners` answers: no query of its own
                 if found.ref is None:
                     self._hold((ref, key_id), UNCLAIMED if isinstance(found.key, Erased) else cipher_of(found.key))
                     if not isinstance(found.key, Erased):

@@ -116,7 +116,7 @@ FROM {schema}.data_keys AS d
 WHERE f.ref = d.ref AND d.ref = ANY($1::text[]) AND d.erased_at IS NOT NULL AND f.wrapped IS NOT NULL
 """
 # $1 -> ids.
-FRESH_KEYS_SQL = "SELECT id, ref, kek_id, wrapped FROM {schema}.fresh_keys WHERE id = ANY($1::text[])"
+FRESH_KEYS_SQL = "SELECT id, ref, tenant, kek_id, wrapped FROM {schema}.fresh_keys WHERE id = ANY($1::text[])"
 # $1 ref.
 DESTROY_BOUND_FRESH_KEYS_SQL = "UPDATE {schema}.fresh_keys SET kek_id = NULL, wrapped = NULL WHERE ref = $1::text"
 # $1 tenant.
@@ -189,6 +189,8 @@ class IssuedFreshKey:
     """The key, or `ERASED` once destroyed (an erasure of its subject or of its tenant)."""
     ref: str | None
     """The subject it is bound to, None while it is bound to none."""
+    tenant: str
+    """The tenant it was issued to (its owner, `owners`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,7 +305,7 @@ class KeyStore:
         return keys
 
     async def fresh(self, key_ids: Collection[str]) -> dict[str, IssuedFreshKey]:
-        """The fresh keys among `key_ids` the store issued, as they are: binds none."""
+        """The fresh keys among `key_ids` the store issued, as they are, with their owners: binds none."""
         async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
             await self._ready(conn)
             rows = await conn.fetch(self._sql["fresh_keys"], list(key_ids))
@@ -313,6 +315,7 @@ class KeyStore:
                 if row["wrapped"] is None
                 else self._ring.unwrap(Wrapped(row["kek_id"], row["wrapped"]), _fresh_owner(row["id"])),
                 row["ref"],
+                row["tenant"],
             )
             for row in rows
         }
