@@ -22,7 +22,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from operator import add
 from pathlib import Path
@@ -43,6 +44,7 @@ from graphledger.erasure.sealing import SealedSubject, cipher_of, seal, sealed_r
 from graphledger.erasure.subjects import LABEL_SEPARATOR, reference, thread_subject
 from graphledger.events import envelope, to_envelope
 from graphledger.events.chunks import frame
+from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.events.store import StorePut
 from graphledger.settings import Settings
@@ -596,59 +598,86 @@ async def test_a_forged_erasure_is_dead_lettered_and_erases_nothing(erasable: Er
         await pool.close()
 
 
+CHECKPOINT_ROWS = "SELECT count(*) FROM {schema}.checkpoints WHERE thread_id = $1 AND checkpoint_id = $2"
+
+
+@dataclass
+class Victim:
+    """acme's thread after one turn, with what a test forging records against it needs."""
+
+    thread: str
+    stored: str
+    config: dict[str, Any]
+    record_key: bytes
+    pool: asyncpg.Pool
+    producer: AIOKafkaProducer
+
+
+@asynccontextmanager
+async def _victim(erasable: Erasable, name: str) -> AsyncIterator[Victim]:
+    thread = f"{name}-{uuid.uuid4().hex[:8]}"
+    settings = erasable.dev.settings
+    pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=1)
+    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+    await producer.start()
+    config: dict[str, Any] = {"configurable": {"thread_id": thread}}
+    try:
+        async with KafkaSaver(erasable.client("acme")) as saver:
+            await chat_graph(saver).ainvoke({"messages": ["mine"]}, config)
+            record_key = saver._runtime.record_key_of_thread(thread)
+        assert record_key is not None
+        yield Victim(thread, scoped_thread("acme", thread), config, record_key, pool, producer)
+    finally:
+        await producer.stop()
+        await pool.close()
+
+
+async def _forge(erasable: Erasable, victim: Victim, forged: Envelope, forged_id: str, words: str) -> None:
+    """Publish `forged` (a put of checkpoint `forged_id`) among the victim's records; wait for its dead
+    letter, whose reason names `words`, and check that acme reads its thread as before and that the
+    forged checkpoint has no row."""
+    settings = erasable.dev.settings
+    schema = settings.postgres_schema
+    sent = await victim.producer.send_and_wait(
+        settings.checkpoint_topic, envelope.encode(forged), key=victim.record_key, headers=envelope.headers_for(forged)
+    )
+
+    async def dead_lettered() -> bool:
+        reason = await victim.pool.fetchval(
+            f"SELECT reason FROM {schema}.graphledger_dead_letters "
+            'WHERE topic = $1 AND partition = $2 AND "offset" = $3',
+            settings.checkpoint_topic,
+            sent.partition,
+            sent.offset,
+        )
+        return reason is not None and words in reason
+
+    await wait_for(dead_lettered, f"the forged record to be dead-lettered ({words})", timeout_s=WAIT_S)
+    async with KafkaSaver(erasable.client("acme")) as reader:
+        state = await chat_graph(reader).aget_state(victim.config)
+        assert state.values["messages"] == ["mine", "reply to mine"]
+    assert await victim.pool.fetchval(CHECKPOINT_ROWS.format(schema=schema), victim.stored, forged_id) == 0
+
+
 async def test_an_event_sealed_with_another_tenants_key_is_dead_lettered(erasable: Erasable) -> None:
     """Another tenant's agent seals a put naming acme's thread under a key of its own, claiming acme's
     subject inside the seal, and publishes it among acme's records. The key store made that key for the
     other tenant, so the projector (and the read API's read-through) refuse it: acme's thread reads as
     before."""
-    run = uuid.uuid4().hex[:8]
-    thread = f"victim-{run}"
-    stored = scoped_thread("acme", thread)
-    settings = erasable.dev.settings
-    schema = settings.postgres_schema
-    pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=1)
-    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
-    await producer.start()
-    config = {"configurable": {"thread_id": thread}}
-    try:
-        async with KafkaSaver(erasable.client("acme")) as saver:
-            await chat_graph(saver).ainvoke({"messages": ["mine"]}, config)
-            record_key = saver._runtime.record_key_of_thread(thread)
-        keys = key_store_for(settings, pool)
-        assert keys is not None and record_key is not None
-        attacker = f"evil{run}"  # a tenant of its own (this module's other tests erase beta)
+    async with _victim(erasable, "victim") as victim:
+        keys = key_store_for(erasable.dev.settings, victim.pool)
+        assert keys is not None
+        attacker = f"evil{uuid.uuid4().hex[:8]}"  # a tenant of its own (this module's other tests erase beta)
         own = scoped_thread(attacker, "x")
         evil_ref = reference(await keys.hash_key(attacker), thread_subject(attacker, own))
         evil_key = (await keys.data_keys([(evil_ref, thread_subject(attacker, own))]))[evil_ref]
         assert isinstance(evil_key, bytes)
         forged = seal(
-            to_envelope(projection_put(stored, 99)),
-            SealedSubject(evil_ref, "thread", "acme", stored),
+            to_envelope(projection_put(victim.stored, 99)),
+            SealedSubject(evil_ref, "thread", "acme", victim.stored),
             cipher_of(evil_key),
         )
-        sent = await producer.send_and_wait(
-            settings.checkpoint_topic, envelope.encode(forged), key=record_key, headers=envelope.headers_for(forged)
-        )
-
-        async def dead_lettered() -> bool:
-            reason = await pool.fetchval(
-                f"SELECT reason FROM {schema}.graphledger_dead_letters "
-                'WHERE topic = $1 AND partition = $2 AND "offset" = $3',
-                settings.checkpoint_topic,
-                sent.partition,
-                sent.offset,
-            )
-            return reason is not None and "another tenant than its key's" in reason
-
-        await wait_for(dead_lettered, "the forged put to be dead-lettered", timeout_s=WAIT_S)
-        async with KafkaSaver(erasable.client("acme")) as reader:
-            state = await chat_graph(reader).aget_state(config)
-            assert state.values["messages"] == ["mine", "reply to mine"]
-        forged_rows = f"SELECT count(*) FROM {schema}.checkpoints WHERE thread_id = $1 AND checkpoint_id = $2"
-        assert await pool.fetchval(forged_rows, stored, cid(99)) == 0
-    finally:
-        await producer.stop()
-        await pool.close()
+        await _forge(erasable, victim, forged, cid(99), "another tenant than its key's")
 
 
 async def test_an_event_in_the_clear_naming_a_sealed_tenants_thread_is_dead_lettered(erasable: Erasable) -> None:
@@ -656,51 +685,19 @@ async def test_an_event_in_the_clear_naming_a_sealed_tenants_thread_is_dead_lett
     anyone to read). It proves no key, so with encryption on the projector dead-letters it (replay and the
     read API's read-through decide the same: `admission.in_the_clear`); acme reads its thread as before and
     its next turn applies after it."""
-    run = uuid.uuid4().hex[:8]
-    thread = f"victim-clear-{run}"
-    stored = scoped_thread("acme", thread)
-    settings = erasable.dev.settings
-    schema = settings.postgres_schema
-    pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=1)
-    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
-    await producer.start()
-    config = {"configurable": {"thread_id": thread}}
-    try:
-        async with KafkaSaver(erasable.client("acme")) as saver:
-            await chat_graph(saver).ainvoke({"messages": ["mine"]}, config)
-            record_key = saver._runtime.record_key_of_thread(thread)
-        assert record_key is not None
-        forged = to_envelope(projection_put(stored, 98))
-        sent = await producer.send_and_wait(
-            settings.checkpoint_topic, envelope.encode(forged), key=record_key, headers=envelope.headers_for(forged)
-        )
-
-        async def dead_lettered() -> bool:
-            reason = await pool.fetchval(
-                f"SELECT reason FROM {schema}.graphledger_dead_letters "
-                'WHERE topic = $1 AND partition = $2 AND "offset" = $3',
-                settings.checkpoint_topic,
-                sent.partition,
-                sent.offset,
-            )
-            return reason is not None and "in the clear while encryption is on" in reason
-
-        await wait_for(dead_lettered, "the put in the clear to be dead-lettered", timeout_s=WAIT_S)
-        async with KafkaSaver(erasable.client("acme")) as reader:
-            graph = chat_graph(reader)
-            assert (await graph.aget_state(config)).values["messages"] == ["mine", "reply to mine"]
-            await graph.ainvoke({"messages": ["again"]}, config)
-            newest = (await graph.aget_state(config)).config["configurable"]["checkpoint_id"]
-        rows = f"SELECT count(*) FROM {schema}.checkpoints WHERE thread_id = $1 AND checkpoint_id = $2"
-        assert await pool.fetchval(rows, stored, cid(98)) == 0
+    async with _victim(erasable, "victim-clear") as victim:
+        clear = to_envelope(projection_put(victim.stored, 98))
+        await _forge(erasable, victim, clear, cid(98), "in the clear while encryption is on")
+        async with KafkaSaver(erasable.client("acme")) as writer:
+            graph = chat_graph(writer)
+            await graph.ainvoke({"messages": ["again"]}, victim.config)
+            newest = (await graph.aget_state(victim.config)).config["configurable"]["checkpoint_id"]
+        rows = CHECKPOINT_ROWS.format(schema=erasable.dev.settings.postgres_schema)
 
         async def next_turn_applied() -> bool:
-            return await pool.fetchval(rows, stored, newest) == 1
+            return await victim.pool.fetchval(rows, victim.stored, newest) == 1
 
         await wait_for(next_turn_applied, "acme's next turn to be applied after the forged put", timeout_s=WAIT_S)
-    finally:
-        await producer.stop()
-        await pool.close()
 
 
 async def _not(condition: Awaitable[bool]) -> bool:

@@ -38,58 +38,49 @@ class HeldSource:
         return self._in_flight is not None and not self._in_flight.done()
 
 
-def test_a_pool_in_use_asks_for_half_of_it_or_more_at_a_time() -> None:
-    async def scenario() -> None:
-        source = HeldSource()
-        pool = FreshKeyPool(source, "t", 512)
-        pool.fill()
-        await asyncio.sleep(0)
-        for _ in range(10):  # bounded: a pool that asks for every few keys taken would never stop
-            if not source.in_flight:
-                break
-            for _ in range(3):  # new subjects take keys while each request is in flight
-                pool.take()
-            await source.answer(pool)
-        for _ in range(600):
-            assert pool.take() is not None
-            await asyncio.sleep(0)  # a refill starts
-            if source.in_flight:
-                pool.take()
-                await source.answer(pool)
-        await pool.close()
-        assert min(source.asked) >= 256, source.asked
-        assert len(source.asked) <= 6, source.asked
-
-    asyncio.run(scenario())
+async def _filling(size: int) -> tuple[HeldSource, FreshKeyPool]:
+    """A pool of `size` keys whose first request is in flight."""
+    source = HeldSource()
+    pool = FreshKeyPool(source, "t", size)
+    pool.fill()
+    await asyncio.sleep(0)
+    return source, pool
 
 
-def test_a_pool_of_one_key_refills_after_it_is_taken() -> None:
-    async def scenario() -> None:
-        source = HeldSource()
-        pool = FreshKeyPool(source, "t", 1)
-        pool.fill()
-        await asyncio.sleep(0)
+async def test_a_pool_in_use_asks_for_half_of_it_or_more_at_a_time() -> None:
+    source, pool = await _filling(512)
+    for _ in range(10):  # bounded: a pool that asks for every few keys taken would never stop
+        if not source.in_flight:
+            break
+        for _ in range(3):  # new subjects take keys while each request is in flight
+            pool.take()
         await source.answer(pool)
+    for _ in range(600):
         assert pool.take() is not None
-        await asyncio.sleep(0)
-        assert source.in_flight, "taking the only key asks for another"
-        await source.answer(pool)
-        await pool.close()
-        assert source.asked == [1, 1]
-
-    asyncio.run(scenario())
-
-
-def test_a_large_pool_fills_in_requests_the_read_api_accepts() -> None:
-    async def scenario() -> None:
-        source = HeldSource()
-        pool = FreshKeyPool(source, "t", 1000)
-        pool.fill()
-        await asyncio.sleep(0)
-        while source.in_flight:
+        await asyncio.sleep(0)  # a refill starts
+        if source.in_flight:
+            pool.take()
             await source.answer(pool)
-        await pool.close()
-        assert source.asked == [BATCH, BATCH, BATCH], "asks in full requests while a quarter or more is missing"
-        assert len(pool) == 3 * BATCH
+    await pool.close()
+    assert min(source.asked) >= 256, source.asked
+    assert len(source.asked) <= 6, source.asked
 
-    asyncio.run(scenario())
+
+async def test_a_pool_of_one_key_refills_after_it_is_taken() -> None:
+    source, pool = await _filling(1)
+    await source.answer(pool)
+    assert pool.take() is not None
+    await asyncio.sleep(0)
+    assert source.in_flight, "taking the only key asks for another"
+    await source.answer(pool)
+    await pool.close()
+    assert source.asked == [1, 1]
+
+
+async def test_a_large_pool_fills_in_requests_the_read_api_accepts() -> None:
+    source, pool = await _filling(1000)
+    while source.in_flight:
+        await source.answer(pool)
+    await pool.close()
+    assert source.asked == [BATCH, BATCH, BATCH], "asks in full requests while a quarter or more is missing"
+    assert len(pool) == 3 * BATCH
