@@ -167,7 +167,7 @@ class Settings(BaseSettings):
     client_fresh_keys: int = Field(
         DEFAULT_CLIENT_FRESH_KEYS,
         ge=0,
-        description="Fresh data keys a client holds ahead of use (asked for again when half are used): a new "
+        description="Fresh data keys a client holds ahead of use (asked for again when half, or 256, are used): a new "
         "subject's first write waits on no key, and a pod starts up to this many new subjects through an outage of the "
         "read API. 0: each new subject asks the read API for its key.",
     )

@@ -38,10 +38,10 @@ class FreshDataKeySource(Protocol):
 
 class FreshKeyPool:
     """One tenant's fresh keys, up to `size` (`client_fresh_keys`), on the client's event loop. It asks
-    for more when half are used, and only ever for at least half the pool (or a full request): topping
-    up to exactly `size` while writes take keys would send a request for every few keys (measured: 900
-    requests of 2-4 keys in 6 s at 500 new threads/s, a third of the stack's CPU). A pod can start
-    `size / 2` to `size` new subjects through an outage."""
+    for more once half the pool or a full request (`BATCH`) is used, whichever is fewer, and never for
+    less: topping up to exactly `size` while writes take keys would send a request for every few keys
+    (measured: 900 requests of 2-4 keys in 6 s at 500 new threads/s, a third of the stack's CPU). A pod
+    can start `size / 2` to `size` new subjects through an outage."""
 
     def __init__(
         self, source: FreshDataKeySource, tenant: str, size: int, *, clock: Callable[[], float] = time.monotonic
