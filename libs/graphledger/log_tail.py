@@ -7,14 +7,19 @@ before it answers a read of its own thread from what it holds (`tails`: keys). A
 the high watermark in the answer to a fetch *sent after the read began* bounds every such write. One
 fetch also brings the records between a given position and that end.
 
-A fetch from a position below the log's end is answered at once, one positioned at the end is held
-for its `max_wait` (by tansu even when `min_bytes` is 0; Kafka answers it at once). Both kinds are
-wanted: a read of a thread's tail most often finds nothing past its position, and a fetch there must
-come back fast. So where the end is all a fetch needs, or what it expects to find (`ends`; `tails`
-from a position at or past the end this process last saw, `note_end`), it waits `END_MAX_WAIT_MS`;
-where it needs records it knows are there, it starts one record back with `FETCH_MAX_WAIT_MS`, which
-tansu also spends scanning its in-memory log for the position (with a 1 ms wait it answers a long
-partition with no records, the high watermark still right). At most one shared fetch per broker and
+A fetch from a position below the log's end is answered at once. Kafka answers one positioned at the
+end at once too (`min_bytes` is 0), while tansu holds a fetch that finds no records for its whole
+`max_wait`, and answers a wait of 0 with no partition at all. Both kinds are wanted: a read of a
+thread's tail most often finds nothing past its position, and a fetch there must come back fast. So
+where the end is all a fetch needs, or what it expects to find (`ends`; `tails` from a position at or
+past the end this process last saw, `note_end`), it waits `END_MAX_WAIT_MS` and also asks for the
+layout partition from its first record (`BEACON_BYTES`; `partition_layout`: it always holds records,
+and every process may read it): a fetch that finds records is answered at once by every broker, so
+tansu answers it as Kafka does, with the other partitions' high watermarks read when it was handled
+(2.3 ms p50 without it, 0.25 ms with it, on tansu 0.6). Where a fetch needs records it knows are
+there, it starts one record back with `FETCH_MAX_WAIT_MS`, which tansu also spends scanning its
+in-memory log for the position (with a 1 ms wait it answers a long partition with no records, the
+high watermark still right). At most one shared fetch per broker and
 lane is in flight: the reads arriving meanwhile join the next one, sent when it is answered (after all
 of them began), so concurrent reads share fetches. A round fetches each partition from the lowest
 position asked, so the reads of whole records from where the read API has read (`pages`) have a lane
@@ -62,7 +67,7 @@ from graphledger.kafka_requests import (
     listed_offset,
     read_metadata,
 )
-from graphledger.partition_layout import PartitionLayout
+from graphledger.partition_layout import LAYOUT_PARTITION, PartitionLayout
 from graphledger.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -73,8 +78,10 @@ FETCH_MAX_WAIT_MS = 100
 """The wait of a fetch for records: Kafka answers one that finds data at once, whatever its wait; tansu
 spends at most the wait scanning its in-memory log for the position."""
 END_MAX_WAIT_MS = 1
-"""The wait of a fetch that wants the log's end, or expects to find nothing past its position: tansu
-holds such a fetch for its whole wait (0 is no better: it then answers with no partitions at all)."""
+"""The wait of a fetch that wants the log's end, or expects to find nothing past its position (the
+beacon makes tansu answer it at once; 0 is no good: tansu then answers with no partitions at all)."""
+BEACON_BYTES = 1
+"""What a fetch asks of the layout partition it carries as a beacon: any record makes it found data."""
 PAGE_BYTES = 1024 * 1024
 """Bytes one fetch brings per partition (Kafka answers at least one whole batch however large)."""
 END_BYTES = 1
@@ -175,6 +182,7 @@ class LogTail:
         self._seen_ends: dict[TopicPartition, int] = {}
         """The furthest end of each partition this process saw: a fetch's high watermark, an acknowledged
         write (`note_end`). A tail from before it has records to find."""
+        self._beacon = TopicPartition(settings.layout_topic, LAYOUT_PARTITION)
 
     async def start(self) -> None:
         if not self._owned:
@@ -368,10 +376,12 @@ class LogTail:
         """One fetch from `node`, naming each partition's leader epoch: per partition a page, None when
         the position is past the log's end (Kafka's OFFSET_OUT_OF_RANGE), or the error to recover from.
         At offset 0 (an empty partition, or one read from its start) it never waits long."""
-        total = sum(max_bytes for _, max_bytes in positions.values())
         if not all(position for position, _ in positions.values()):
             wait_ms = END_MAX_WAIT_MS
         at = {tp: FetchPosition(offset, max_bytes, self._epoch(tp)) for tp, (offset, max_bytes) in positions.items()}
+        if wait_ms <= END_MAX_WAIT_MS and self._beacon not in at and self._beacon_led_by(node):
+            at[self._beacon] = FetchPosition(0, BEACON_BYTES, NO_EPOCH)
+        total = sum(position.max_bytes for position in at.values())
         request = EpochFetchRequest(wait_ms, 0, total, READ_UNCOMMITTED, at)
         try:
             response = await (await self._ready()).send(node, request)
@@ -380,6 +390,8 @@ class LogTail:
             return dict.fromkeys(positions, failure)
         answers: dict[TopicPartition, _Answer] = {}
         for tp, error_code, high_watermark, raw in fetched_partitions(response):
+            if tp not in positions:
+                continue  # the beacon: what it holds, or any error about it, tells nothing of the read
             error = error_for(error_code)
             if error is OffsetOutOfRangeError:
                 answers[tp] = None
@@ -392,6 +404,12 @@ class LogTail:
         for tp in positions:  # a broker that left a partition out of its answer: ask again
             answers.setdefault(tp, NotLeaderForPartitionError(f"Kafka node {node} did not answer for {tp}"))
         return answers
+
+    def _beacon_led_by(self, node: int) -> bool:
+        """Whether `node` leads the layout partition (only a partition's leader answers for it), as the
+        Metadata answer that named the fetched partitions' leaders said."""
+        leader = self._leaders.get(self._beacon)
+        return leader is not None and leader.node == node
 
     async def _list_end(self, tp: TopicPartition) -> int:
         """The end offset by ListOffsets, for a partition whose log is shorter than the projection's
@@ -451,12 +469,21 @@ class LogTail:
         await asyncio.shield(asking)
 
     async def _metadata(self, topic: str) -> None:
+        """Ask for the leaders of `topic`'s partitions, and of the beacon's (a fetch carries it to a node
+        that leads it; a beacon the broker does not describe is left out)."""
         client = await self._ready()
+        asked = list(dict.fromkeys((topic, self._beacon.topic)))
         try:
-            response = await client.send(client.get_random_node(), LeaderMetadataRequest([topic]))
+            response = await client.send(client.get_random_node(), LeaderMetadataRequest(asked))
         except (KafkaError, OSError) as exc:
             raise LogUnavailableError(f"Kafka did not describe topic {topic}: {exc or type(exc).__name__}") from exc
         topics, leaders = read_metadata(response)
+        beacon = topics.get(self._beacon.topic)
+        if topic != self._beacon.topic:
+            self._leaders.pop(self._beacon, None)
+            if beacon is not None and not beacon.error_code and self._beacon in leaders:
+                self._leaders[self._beacon] = leaders[self._beacon]
+            leaders = {tp: leader for tp, leader in leaders.items() if tp.topic == topic}
         found = topics.get(topic)
         if found is None or found.error_code:
             error = error_for(found.error_code if found is not None else UNKNOWN_TOPIC)

@@ -148,7 +148,11 @@ async def test_the_fetch_names_the_leader_epoch_metadata_v7_gave() -> None:
     wire = cluster.wire()
     assert await tail(wire).ends({P0: 3, P1: 0}, 1) == {P0: 40, P1: 40}
     [metadata] = wire.of(METADATA)
-    assert (metadata.version, metadata.obj()) == (7, {"topics": [TOPIC], "allow_auto_topic_creation": False})
+    # The beacon's leader comes in the same request (test_log_tail_waits.py)
+    assert (metadata.version, metadata.obj()) == (
+        7,
+        {"topics": [TOPIC, "gl.layout"], "allow_auto_topic_creation": False},
+    )
     # One fetch for both partitions, to their leader, each naming epoch 7; v10 although the broker
     # speaks v17: from v11 a follower may answer with its own (lagging) high watermark.
     assert fetches(wire) == [(2, 10, {0: 7, 1: 7})]

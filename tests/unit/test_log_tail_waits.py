@@ -1,30 +1,45 @@
 """Where a fetch starts and how long it may wait: at the position with a 1 ms wait when the log most
-likely ends there (tansu holds a fetch at the end for its whole wait), one record back with a long wait
-when records are known to lie past it (tansu scans its in-memory log for at most the wait, and answers
-a long partition with no records and the right end when the wait is short)."""
+likely ends there, carrying the layout partition as a beacon (tansu holds a fetch that finds no records
+for its whole wait, and answers one that finds some at once), one record back with a long wait when
+records are known to lie past it (tansu scans its in-memory log for at most the wait, and answers a
+long partition with no records and the right end when the wait is short)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.protocol.api import RequestStruct, Response
 
-from graphledger.log_tail import END_MAX_WAIT_MS, FETCH_MAX_WAIT_MS, LogTail
+from graphledger.log_tail import BEACON_BYTES, END_MAX_WAIT_MS, FETCH_MAX_WAIT_MS, LogTail
 from graphledger.settings import Settings
 from kafka_wire import Cluster, Wire, record_batch
 
-TOPIC = "gl.checkpoints"
-P0 = TopicPartition(TOPIC, 0)
+TOPIC, LAYOUT = "gl.checkpoints", "gl.layout"
+P0, BEACON = TopicPartition(TOPIC, 0), TopicPartition(LAYOUT, 0)
 FETCH, METADATA = 1, 3
 
 
-def metadata(node: int, request: RequestStruct) -> Response:
-    partitions = [(0, 0, 1, 0, [1], [1], [])]  # partition 0 led by node 1 at epoch 0
-    return request.RESPONSE_TYPE(0, [(1, "k1", 9092, None)], "c", 1, [(0, TOPIC, False, partitions)])
+def metadata_led_by(layout_leader: int | None):  # type: ignore[no-untyped-def]
+    """A Metadata handler: partition 0 of the checkpoints led by node 1, the layout partition by
+    `layout_leader` (None: the broker does not know the topic)."""
+
+    def metadata(node: int, request: RequestStruct) -> Response:
+        topics = []
+        for topic in request.to_object()["topics"]:
+            leader = 1 if topic == TOPIC else layout_leader
+            partitions = [(0, 0, leader, 0, [leader], [leader], [])] if leader is not None else []
+            topics.append((0 if partitions else 3, topic, False, partitions))
+        brokers = [(1, "k1", 9092, None), (2, "k2", 9092, None)]
+        return request.RESPONSE_TYPE(0, brokers, "c", 1, topics)
+
+    return metadata
 
 
-def log_of(end: int, *, short_waits_find_nothing: bool = False):  # type: ignore[no-untyped-def]
+def log_of(end: int, *, short_waits_find_nothing: bool = False, beacon_error: int = 0):  # type: ignore[no-untyped-def]
     """A fetch handler for a partition of `end` records keyed `b"other"`: from the fetch position to the
-    end, or, as tansu's long partitions do, nothing (the end still right) for a fetch that may wait 1 ms."""
+    end, or, as tansu's long partitions do, nothing (the end still right) for a fetch that may wait 1 ms.
+    The layout partition holds one record (or answers `beacon_error`)."""
 
     def fetch(node: int, request: RequestStruct) -> Response:
         obj = request.to_object()
@@ -32,6 +47,10 @@ def log_of(end: int, *, short_waits_find_nothing: bool = False):  # type: ignore
         for topic in obj["topics"]:
             partitions = []
             for p in topic["partitions"]:
+                if topic["topic"] == LAYOUT:
+                    batch = b"" if beacon_error else record_batch([(TOPIC.encode(), b'{"partitions":1}')])
+                    partitions.append((p["partition"], beacon_error, 1, 1, 0, [], batch))
+                    continue
                 first = p["fetch_offset"]
                 found = first < end and not (short_waits_find_nothing and obj["max_wait_time"] == END_MAX_WAIT_MS)
                 batch = record_batch([(b"other", b"v")] * (end - first), base_offset=first) if found else b""
@@ -42,18 +61,29 @@ def log_of(end: int, *, short_waits_find_nothing: bool = False):  # type: ignore
     return fetch
 
 
-def wire(end: int, **kwargs: bool) -> Wire:
-    wire = Wire(cluster=Cluster({TOPIC: 1}))
-    wire.handlers = {METADATA: metadata, FETCH: log_of(end, **kwargs)}
+def wire(end: int, *, layout_leader: int | None = 1, **kwargs: Any) -> Wire:
+    wire = Wire(cluster=Cluster({TOPIC: 1}, nodes=(1, 2)))
+    wire.handlers = {METADATA: metadata_led_by(layout_leader), FETCH: log_of(end, **kwargs)}
     return wire
 
 
 def fetches(wire: Wire) -> list[tuple[int, int]]:
-    """(fetch offset, max wait) of each fetch sent."""
-    return [
-        (sent.obj()["topics"][0]["partitions"][0]["fetch_offset"], sent.obj()["max_wait_time"])
-        for sent in wire.of(FETCH)
-    ]
+    """(fetch offset, max wait) of each fetch sent, of the checkpoints' partition."""
+    return [(_positions(sent.obj())[P0][0], sent.obj()["max_wait_time"]) for sent in wire.of(FETCH)]
+
+
+def _positions(fetch: dict[str, Any]) -> dict[TopicPartition, tuple[int, int]]:
+    """(fetch offset, max bytes) of each partition a fetch asks for."""
+    return {
+        TopicPartition(topic["topic"], p["partition"]): (p["fetch_offset"], p["max_bytes"])
+        for topic in fetch["topics"]
+        for p in topic["partitions"]
+    }
+
+
+def beacons(wire: Wire) -> list[bool]:
+    """Whether each fetch sent carried the layout partition, from its first record."""
+    return [_positions(sent.obj()).get(BEACON) == (0, BEACON_BYTES) for sent in wire.of(FETCH)]
 
 
 def log_tail(wire: Wire) -> LogTail:
@@ -87,3 +117,27 @@ async def test_the_end_alone_is_asked_at_the_position_with_a_1_ms_wait() -> None
     wire_ = wire(40)
     assert await log_tail(wire_).ends({P0: 25}, 1) == {P0: 40}
     assert fetches(wire_) == [(25, END_MAX_WAIT_MS)]
+
+
+async def test_a_fetch_that_expects_the_end_carries_the_beacon_and_one_for_records_does_not() -> None:
+    wire_ = wire(40)
+    tail_ = log_tail(wire_)
+    assert (await tail_.tails({P0: 40}, 1))[P0].end == 40
+    assert await tail_.ends({P0: 25}, 1) == {P0: 40}
+    tail_.note_end(P0, 40)
+    assert [offset for offset, _ in (await tail_.tails({P0: 38}, 1))[P0].keys] == [38, 39]
+    assert beacons(wire_) == [True, True, False]
+
+
+async def test_what_the_beacon_holds_or_any_error_about_it_never_reaches_the_read() -> None:
+    wire_ = wire(40, beacon_error=3)  # UNKNOWN_TOPIC_OR_PARTITION: deleted since, or not readable
+    tail = (await log_tail(wire_).tails({P0: 40}, 1))[P0]
+    assert (tail.end, tail.keys, tail.complete) == (40, (), True)
+    assert beacons(wire_) == [True]
+
+
+async def test_no_beacon_goes_to_a_node_that_does_not_lead_it_nor_where_the_broker_has_none() -> None:
+    for layout_leader in (2, None):
+        wire_ = wire(40, layout_leader=layout_leader)
+        assert (await log_tail(wire_).tails({P0: 40}, 1))[P0].end == 40
+        assert beacons(wire_) == [False]
