@@ -50,7 +50,6 @@ from aiokafka.errors import (
     UnknownTopicOrPartitionError,
     UnsupportedCodecError,
 )
-from aiokafka.partitioner import murmur2
 from aiokafka.record.memory_records import MemoryRecords
 
 from graphledger.compressed_batches import UnreadableBatchError, bound_decompression
@@ -67,7 +66,7 @@ from graphledger.kafka_requests import (
     listed_offset,
     read_metadata,
 )
-from graphledger.partition_layout import LAYOUT_PARTITION, PartitionLayout
+from graphledger.partition_layout import LAYOUT_PARTITION, PartitionLayout, key_hash
 from graphledger.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -230,8 +229,7 @@ class LogTail:
     async def partition_of(self, topic: str, key: bytes) -> int:
         """The partition a record keyed `key` goes to: aiokafka's default partitioner, as the client's
         producer and Kafka's Java clients choose it (murmur2 of the key, positive, modulo the count)."""
-        hashed: int = murmur2(key)
-        return (hashed & 0x7FFFFFFF) % await self.partition_count(topic)
+        return key_hash(key) % await self.partition_count(topic)
 
     def note_end(self, tp: TopicPartition, end: int) -> None:
         """The log of `tp` reaches `end` at least (a write this process had acknowledged below it)."""

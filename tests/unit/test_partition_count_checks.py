@@ -6,15 +6,23 @@ the rest on the broker."""
 
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
-from aiokafka.partitioner import murmur2
+from aiokafka.partitioner import DefaultPartitioner, murmur2
 from aiokafka.protocol.api import RequestStruct, Response
 
 from graphledger.errors import LogUnavailableError, PartitionCountChangedError
 from graphledger.log_tail import LogTail
-from graphledger.partition_layout import PartitionCheckedProducer, PartitionLayout, layout_record, parse_record
+from graphledger.partition_layout import (
+    PartitionCheckedProducer,
+    PartitionLayout,
+    key_hash,
+    key_partitioner,
+    layout_record,
+    parse_record,
+)
 from graphledger.settings import Settings
 from kafka_wire import Cluster, Wire, record_batch
 
@@ -143,3 +151,13 @@ async def test_a_user_without_read_on_the_layout_keeps_writing(caplog: pytest.Lo
     wire.cluster.partitions[CHECKPOINTS] = 4
     with pytest.raises(PartitionCountChangedError):
         await log.partition_count(CHECKPOINTS)
+
+
+def test_the_cached_partitioner_routes_every_key_as_aiokafkas_default_does() -> None:
+    rng = random.Random(20261128)
+    for n in (1, 4, 12, 50):
+        partitions = list(range(n))
+        for size in (1, 7, 36, 64, 200):
+            key = rng.randbytes(size)
+            assert key_partitioner(key, partitions, partitions) == DefaultPartitioner()(key, partitions, partitions)
+            assert key_partitioner(key, partitions, []) == key_hash(key) % n  # what the log tail computes

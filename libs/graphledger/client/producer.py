@@ -12,7 +12,7 @@ than the one `topics ensure` recorded (`graphledger.partition_layout`).
 from __future__ import annotations
 
 from graphledger.events.chunks import RECORD_HEADROOM_BYTES
-from graphledger.partition_layout import PartitionCheckedProducer, PartitionLayout
+from graphledger.partition_layout import PartitionCheckedProducer, PartitionLayout, key_partitioner
 from graphledger.settings import Settings
 
 
@@ -28,4 +28,5 @@ def new_producer(settings: Settings, *, linger_ms: int = 0) -> PartitionCheckedP
         max_batch_size=request_bytes,
         request_timeout_ms=int(settings.produce_timeout_s * 1000),
         linger_ms=linger_ms,
+        partitioner=key_partitioner,
     )
