@@ -340,10 +340,14 @@ async def get_tuple(request: Request) -> Response:
     own = _own_writes(request)
     cached = _cached_through(request) if own is not None and body.checkpoint_id is None else None
     base = await _newest_base_started(request, tenant, body)
+    # A thread the read API holds no view of is often a new one, whose answer (none) says whether it was
+    # erased: asked at once, beside the projection's answer, not after it.
+    erased = asyncio.create_task(_erased(request, tenant, body.thread_id)) if base is not None else None
     try:
-        return await _get(request, tenant, body, own, cached, base)
+        return await _get(request, tenant, body, own, cached, base, erased)
     finally:
         await _cancelled(base)
+        await _cancelled(erased)
 
 
 async def _get(
@@ -353,6 +357,7 @@ async def _get(
     own: OwnWrites | None,
     cached: int | None,
     base: asyncio.Task[Base | None] | None,
+    erased_started: asyncio.Task[bool] | None,
 ) -> Response:
     state = api_state(request)
     stored = tenant.thread(body.thread_id)
@@ -365,7 +370,7 @@ async def _get(
         answer.update(tuple=None, current=True)
         return _answer(request, answer)
     if settled.tail is not None and (body.checkpoint_id is None or settled.need is not None):
-        folded = await _get_through(request, tenant, body, settled, base)
+        folded = await _get_through(request, tenant, body, settled, base, erased_started)
         if folded is not None:
             # The answer holds every record of the thread below `log_end` (the projection may have
             # applied past the end the read learned), the client's named ones too.
@@ -386,11 +391,11 @@ async def _get(
         (namespaces, ceilings), later, erased = await asyncio.gather(
             _namespaces_and_ceilings(request, stored, body.checkpoint_ns),
             _later_writes(request, stored, body.checkpoint_ns, newest),
-            _erased(request, tenant, body.thread_id) if found is None else _false(),
+            _erased_of(request, tenant, body.thread_id, erased_started) if found is None else _false(),
         )
     else:
         namespaces, later, ceilings = None, None, None
-        erased = found is None and await _erased(request, tenant, body.thread_id)
+        erased = found is None and await _erased_of(request, tenant, body.thread_id, erased_started)
     if erased:
         answer["erased"] = True
     elif body.checkpoint_id is None:
@@ -429,7 +434,12 @@ async def _cancelled(task: asyncio.Task[Any] | None) -> None:
 
 
 async def _get_through(
-    request: Request, tenant: Tenant, body: GetRequest, settled: Settled, started: asyncio.Task[Base | None] | None
+    request: Request,
+    tenant: Tenant,
+    body: GetRequest,
+    settled: Settled,
+    started: asyncio.Task[Base | None] | None,
+    erased_started: asyncio.Task[bool] | None,
 ) -> dict[str, Any] | None:
     """The get's answer at the log's end: a view of the thread the read API kept, or the projection's
     answer in a snapshot at its applied offset, with the thread's records since folded in (None: the
@@ -464,7 +474,7 @@ async def _get_through(
     if checkpoint_id is None:
         state.views.keep(key, HeldView(settled.partition, through, view))
     folded: dict[str, Any] = {"tuple": answered, "log_end": through}
-    if answered is None and await _erased(request, tenant, body.thread_id):
+    if answered is None and await _erased_of(request, tenant, body.thread_id, erased_started):
         folded["erased"] = True
     elif checkpoint_id is None:
         folded["later_writes"] = _later_held(held)
@@ -627,6 +637,11 @@ async def _namespaces_on(conn: AsyncConnection[Any], stored_thread_id: str) -> l
 def _listed(names: list[str]) -> list[str] | None:
     """The thread's namespaces as a get answers them: None when there are more than `MAX_NAMESPACES`."""
     return names if len(names) <= MAX_NAMESPACES else None
+
+
+async def _erased_of(request: Request, tenant: Tenant, thread_id: str, started: asyncio.Task[bool] | None) -> bool:
+    """`_erased`, asked when the read began (`started`) or now."""
+    return await (started if started is not None else _erased(request, tenant, thread_id))
 
 
 async def _erased(request: Request, tenant: Tenant, thread_id: str) -> bool:
