@@ -27,7 +27,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,50 @@ async def _side_by_side(
             flush=True,
         )
     return rows
+
+
+class _RowStacks:
+    """A fresh stack per conversation row (`bench/conversations.py` says why), placed as the bench's own is,
+    with the savers of every side on it."""
+
+    def __init__(self, work_dir: Path, placement: Placement, base: Settings) -> None:
+        self._work_dir = work_dir
+        self._placement = placement
+        self._base = base
+        self._rows = 0
+        self.timeouts = 0
+        """Projector waits that ran out, over all rows."""
+        self.placement = ""
+        """Where the last row's processes ran, read back from the kernel."""
+
+    @asynccontextmanager
+    async def __call__(self) -> AsyncIterator[tuple[list[KafkaSaver], dict[str, list[Any]], Settle]]:
+        self._rows += 1
+        placement = self._placement
+        placement.to_stack()  # the row stack's processes inherit the stack's cores
+        data_dir = self._work_dir / f"row-{self._rows}"
+        stack = DevStack(data_dir, partitions=DEFAULT_PARTITIONS, base=self._base, log_level="WARNING")
+        try:
+            await asyncio.to_thread(stack.start)
+            placement.to_agent()
+            placement.pin(stack.pids().values())
+            settings = stack.settings
+            async with (
+                KafkaSaver(settings) as first,
+                KafkaSaver(settings) as second,
+                official_savers(settings.postgres_dsn) as official,
+                Settle(settings) as settle,
+            ):
+                placement.pin(stack.pids().values())  # the savers' new Postgres backends (the postmaster's children)
+                self.placement = placement.describe(stack.pids())
+                try:
+                    yield [first, second], official, settle
+                finally:
+                    self.timeouts += settle.timeouts
+        finally:
+            placement.to_agent()
+            await asyncio.to_thread(stack.stop)
+        shutil.rmtree(data_dir, ignore_errors=True)  # kept when the row failed, for its logs
 
 
 async def _applied(conn: asyncpg.Connection, stack: DevStack) -> int:
@@ -220,7 +265,8 @@ def _command(argv: list[str]) -> str:
     return " ".join(["python -m bench", *map(shlex.quote, argv)])
 
 
-def _machine(placement: Placement, stack: DevStack) -> str:
+def _machine(where: str) -> str:
+    """The CPU, where the bench's processes ran (`Placement.describe`), and the load."""
     model = next(
         (
             line.split(":", 1)[1].strip()
@@ -230,7 +276,7 @@ def _machine(placement: Placement, stack: DevStack) -> str:
         platform.machine(),
     )
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    return f"{model}, {placement.describe(stack.pids())}; load average {load} (1, 5, 15 min)"
+    return f"{model}, {where}; load average {load} (1, 5, 15 min)"
 
 
 def _sections(args: argparse.Namespace) -> set[str]:
@@ -250,7 +296,6 @@ def _sections(args: argparse.Namespace) -> set[str]:
 async def main(args: argparse.Namespace) -> None:
     sections = _sections(args)
     placement = Placement.plan()
-    placement.to_stack()  # the stack's processes inherit the stack's cores
     # The stack's data and logs stay in `work_dir` when the bench fails, and are deleted when it ends
     # (hundreds of MB of Postgres data a run).
     work_dir = Path(tempfile.mkdtemp(prefix="graphledger-bench-"))
@@ -266,86 +311,88 @@ async def _run(args: argparse.Namespace, sections: set[str], placement: Placemen
     # The topics get the production default of 12 partitions: tansu scans its in-memory log to serve a
     # fetch, so a partition holding every record of the run would slow it down as the run goes on.
     base = Settings(store_vector_dims=store_bench.DIMS)
-    with DevStack(work_dir, partitions=DEFAULT_PARTITIONS, base=base, log_level="WARNING") as stack:
-        placement.to_agent()
-        placement.pin(stack.pids().values())
-        settings = stack.settings
-        dsn = settings.postgres_dsn
-        print(f"graphledger bench: {', '.join(s for s in SECTIONS if s in sections)}", flush=True)
-        print(f"machine: {_machine(placement, stack)}", flush=True)
-        # First, on empty topics: a read of a thread fetches its partition's tail, and tansu's fetch time
-        # grows with every record a partition holds (a real broker's does not).
-        conversation_rows: list[str] = []
-        conversation_placement = conversation_facts = ""
-        if "conversations" in sections:
-            pace = conversation_bench.Pace(args.conversation_turns, args.run_seconds, args.rounds)
-            print(f"conversations: {pace.rounds} rounds; a run: {pace.seconds:g} s or {pace.turns} turns", flush=True)
-            started = time.perf_counter()
-            async with (
-                KafkaSaver(settings) as first,
-                KafkaSaver(settings) as second,
-                official_savers(dsn) as official,
-                Settle(settings) as settle,
-            ):
-                placement.pin(stack.pids().values())  # the savers' new Postgres backends (the postmaster's children)
-                conversation_placement = placement.describe(stack.pids())
-                conversation_rows = await conversation_bench.run([first, second], official, settle, pace)
-            minutes = (time.perf_counter() - started) / 60
-            print(f"  conversation rows took {minutes:.1f} min; projector waits that ran out: {settle.timeouts}")
-            conversation_facts = (
-                f"Conversations ({minutes:.1f} min): medians of {args.rounds} rounds, sides alternating; each cell is "
-                "turns/s, p50 turn latency, the agent process's CPU per turn (in brackets: its CPU over the run's "
-                "wall time, how busy its core was)"
-            )
-        rows: list[tuple[str, int, float, float]] = []
-        rate: float | None = None
-        visible: tuple[float, float] | None = None
-        if {"checkpoints", "write-to-visible"} & sections:
-            async with KafkaSaver(settings) as ours:
-                if "checkpoints" in sections:
-                    async with AsyncPostgresSaver.from_conn_string(dsn) as official:
-                        await official.setup()
-                        rows = await _side_by_side("aput", _run_puts, ours, official, args.total)
-                        rows += await _side_by_side("graph.ainvoke", _run_graphs, ours, official, args.total // 8)
-                    rate = await _projector_rate(stack, placement, ours, args.backlog)
-                    print(f"  projector apply    {rate:9.0f} checkpoints/s (backlog of {args.backlog})", flush=True)
-                if "write-to-visible" in sections:
-                    latencies = sorted(await _write_to_visible(stack, ours, 500, args.seconds))
-                    visible = statistics.median(latencies), latencies[int(len(latencies) * 0.99) - 1]
-                    print(
-                        f"  write-to-visible   p50 {visible[0]:6.1f} ms  p99 {visible[1]:6.1f} ms at 500 checkpoints/s",
-                        flush=True,
-                    )
-        sealing_rows = await _sealing(stack, placement, args.total, args.backlog) if "sealing" in sections else []
-        store_rows = await store_bench.run(stack, args.total, args.recall_items) if "store" in sections else []
-        rebuild_rows = await rebuild_bench.run(settings, args.rebuild_events) if "rebuild" in sections else []
+    print(f"graphledger bench: {', '.join(s for s in SECTIONS if s in sections)}", flush=True)
+    conversation_rows: list[str] = []
+    conversation_facts = ""
+    where = ""
+    if "conversations" in sections:
+        pace = conversation_bench.Pace(args.conversation_turns, args.run_seconds, args.rounds, args.drift_records)
+        print(f"conversations: {pace.rounds} rounds; a run: {pace.seconds:g} s or {pace.turns} turns", flush=True)
+        started = time.perf_counter()
+        fresh = _RowStacks(work_dir, placement, base)
+        conversation_rows = await conversation_bench.run(fresh, pace)
+        minutes = (time.perf_counter() - started) / 60
+        print(f"  conversation rows took {minutes:.1f} min; projector waits that ran out: {fresh.timeouts}")
+        where = fresh.placement
+        conversation_facts = (
+            f"Conversations ({minutes:.1f} min): each row on a fresh stack; medians of {args.rounds} rounds, "
+            "sides alternating; each cell is turns/s, p50 turn latency, the agent process's CPU per turn (in "
+            "brackets: its CPU over the run's wall time, how busy its core was)"
+        )
+    operation_rows: list[str] = []
+    sealing_rows: list[str] = []
+    if sections - {"conversations"}:
+        placement.to_stack()  # the stack's processes inherit the stack's cores
+        with DevStack(work_dir / "stack", partitions=DEFAULT_PARTITIONS, base=base, log_level="WARNING") as stack:
+            placement.to_agent()
+            placement.pin(stack.pids().values())
+            where = placement.describe(stack.pids())
+            operation_rows, sealing_rows = await _operations(args, sections, placement, stack)
 
-        print(f"\nReproduce: `{_command(sys.argv[1:])}` (from the repository's root, after `make install`)")
-        print(f"Machine: {_machine(placement, stack)}")
-        if conversation_rows:
-            print(f"During the conversation rows: {conversation_placement}")
-            print(f"{conversation_facts}\n")
-            print("\n".join(conversation_rows))
-        checkpoint_rows = [
-            f"| {LABELS[name]} (KafkaSaver vs AsyncPostgresSaver) | {concurrency} | {mine:,.0f}/s | {theirs:,.0f}/s "
-            f"| {mine / theirs:.2f}x |"
-            for name, concurrency, mine, theirs in rows
-        ]
-        if rate is not None:
-            checkpoint_rows.append(
-                f"| projector apply (backlog {args.backlog:,}) | – | {rate:,.0f} checkpoints/s | – | – |"
-            )
-        if visible is not None:
-            p50, p99 = visible
-            checkpoint_rows.append(
-                f"| write-to-visible at 500/s, a new thread each | – | p50 {p50:.1f} ms, p99 {p99:.1f} ms | – | – |"
-            )
-        if operation_rows := [*checkpoint_rows, *store_rows, *rebuild_rows]:
-            print("\n| operation | concurrency | graphledger | official | ratio |")
-            print("|---|---:|---:|---:|---:|")
-            print("\n".join(operation_rows))
-        if sealing_rows:
-            print("\n" + "\n".join(sealing_rows))
+    print(f"\nReproduce: `{_command(sys.argv[1:])}` (from the repository's root, after `make install`)")
+    print(f"Machine: {_machine(where)}")
+    if conversation_rows:
+        print(f"{conversation_facts}\n")
+        print("\n".join(conversation_rows))
+    if operation_rows:
+        print("\n| operation | concurrency | graphledger | official | ratio |")
+        print("|---|---:|---:|---:|---:|")
+        print("\n".join(operation_rows))
+    if sealing_rows:
+        print("\n" + "\n".join(sealing_rows))
+
+
+async def _operations(
+    args: argparse.Namespace, sections: set[str], placement: Placement, stack: DevStack
+) -> tuple[list[str], list[str]]:
+    """The sections other than conversations, on one stack: write-to-visible first, on an empty log."""
+    settings = stack.settings
+    rows: list[tuple[str, int, float, float]] = []
+    rate: float | None = None
+    visible: tuple[float, float] | None = None
+    if {"checkpoints", "write-to-visible"} & sections:
+        async with KafkaSaver(settings) as ours:
+            if "write-to-visible" in sections:
+                latencies = sorted(await _write_to_visible(stack, ours, 500, args.seconds))
+                visible = statistics.median(latencies), latencies[int(len(latencies) * 0.99) - 1]
+                print(
+                    f"  write-to-visible   p50 {visible[0]:6.1f} ms  p99 {visible[1]:6.1f} ms at 500 checkpoints/s",
+                    flush=True,
+                )
+            if "checkpoints" in sections:
+                async with AsyncPostgresSaver.from_conn_string(settings.postgres_dsn) as official:
+                    await official.setup()
+                    rows = await _side_by_side("aput", _run_puts, ours, official, args.total)
+                    rows += await _side_by_side("graph.ainvoke", _run_graphs, ours, official, args.total // 8)
+                rate = await _projector_rate(stack, placement, ours, args.backlog)
+                print(f"  projector apply    {rate:9.0f} checkpoints/s (backlog of {args.backlog})", flush=True)
+    sealing_rows = await _sealing(stack, placement, args.total, args.backlog) if "sealing" in sections else []
+    store_rows = await store_bench.run(stack, args.total, args.recall_items) if "store" in sections else []
+    rebuild_rows = await rebuild_bench.run(settings, args.rebuild_events) if "rebuild" in sections else []
+    checkpoint_rows = [
+        f"| {LABELS[name]} (KafkaSaver vs AsyncPostgresSaver) | {concurrency} | {mine:,.0f}/s | {theirs:,.0f}/s "
+        f"| {mine / theirs:.2f}x |"
+        for name, concurrency, mine, theirs in rows
+    ]
+    if rate is not None:
+        applied = f"{rate:,.0f} checkpoints/s"
+        checkpoint_rows.append(f"| projector apply (backlog {args.backlog:,}) | – | {applied} | – | – |")
+    if visible is not None:
+        p50, p99 = visible
+        checkpoint_rows.append(
+            f"| write-to-visible at 500/s, a new thread each | – | p50 {p50:.1f} ms, p99 {p99:.1f} ms | – | – |"
+        )
+    return [*checkpoint_rows, *store_rows, *rebuild_rows], sealing_rows
 
 
 if __name__ == "__main__":
@@ -377,6 +424,12 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--rounds", type=int, default=conversation_bench.ROUNDS, help="rounds of every conversation row"
+    )
+    parser.add_argument(
+        "--drift-records",
+        type=int,
+        default=conversation_bench.DRIFT_RECORDS,
+        help="records written to the log before the drift row's turns",
     )
     parser.add_argument(
         "--rebuild-events",

@@ -12,7 +12,12 @@ Workloads, each at concurrency 1, 16 and 64 (each concurrent worker runs convers
 - hop turn, at concurrency 1: the turns of a conversation alternate between two savers, as when a load
   balancer sends each turn to another pod (a KafkaSaver never holds the thread it is asked for); the
   non-hop row runs in the same rounds on one saver, for comparison.
-- the chat turn at concurrency 1 again, last: drift over the bench (see `run`).
+- the chat turn at concurrency 1 on a log that already holds `Pace.drift_records` records: drift (see `run`).
+
+Every row runs on a stack of its own, started for it (`RowStack`): the dev stack's broker (tansu) serves
+a fetch by scanning its in-memory log, so its cost per turn grows with every record an earlier row
+left, while a production broker's does not (it indexes offsets). A row on the log of the rows before
+it would measure their leftovers; the drift row measures exactly that, on a log filled on purpose.
 
 Sides: `InMemorySaver` (LangGraph with no persistence: the limit; a fresh one per run, so its memory
 does not grow over the bench), the official `AsyncPostgresSaver` on one connection and on a pool
@@ -41,6 +46,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -59,6 +65,10 @@ WARM_UP_TURNS = 40
 """Untimed turns per side before the first row: connections opened, code paths and caches warm."""
 
 Settle = Callable[[], Awaitable[object]]
+RowStack = Callable[[], AbstractAsyncContextManager[tuple[Sequence[Any], Mapping[str, Sequence[Any]], Settle]]]
+"""Opens a fresh stack for one row: KafkaSaver's two savers, each official form's two, and its `Settle`."""
+DRIFT_RECORDS = 40_000
+"""Records in the log before the drift row's turns (written by chat turns at concurrency 64)."""
 
 
 def _model(state: MessagesState) -> dict[str, Any]:
@@ -94,7 +104,13 @@ WITH_STATE = Workload("turn + `aget_state`", get_state=True)
 FIRST = Workload("first turn of a new thread", new_threads=True)
 HOP = Workload("hop turn (each turn on the other saver)", hop=True)
 NON_HOP = Workload("non-hop turn (same rounds)")
-AGAIN = Workload("chat turn, again after all rows (drift)")
+RECORDS_PER_TURN = 7
+"""Records a chat turn writes: four puts and three put_writes."""
+
+
+def drift(records: int) -> Workload:
+    """The chat turn again, on a log that holds `records` records first."""
+    return Workload(f"chat turn on a log of {records:,} more records (drift)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +132,10 @@ class Run:
     """The agent process's CPU (user + system, all threads) per turn."""
     busy: float
     """The agent process's CPU over the run's wall time: near 1 (its one core) it is bound by its own CPU."""
+
+
+Rows = dict[str, list[Run]]
+"""Each side's runs of one workload, by side name."""
 
 
 def _cpu_s() -> float:
@@ -190,6 +210,7 @@ class Pace:
     """The cap of turns of a run at concurrency 16 and 64; a quarter at 1."""
     seconds: float = RUN_S
     rounds: int = ROUNDS
+    drift_records: int = DRIFT_RECORDS
 
 
 async def _measure(
@@ -247,26 +268,30 @@ def sides_of(ours: Sequence[Any], official: Mapping[str, Sequence[Any]]) -> list
     ]
 
 
-async def run(ours: Sequence[Any], official: Mapping[str, Sequence[Any]], settle: Settle, pace: Pace) -> list[str]:
-    """The conversation rows as a Markdown table (header included); each row is printed as it completes.
+async def run(fresh: RowStack, pace: Pace) -> list[str]:
+    """The conversation rows as a Markdown table (header included); each row is printed as it completes,
+    each measured on a fresh stack (`fresh`), its sides warmed up first.
 
-    The last row repeats the first workload after all others: KafkaSaver's state and the broker's log
-    grow over the bench, and a side that slows down as they grow shows here against the first row.
-    tansu (the dev stack's broker) does: it serves a fetch by scanning its in-memory log, and with
-    80,000 more records in the topic its CPU per KafkaSaver chat turn went from 4 to 20-24 ms and the
-    turn's p50 from 15 to 43-49 ms, while the agent's CPU per turn stayed at 10-11 ms (measured on
-    the 2-core machine, same saver and a fresh one alike). A broker that indexes offsets would not.
+    The last row repeats the first workload on a log that holds `pace.drift_records` records first.
+    tansu (the dev stack's broker) serves a fetch by scanning its in-memory log, so a side whose turns
+    fetch slows down as the log grows; a broker that indexes offsets does not. Earlier measurements on
+    the 2-core machine: with 80,000 more records in the topic, tansu's CPU per KafkaSaver chat turn went
+    from 4 to 20-24 ms and the turn's p50 from 15 to 43-49 ms.
     """
-    sides = sides_of(ours, official)
-    for side in sides:
-        await _run(side.savers(), CHAT, 4, WARM_UP_TURNS, pace.seconds, settle)
-    lines = [
-        "| workload | concurrency | "
-        + " | ".join(f"{s.name} (limit)" if s.kind == "limit" else s.name for s in sides)
-        + " | ratio, KafkaSaver / stronger official (spread over rounds) |",
-        "|---|---:|" + "---:|" * len(sides) + "---|",
-    ]
-    print("\n".join(lines), flush=True)
+    sides: list[Side] = []
+    lines: list[str] = []
+
+    async def row(workloads: Sequence[Workload], concurrency: int, fill: int = 0) -> Mapping[Workload, Rows]:
+        async with fresh() as (ours, official, settle):
+            sides[:] = sides_of(ours, official)
+            if not lines:
+                lines.extend(_header(sides))
+                print("\n".join(lines), flush=True)
+            for side in sides:
+                await _run(side.savers(), CHAT, 4, WARM_UP_TURNS, pace.seconds, settle)
+            if fill:
+                await _run(ours, CHAT, 64, fill // RECORDS_PER_TURN, float("inf"), settle)
+            return await _measure(workloads, sides, concurrency, pace, settle)
 
     def add(workload: Workload, concurrency: int, runs: Mapping[str, list[Run]]) -> None:
         lines.append(_line(workload, concurrency, sides, runs))
@@ -274,9 +299,19 @@ async def run(ours: Sequence[Any], official: Mapping[str, Sequence[Any]], settle
 
     for workload in (CHAT, WITH_STATE, FIRST):
         for concurrency in CONCURRENCY:
-            add(workload, concurrency, (await _measure([workload], sides, concurrency, pace, settle))[workload])
-    runs = await _measure([HOP, NON_HOP], sides, 1, pace, settle)
+            add(workload, concurrency, (await row([workload], concurrency))[workload])
+    runs = await row([HOP, NON_HOP], 1)
     for workload in (HOP, NON_HOP):
         add(workload, 1, runs[workload])
-    add(AGAIN, 1, (await _measure([AGAIN], sides, 1, pace, settle))[AGAIN])
+    again = drift(pace.drift_records)
+    add(again, 1, (await row([again], 1, pace.drift_records))[again])
     return lines
+
+
+def _header(sides: Sequence[Side]) -> list[str]:
+    return [
+        "| workload | concurrency | "
+        + " | ".join(f"{s.name} (limit)" if s.kind == "limit" else s.name for s in sides)
+        + " | ratio, KafkaSaver / stronger official (spread over rounds) |",
+        "|---|---:|" + "---:|" * len(sides) + "---|",
+    ]
