@@ -89,3 +89,18 @@ async def test_a_commit_that_hangs_times_out_as_a_failure(failures: list[str]) -
     mirror.submit({("t", 0): 1})
     await mirror.close()  # waits for the commit in flight, which gives up after its timeout
     assert failures == ["TimeoutError"]
+
+
+async def test_commits_coming_within_the_interval_go_out_as_one_after_it_or_at_close(failures: list[str]) -> None:
+    consumer = Consumer({T0, T1})
+    mirror = GroupOffsetMirror(consumer, interval_s=3600)
+    mirror.submit({("t", 0): 5})
+    await consumer.entered.wait()
+    for offsets in ({("t", 0): 7}, {("t", 1): 2}, {("t", 0): 9}):
+        mirror.submit(offsets)
+        for _ in range(10):  # every turn the drain task could take
+            await asyncio.sleep(0)
+    assert consumer.commits == [{T0: 5}]  # the interval runs: nothing more goes out
+    await mirror.close()
+    assert consumer.commits == [{T0: 5}, {T0: 9, T1: 2}]
+    assert failures == []

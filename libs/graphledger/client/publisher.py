@@ -174,7 +174,7 @@ class EventPublisher:
                 await self._producer.send(topic, r.value, key=key_bytes, headers=r.headers, partition=partition)
                 for r in records
             ]
-            acked = await asyncio.gather(*futures)
+            acked = [await futures[0]] if len(futures) == 1 else await asyncio.gather(*futures)
         except KafkaError as exc:
             telemetry.fail_span(span, exc)
             raise _unacknowledged(event, topic, self._settings.produce_timeout_s, exc) from exc
