@@ -171,15 +171,16 @@ class AppliedOffsets:
     async def _refresh(self, conn: asyncpg.Connection) -> None:
         try:
             offsets = await group_offsets(conn, self._sql, self._group)
-            # Read after the offsets: a subject parked at a record below them is seen with them.
-            keyed = await parked.keyed(conn, self._parked_sql)
         except asyncpg.UndefinedTableError:
             if not self._warned_no_table:
-                log.warning("no graphledger_offsets or graphledger_parked_subjects in schema %s yet; is it migrated?",
-                            self._schema)  # fmt: skip
+                log.warning("no graphledger_offsets in schema %s yet; is it migrated?", self._schema)
                 self._warned_no_table = True
             return
-        self._parked = keyed
+        try:
+            # Read after the offsets: a subject parked at a record below them is seen with them.
+            self._parked = await parked.keyed(conn, self._parked_sql)
+        except asyncpg.UndefinedTableError:
+            self._parked = {}  # a schema not migrated this far parks nothing
         if offsets != self._next:
             async with self._changed:
                 self._next = offsets
