@@ -48,6 +48,11 @@ class InvalidEventError(GraphledgerError):
 class UnknownEventVersionError(GraphledgerError):
     """An event was written by a newer graphledger than this worker knows."""
 
+    def __init__(self, message: str, version: int) -> None:
+        super().__init__(message)
+        self.version = version
+        """The envelope version the record claims."""
+
 
 class PublishError(GraphledgerError):
     """The broker did not acknowledge a write in time; the write may be retried."""
@@ -154,6 +159,10 @@ class TimestampTypeError(TopicConfigError):
 
 class OffsetResetError(GraphledgerError):
     """The reset was refused: it names what was wrong."""
+
+
+class ParkedSubjectError(GraphledgerError):
+    """A parked subject that is not parked (released or dropped already), or a name that is not one."""
 
 
 class DeadLetterError(GraphledgerError):

@@ -30,6 +30,7 @@ from graphledger_server.commands import (
     importer,
     keys,
     offsets,
+    parked,
     repartition,
     replay,
     token,
@@ -91,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 getattr(args, "offsets_command", None),
                 getattr(args, "replay_command", None),
                 getattr(args, "forks_command", None),
+                getattr(args, "parked_command", None),
                 getattr(args, "erase_command", None),
                 getattr(args, "keys_command", None),
             ],
@@ -201,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         commands.add_parser(name, help=help_text).set_defaults(run=_service)
     # Operators' commands, each in its own module (light to import: the client install runs --help).
-    for module in (replay, importer, dlq, forks, offsets, token, erase, keys, encrypt_log, repartition):
+    for module in (replay, importer, dlq, forks, parked, offsets, token, erase, keys, encrypt_log, repartition):
         module.register(commands)
     return parser
 

@@ -3,11 +3,11 @@
 A dev stack of its own serves each service's `/metrics`; a Prometheus (Debian's binary) scrapes them
 every second and evaluates the alert rules. The workload goes through `KafkaSaver` and `KafkaStore`
 (graph runs, state reads, a store put, a vector search and a filter search), plus what an operator's
-panels are for: a malformed record (dead-lettered), a read whose consistency token the projection never
-reaches (a 503 consistency timeout), an event from a newer graphledger (a stopped partition), sweeps
-every second. Then each query of each panel of `docker/grafana/dashboards/*.json` must return data
-(a finite value) through Prometheus's HTTP API, unless its panel's description says when it is empty
-("Empty while ..."). The alert rules must load and evaluate without error, and the alerts the workload
+panels are for: a malformed record (dead-lettered), an event from a newer graphledger (a parked
+subject), a store search while the projector is frozen (a 503 consistency timeout), sweeps every
+second. Then each query of each panel of `docker/grafana/dashboards/*.json` must return data (a finite
+value) through Prometheus's HTTP API, unless its panel's description says when it is empty ("Empty
+while ..."). The alert rules must load and evaluate without error, and the alerts the workload
 provokes must be pending or firing.
 """
 
@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import re
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +33,6 @@ from graphledger.embeddings import HashEmbedder
 from graphledger.events import envelope, to_envelope
 from graphledger.events.envelope import Envelope
 from graphledger.settings import Settings
-from graphledger.wire import CONSISTENCY_HEADER
 from graphledger_server.devstack.demo import build_graph
 from graphledger_server.devstack.ports import free_port_block, wait_until
 from graphledger_server.devstack.stack import DevStack
@@ -49,7 +50,7 @@ THREADS = 4
 # Grafana's variables: a window long enough to hold the whole workload, the dashboard's range.
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "15s", "$__range": "1h", "${datasource}": ""}
 MAY_BE_EMPTY = re.compile(r"\bEmpty while\b")
-WORKLOAD_ALERTS = {"GraphledgerPartitionStopped", "GraphledgerDeadLettersOutstanding", "GraphledgerConsistencyTimeouts"}
+WORKLOAD_ALERTS = {"GraphledgerSubjectsParked", "GraphledgerDeadLettersOutstanding", "GraphledgerConsistencyTimeouts"}
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +78,9 @@ def _targets_up(server: PrometheusServer, count: int) -> bool:
     return len(active) == count and all(target["health"] == "up" for target in active)
 
 
-async def _produce(settings: Settings) -> str:
+async def _produce(settings: Settings) -> None:
     """A record that cannot be decoded (dead-lettered), then an event from a newer graphledger on
-    partition 1 (which stops that partition); returns a consistency token naming that event, which the
-    projection never reaches."""
+    partition 1 (which parks its subject)."""
     producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False)  # type: ignore[arg-type]
     await producer.start()
     try:
@@ -90,7 +90,7 @@ async def _produce(settings: Settings) -> str:
         )
         current = to_envelope(put(f"newer-{RUN}", 1))
         newer = Envelope(current.type, current.event_id, current.produced_ms, current.payload, version=99)
-        stopped = await producer.send_and_wait(
+        await producer.send_and_wait(
             settings.checkpoint_topic,
             envelope.encode(newer),
             key=b"newer",
@@ -99,12 +99,12 @@ async def _produce(settings: Settings) -> str:
         )
     finally:
         await producer.stop()
-    return f"{settings.checkpoint_topic}:1:{stopped.offset}"
 
 
 @pytest.fixture(scope="module")
 def workload(observed: DevStack, prometheus: PrometheusServer) -> str:
-    """What agents and faults do once: graph runs, a store put, a dead letter, a stopped partition."""
+    """What agents and faults do once: graph runs, a store put, a dead letter, a parked subject; the
+    checkpoint topic's name."""
     settings = observed.settings
     with KafkaSaver(settings) as saver:
         graph = build_graph().compile(checkpointer=saver)
@@ -114,7 +114,8 @@ def workload(observed: DevStack, prometheus: PrometheusServer) -> str:
             assert graph.get_state(config).values
     with _store(settings) as store:
         store.put(("dash", RUN), "note", {"text": "a note for the dashboard", "kind": "note"})
-    return asyncio.run(_produce(settings))
+    asyncio.run(_produce(settings))
+    return settings.checkpoint_topic
 
 
 def _store(settings: Settings) -> KafkaStore:
@@ -122,9 +123,9 @@ def _store(settings: Settings) -> KafkaStore:
     return KafkaStore(settings, index={"dims": dims, "embed": HashEmbedder(dims), "fields": ["text"]})
 
 
-def _traffic_round(settings: Settings, saver: KafkaSaver, store: KafkaStore, round_: int, stuck: str) -> None:
+def _traffic_round(stack: DevStack, saver: KafkaSaver, store: KafkaStore, round_: int) -> None:
     """One round of traffic: a store put (a projector batch), state reads, both kinds of store search,
-    and a read whose consistency token the projection never reaches (503 after consistency_timeout_s).
+    and a store search while the projector is frozen after a put (503 after consistency_timeout_s).
     A rate needs a series to grow between two scrapes, so the test repeats rounds until every panel
     has data, as steady traffic would."""
     store.put(("dash", RUN), f"round-{round_}", {"text": f"round {round_}", "kind": "round"})
@@ -132,9 +133,15 @@ def _traffic_round(settings: Settings, saver: KafkaSaver, store: KafkaStore, rou
         assert saver.get_tuple({"configurable": {"thread_id": f"dash-{RUN}-{n}"}}) is not None
     assert store.search(("dash", RUN), query="note")
     assert store.search(("dash", RUN), filter={"kind": "note"})
-    body = {"thread_id": f"dash-{RUN}-0"}
-    response = httpx.post(f"{settings.api_url}/v1/checkpoints/get", json=body, headers={CONSISTENCY_HEADER: stuck})
-    assert response.status_code == 503 and response.json()["error"] == "consistency_timeout"
+    pid = stack.pids()["projector"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        store.put(("dash", RUN), f"unapplied-{round_}", {"text": "acknowledged, not applied", "kind": "round"})
+        body = {"ops": [{"op": "search", "namespace_prefix": ["dash", RUN]}]}
+        response = httpx.post(f"{stack.settings.api_url}/v1/store/batch", json=body, timeout=30)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert response.status_code == 503 and response.json()["error"] == "consistency_timeout", response.text
 
 
 def _targets() -> list[tuple[str, dict[str, Any], str]]:
@@ -169,7 +176,7 @@ def test_every_dashboard_query_returns_data(observed: DevStack, prometheus: Prom
         rounds = iter(range(10**6))
 
         def all_have_data() -> bool:
-            _traffic_round(settings, saver, store, next(rounds), workload)
+            _traffic_round(observed, saver, store, next(rounds))
             missing[:] = [
                 f"{name} {panel['title']!r}: {expr}"
                 for name, panel, expr in required
@@ -215,9 +222,7 @@ def test_the_alert_rules_evaluate_and_the_workload_raises_its_alerts(
         return {alert["labels"]["alertname"] for alert in prometheus.api("alerts")["alerts"]}
 
     wait_until(lambda: WORKLOAD_ALERTS <= raised(), WAIT_S, f"alerts {sorted(WORKLOAD_ALERTS)} to be pending")
-    stopped = [
-        a for a in prometheus.api("alerts")["alerts"] if a["labels"]["alertname"] == "GraphledgerPartitionStopped"
+    parked = [a for a in prometheus.api("alerts")["alerts"] if a["labels"]["alertname"] == "GraphledgerSubjectsParked"]
+    assert [(a["labels"]["messaging_destination_name"], a["labels"]["graphledger_park_cause"]) for a in parked] == [
+        (workload, "newer_version")
     ]
-    assert [
-        (a["labels"]["messaging_destination_partition_id"], a["labels"]["graphledger_stop_reason"]) for a in stopped
-    ] == [("1", "newer_version")]

@@ -15,26 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import secrets
 import signal
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from operator import add
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Any
 
 import asyncpg
-import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from langgraph.graph import START, StateGraph
-from pydantic import SecretStr
 
 from agent_pods import AgentPod
 from graphledger import KafkaSaver, KafkaStore
@@ -48,86 +38,30 @@ from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.events.store import StorePut
 from graphledger.settings import Settings
-from graphledger.tenancy import hash_token, scoped_namespace, scoped_thread
-from graphledger_server.devstack.stack import CLIENT_FIELDS, DevStack, settings_to_env
+from graphledger.tenancy import scoped_namespace, scoped_thread
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.keys.store import Erasure, key_store_for
 from polling import wait_for
 from projection_helpers import cid
 from projection_helpers import put as projection_put
+from tenant_stack import TenantStack, Victim, chat_graph, tenant_stack, victim_thread
 
 pytestmark = pytest.mark.slow
 
-TENANTS = ("acme", "beta")
 KEY_CACHE_TTL_S = 600.0
 """Longer than any test: a process that is refused learned of the erasure, its key did not expire."""
 SHORT_KEY_CACHE_TTL_S = 2.0
 WAIT_S = 90.0
-COMMAND_TIMEOUT_S = 180
-
-
-class Chat(TypedDict):
-    messages: Annotated[list[str], add]
-    notes: Annotated[list[str], add]
-
-
-def chat_graph(saver: KafkaSaver) -> Any:
-    """Two nodes in one step, so each step has pending writes of a task another one is waiting for."""
-    builder = StateGraph(Chat)
-    builder.add_node("reply", lambda s: {"messages": [f"reply to {s['messages'][-1]}"]})
-    builder.add_node("note", lambda s: {"notes": [f"note on {s['messages'][-1]}"]})
-    builder.add_edge(START, "reply")
-    builder.add_edge(START, "note")
-    return builder.compile(checkpointer=saver)
 
 
 def sentinel(what: str) -> str:
     return f"SENTINEL-{what}-{uuid.uuid4().hex}"
 
 
-@dataclass
-class Erasable:
-    dev: DevStack
-    tokens: dict[str, str]
-
-    def client(self, tenant: str, **overrides: Any) -> Settings:
-        return self.dev.settings.model_copy(
-            update={"api_token": SecretStr(self.tokens[tenant]), "key_encryption_keys": None, **overrides}
-        )
-
-    def agent_env(self, tenant: str, **overrides: str) -> dict[str, str]:
-        """An agent pod's environment: the client's settings only (no key-encryption key)."""
-        env = {k: v for k, v in os.environ.items() if not k.upper().startswith("GRAPHLEDGER_")}
-        env.update(settings_to_env(self.client(tenant), CLIENT_FIELDS))
-        env.update({f"GRAPHLEDGER_{k.upper()}": v for k, v in overrides.items()})
-        return env
-
-    def graphledger(self, *args: str) -> str:
-        """The CLI as an operator runs it; its stdout, or the test fails with its stderr."""
-        env = {k: v for k, v in os.environ.items() if not k.upper().startswith("GRAPHLEDGER_")}
-        env.update(self.dev.service_env())
-        done = subprocess.run(
-            [sys.executable, "-m", "graphledger_server", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_TIMEOUT_S,
-        )
-        assert done.returncode == 0, f"graphledger {' '.join(args)}: {done.stderr}"
-        return done.stdout
-
-    def post(self, path: str, body: Any, tenant: str) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {self.tokens[tenant]}"}
-        return httpx.post(f"{self.dev.settings.api_url}{path}", json=body, headers=headers, timeout=30)
-
-
 @pytest.fixture(scope="module")
-def erasable() -> Iterator[Erasable]:
-    tokens = {tenant: secrets.token_urlsafe(24) for tenant in TENANTS}
-    hashes = ",".join(f"{tenant}:{hash_token(token)}" for tenant, token in tokens.items())
-    base = Settings(api_token_hashes=SecretStr(hashes), key_cache_ttl_s=KEY_CACHE_TTL_S)  # type: ignore[call-arg]
-    with DevStack(partitions=2, base=base) as dev:
-        yield Erasable(dev, tokens)
+def erasable() -> Iterator[TenantStack]:
+    with tenant_stack(key_cache_ttl_s=KEY_CACHE_TTL_S) as stack:
+        yield stack
 
 
 # -- reading back everything ------------------------------------------------------------------------
@@ -202,7 +136,7 @@ def in_projection(text: str, rows: str) -> bool:
 # -- the log holds no content -------------------------------------------------------------------------
 
 
-async def test_no_sentinel_reaches_any_kafka_record(erasable: Erasable) -> None:
+async def test_no_sentinel_reaches_any_kafka_record(erasable: TenantStack) -> None:
     state, metadata, stored, embedded = (sentinel(w) for w in ("state", "metadata", "stored", "embedded"))
     thread = f"alice@example.com-{uuid.uuid4().hex[:8]}"  # an identifier: not even the record key shows it
     label = f"bob@example-com-{uuid.uuid4().hex[:8]}"  # namespace labels hold no periods
@@ -237,7 +171,7 @@ async def test_no_sentinel_reaches_any_kafka_record(erasable: Erasable) -> None:
     assert any(any(h == "gl-chunk" for h, _ in headers) for _, _, headers in records), "no chunked event was written"
 
 
-async def test_a_sealed_event_refused_for_its_content_leaves_that_content_in_no_log_file(erasable: Erasable) -> None:
+async def test_a_sealed_event_refused_for_its_content_leaves_that_content_in_no_log_file(erasable: TenantStack) -> None:
     """Its dead-letter reason quotes the bad value; the reason stays in Postgres (where an erasure drops
     it), and the services' log files, like the dead-letter topic, only name the subject."""
     secret = sentinel("reason")
@@ -264,7 +198,7 @@ async def test_a_sealed_event_refused_for_its_content_leaves_that_content_in_no_
 
 
 async def seal_and_send(
-    erasable: Erasable, settings: Settings, event: Any, tenant: str, *, only_first_chunk: bool
+    erasable: TenantStack, settings: Settings, event: Any, tenant: str, *, only_first_chunk: bool
 ) -> str:
     """Publish `event` sealed as a client would, straight to the store topic, and return its subject's
     reference: a bad event becomes a dead letter; with `only_first_chunk`, a large one leaves a stored
@@ -293,7 +227,9 @@ async def seal_and_send(
         await pool.close()
 
 
-async def test_erasing_a_thread_a_namespace_and_a_tenant_leaves_nothing_and_replay_agrees(erasable: Erasable) -> None:
+async def test_erasing_a_thread_a_namespace_and_a_tenant_leaves_nothing_and_replay_agrees(
+    erasable: TenantStack,
+) -> None:
     run = uuid.uuid4().hex[:8]
     erased = {w: sentinel(w) for w in ("thread", "copied", "namespace", "tenant", "tenant-item")}
     kept = {w: sentinel(w) for w in ("thread", "item", "sibling")}
@@ -409,7 +345,9 @@ async def test_erasing_a_thread_a_namespace_and_a_tenant_leaves_nothing_and_repl
     assert "rebuilt" in out
 
 
-async def test_erasing_a_namespace_shorter_than_the_subjects_erases_the_subjects_below_it(erasable: Erasable) -> None:
+async def test_erasing_a_namespace_shorter_than_the_subjects_erases_the_subjects_below_it(
+    erasable: TenantStack,
+) -> None:
     """With subjects of two labels, `("org",)` is the subject of the items right in it, and erasing it
     erases `("org", "team")` (and what is below that) too, each under its own key: a replay agrees."""
     run = uuid.uuid4().hex[:8]
@@ -441,7 +379,7 @@ async def test_erasing_a_namespace_shorter_than_the_subjects_erases_the_subjects
 # -- writers that hold a key ---------------------------------------------------------------------------
 
 
-def test_an_agent_holding_the_key_is_refused_after_the_erasure(erasable: Erasable, tmp_path: Path) -> None:
+def test_an_agent_holding_the_key_is_refused_after_the_erasure(erasable: TenantStack, tmp_path: Path) -> None:
     run = uuid.uuid4().hex[:8]
     thread = f"held-{run}"
     pod = AgentPod("holder", erasable.agent_env("acme"), tmp_path)
@@ -458,7 +396,7 @@ def test_an_agent_holding_the_key_is_refused_after_the_erasure(erasable: Erasabl
 
 
 async def test_writes_racing_an_erasure_are_refused_or_erased_never_readable(
-    erasable: Erasable, tmp_path: Path
+    erasable: TenantStack, tmp_path: Path
 ) -> None:
     run = uuid.uuid4().hex[:8]
     thread, namespace = f"racing-{run}", ("users", f"racing-{run}")
@@ -499,7 +437,7 @@ async def test_writes_racing_an_erasure_are_refused_or_erased_never_readable(
 
 
 async def test_a_write_whose_key_was_erased_under_it_reads_as_erased_never_as_before_it(
-    erasable: Erasable, tmp_path: Path
+    erasable: TenantStack, tmp_path: Path
 ) -> None:
     """An eraser records the erasure in the key store, then publishes its events, and can die in between.
     A turn acknowledged before the erasure, opened neither by the projector nor by the read API before
@@ -547,7 +485,7 @@ async def test_a_write_whose_key_was_erased_under_it_reads_as_erased_never_as_be
         await pool.close()
 
 
-async def test_a_forged_erasure_is_dead_lettered_and_erases_nothing(erasable: Erasable) -> None:
+async def test_a_forged_erasure_is_dead_lettered_and_erases_nothing(erasable: TenantStack) -> None:
     """A producer with write access publishes erasures no eraser asked for: a `thread.erase` naming a
     thread's reference (its record key, which anyone reading Kafka sees) and a `tenant.erase` of its
     tenant, on every partition. The key store records neither, so the projector dead-letters them, and
@@ -601,38 +539,7 @@ async def test_a_forged_erasure_is_dead_lettered_and_erases_nothing(erasable: Er
 CHECKPOINT_ROWS = "SELECT count(*) FROM {schema}.checkpoints WHERE thread_id = $1 AND checkpoint_id = $2"
 
 
-@dataclass
-class Victim:
-    """acme's thread after one turn, with what a test forging records against it needs."""
-
-    thread: str
-    stored: str
-    config: dict[str, Any]
-    record_key: bytes
-    pool: asyncpg.Pool
-    producer: AIOKafkaProducer
-
-
-@asynccontextmanager
-async def _victim(erasable: Erasable, name: str) -> AsyncIterator[Victim]:
-    thread = f"{name}-{uuid.uuid4().hex[:8]}"
-    settings = erasable.dev.settings
-    pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=1)
-    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
-    await producer.start()
-    config: dict[str, Any] = {"configurable": {"thread_id": thread}}
-    try:
-        async with KafkaSaver(erasable.client("acme")) as saver:
-            await chat_graph(saver).ainvoke({"messages": ["mine"]}, config)
-            record_key = saver._runtime.record_key_of_thread(thread)
-        assert record_key is not None
-        yield Victim(thread, scoped_thread("acme", thread), config, record_key, pool, producer)
-    finally:
-        await producer.stop()
-        await pool.close()
-
-
-async def _forge(erasable: Erasable, victim: Victim, forged: Envelope, forged_id: str, words: str) -> None:
+async def _forge(erasable: TenantStack, victim: Victim, forged: Envelope, forged_id: str, words: str) -> None:
     """Publish `forged` (a put of checkpoint `forged_id`) among the victim's records; wait for its dead
     letter, whose reason names `words`, and check that acme reads its thread as before and that the
     forged checkpoint has no row."""
@@ -659,12 +566,12 @@ async def _forge(erasable: Erasable, victim: Victim, forged: Envelope, forged_id
     assert await victim.pool.fetchval(CHECKPOINT_ROWS.format(schema=schema), victim.stored, forged_id) == 0
 
 
-async def test_an_event_sealed_with_another_tenants_key_is_dead_lettered(erasable: Erasable) -> None:
+async def test_an_event_sealed_with_another_tenants_key_is_dead_lettered(erasable: TenantStack) -> None:
     """Another tenant's agent seals a put naming acme's thread under a key of its own, claiming acme's
     subject inside the seal, and publishes it among acme's records. The key store made that key for the
     other tenant, so the projector (and the read API's read-through) refuse it: acme's thread reads as
     before."""
-    async with _victim(erasable, "victim") as victim:
+    async with victim_thread(erasable, "victim") as victim:
         keys = key_store_for(erasable.dev.settings, victim.pool)
         assert keys is not None
         attacker = f"evil{uuid.uuid4().hex[:8]}"  # a tenant of its own (this module's other tests erase beta)
@@ -680,12 +587,12 @@ async def test_an_event_sealed_with_another_tenants_key_is_dead_lettered(erasabl
         await _forge(erasable, victim, forged, cid(99), "another tenant than its key's")
 
 
-async def test_an_event_in_the_clear_naming_a_sealed_tenants_thread_is_dead_lettered(erasable: Erasable) -> None:
+async def test_an_event_in_the_clear_naming_a_sealed_tenants_thread_is_dead_lettered(erasable: TenantStack) -> None:
     """Any producer can publish a put in the clear naming acme's thread (its record key is in the log for
     anyone to read). It proves no key, so with encryption on the projector dead-letters it (replay and the
     read API's read-through decide the same: `admission.in_the_clear`); acme reads its thread as before and
     its next turn applies after it."""
-    async with _victim(erasable, "victim-clear") as victim:
+    async with victim_thread(erasable, "victim-clear") as victim:
         clear = to_envelope(projection_put(victim.stored, 98))
         await _forge(erasable, victim, clear, cid(98), "in the clear while encryption is on")
         async with KafkaSaver(erasable.client("acme")) as writer:
@@ -704,7 +611,7 @@ async def _not(condition: Awaitable[bool]) -> bool:
     return not await condition
 
 
-def test_a_token_gets_no_key_of_another_tenant(erasable: Erasable) -> None:
+def test_a_token_gets_no_key_of_another_tenant(erasable: TenantStack) -> None:
     mine = erasable.post("/v1/keys", {"subjects": [{"kind": "thread", "name": "acme/t"}]}, "acme")
     assert mine.status_code == 200, mine.text
     for name in ("beta/t", "t", "acmex/t"):

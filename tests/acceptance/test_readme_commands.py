@@ -14,6 +14,7 @@ reads the docs, so a command added to them without a run here fails.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import re
@@ -29,11 +30,15 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from aiokafka import AIOKafkaProducer
 from langgraph.checkpoint.postgres import PostgresSaver
 
 from dev_process import clean_env, log_tail, read_env_file, settings_of, start_dev, stop, wait_ready
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.embeddings import HashEmbedder
+from graphledger.events import envelope, to_envelope
+from graphledger.events.checkpoint import ThreadDelete
+from graphledger.events.envelope import Envelope
 from graphledger.settings import Settings
 from graphledger_server.cli import build_parser
 from graphledger_server.devstack.demo import INPUT, build_graph
@@ -301,6 +306,46 @@ def test_replay_run_list_and_drop_old(terminal: Terminal) -> None:
     assert f"replay: dropped {old.group(1)}" in terminal.run("graphledger replay drop-old").ok()
 
 
+# -- parked subjects: after the copies and the rebuild, since the record it forges stays in the log
+# (`encrypt-log` and `repartition` refuse a log holding a version they do not read) -------------------------
+
+
+def test_parked_listed_released_and_dropped(terminal: Terminal) -> None:
+    """docs/operations.md's session: a record claiming envelope version 99, with an agent's thread's record
+    key, parks that thread; `release` parks it again (no version reads 99), `drop` dead-letters it."""
+    thread = f"parked-{uuid.uuid4().hex[:8]}"
+    with KafkaSaver(terminal.client) as saver:
+        build_graph().compile(checkpointer=saver).invoke(INPUT, {"configurable": {"thread_id": thread}})
+        key = saver._runtime.record_key_of_thread(thread)
+    newer = to_envelope(ThreadDelete(thread))
+    forged = Envelope(newer.type, newer.event_id, newer.produced_ms, newer.payload, version=99)
+    name = asyncio.run(_produce(terminal.operator, envelope.encode(forged), key, envelope.headers_for(forged)))
+
+    def parked() -> bool:
+        return name in terminal.run("graphledger parked list --json").ok()
+
+    wait_until(parked, WAIT_S, "the thread to park")
+    assert re.search(rf"^{re.escape(name)}\s.*\snewer_version\s+1\s+event version 99",
+                     terminal.run("graphledger parked list").ok(), re.M)  # fmt: skip
+    again = terminal.run(f"graphledger parked release {name}")
+    assert again.status == 1 and f"parked again at {name} (newer_version" in again.err
+    assert terminal.run(f"graphledger parked drop {name}").ok().strip() == (
+        f"parked: drop {name}: 1 records: 0 applied, 1 dead-lettered"
+    )
+    assert terminal.run("graphledger parked list").ok().strip() == "parked: no subjects parked"
+
+
+async def _produce(settings: Settings, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]) -> str:
+    """Publish a record to the checkpoint topic as any producer can; its position as `topic:partition@offset`."""
+    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+    await producer.start()
+    try:
+        sent = await producer.send_and_wait(settings.checkpoint_topic, value, key=key, headers=headers)
+    finally:
+        await producer.stop()
+    return f"{settings.checkpoint_topic}:{sent.partition}@{sent.offset}"
+
+
 # -- the benches: each starts a stack of its own, from the repository's root ----------------------------
 
 BENCHES = {
@@ -343,6 +388,9 @@ RUN_BY = {
     ("keys", "new-kek"): "test_keys_new_kek_and_rotate",
     ("keys", "rotate"): "test_keys_new_kek_and_rotate",
     ("forks", "list"): "test_forks_list",
+    ("parked", "list"): "test_parked_listed_released_and_dropped",
+    ("parked", "release"): "test_parked_listed_released_and_dropped",
+    ("parked", "drop"): "test_parked_listed_released_and_dropped",
     ("dlq", "list"): "test_dead_letters_listed_shown_fixed_and_replayed",
     ("dlq", "show"): "test_dead_letters_listed_shown_fixed_and_replayed",
     ("dlq", "replay"): "test_dead_letters_listed_shown_fixed_and_replayed",

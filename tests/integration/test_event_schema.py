@@ -1,9 +1,9 @@
 """Event schema evolution on real Postgres and Kafka: v1 records apply forever, and a record from a newer
-graphledger stops its partition (metric) until an upgraded projector resumes it.
+graphledger parks its subject (metric) until an upgraded projector releases it.
 
 Decoding the v1 fixtures and the upcasters are unit tests (`unit/test_event_versions.py`); the projector's
-"newer version stops only its partition" behaviour (log line, offsets, other partitions going on) is
-tested in `test_projector.py`.
+"newer version parks only its subject" behaviour (log line, offsets, the partition's other subjects going
+on) is tested in `test_projector.py`, releases and drops in `test_parked.py`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projection.store import StoreProjection
 from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.main import run_projector
-from graphledger_server.telemetry.projector import _observe_stopped
+from graphledger_server.telemetry.projector import _observe_parked
 from polling import wait_for
 from projection_helpers import put
 from v1_events import CHECKPOINT_ID, CHECKPOINT_TOPIC, PRODUCED_MS, STORE_TOPIC, VECTOR_DIMS, fixture
@@ -111,7 +111,7 @@ async def producer(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
     await p.stop()
 
 
-async def test_a_newer_event_is_counted_stopped_on_and_applied_after_an_upgrade(
+async def test_a_newer_event_is_counted_parked_and_applied_by_an_upgraded_projector(
     settings: Settings, producer: AIOKafkaProducer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def send(env: Envelope) -> int:
@@ -123,7 +123,7 @@ async def test_a_newer_event_is_counted_stopped_on_and_applied_after_an_upgrade(
     newer = to_envelope(put("t", 2))
     await send(to_envelope(put("t", 1)))
     upgraded = envelope.SCHEMA_VERSION + 1
-    stop_at = await send(Envelope(newer.type, newer.event_id, newer.produced_ms, newer.payload, version=upgraded))
+    await send(Envelope(newer.type, newer.event_id, newer.produced_ms, newer.payload, version=upgraded))
     last = await send(to_envelope(put("t", 3)))
     conn = await asyncpg.connect(settings.postgres_dsn)
 
@@ -137,12 +137,12 @@ async def test_a_newer_event_is_counted_stopped_on_and_applied_after_an_upgrade(
             or 0
         )
 
-    def stopped_gauge() -> float:
+    def parked_gauge() -> float:
         return sum(
             value
-            for value, attributes in _observe_stopped()
-            if attributes[names.MESSAGING_CONSUMER_GROUP_NAME] == settings.projector_group_id
-            and attributes[names.GRAPHLEDGER_STOP_REASON] == "newer_version"
+            for value, attributes in _observe_parked()
+            if attributes[names.MESSAGING_DESTINATION_NAME] == settings.checkpoint_topic
+            and attributes[names.GRAPHLEDGER_PARK_CAUSE] == "newer_version"
         )
 
     async def run_until(condition: Callable[[], Any], what: str) -> None:
@@ -156,22 +156,22 @@ async def test_a_newer_event_is_counted_stopped_on_and_applied_after_an_upgrade(
 
     try:
 
-        async def stopped() -> bool:
-            return await next_offset() == stop_at and stopped_gauge() == 1
+        async def parked() -> bool:
+            return await next_offset() == last + 1 and parked_gauge() == 1
 
-        await run_until(stopped, "the partition to stop at the newer event, with the gauge at 1")
+        await run_until(parked, "the thread to park at the newer event (the partition moving on), the gauge at 1")
         checkpoints = f"SELECT count(*) FROM {settings.postgres_schema}.checkpoints"
         assert await conn.fetchval(checkpoints) == 1
 
-        # The operator deploys a projector that knows the newer version; it resumes at the stored offset.
+        # The operator deploys a projector that knows the newer version; it releases the subject.
         monkeypatch.setattr(envelope, "SCHEMA_VERSION", upgraded)
         monkeypatch.setitem(envelope.UPCASTERS, upgraded - 1, lambda event_type, payload: payload)
 
-        async def resumed() -> bool:
-            return await next_offset() == last + 1
+        async def released() -> bool:
+            return await conn.fetchval(checkpoints) == 3 and parked_gauge() == 0
 
-        await run_until(resumed, "the upgraded projector to apply the rest")
-        assert await conn.fetchval(checkpoints) == 3
+        await run_until(released, "the upgraded projector to release the thread and count it gone")
+        assert await conn.fetchval(f"SELECT count(*) FROM {settings.postgres_schema}.graphledger_parked_subjects") == 0
         assert await conn.fetchval(f"SELECT count(*) FROM {settings.postgres_schema}.graphledger_dead_letters") == 0
     finally:
         await conn.close()

@@ -28,6 +28,9 @@ OUR_TABLES = (
     "graphledger_staged_checkpoints",  # 0010
     "graphledger_staged_blobs",  # 0010
     "graphledger_staged_writes",  # 0010
+    "graphledger_parked_subjects",  # 0011
+    "graphledger_held_records",  # 0011
+    "graphledger_record_verdicts",  # 0011
 )
 # 0002_store: the store projection (its vector table only when configured: test_store_projection.py).
 STORE_TABLES = ("store", "store_migrations", "graphledger_store_index")

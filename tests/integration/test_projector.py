@@ -1,4 +1,4 @@
-"""The projector against the real broker and Postgres: offsets, chunks, dead letters, version stops, kill -9."""
+"""The projector against the real broker and Postgres: offsets, chunks, dead letters, parked subjects, kill -9."""
 
 from __future__ import annotations
 
@@ -220,24 +220,31 @@ async def test_bad_records_go_to_the_dead_letter_topic_and_the_partition_moves_o
     assert {r["offset"] for r in rows} == set(bad)
 
 
-async def test_an_event_from_a_newer_version_stops_only_its_partition(
+async def test_an_event_from_a_newer_version_parks_only_its_subject(
     settings: Settings, db: asyncpg.Connection, producer: AIOKafkaProducer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR)
-    await publish(producer, settings, put("p0", 1), 0)
+    """The thread whose record claims version 99 waits, with that record and its later ones; the other
+    thread on the same partition, and the partition's offset, move on."""
+    caplog.set_level(logging.WARNING)
+    await publish(producer, settings, put("p0", 1), 0, key="p0")
     newer = to_envelope(put("p0", 2))
-    stop_at = await publish(producer, settings, Envelope(newer.type, newer.event_id, 0, newer.payload, version=99), 0)
-    await publish(producer, settings, put("p0", 3), 0)
-    await publish(producer, settings, put("p1", 1), 1)
+    park_at = await publish(
+        producer, settings, Envelope(newer.type, newer.event_id, 0, newer.payload, version=99), 0, key="p0"
+    )
+    await publish(producer, settings, put("p0", 3), 0, key="p0")
+    last = await publish(producer, settings, put("other", 1), 0, key="other")
     async with projector(settings):
-        await wait_for(lambda: has_checkpoint(db, settings, "p1", 1), "the other partition")
-        await wait_for(lambda: _offsets_reached(db, settings, {0: stop_at}), "partition 0 up to the newer event")
-        await publish(producer, settings, put("p1", 2), 1)
-        await wait_for(lambda: has_checkpoint(db, settings, "p1", 2), "the other partition going on")
-        assert (await offsets(db, settings))[0] == stop_at
+        await wait_for(lambda: has_checkpoint(db, settings, "other", 1), "the other thread of the partition")
+        await wait_for(lambda: _offsets_reached(db, settings, {0: last + 1}), "partition 0 past the newer event")
         assert await has_checkpoint(db, settings, "p0", 1)
         assert not await has_checkpoint(db, settings, "p0", 3)
-    assert f"{settings.checkpoint_topic}:0 at offset {stop_at}" in caplog.text
+    parked = await db.fetch(
+        f"SELECT first_offset, record_key, cause FROM {settings.postgres_schema}.graphledger_parked_subjects"
+    )
+    assert [tuple(r) for r in parked] == [(park_at, b"p0", "newer_version")]
+    held = await db.fetch(f'SELECT "offset" FROM {settings.postgres_schema}.graphledger_held_records ORDER BY 1')
+    assert [r["offset"] for r in held] == [park_at, park_at + 1]
+    assert f"parked subject {settings.checkpoint_topic}:0@{park_at} (newer_version)" in caplog.text
     assert await scalar(db, settings, "SELECT count(*) FROM {schema}.graphledger_dead_letters") == 0
 
 
@@ -369,11 +376,14 @@ async def test_chunks_of_a_bad_or_newer_event(
         b"garbage:2:3",
     ]
     assert b"".join(o.value or b"" for o in outgoing) == b"\xc1" * 100
-    assert list(result.stopped) == [(TOPIC, 0)] and result.stopped[(TOPIC, 0)].record.offset == 4
-    assert await offsets_of(db, settings, TOPIC) == {0: 4}
+    # The newer event parks its subject (key b"k") at its last chunk; the put after it, of another subject,
+    # applies, and the partition moves past both.
+    assert [(s.first_offset, s.record_key, s.cause) for s in result.parked] == [(4, b"k", "newer_version")]
+    assert result.held_records == 1
+    assert await offsets_of(db, settings, TOPIC) == {0: 6}
     stored = await db.fetch(f"SELECT event_id, idx FROM {settings.postgres_schema}.graphledger_chunks")
-    assert [tuple(r) for r in stored] == [("newer", 0)]  # kept for the worker that understands it
-    assert not await has_checkpoint(db, settings, "t", 1)
+    assert [tuple(r) for r in stored] == [("newer", 0)]  # kept for the release that reassembles it
+    assert await has_checkpoint(db, settings, "t", 1)
 
 
 def prune_sequence(thread_id: str) -> list[CheckpointEvent]:

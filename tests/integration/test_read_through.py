@@ -19,16 +19,24 @@ from typing import Annotated, Any, TypedDict
 import httpx
 import ormsgpack
 import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import murmur2
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import START, StateGraph
 
 from graphledger import KafkaSaver, KafkaStore
+from graphledger.errors import ReadApiError
+from graphledger.events import envelope, to_envelope
+from graphledger.events.checkpoint import ThreadCopyBarrier
+from graphledger.events.envelope import Envelope
 from graphledger.settings import Settings
 from graphledger.wire import MSGPACK
 from graphledger_server.api.main import server as api_server
 from graphledger_server.devstack.ports import free_port
+from graphledger_server.log.clients import new_consumer
 from graphledger_server.projector.main import run_projector
 from polling import WAIT_S, wait_for
+from projection_helpers import put
 
 CONSISTENCY_TIMEOUT_S = 3.0
 """A read that waits for the projector fails after this: a read that must not wait answers well within it."""
@@ -241,3 +249,104 @@ async def test_a_chunked_checkpoint_is_reassembled_and_read_through(settings: Se
         async with projector(settings):
             await fully_projected(settings, client)
             assert await get(client, "t-big") == folded
+
+
+async def _thread_on(saver: KafkaSaver, partitions: int, partition: int, prefix: str) -> str:
+    """A thread of `saver`'s (one turn written) whose records go to `partition`."""
+    for n in range(256):
+        thread = f"{prefix}-{n}"
+        await chat(saver).ainvoke({"messages": ["hi"]}, {"configurable": {"thread_id": thread}})
+        key = saver._runtime.record_key_of_thread(thread)
+        assert key is not None
+        if (murmur2(key) & 0x7FFFFFFF) % partitions == partition:
+            return thread
+    raise AssertionError(f"no thread of 256 went to partition {partition}")
+
+
+async def test_a_parked_thread_is_refused_by_name_and_no_other_read_waits_for_it(settings: Settings) -> None:
+    """Records no projector version can apply, published by any producer with a thread's record key (the
+    log shows it): one claiming version 99, a copy barrier naming a copy at 2^62. Each parks its thread: a
+    read of it fails `subject_parked` naming the parking, never answers without the records it holds (the
+    read-through folds none of them); a thread of the same partition reads, and a list across threads
+    answers once the projector has applied the partition, which such a barrier used to hold for ever."""
+    async with projector(settings), read_api(settings) as client, KafkaSaver(settings) as writer:
+        victim = await _thread_on(writer, settings.topic_partitions, 0, "victim")
+        copied = await _thread_on(writer, settings.topic_partitions, 0, "copied")
+        bystander = await _thread_on(writer, settings.topic_partitions, 0, "bystander")
+        forged = to_envelope(put("x", 1))
+        too_new = Envelope(forged.type, forged.event_id, forged.produced_ms, forged.payload, version=99)
+        beyond = to_envelope(ThreadCopyBarrier(copied, 0, 2**62))
+        producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+        await producer.start()
+        try:
+            parked = []
+            for thread, env in ((victim, too_new), (copied, beyond)):
+                key = writer._runtime.record_key_of_thread(thread)
+                sent = await producer.send_and_wait(settings.checkpoint_topic, envelope.encode(env), key=key,
+                                                    partition=0, headers=envelope.headers_for(env))  # fmt: skip
+                parked.append(f"{settings.checkpoint_topic}:0@{sent.offset}")
+        finally:
+            await producer.stop()
+        after = {"configurable": {"thread_id": victim, "checkpoint_ns": ""}}
+        await writer.aput(after, empty_checkpoint(), {"source": "input", "step": 9}, {})  # held with the thread
+        await chat(writer).ainvoke({"messages": ["again"]}, {"configurable": {"thread_id": bystander}})
+        await fully_projected(settings, client)  # a list across threads answers: nothing holds the partition
+
+        for thread, name in ((victim, parked[0]), (copied, parked[1])):
+            status, answer = await post(client, "/v1/checkpoints/get", {"thread_id": thread, "checkpoint_ns": ""})
+            assert status == 503 and answer["error"] == "subject_parked", answer
+            assert answer["retryable"] and name in answer["message"], answer
+        async with KafkaSaver(settings) as reader:  # another process: the client raises it as it came
+            with pytest.raises(ReadApiError) as refused:
+                await chat(reader).aget_state({"configurable": {"thread_id": victim}})
+            assert refused.value.code == "subject_parked"
+            state = await chat(reader).aget_state({"configurable": {"thread_id": bystander}})
+            assert state.values["messages"] == ["hi", "reply to hi", "again", "reply to again"]
+
+
+async def _only_record_key(settings: Settings, topic: str) -> bytes:
+    """The key of the one record `topic` holds."""
+    consumer = new_consumer(settings)
+    await consumer.start()
+    try:
+        consumer.subscribe([topic])
+        fetched = await consumer.getmany(timeout_ms=int(WAIT_S * 1000), max_records=1)
+        ((record,),) = fetched.values()
+        assert record.key is not None
+        return record.key
+    finally:
+        await consumer.stop()
+
+
+async def test_a_parked_store_item_is_refused_by_name_and_a_search_answers(settings: Settings) -> None:
+    """A record claiming version 99 with a store item's record key parks that item: its get fails
+    `subject_parked`, and a search of the namespace answers (the item as it was when it parked)."""
+    async with projector(settings), read_api(settings) as client, KafkaStore(settings) as store:
+        await store.aput(("users", "u1"), "profile", {"name": "ada"})
+        key = await _only_record_key(settings, settings.store_topic)
+        too_new = Envelope("store.put", envelope.new_event_id(), 0, {}, version=99)
+        producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+        await producer.start()
+        try:
+            value, headers = envelope.encode(too_new), envelope.headers_for(too_new)
+            sent = await producer.send_and_wait(settings.store_topic, value, key=key, headers=headers)
+        finally:
+            await producer.stop()
+        await store.aput(("users", "u1"), "profile", {"name": "ada", "lang": "en"})  # held with the item
+        await store.aput(("users", "u2"), "profile", {"name": "bob"})
+        search = {"ops": [{"op": "search", "namespace_prefix": ["users"], "limit": 10}]}
+
+        async def searched() -> bool:
+            status, _ = await post(client, "/v1/store/batch", search)
+            return status == 200
+
+        await wait_for(searched, "a search across the store topic to answer")
+        status, answer = await post(client, "/v1/store/batch", search)
+        assert sorted((i["namespace"][1], i["value"]["name"]) for i in answer["results"][0]) == [
+            ("u1", "ada"),
+            ("u2", "bob"),
+        ]
+        get = {"ops": [{"op": "get", "namespace": ["users", "u1"], "key": "profile"}]}
+        status, answer = await post(client, "/v1/store/batch", get)
+        assert status == 503 and answer["error"] == "subject_parked", answer
+        assert f"{settings.store_topic}:{sent.partition}@{sent.offset}" in answer["message"]

@@ -15,21 +15,28 @@ from typing import Any
 
 import asyncpg
 import pytest
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from langgraph.checkpoint.base import empty_checkpoint
 
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.embeddings import HashEmbedder
 from graphledger.errors import LossRefusedError, ReplayVerificationError
+from graphledger.events import envelope, to_envelope
+from graphledger.events.checkpoint import ThreadCopyBarrier
+from graphledger.events.envelope import Envelope
+from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger_server.api.main import server as api_server
 from graphledger_server.cli import main as cli_main
 from graphledger_server.devstack.ports import free_port
+from graphledger_server.log.ends import log_ends
 from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projector.main import run_projector
+from graphledger_server.projector.release import release
 from graphledger_server.replay import schemas
 from graphledger_server.replay.indexes import secondary_indexes
 from graphledger_server.replay.run import run_replay
@@ -250,6 +257,64 @@ async def test_a_replay_of_copies_onto_threads_with_records_equals_the_live_proj
         report = await run_replay(settings, switch=False, out=None)
     assert all(check.equal for check in report.checks), [c.describe() for c in report.checks]
     assert {c.table: c.live.rows for c in report.checks if c.live}["graphledger_copy_stages"] == 0
+
+
+async def test_a_replay_parks_what_the_live_projection_parked_and_drops_what_an_operator_dropped(
+    settings: Settings,
+) -> None:
+    """Records no projector version can apply, published by a producer with threads' record keys: one
+    claiming version 99 (its thread's next write held with it), another an operator dropped, and a copy
+    barrier naming a position past its log's end, which the log has grown past since. The rebuild parks
+    the same subjects holding the same records (compared with the projection tables), dead-letters the
+    dropped one, and parks the barrier as the live projector found it."""
+    async with live_stack(settings), KafkaSaver(settings) as saver:
+        threads = {name: await _put_checkpoint(saver, name, 0, None) for name in ("parked", "dropped", "copied")}
+        keys = {name: saver._runtime.record_key_of_thread(name) for name in threads}
+        producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+        await producer.start()
+        conn = await asyncpg.connect(settings.postgres_dsn)
+        try:
+            forged = to_envelope(put("x", 1))
+            too_new = Envelope(forged.type, forged.event_id, forged.produced_ms, forged.payload, version=99)
+            positions = {}
+            for name in ("parked", "dropped"):
+                sent = await producer.send_and_wait(settings.checkpoint_topic, envelope.encode(too_new),
+                                                    key=keys[name], headers=envelope.headers_for(too_new))  # fmt: skip
+                positions[name] = f"{settings.checkpoint_topic}:{sent.partition}@{sent.offset}"
+            await _put_checkpoint(saver, "parked", 1, threads["parked"])  # held with its thread
+            tail = LogTail(settings)
+            await tail.start()
+            try:
+                end = await log_ends(tail, {(settings.checkpoint_topic, 0)}, WAIT_S)
+            finally:
+                await tail.stop()
+            ahead = end[(settings.checkpoint_topic, 0)] + 50
+            barrier = to_envelope(ThreadCopyBarrier("copied", 0, ahead))
+            await producer.send_and_wait(settings.checkpoint_topic, envelope.encode(barrier), key=keys["copied"],
+                                         headers=envelope.headers_for(barrier))  # fmt: skip
+            await wait_for(lambda: _parked_count(conn, settings, 3), "three subjects to park", WAIT_S)
+            (dropped,) = await release(settings, [positions["dropped"]], drop=True)
+            assert dropped.released is not None and dropped.released.result.dead_letters == 1
+            for n in range(60):  # the copy's partition grows past the position the barrier names
+                filler = to_envelope(put(f"filler-{n}", 1))
+                value, headers = envelope.encode(filler), envelope.headers_for(filler)
+                key = f"filler-{n}".encode()
+                await producer.send_and_wait(settings.checkpoint_topic, value, partition=0, key=key, headers=headers)
+            await _until_projected(settings, "checkpoints", "thread_id = $1", "filler-59")
+            assert await _parked_count(conn, settings, 2)
+        finally:
+            await conn.close()
+            await producer.stop()
+        report = await run_replay(settings, switch=False, out=None)
+    assert all(check.equal for check in report.checks), [c.describe() for c in report.checks]
+    rows = {c.table: c.live.rows for c in report.checks if c.live}
+    # The version-99 record and the put and writes after it; the barrier.
+    assert rows["graphledger_parked_subjects"] == 2 and rows["graphledger_held_records"] == 4
+
+
+async def _parked_count(conn: asyncpg.Connection, settings: Settings, expected: int) -> bool:
+    query = f"SELECT count(*) FROM {settings.postgres_schema}.graphledger_parked_subjects"
+    return bool(await conn.fetchval(query) == expected)
 
 
 async def _equals(found: Awaitable[object], expected: object) -> bool:

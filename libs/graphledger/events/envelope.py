@@ -9,8 +9,10 @@ first append to a log (`append_time_ms`), which a copy carries in `gl-appended-m
 
 Version policy: `SCHEMA_VERSION` is the version this code writes. A record with a lower version is
 upcast (`UPCASTERS`) before validation; a record with a higher version was written by a newer
-graphledger and raises `UnknownEventVersionError`, which a worker must not dead-letter (a newer worker
-understands it) but stop on. docs/events.md describes each event and how to add a version.
+graphledger (or claims to be) and raises `UnknownEventVersionError`, which a worker must not dead-letter
+(a newer worker understands it): it parks the record's subject, and only that subject's later records
+wait for an upgraded projector or an operator. docs/events.md describes each event and how to add a
+version.
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ def decode(value: bytes | None) -> Envelope:
         raise InvalidEventError(f"envelope version {version!r} is not a positive integer")
     if version > SCHEMA_VERSION:
         raise UnknownEventVersionError(
-            f"event version {version} is newer than this worker's {SCHEMA_VERSION}; upgrade the worker"
+            f"event version {version} is newer than this worker's {SCHEMA_VERSION}; upgrade the worker", version
         )
     event_type, event_id, produced_ms, payload = raw.get("type"), raw.get("id"), raw.get("ts"), raw.get("p")
     if not isinstance(event_type, str):
@@ -183,7 +185,7 @@ def decode(value: bytes | None) -> Envelope:
     while version < SCHEMA_VERSION:
         upcast = UPCASTERS.get(version)
         if upcast is None:  # a packaging bug: stop (nothing lost) rather than dead-letter every old event
-            raise UnknownEventVersionError(f"no upcaster from event version {version} to {version + 1}")
+            raise UnknownEventVersionError(f"no upcaster from event version {version} to {version + 1}", written)
         payload = upcast(event_type, payload)
         version += 1
     return Envelope(event_type, event_id, produced_ms, payload, version, written_version=written)

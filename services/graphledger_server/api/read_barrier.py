@@ -14,7 +14,11 @@ each partition's log ends with a fetch sent after the read arrived, and then:
   of every partition of the topic.
 A consistency token the read also carries must name offsets within the log (`token_bounds`). When the
 projection cannot get there within `consistency_timeout_s` the read fails with a retryable 503 saying
-why it waited, never with an older answer.
+why it waited, never with an older answer. A keyed read whose key is parked (`log/parked.py`: a record of
+it no projector version can apply holds it and its later records) fails with a retryable 503
+`subject_parked` naming the parking, once its partition is applied as far as the read needs: the
+projection lacks the records the subject holds, and nothing folded onto it can stand in for them. A
+parked subject holds no other read: its partition's offset moves past its records.
 """
 
 from __future__ import annotations
@@ -91,6 +95,8 @@ class Settled:
     when the read arrived (None: none)."""
     deadline: float = 0.0
     """The read's deadline (`time.monotonic()`)."""
+    key: bytes = b""
+    """The read's record key."""
 
 
 class ReadBarrier:
@@ -170,6 +176,8 @@ class ReadBarrier:
                 _require(need, tp, max(others))
         unheld = through and any(held[read] is None for read in partitions)
         await self._await(need, deadline, tenant, why=self._unheld_reason() if unheld else None)
+        for read, tp in partitions.items():
+            self._refuse_parked(tp, read.key)
         return {
             read: Settled(
                 tp.partition,
@@ -179,6 +187,7 @@ class ReadBarrier:
                 held[read] if read in folded else None,
                 folded.get(read),
                 deadline,
+                read.key,
             )
             for read, tp in partitions.items()
         }
@@ -195,7 +204,21 @@ class ReadBarrier:
             "docs/architecture.md, Consistency)"
         )
         await self._await({(topic, settled.partition): settled.need}, settled.deadline, tenant, why=why)
+        self._refuse_parked(TopicPartition(topic, settled.partition), settled.key)
         return replace(settled, applied=self._offsets.applied(topic, settled.partition), tail=None, need=None)
+
+    def _refuse_parked(self, tp: TopicPartition, key: bytes) -> None:
+        """A 503 `subject_parked` when `key`'s records on `tp` are parked (as the offsets watcher last read)."""
+        subject = self._offsets.parked(tp.topic, tp.partition, key)
+        if subject is not None:
+            raise ApiError(
+                503,
+                "subject_parked",
+                f"the subject read is parked at {subject}: a record of it no projector version can apply holds "
+                "it and its later records until an operator releases or drops it (`graphledger parked list`), so "
+                "no answer would reflect them; retry once it is released",
+                retryable=True,
+            )
 
     async def _await(self, need: Token, deadline: float, tenant: str, *, why: str | None) -> None:
         """`await_applied` within the read's deadline; a timeout says `why` the read waited at all."""

@@ -16,7 +16,8 @@ record stands for, which the projector applies there (`records.erasure_at`). Wha
 know from the records it holds raises `fold.Underivable`, and the read waits for the projection instead
 (`ReadBarrier.wait`):
 - an erasure of the thread or its tenant (anyone can publish one: the projection decides);
-- a record from a newer graphledger (the projector stops its partition there);
+- a record from a newer graphledger (the projector parks the record's subject there, and the read then
+  fails `subject_parked`: `read_barrier.py`);
 - a chunked event whose chunks are not all held (some went to the projection's chunk table);
 - the key store not answering for a sealed record's key, or for the binding of a fresh key.
 Decoding is kept per record (`Unprojected.note`), so each record is opened once while it is held.

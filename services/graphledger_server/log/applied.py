@@ -9,6 +9,10 @@ database sees one reader, not one polling loop per waiter. In case a notificatio
 while anyone waits. A lost connection is noticed when it closes and re-made with a capped backoff;
 until then `unreachable` says why. The read API waits on it for consistent reads, the eraser for its
 erasure events.
+
+With the offsets it reads which record keys are parked (`log/parked.py`), after them: a read that finds
+a partition applied past a record sees the subject that record parked, so a read of a parked subject
+fails instead of answering without the records it holds (`api/read_barrier.py`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import logging
 import asyncpg
 
 from graphledger_server.driver_errors import is_database_error
+from graphledger_server.log import parked
 from graphledger_server.log.offsets import APPLIED_CHANNEL, OffsetStatements, group_offsets
+from graphledger_server.log.parked import ParkedStatements
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +50,10 @@ class AppliedOffsets:
         self._fallback_s = fallback_refresh_s
         self._schema = schema
         self._sql = OffsetStatements(schema)
+        self._parked_sql = ParkedStatements(schema)
         self._group = consumer_group
         self._next: Token = {}
+        self._parked: dict[tuple[tuple[str, int], bytes], str] = {}
         self._changed = asyncio.Condition()
         self._waiters = 0
         self._task: asyncio.Task[None] | None = None
@@ -85,6 +93,11 @@ class AppliedOffsets:
     def applied(self, topic: str, partition: int) -> int:
         """The next offset the projector will apply on the partition, as last read (0: none applied)."""
         return self._next.get((topic, partition), 0)
+
+    def parked(self, topic: str, partition: int, key: bytes) -> str | None:
+        """The parked subject a record key of the partition belongs to, named with its cause, as last read
+        (None: not parked)."""
+        return self._parked.get(((topic, partition), key))
 
     def missing(self, token: Token) -> Token:
         """The parts of `token` not applied yet: those whose `next_offset` is not past the token's offset."""
@@ -163,6 +176,11 @@ class AppliedOffsets:
                 log.warning("no graphledger_offsets in schema %s yet; is it migrated?", self._schema)
                 self._warned_no_table = True
             return
+        try:
+            # Read after the offsets: a subject parked at a record below them is seen with them.
+            self._parked = await parked.keyed(conn, self._parked_sql)
+        except asyncpg.UndefinedTableError:
+            self._parked = {}  # a schema not migrated this far parks nothing
         if offsets != self._next:
             async with self._changed:
                 self._next = offsets

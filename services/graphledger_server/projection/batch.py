@@ -8,14 +8,20 @@ In order, inside the transaction:
    a reassembled event that opened with a fresh key bound to no subject yet cuts its partition there:
    the key store is not asked inside the transaction, so the key is bound before the next batch
    (`projection/binding.py`), which fetches the event again;
-3. stop a partition at an event from a newer graphledger (nothing of it or after it is applied);
-   skip the records of erased subjects (their key is gone, or an erasure before them in the batch
+3. hold the records of parked subjects, and park the subject of a record no version of this projector
+   can apply (`projection/parking.py`: an event from a newer graphledger, a copy barrier beyond the
+   log); skip the records of erased subjects (their key is gone, or an erasure before them in the batch
    or in an earlier one applied), counting them; a record whose key the key store reports erased
    applies its subject's erasure there (`records.erasure_at`);
 4. apply the events, set-based, per topic projection, and record the subjects of sealed ones;
-5. record dead letters, advance the offsets, `NOTIFY graphledger_applied`;
+5. record dead letters and parked subjects with the records they hold, advance the offsets past
+   them, `NOTIFY graphledger_applied`;
 6. produce the dead letters to their topic (the sink waits for the broker's acknowledgement);
 then commit. A failure anywhere rolls all of it back, so the caller retries the same records.
+
+A release (`release`) runs steps 2 to 6 on the records a parked subject holds, in one transaction that
+takes them (with the offset row of their partition locked, as a batch of it would), so they apply once,
+in log order, or park again at the record that still cannot apply.
 
 If a replay switched the schema while the batch waited for its offset rows (`SchemaSwitchedError`),
 the transaction is rolled back and the batch re-run, so it lands in the schema now carrying the name.
@@ -37,12 +43,14 @@ from typing import Any, Protocol, TypeGuard, assert_never
 import asyncpg
 
 from graphledger.erasure.sealing import SealedSubject
-from graphledger.errors import SchemaSwitchedError
-from graphledger.events.checkpoint import ThreadCopy
+from graphledger.errors import ParkedSubjectError, SchemaSwitchedError
+from graphledger.events import envelope
+from graphledger.events.checkpoint import RunsDelete, ThreadCopy
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.lookup import DataKeyCache
+from graphledger_server.log import parked
 from graphledger_server.log.offsets import (
     OffsetStatements,
     TopicPartition,
@@ -51,12 +59,24 @@ from graphledger_server.log.offsets import (
     next_offsets,
     notify_applied,
 )
+from graphledger_server.log.parked import Cause, ParkedStatements, ParkedSubject, Position, subject_name
 from graphledger_server.projection import chunks as chunk_store
 from graphledger_server.projection import erasure
 from graphledger_server.projection.admission import admitted
 from graphledger_server.projection.binding import bind_opened, unbound
 from graphledger_server.projection.checkpoints import TimedCheckpointEvent
 from graphledger_server.projection.dead_letters import record_dead_letters
+from graphledger_server.projection.parking import (
+    Apply,
+    Drop,
+    Hold,
+    Park,
+    Parking,
+    barrier_decision,
+    dropped_reason,
+    source_record,
+    threads_named,
+)
 from graphledger_server.projection.records import (
     Chunk,
     Classified,
@@ -68,6 +88,7 @@ from graphledger_server.projection.records import (
     classify,
     decode_value,
     erasure_at,
+    header_type,
     key_name,
     unwrapped,
 )
@@ -77,6 +98,9 @@ log = logging.getLogger(__name__)
 
 DeadLetterSink = Callable[[Sequence[DeadLetter]], Awaitable[None]]
 """Produces dead letters to the dead-letter topic and returns once the broker acknowledged them."""
+LogEnds = Callable[[set[TopicPartition]], Awaitable[dict[TopicPartition, int]]]
+"""Where the partitions' logs end now, from the broker (`log/ends.py`); a partition the topic does not have
+ends at 0."""
 
 
 class TopicProjection(Protocol):
@@ -106,8 +130,10 @@ class BatchResult:
 
     next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
     """The offsets written for the partitions this batch advanced."""
-    stopped: dict[TopicPartition, TooNew] = field(default_factory=dict)
-    """Partitions stopped at an event from a newer graphledger; pause them."""
+    parked: list[ParkedSubject] = field(default_factory=list)
+    """Subjects this batch parked (their partitions moved on)."""
+    held_records: int = 0
+    """Records of parked subjects this batch set aside (their first records included)."""
     applied: int = 0
     dead_letters: int = 0
     skipped: int = 0
@@ -140,7 +166,6 @@ class _Resolved:
     erased: list[Erased] = field(default_factory=list)
     erasures: set[str] = field(default_factory=set)
     """Subjects whose erasure a record of theirs applies in this batch (`_erase_at`)."""
-    stopped: dict[TopicPartition, TooNew] = field(default_factory=dict)
     deferred: dict[TopicPartition, int] = field(default_factory=dict)
     held: dict[TopicPartition, int] = field(default_factory=dict)
     unbound: dict[TopicPartition, int] = field(default_factory=dict)
@@ -172,6 +197,75 @@ def _is_copy(item: Classified) -> TypeGuard[Decoded]:
 def _ref_of(record: SourceRecord) -> str:
     """A thread event's subject reference: its record key."""
     return (record.key or b"").decode(errors="replace")
+
+
+def _log_parked(subject: ParkedSubject) -> None:
+    log.warning(
+        "parked subject %s (%s): %s; its records wait for `graphledger parked release|drop`, its partition moves on",
+        subject.name, subject.cause, subject.reason,
+    )  # fmt: skip
+
+
+def _dropped_or(
+    outcome: Decoded | DeadLetter | TooNew | Erased, parking: Parking
+) -> Decoded | DeadLetter | TooNew | Erased:
+    """`outcome`, or a dead letter when it is an event of a version this projector does not read that an
+    operator dropped (a barrier's drop is decided with the barrier: `parking.barrier_decision`)."""
+    if isinstance(outcome, TooNew) and parking.verdict(outcome.record) is parked.Verdict.DROPPED:
+        record = outcome.record
+        reason = dropped_reason(outcome.reason)
+        return DeadLetter(record, reason, header_type(record), outcome.value, outcome.chunk_event_id)
+    return outcome
+
+
+class _FreshKeysToBind(Exception):
+    """A released chunked event opened with a fresh key bound to no subject yet: bind it, then release again."""
+
+
+RELEASE_ROUNDS = 3
+"""Releases of one subject in a row that may each meet a fresh key to bind first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """What a release did: the subject it took, how many records it held, and the transaction's result
+    (a subject parked again is among `result.parked`)."""
+
+    subject: ParkedSubject
+    records: int
+    result: BatchResult
+
+
+def _dropped(item: Decoded | DeadLetter | TooNew | Erased) -> DeadLetter:
+    """The first record of a subject an operator drops, as its dead letter."""
+    if isinstance(item, DeadLetter):
+        return replace(item, reason=dropped_reason(item.reason))
+    reason = dropped_reason(item.reason if isinstance(item, TooNew) else "the record that parked its subject")
+    event_type = header_type(item.record)
+    match item:
+        case Decoded():
+            return DeadLetter(
+                item.record, reason, event_type, item.value, item.chunk_event_id, item.subject, item.key_id
+            )
+        case TooNew():
+            return DeadLetter(item.record, reason, event_type, item.value, item.chunk_event_id)
+        case Erased():
+            return DeadLetter(item.record, reason, event_type, item.record.value)
+        case _:
+            assert_never(item)
+
+
+def _within(item: Classified, threads: tuple[str, ...]) -> Classified:
+    """A keyless `runs.delete` kept for a released subject changes only the threads its records name
+    (it applied to the partition's other threads where it stands)."""
+    if (
+        isinstance(item, Decoded)
+        and item.record.key is None
+        and isinstance(item.event, TimedCheckpointEvent)
+        and isinstance(item.event.event, RunsDelete)
+    ):
+        return replace(item, event=replace(item.event, within_threads=threads))
+    return item
 
 
 SCHEMA_SWITCH_RETRIES = 3
@@ -216,6 +310,7 @@ class BatchApplier:
         reassembly_max_bytes: int | None = None,
         keys: DataKeyCache | None = None,
         clear_refused: bool = False,
+        log_ends: LogEnds | None = None,
     ) -> None:
         self.schema = schema
         self.keys = keys or DataKeyCache(None)
@@ -228,7 +323,13 @@ class BatchApplier:
         self.group = consumer_group
         self.projections = dict(projections)
         self.sink = dead_letter_sink
+        self.log_ends = log_ends
+        """Asked, after a batch's records were read, where its copy barriers' copies' partitions end (None:
+        never asked, so no barrier is found beyond the log)."""
+        self._ends: dict[TopicPartition, int] = {}
+        """The greatest end each such partition's log was found at (a log only grows)."""
         self._offsets = OffsetStatements(schema)
+        self._parked = ParkedStatements(schema)
         self._chunks = chunk_store.ChunkStatements(schema)
         self._erasure = erasure.ErasureStatements(schema)
         self._source_erasures: dict[str, int] = {}
@@ -243,10 +344,7 @@ class BatchApplier:
         """Decode, open and validate every record (outside the transaction), after fetching the data
         keys their `gl-subject` and `gl-key` headers name; then bind the fresh keys records opened with
         to their subjects (`projection/binding.py`)."""
-        if self._to_bind:
-            binding = set(self._to_bind)  # a replay lane's batch may add to it meanwhile
-            await self.keys.bind(binding)
-            self._to_bind -= binding
+        await self._bind_pending()
         await self.keys.load({name for r in records if (name := key_name(r)) is not None})
 
         def classified_again(i: int) -> Classified:
@@ -258,7 +356,27 @@ class BatchApplier:
         copies = {_ref_of(c.record) for c in classified if _is_copy(c)}
         self._source_erasures.update(await self.keys.thread_erasure_times(copies - self._source_erasures.keys()))
         await self._ask_about_erasures(classified)
+        await self._learn_ends(classified)
         return classified
+
+    async def _learn_ends(self, classified: Sequence[Classified]) -> None:
+        """Ask the broker where the partitions of the batch's copy barriers' copies end: after the
+        barriers were read, so a copy acknowledged before a barrier was published lies below it."""
+        wanted = set()
+        for c in classified:
+            if isinstance(c, Decoded) and (required := self.projections[c.record.topic].holds(c.event)) is not None:
+                wanted.add((c.record.topic, required[0]))
+        if not wanted or self.log_ends is None:
+            return
+        for tp, end in (await self.log_ends(wanted)).items():
+            self._ends[tp] = max(end, self._ends.get(tp, end))
+
+    async def _bind_pending(self) -> None:
+        """Bind the fresh keys reassembled events opened with inside an earlier transaction."""
+        if self._to_bind:
+            binding = set(self._to_bind)  # a replay lane's batch may add to it meanwhile
+            await self.keys.bind(binding)
+            self._to_bind -= binding
 
     async def _ask_about_erasures(self, classified: Sequence[Classified]) -> None:
         """Learn which erasure events of the batch the key store recorded. An eraser records the erasure
@@ -337,59 +455,96 @@ class BatchApplier:
             result.skipped = len(classified) - len(fresh)
             if result.skipped:
                 log.info("skipped %d records applied before (stored offsets %s)", result.skipped, stored)
-            resolved = await self._resolve(conn, fresh, stored)
-            dead = list(resolved.dead)
-            # Before the events: an erasure among them finds its subject's name.
-            if isolate:  # each subject with its event: Postgres may reject a name (too long to index)
-                await self._record_subjects_apart(conn, [d.subject for d in dead if d.subject is not None])
-                rejected, report = await self._apply_isolated(conn, resolved.events)
-                dead.extend(rejected)
-            else:
-                subjects = [*(e.subject for e in resolved.events), *(d.subject for d in dead)]
-                opened = (subject for subject in subjects if subject is not None)
-                await erasure.record_subjects(conn, self._erasure, opened)
-                report = await self._apply_events(conn, resolved.events)
-            result.forks = report.forks
-            await record_dead_letters(conn, self.schema, dead)
+            parking = await self._parking(conn, fresh)
+            resolved = await self._resolve(conn, fresh, stored, parking)
+            dead = await self._apply_resolved(conn, resolved, parking, result)
             for record in records:
                 tp = (record.topic, record.partition)
                 cut = resolved.cut(tp)
                 if cut is not None and record.offset >= cut:
                     continue
-                if tp not in resolved.stopped and record.offset >= stored[tp]:
+                if record.offset >= stored[tp]:
                     result.next_offsets[tp] = max(result.next_offsets.get(tp, 0), record.offset + 1)
-            for tp, too_new in resolved.stopped.items():
-                if too_new.record.offset > stored[tp]:
-                    result.next_offsets[tp] = too_new.record.offset
             await advance_offsets(conn, self._offsets, self.group, result.next_offsets)
             await notify_applied(conn, self.schema)
             if dead:
                 await self.sink(dead)
-            result.stopped = resolved.stopped
             result.deferred = resolved.fetch_again()
             result.held = resolved.held
-            result.applied = len(resolved.events) - (len(dead) - len(resolved.dead))
-            result.dead_letters = len(dead)
-            result.applied_by_type = Counter(getattr(d.event, "TYPE", None) for d in resolved.events)
-            result.applied_by_type.subtract(letter.event_type for letter in dead[len(resolved.dead) :])
-            result.dead_letters_by_type = Counter(letter.event_type for letter in dead)
-            result.erased_by_type = Counter(e.event_type for e in resolved.erased)
         return result
 
+    async def _apply_resolved(
+        self, conn: asyncpg.Connection, resolved: _Resolved, parking: Parking, result: BatchResult
+    ) -> list[DeadLetter]:
+        """Apply what `_resolve` sorted (events, dead letters, parked subjects and the records they hold)
+        in the caller's transaction; fill `result`'s counts and return every dead letter."""
+        dead = list(resolved.dead)
+        # Before the events: an erasure among them finds its subject's name.
+        if result.isolated:  # each subject with its event: Postgres may reject a name (too long to index)
+            await self._record_subjects_apart(conn, [d.subject for d in dead if d.subject is not None])
+            rejected, report = await self._apply_isolated(conn, resolved.events)
+            dead.extend(rejected)
+        else:
+            subjects = [*(e.subject for e in resolved.events), *(d.subject for d in dead)]
+            opened = (subject for subject in subjects if subject is not None)
+            await erasure.record_subjects(conn, self._erasure, opened)
+            report = await self._apply_events(conn, resolved.events)
+        result.forks = report.forks
+        await record_dead_letters(conn, self.schema, dead)
+        await parked.park(conn, self._parked, parking.new, parking.held)
+        await parked.set_verdicts(conn, self._parked, parking.decided)
+        result.parked = list(parking.new)
+        result.held_records = sum(1 for h in parking.held if h.first_offset is not None)
+        result.applied = len(resolved.events) - (len(dead) - len(resolved.dead))
+        result.dead_letters = len(dead)
+        result.applied_by_type = Counter(getattr(d.event, "TYPE", None) for d in resolved.events)
+        result.applied_by_type.subtract(letter.event_type for letter in dead[len(resolved.dead) :])
+        result.dead_letters_by_type = Counter(letter.event_type for letter in dead)
+        result.erased_by_type = Counter(e.event_type for e in resolved.erased)
+        return dead
+
+    async def _parking(
+        self, conn: asyncpg.Connection, items: Sequence[Classified], *, releasing: bool = False
+    ) -> Parking:
+        """What the batch's records need to know of parking: the subjects of their partitions parked now,
+        the verdicts on the records that may park, and which copies its barriers require are held."""
+        tps = {(c.record.topic, c.record.partition) for c in items}
+        keyed = await parked.keyed_of_partitions(conn, self._parked, tps)
+        candidates: set[Position] = set()
+        required: set[Position] = set()
+        for c in items:
+            record = c.record
+            if isinstance(c, TooNew | Chunk):
+                candidates.add((record.topic, record.partition, record.offset))
+            elif isinstance(c, Decoded) and (needs := self.projections[record.topic].holds(c.event)) is not None:
+                candidates.add((record.topic, record.partition, record.offset))
+                required.add((record.topic, *needs))
+        verdicts = await parked.verdicts(conn, self._parked, candidates)
+        held = await parked.held_positions(conn, self._parked, required)
+        return Parking(keyed, verdicts, frozenset(held), dict(self._ends), envelope.SCHEMA_VERSION, releasing)
+
     async def _resolve(
-        self, conn: asyncpg.Connection, items: Sequence[Classified], stored: Mapping[TopicPartition, int]
+        self,
+        conn: asyncpg.Connection,
+        items: Sequence[Classified],
+        stored: Mapping[TopicPartition, int],
+        parking: Parking,
     ) -> _Resolved:
-        """Sort records into events, dead letters, stops and holds, storing and reassembling chunks."""
+        """Sort records into events, dead letters, parked and held records and partition holds, storing
+        and reassembling chunks."""
         out = _Resolved()
         committed = await self._committed_for_holds(conn, items, stored)
-        indexed_chunks = [(i, c) for i, c in enumerate(items) if isinstance(c, Chunk)]
+        # A parked subject's chunks are held as they came, not stored: its release reassembles them.
+        indexed_chunks = [
+            (i, c) for i, c in enumerate(items) if isinstance(c, Chunk) and parking.holder(c.record) is None
+        ]
         completing: dict[int, chunk_store.ChunkKey] = {}
         stored_parts: dict[chunk_store.ChunkKey, dict[int, bytes]] = {}
         if indexed_chunks:
             keys = {chunk_store.key_of(c) for _, c in indexed_chunks}
             stored_chunks, sizes = await chunk_store.stored_indexes(conn, self._chunks, keys)
             completing = chunk_store.completions(indexed_chunks, stored_chunks)
-            if (cut := self._reassembly_cut(completing, sizes)) is not None:
+            if not parking.releasing and (cut := self._reassembly_cut(completing, sizes)) is not None:
                 out.deferred = _first_offsets(items[cut:])
                 items = items[:cut]
                 indexed_chunks = [(i, c) for i, c in indexed_chunks if i < cut]
@@ -402,8 +557,15 @@ class BatchApplier:
         for position, item in enumerate(items):
             record = item.record
             tp = (record.topic, record.partition)
-            if tp in out.stopped or tp in out.held or tp in out.unbound:
+            if tp in out.held or tp in out.unbound:
                 continue
+            holder = parking.holder(record)
+            if holder is not None:
+                parking.hold(record, holder)
+                if not self._erases_its_subject(item):
+                    continue
+            elif record.key is None and parking.releasing and parking.parked_before(record):
+                continue  # a release: kept for the subject's next release, which it parked again for
             match item:
                 case Chunk():
                     key = chunk_store.key_of(item)
@@ -420,12 +582,13 @@ class BatchApplier:
                         self._to_bind.add(name)
                         out.unbound[tp] = record.offset
                         continue
-                    if not isinstance(outcome, TooNew):  # a stopped partition reassembles it again later
+                    outcome = _dropped_or(outcome, parking)
+                    if not isinstance(outcome, TooNew):  # a parked subject's release reassembles it again
                         finished.add(key)
                         in_batch.pop(key, None)
-                    self._sort(out, outcome, committed)
+                    self._sort(out, outcome, committed, parking)
                 case Decoded() | DeadLetter() | Erased() | TooNew():
-                    self._sort(out, item, committed)
+                    self._sort(out, _dropped_or(item, parking), committed, parking)
                 case _:
                     assert_never(item)
         if indexed_chunks:
@@ -461,21 +624,35 @@ class BatchApplier:
         return admitted(found, self.keys.owner, clear_refused=self.clear_refused)
 
     def _sort(
-        self, out: _Resolved, outcome: Decoded | DeadLetter | TooNew | Erased, committed: Mapping[TopicPartition, int]
+        self,
+        out: _Resolved,
+        outcome: Decoded | DeadLetter | TooNew | Erased,
+        committed: Mapping[TopicPartition, int],
+        parking: Parking,
     ) -> None:
-        """An event to admit, a dead letter, a skipped record of an erased subject, or a partition's stop."""
+        """An event to admit, a dead letter, a skipped record of an erased subject, or a parked subject."""
         match outcome:
             case Decoded():
-                self._admit(out, outcome, committed)
+                self._admit(out, outcome, committed, parking)
             case DeadLetter():
                 out.dead.append(outcome)
             case Erased():
                 out.erased.append(outcome)
                 self._erase_at(out, outcome)
             case TooNew():
-                self._stop(out, outcome)
+                _log_parked(parking.park(outcome.record, Cause.NEWER_VERSION, outcome.reason, version=outcome.version))
             case _:
                 assert_never(outcome)
+
+    def _erases_its_subject(self, item: Classified) -> bool:
+        """Whether a record of a parked subject applies at once as well as being held: it stands for the
+        subject's erasure (an erasure the key store recorded, or a record whose key it destroyed)."""
+        if isinstance(item, Erased):
+            return True
+        if not isinstance(item, Decoded):
+            return False
+        event = unwrapped(item.event)
+        return isinstance(event, ThreadErase | NamespaceErase) and self._unrecorded_erasure(event) is None
 
     def _erase_at(self, out: _Resolved, erased: Erased) -> None:
         """Apply the erasure a record of an erased subject stands for at that record (`erasure_at`),
@@ -488,9 +665,12 @@ class BatchApplier:
             self.keys.erase(erased.ref)  # a record after it that opens with a key held from before is skipped
             out.events.append(Decoded(erased.record, event))
 
-    def _admit(self, out: _Resolved, decoded: Decoded, committed: Mapping[TopicPartition, int]) -> None:
-        """Add an event to the batch, unless what it requires is not committed yet: then hold its partition;
-        or unless its subject was erased since it was decoded: then skip it."""
+    def _admit(
+        self, out: _Resolved, decoded: Decoded, committed: Mapping[TopicPartition, int], parking: Parking
+    ) -> None:
+        """Add an event to the batch, unless what it requires is not committed yet: then hold its partition,
+        or park its subject when it never will be (`parking.barrier_decision`); or unless its subject was
+        erased since it was decoded: then skip it."""
         record = decoded.record
         if decoded.subject is not None and self.keys.is_erased(decoded.subject):
             out.erased.append(Erased(record, decoded.subject.ref, getattr(decoded.event, "TYPE", None)))
@@ -504,12 +684,110 @@ class BatchApplier:
         elif isinstance(event, TenantErase):
             self.keys.erase_tenant(event.tenant)
         required = self.projections[record.topic].holds(decoded.event)
-        if required is not None and committed.get((record.topic, required[0]), 0) <= required[1]:
-            log.info("holding %s:%d at offset %d until %s:%d@%d has applied", record.topic, record.partition,
-                     record.offset, record.topic, *required)  # fmt: skip
-            out.held[(record.topic, record.partition)] = record.offset
-            return
+        if required is not None:
+            topic, (partition, offset) = record.topic, required
+            decision = barrier_decision(
+                required,
+                committed.get((topic, partition), 0),
+                parking.end(topic, partition),
+                (topic, partition, offset) in parking.copies_held,
+                parking.verdict(record),
+            )
+            match decision:
+                case Apply():
+                    pass
+                case Hold() if not parking.releasing:
+                    log.info("holding %s:%d at offset %d until %s:%d@%d has applied", topic, record.partition,
+                             record.offset, topic, partition, offset)  # fmt: skip
+                    out.held[(topic, record.partition)] = record.offset
+                    return
+                case Hold():  # a release cannot hold its partition: the subject waits for the copy instead
+                    reason = f"{event.TYPE}: its copy at partition {partition} offset {offset} has not applied yet"
+                    subject = parking.park(record, Cause.COPY_PARKED, reason, event_type=event.TYPE, waits_for=required)
+                    _log_parked(subject)
+                    return
+                case Park(cause=cause, reason=reason, waits_for=waits_for):
+                    _log_parked(parking.park(record, cause, reason, event_type=event.TYPE, waits_for=waits_for))
+                    return
+                case Drop(reason=reason):
+                    value, chunk_id = decoded.value, decoded.chunk_event_id
+                    out.dead.append(
+                        DeadLetter(record, reason, event.TYPE, value, chunk_id, decoded.subject, decoded.key_id)
+                    )
+                    return
+                case _:
+                    assert_never(decision)
         out.events.append(decoded)
+        if record.key is None and decoded.chunk_event_id is None:
+            parking.keep_keyless(record)
+
+    async def release(self, conn: asyncpg.Connection, position: Position, *, drop: bool = False) -> Released:
+        """Apply the records the subject parked at `position` (its first record's) holds, in log order, in one
+        transaction that takes them: they apply once, or the subject parks again at the first record that
+        still cannot apply, holding it and the rest. The keyless records kept since its first apply to it
+        in their place (`runs.delete` only to the threads its records name). `drop`: the first record is
+        dead-lettered instead, and that verdict recorded, so no later reader (a rebuild) parks it again.
+        Raises `ParkedSubjectError` when no subject is parked there."""
+        for attempt in range(1, RELEASE_ROUNDS + 1):
+            await self._bind_pending()
+            try:
+                return await self._release_or_isolate(conn, position, drop)
+            except _FreshKeysToBind:
+                if attempt == RELEASE_ROUNDS:
+                    raise ParkedSubjectError(
+                        f"{subject_name(*position)}: its records opened with fresh keys bound to no subject yet "
+                        f"{RELEASE_ROUNDS} times in a row; release it again"
+                    ) from None
+        raise AssertionError("unreachable")
+
+    async def _release_or_isolate(self, conn: asyncpg.Connection, position: Position, drop: bool) -> Released:
+        try:
+            return await self._release(conn, position, drop, isolate=False)
+        except Exception as exc:
+            if verdict_of(exc) is not Verdict.REJECT:
+                raise
+            log.warning("Postgres rejected data released from %s (%s); applying one by one", subject_name(*position),
+                        type(exc).__name__)  # fmt: skip
+            return await self._release(conn, position, drop, isolate=True)
+
+    async def _release(self, conn: asyncpg.Connection, position: Position, drop: bool, *, isolate: bool) -> Released:
+        topic, partition, _ = position
+        result = BatchResult(isolated=isolate)
+        async with conn.transaction():
+            # The partition's offset row, as a batch of it locks it: no batch holds a record for the subject
+            # while it is taken, and two releases of it take it once.
+            stored = await lock_offsets(conn, self._offsets, self.group, {(topic, partition)})
+            taken = await parked.take(conn, self._parked, position)
+            if taken is None:
+                raise ParkedSubjectError(
+                    f"no subject is parked at {subject_name(*position)}: released or dropped already, or never parked"
+                )
+            subject, held = taken
+            records = [source_record(h) for h in held]
+            classified = await self.classify(records)
+            first_record = classified[0] if classified else None
+            if drop and first_record is not None and not isinstance(first_record, Chunk):
+                classified[0] = _dropped(first_record)  # a chunked one is dropped at its verdict, reassembled
+            threads = threads_named(c.event for c in classified if isinstance(c, Decoded) and c.record.key is not None)
+            parking = await self._parking(conn, classified, releasing=True)
+            if drop:
+                parking.verdicts = {**parking.verdicts, position: parked.Verdict.DROPPED}
+                parking.decided[position] = parked.Verdict.DROPPED
+            elif subject.cause is Cause.BEYOND_LOG:  # decided afresh, from where the log ends now
+                await parked.forget_verdict(conn, self._parked, position, parked.Verdict.BEYOND_LOG)
+                parking.verdicts = {p: v for p, v in parking.verdicts.items() if p != position}
+            resolved = await self._resolve(conn, [_within(c, threads) for c in classified], stored, parking)
+            if resolved.unbound:
+                raise _FreshKeysToBind()
+            dead = await self._apply_resolved(conn, resolved, parking, result)
+            await parked.drop_unneeded_keyless(conn, self._parked, (topic, partition))
+            await notify_applied(conn, self.schema)
+            if dead:
+                await self.sink(dead)
+        again = "; parked again at " + ", ".join(s.name for s in result.parked) if result.parked else ""
+        log.warning("released subject %s (%s): %d records, %d applied, %d dead letters%s", subject.name,
+                    subject.cause, len(records), result.applied, result.dead_letters, again)  # fmt: skip
+        return Released(subject, len(records), result)
 
     async def _committed_for_holds(
         self, conn: asyncpg.Connection, items: Sequence[Classified], stored: Mapping[TopicPartition, int]
@@ -540,15 +818,6 @@ class BatchApplier:
                 log.info("deferring the batch from position %d: reassembly would load %d bytes", position, loaded)
                 return position
         return None
-
-    @staticmethod
-    def _stop(out: _Resolved, too_new: TooNew) -> None:
-        r = too_new.record
-        log.error(
-            "stopping partition %s:%d at offset %d: %s; events after it wait for an upgraded projector",
-            r.topic, r.partition, r.offset, too_new.reason,
-        )  # fmt: skip
-        out.stopped[(r.topic, r.partition)] = too_new
 
     async def _apply_events(self, conn: asyncpg.Connection, events: Sequence[Decoded]) -> ApplyReport:
         by_topic: dict[str, list[tuple[str, int, int, Any]]] = {}

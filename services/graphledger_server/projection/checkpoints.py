@@ -57,6 +57,9 @@ class TimedCheckpointEvent:
     """For a `thread.copy`: its source's erasure was recorded in the key store after the copy was
     appended (`BatchApplier`), so the source held what the copy copied even if the projector, reaching
     the source's records after its key was destroyed, holds none of it: the copy's lineage is kept."""
+    within_threads: tuple[str, ...] | None = None
+    """For a `runs.delete` applied again when a parked subject is released (`BatchApplier.release`): the
+    threads it may change (it changed the partition's others where it stands). None: every thread."""
 
     @property
     def TYPE(self) -> str:
@@ -361,7 +364,7 @@ ERASE_TENANT_STAGED_COPIES_SQL = _DROP_STAGES_SQL.replace(
 # delete_for_runs, one partition's copy: checkpoints of this partition's threads whose metadata
 # run_id is listed, with their writes. Returns the channel versions they referenced, so that
 # GC_BLOBS_SQL (a second statement, which sees the deletion) can drop the blobs left unreferenced.
-# $1 -> run ids, $2 topic, $3 partition.
+# $1 -> run ids, $2 topic, $3 partition, $4 -> thread ids it may change (null: every one).
 DELETE_RUNS_SQL = """
 WITH deleted AS (
     DELETE FROM {schema}.checkpoints c
@@ -369,6 +372,7 @@ WITH deleted AS (
     WHERE tp.topic = $2::text AND tp.partition = $3::int
       AND c.thread_id = tp.thread_id
       AND c.metadata ->> 'run_id' = ANY($1::text[])
+      AND ($4::text[] IS NULL OR c.thread_id = ANY($4::text[]))
     RETURNING c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.checkpoint -> 'channel_versions' AS versions
 ), w AS (
     DELETE FROM {schema}.checkpoint_writes cw
@@ -549,6 +553,8 @@ class DeleteRuns:
     run_ids: tuple[str, ...]
     topic: str
     partition: int
+    within_threads: tuple[str, ...] | None = None
+    """Only these threads (`TimedCheckpointEvent.within_threads`); None: every thread of the partition."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -712,7 +718,9 @@ def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
             case ThreadExpire():
                 barrier(ExpireThread(event.thread_id, event.idle_before_ms))
             case RunsDelete():
-                barrier(DeleteRuns(event.run_ids, topic, partition) if event.run_ids else None)
+                within = item.within_threads if isinstance(item, TimedCheckpointEvent) else None
+                changes = event.run_ids and (within is None or within)
+                barrier(DeleteRuns(event.run_ids, topic, partition, within) if changes else None)
             case ThreadErase():
                 barrier(EraseThread(event.ref))
             case TenantErase():
@@ -782,7 +790,8 @@ async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps
                 if await conn.fetchval(sql.thread_idle, step.thread_id, step.idle_before_ms):
                     await conn.execute(sql.delete_threads, [step.thread_id])
             case DeleteRuns():
-                rows = await conn.fetch(sql.delete_runs, list(step.run_ids), step.topic, step.partition)
+                within = None if step.within_threads is None else list(step.within_threads)
+                rows = await conn.fetch(sql.delete_runs, list(step.run_ids), step.topic, step.partition, within)
                 await gc_blobs(conn, sql, [tuple(r) for r in rows])
             case EraseThread():
                 names = await erasure.names_of(conn, sql.erasure, "thread", [step.ref])

@@ -9,6 +9,8 @@ so a republished event keeps it. Both are written before the batch commits, and 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,8 +19,12 @@ import ormsgpack
 
 from graphledger.events import envelope
 from graphledger.events.chunks import frame
+from graphledger.partition_layout import PartitionCheckedProducer
+from graphledger.settings import Settings
 from graphledger_server.projection.records import DeadLetter, subject_ref, with_append_time
 from graphledger_server.sql import render
+
+log = logging.getLogger(__name__)
 
 HEADER_REASON = "gl-dlq-reason"
 HEADER_TOPIC = "gl-dlq-topic"
@@ -103,6 +109,21 @@ def outgoing_records(letter: DeadLetter, max_message_bytes: int) -> list[Outgoin
     original = [(k, v) for k, v in headers if k != envelope.HEADER_CHUNK]
     framed = frame(letter.value or b"", original, max_message_bytes, letter.chunk_event_id)
     return [OutgoingRecord(record.key, r.value, [*r.headers, *dlq]) for r in framed]
+
+
+async def produce_dead_letters(
+    producer: PartitionCheckedProducer, settings: Settings, letters: Sequence[DeadLetter]
+) -> None:
+    """Produce `letters` to the dead-letter topic, each logged with its `public_reason`, and wait for every
+    acknowledgement (a batch's sink: inside its transaction, before it commits)."""
+    futures = []
+    for letter in letters:
+        r = letter.record
+        log.error("dead letter %s:%d@%d (%s): %s", r.topic, r.partition, r.offset, letter.event_type,
+                  public_reason(letter))  # fmt: skip
+        for out in outgoing_records(letter, settings.max_message_bytes):
+            futures.append(await producer.send(settings.dead_letter_topic, out.value, key=out.key, headers=out.headers))
+    await asyncio.wait_for(asyncio.gather(*futures), settings.produce_timeout_s)
 
 
 async def record_dead_letters(conn: asyncpg.Connection, schema: str, letters: Sequence[DeadLetter]) -> None:

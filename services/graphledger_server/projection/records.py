@@ -2,7 +2,7 @@
 
 A record is an event, a chunk of a larger event, a dead letter (undecodable or invalid, or the stand-in
 for a compressed batch beyond `max_decompressed_batch_bytes`), or an event from a newer graphledger that
-its partition must stop before. Classifying needs no database; chunks are resolved later, inside the
+parks its subject. Classifying needs no database; chunks are resolved later, inside the
 batch transaction, where earlier chunks are stored.
 """
 
@@ -97,10 +97,20 @@ class DeadLetter:
 
 @dataclass(frozen=True, slots=True)
 class TooNew:
-    """An event written by a newer graphledger: its partition stops here until a newer worker runs."""
+    """An event written by a newer graphledger (or claiming to be): it parks its subject
+    (`projection/parking.py`) until a worker that reads its version, or an operator, releases it."""
 
     record: SourceRecord
     reason: str
+    version: int | None = None
+    """The envelope version the event claims (None: not known)."""
+    chunk_event_id: str | None = None
+    """Set when the event was reassembled from chunks; `record` is then the chunk that completed it."""
+    assembled: bytes | None = None
+
+    @property
+    def value(self) -> bytes | None:
+        return self.assembled if self.chunk_event_id is not None else self.record.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +265,8 @@ def decode_value(
         held = value if chunk_event_id is not None else None
         return Decoded(record, event, chunk_event_id, held, subject, key_id if subject is not None else None)
     except UnknownEventVersionError as exc:
-        return TooNew(record, str(exc))
+        held = value if chunk_event_id is not None else None
+        return TooNew(record, str(exc), exc.version, chunk_event_id, held)
     except InvalidEventError as exc:
         opened_key = key_id if subject is not None else None
         return DeadLetter(record, str(exc), header_type(record), value, chunk_event_id, subject, opened_key)

@@ -7,7 +7,11 @@ only (`group_offsets`); nothing reads them back. A batch that fails on an error
 `driver_errors.verdict_of` calls `RETRY` (connection lost, serialization failure, deadlock, Kafka
 unreachable for a dead letter) is rolled back and retried as is, after a capped backoff; it is never
 skipped. A partition whose log lost records the projection
-applied is stopped, not reset (`log_guard`). The loop reports its steps to `health` (`/livez`, `/readyz`).
+applied is stopped, not reset (`log_guard`). A record no version of this projector can apply parks its
+subject and the partition moves on (`projection/parking.py`); every `PARKED_CHECK_S` the worker counts the
+parked subjects for their gauge and releases, on its partitions, those it may apply now (an event of a
+version it reads, a copy barrier whose copy has applied). The loop reports its steps to `health`
+(`/livez`, `/readyz`).
 """
 
 from __future__ import annotations
@@ -22,17 +26,24 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from aiokafka.structs import ConsumerRecord
 
+from graphledger.errors import ParkedSubjectError
+from graphledger.events import envelope
+from graphledger.log_tail import LogTail
 from graphledger.partition_layout import PartitionCheckedProducer
 from graphledger.settings import Settings
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.health.state import WorkerHealth, caught_up
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.store import key_store_for
+from graphledger_server.log import parked
 from graphledger_server.log.clients import new_consumer, new_producer
-from graphledger_server.log.offsets import OffsetStatements, stored_offsets
+from graphledger_server.log.ends import log_ends
+from graphledger_server.log.offsets import OffsetStatements, next_offsets, stored_offsets
+from graphledger_server.log.parked import Cause, ParkedStatements, ParkedSubject
 from graphledger_server.projection.batch import BatchApplier, BatchResult, TopicProjection
 from graphledger_server.projection.checkpoints import CheckpointProjection
-from graphledger_server.projection.dead_letters import outgoing_records, outstanding, public_reason
+from graphledger_server.projection.dead_letters import outstanding, produce_dead_letters
+from graphledger_server.projection.parking import releasable
 from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projection.store import StoreProjection
 from graphledger_server.projector.group_offsets import GroupOffsetMirror
@@ -52,6 +63,8 @@ HOLD_RETRY_S = 0.05
 """How long a partition held at an event waits before it is fetched again (`BatchResult.held`)."""
 RESET_POLL_S = 1.0
 """How often a worker with stopped partitions looks for an operator's `graphledger offsets reset`."""
+PARKED_CHECK_S = 2.0
+"""How often a worker counts the parked subjects and releases those it may (`check_parked`)."""
 
 
 def projections_for(settings: Settings) -> dict[str, TopicProjection]:
@@ -141,7 +154,12 @@ class ProjectorWorker:
         self.pool: asyncpg.Pool | None = None
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: PartitionCheckedProducer | None = None
+        self.log_tail: LogTail | None = None
+        """Where the logs of copy barriers' copies end, on the dead-letter producer's client (made when a
+        barrier is first met)."""
         self._offsets = OffsetStatements(settings.postgres_schema)
+        self._parked = ParkedStatements(settings.postgres_schema)
+        self._parked_checked = -PARKED_CHECK_S
         self._stop = asyncio.Event()
         self.guard = LogGuard()
         self._reset_checked = 0.0
@@ -170,6 +188,7 @@ class ProjectorWorker:
         await self.producer.start()
         # Never reset silently: an offset the log no longer has stops the partition (log_guard).
         self.consumer = new_consumer(s, group_id=s.projector_group_id, auto_offset_reset="none")
+        self.applier.log_ends = self._log_ends
         self.group_offsets = GroupOffsetMirror(self.consumer)
         self.consumer.subscribe(self.topics, listener=_SeekToStored(self))
         await self.consumer.start()
@@ -178,6 +197,7 @@ class ProjectorWorker:
 
     async def close(self) -> None:
         """Leave the group (its partitions go to the other workers now), then close the rest."""
+        self.telemetry.parked = {}  # the workers still running count them
         try:
             if self.group_offsets is not None:
                 await self.group_offsets.close()
@@ -209,6 +229,8 @@ class ProjectorWorker:
                     self.commit_to_kafka(result.next_offsets)
                 if result is not None and result.dead_letters:
                     await self.count_dead_letters()
+                if result is not None and result.parked:
+                    self._parked_checked = -PARKED_CHECK_S  # counted at once, for the alert
 
     def commit_to_kafka(self, next_offsets: dict[tuple[str, int], int]) -> None:
         """Mirror offsets Postgres committed into the group in Kafka, for lag tools (`group_offsets`)."""
@@ -228,6 +250,59 @@ class ProjectorWorker:
             log.warning("cannot count dead letters (%s); the gauge keeps its last value", exc)
             return
         self.telemetry.outstanding_dead_letters = counts
+
+    async def _log_ends(self, partitions: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        assert self.producer is not None
+        if self.log_tail is None:
+            self.log_tail = LogTail(self.settings, self.producer.client)
+        return await log_ends(self.log_tail, partitions, self.settings.consistency_timeout_s)
+
+    async def check_parked(self) -> None:
+        """Count the parked subjects for their gauge, and release those of this worker's partitions it may
+        apply now (`parking.releasable`); a failure only delays both."""
+        assert self.pool is not None and self.consumer is not None
+        self._parked_checked = time.monotonic()
+        try:
+            async with self.pool.acquire() as conn:
+                found = await parked.subjects(conn, self._parked)
+                applied = await self._copies_applied(conn, found)
+        except Exception as exc:
+            if verdict_of(exc) is not Verdict.RETRY:
+                raise
+            log.warning("cannot read the parked subjects (%s); their gauge keeps its last value", exc)
+            return
+        counts = {(topic, str(cause)): 0 for topic in self.topics for cause in Cause}
+        for subject in found:
+            counts[(subject.topic, str(subject.cause))] = counts.get((subject.topic, str(subject.cause)), 0) + 1
+        self.telemetry.parked = counts
+        mine = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+        for subject in found:
+            if subject.tp in mine and releasable(subject, envelope.SCHEMA_VERSION, subject in applied):
+                await self._release(subject)
+                self._parked_checked = -PARKED_CHECK_S  # counted again at once
+
+    async def _copies_applied(self, conn: asyncpg.Connection, found: list[ParkedSubject]) -> set[ParkedSubject]:
+        """The `copy_parked` subjects of `found` whose copy has applied: its partition passed it and no
+        parked subject holds it."""
+        waiting = {s: (s.topic, *s.waits_for) for s in found if s.waits_for is not None}
+        if not waiting:
+            return set()
+        passed = await next_offsets(conn, self._offsets, self.settings.projector_group_id,
+                                    {(t, p) for t, p, _ in waiting.values()})  # fmt: skip
+        held = await parked.held_positions(conn, self._parked, set(waiting.values()))
+        return {s for s, (t, p, o) in waiting.items() if passed.get((t, p), 0) > o and (t, p, o) not in held}
+
+    async def _release(self, subject: ParkedSubject) -> None:
+        assert self.pool is not None
+        try:
+            async with self.batch_lock, self.pool.acquire() as conn:
+                await self.applier.release(conn, (subject.topic, subject.partition, subject.first_offset))
+        except ParkedSubjectError:
+            pass  # an operator released or dropped it meanwhile
+        except Exception as exc:
+            if verdict_of(exc) is not Verdict.RETRY:
+                raise
+            log.warning("cannot release subject %s now (%s); the next check tries again", subject.name, exc)
 
     # -- assignment ----------------------------------------------------------------------------------
 
@@ -307,6 +382,8 @@ class ProjectorWorker:
                 timeout_ms = IDLE_POLL_MS
                 if self.guard.stopped and time.monotonic() - self._reset_checked >= RESET_POLL_S:
                     await self.resume_reset_partitions()
+                if time.monotonic() - self._parked_checked >= PARKED_CHECK_S:
+                    await self.check_parked()
             else:
                 timeout_ms = max(0, int((deadline - time.monotonic()) * 1000))
             try:
@@ -380,9 +457,6 @@ class ProjectorWorker:
         self.health.set_ready()
         self.batches += 1
         self.events += result.applied
-        if result.stopped:
-            assert self.consumer is not None
-            self.consumer.pause(*(TopicPartition(t, p) for t, p in result.stopped))
         for (topic, partition), offset in result.deferred.items():
             assert self.consumer is not None
             self.consumer.seek(TopicPartition(topic, partition), offset)  # the next batch starts there
@@ -445,18 +519,4 @@ class ProjectorWorker:
         """Produce to the dead-letter topic and wait for every acknowledgement (inside the batch
         transaction, before it commits)."""
         assert self.producer is not None
-        topic = self.settings.dead_letter_topic
-        futures = []
-        for letter in letters:
-            r = letter.record
-            log.error(
-                "dead letter %s:%d@%d (%s): %s",
-                r.topic,
-                r.partition,
-                r.offset,
-                letter.event_type,
-                public_reason(letter),
-            )
-            for out in outgoing_records(letter, self.settings.max_message_bytes):
-                futures.append(await self.producer.send(topic, out.value, key=out.key, headers=out.headers))
-        await asyncio.wait_for(asyncio.gather(*futures), self.settings.produce_timeout_s)
+        await produce_dead_letters(self.producer, self.settings, letters)

@@ -27,8 +27,11 @@ TABLES = (
     "graphledger_staged_checkpoints",
     "graphledger_staged_blobs",
     "graphledger_staged_writes",
+    "graphledger_parked_subjects",
+    "graphledger_held_records",
 )
-"""Every table a projection event writes (chunks and dead letters are bookkeeping, not projection)."""
+"""Every table a projection event writes, and the parked subjects with the records they hold (chunks, dead
+letters and verdicts are bookkeeping, not projection)."""
 
 EXISTS_SQL = "SELECT to_regclass($1::text) IS NOT NULL"
 CHECKSUM_SQL = """

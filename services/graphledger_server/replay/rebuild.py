@@ -9,6 +9,9 @@ The rebuild never passes the live projector: each partition is capped at the liv
 the live schema first, and the dead letters it meets were already produced to the dead-letter topic
 by the live projector: here they are only recorded in the rebuild's `graphledger_dead_letters`.
 The offset rows carry the live projector's consumer group, so after the switch it continues from them.
+A record no version of this code can apply parks its subject here as it did there (`projection/parking.py`);
+what the live projector decided that the log alone cannot tell (a barrier found beyond its log, a record an
+operator dropped) is carried over before each catch-up (`log/parked.carry_verdicts`, in `replay/run.py`).
 
 Batches are pipelined over `LANES` connections: the partitions are split between the lanes, each
 fetched batch is split by lane, and each lane's part applies while the next batch is fetched and
@@ -30,12 +33,14 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger.telemetry import names
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.store import key_store_for
 from graphledger_server.log.clients import new_consumer
+from graphledger_server.log.ends import log_ends
 from graphledger_server.log.offsets import OffsetStatements, stored_offsets
 from graphledger_server.log.topics import source_topics
 from graphledger_server.projection.batch import BatchApplier, BatchResult
@@ -85,13 +90,16 @@ class Rebuilder:
         self.caps: dict[TP, int] = {}
         self.records = 0
         """Records this process applied (or skipped as applied before), for the rate."""
-        self.stopped: set[TP] = set()
+        self.parked = 0
+        """Subjects this process parked (`graphledger parked list` shows them once switched)."""
         self._deferred: dict[TP, int] = {}
         """Partitions a batch cut short (chunk reassembly over its budget) and where to fetch them again."""
         self._fetched: dict[TP, int] = {}
         self._paused: set[TP] = set()
         self._pool: asyncpg.Pool | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._tail = LogTail(settings)
+        """Where the logs of copy barriers' copies end."""
         self._lanes: dict[TP, int] = {}
         self._inflight: dict[int, asyncio.Task[None]] = {}
 
@@ -110,6 +118,8 @@ class Rebuilder:
             stored = {t: await stored_offsets(conn, statements, self.group, t) for t in source_topics(s)}
         self._consumer = new_consumer(s, fetch_bytes=FETCH_BYTES)
         await self._consumer.start()
+        await self._tail.start()
+        self.applier.log_ends = self._log_ends
         await self._consumer.topics()  # metadata of every topic, for partitions_for_topic
         assigned = [
             TopicPartition(t, p) for t in source_topics(s) for p in sorted(self._consumer.partitions_for_topic(t) or ())
@@ -133,11 +143,15 @@ class Rebuilder:
             with contextlib.suppress(BaseException):
                 await task
         try:
+            await self._tail.stop()
             if self._consumer is not None:
                 await self._consumer.stop()
         finally:
             if self._pool is not None:
                 await self._pool.close()
+
+    async def _log_ends(self, partitions: set[TP]) -> dict[TP, int]:
+        return await log_ends(self._tail, partitions, self.settings.consistency_timeout_s)
 
     # -- caps ---------------------------------------------------------------------------------------
 
@@ -146,7 +160,7 @@ class Rebuilder:
         assert self._consumer is not None
         self.caps = {tp: targets.get(tp, 0) for tp in self.positions}
         for tp in list(self._paused):
-            if tp not in self.stopped and self._fetched[tp] < self.caps[tp]:
+            if self._fetched[tp] < self.caps[tp]:
                 self._consumer.resume(TopicPartition(*tp))
                 self._paused.discard(tp)
         for tp, cap in self.caps.items():
@@ -163,7 +177,7 @@ class Rebuilder:
 
     def lag(self) -> int:
         """Records the rebuild still has to apply to reach the caps (a batch in flight counts as not applied)."""
-        return sum(max(0, self.caps.get(tp, 0) - pos) for tp, pos in self.positions.items() if tp not in self.stopped)
+        return sum(max(0, self.caps.get(tp, 0) - pos) for tp, pos in self.positions.items())
 
     # -- batches ------------------------------------------------------------------------------------
 
@@ -213,7 +227,7 @@ class Rebuilder:
         for tp, offset in self._deferred.items():
             self._consumer.seek(TopicPartition(*tp), offset)
             self._fetched[tp] = offset
-            if tp in self._paused and tp not in self.stopped and offset < self.caps.get(tp, 0):
+            if tp in self._paused and offset < self.caps.get(tp, 0):
                 self._consumer.resume(TopicPartition(*tp))
                 self._paused.discard(tp)
         self._deferred.clear()
@@ -226,10 +240,7 @@ class Rebuilder:
         self.positions.update(result.next_offsets)
         self._deferred.update(result.deferred)
         self._deferred.update(result.held)  # fetched again at once: the other lane is applying meanwhile
-        for tp, too_new in result.stopped.items():
-            log.error("rebuild stopped at %s:%d@%d: %s", *tp, too_new.record.offset, too_new.reason)
-            self.stopped.add(tp)
-            self._pause(tp, too_new.record.offset)
+        self.parked += len(result.parked)
 
     async def _fetch(self) -> list[SourceRecord]:
         """Records below the caps, up to `replay_batch_max_events` / `batch_max_bytes`; a partition cut short

@@ -107,9 +107,9 @@ PROJECTOR_PARTITIONS_STOPPED = MetricSpec(
     "graphledger.projector.partitions.stopped",
     "observable_gauge",
     "{partition}",
-    "1 for each partition a worker has stopped, by reason: `newer_version` (an event from a newer "
-    "graphledger; an upgraded projector takes it over, docs/events.md) or `lost_log` (the log no longer "
-    "holds records the projection applied; `graphledger offsets reset` resumes it).",
+    "1 for each partition a worker has stopped, by reason: `lost_log` (the log no longer holds records the "
+    "projection applied; `graphledger offsets reset` resumes it). A record no projector version can apply "
+    "stops no partition: it parks its subject (`graphledger.projector.subjects.parked`).",
     names.PROJECTOR_SCOPE,
     (_TOPIC, _PARTITION, _GROUP, names.GRAPHLEDGER_STOP_REASON),
 )
@@ -196,6 +196,17 @@ PROJECTOR_OFFSET_COMMIT_FAILURES = MetricSpec(
     "are for Kafka's lag tools (and KEDA) only: the projection is not affected, but those tools see stale lag.",
     names.PROJECTOR_SCOPE,
     (names.ERROR_TYPE,),
+)
+PROJECTOR_SUBJECTS_PARKED = MetricSpec(
+    "graphledger.projector.subjects.parked",
+    "observable_gauge",
+    "{subject}",
+    "Subjects (a thread's or a store item's records on one partition) parked at a record no projector "
+    "version can apply, by cause: `newer_version` (a version this projector does not read), `beyond_log` (a "
+    "copy barrier beyond its copy's log), `copy_parked` (a barrier whose copy a parked subject holds), as "
+    "the projector last counted them in graphledger_parked_subjects (`graphledger parked list`).",
+    names.PROJECTOR_SCOPE,
+    (_TOPIC, names.GRAPHLEDGER_PARK_CAUSE),
 )
 DEAD_LETTERS_OUTSTANDING = MetricSpec(
     "graphledger.dead_letters.outstanding",
@@ -321,6 +332,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
     PROJECTOR_BATCH_FAILURES,
     PROJECTOR_OFFSET_COMMIT_FAILURES,
     DEAD_LETTERS_OUTSTANDING,
+    PROJECTOR_SUBJECTS_PARKED,
     HTTP_SERVER_REQUEST_DURATION,
     HTTP_SERVER_ACTIVE_REQUESTS,
     HTTP_SERVER_REQUEST_BODY_SIZE,

@@ -91,17 +91,25 @@ def _observe_lag() -> Iterator[tuple[float, dict[str, Any]]]:
 
 def _observe_stopped() -> Iterator[tuple[float, dict[str, Any]]]:
     for worker in list(_workers):
-        reasons = {tp: "newer_version" for tp in worker.stopped} | {tp: "lost_log" for tp in worker.lost_log}
-        for (topic, partition), reason in reasons.items():
+        for topic, partition in worker.lost_log:
             yield (
                 1,
                 {
                     names.MESSAGING_DESTINATION_NAME: topic,
                     names.MESSAGING_DESTINATION_PARTITION_ID: str(partition),
                     names.MESSAGING_CONSUMER_GROUP_NAME: worker.group,
-                    names.GRAPHLEDGER_STOP_REASON: reason,
+                    names.GRAPHLEDGER_STOP_REASON: "lost_log",
                 },
             )
+
+
+def _observe_parked() -> Iterator[tuple[float, dict[str, Any]]]:
+    counts: dict[tuple[str, str], int] = {}
+    for worker in list(_workers):  # workers of one process count the same table: one value per series
+        for key, count in worker.parked.items():
+            counts[key] = max(count, counts.get(key, 0))
+    for (topic, cause), count in counts.items():
+        yield count, {names.MESSAGING_DESTINATION_NAME: topic, names.GRAPHLEDGER_PARK_CAUSE: cause}
 
 
 def _observe_dead_letters() -> Iterator[tuple[float, dict[str, Any]]]:
@@ -141,12 +149,13 @@ class ProjectorTelemetry:
         self.namespace = db_namespace(settings.postgres_dsn, settings.postgres_schema)
         self.lag: Mapping[TopicPartition, int] = {}
         """Records behind per assigned partition, as of the last fetch or commit (a snapshot)."""
-        self.stopped: frozenset[TopicPartition] = frozenset()
-        """Assigned partitions stopped at an event from a newer graphledger."""
         self.lost_log: frozenset[TopicPartition] = frozenset()
         """Partitions stopped on a lost log (a snapshot, replaced by the worker)."""
         self.outstanding_dead_letters: Mapping[str, int] = {}
         """Dead letters not replayed yet per source topic, as last counted (a snapshot)."""
+        self.parked: Mapping[tuple[str, str], int] = {}
+        """Parked subjects per (topic, cause), as last counted (a snapshot); every cause of every topic the
+        worker consumes has a series, 0 when none is parked."""
         self._committed: dict[TopicPartition, int] = {}
         self._consumer: Any = None
         _workers.add(self)
@@ -155,13 +164,13 @@ class ProjectorTelemetry:
         metrics.observe(metrics.PROJECTOR_LAG, _observe_lag)
         metrics.observe(metrics.PROJECTOR_PARTITIONS_STOPPED, _observe_stopped)
         metrics.observe(metrics.DEAD_LETTERS_OUTSTANDING, _observe_dead_letters)
+        metrics.observe(metrics.PROJECTOR_SUBJECTS_PARKED, _observe_parked)
 
     # -- positions, for the lag gauge -------------------------------------------------------------------
 
     def assigned(self, next_offsets: Mapping[TopicPartition, int]) -> None:
         """The stored next offsets of newly assigned partitions (0 for a partition never applied)."""
         self._committed.update(next_offsets)
-        self.stopped = self.stopped - set(next_offsets)  # a reassigned partition starts over (and may stop again)
         self._refresh()
 
     def fetched(self, consumer: Any) -> None:
@@ -257,8 +266,6 @@ class ProjectorTelemetry:
             _forks.add(result.forks)
         for event_type, count in result.erased_by_type.items():
             _erased.add(count, {names.EVENT_TYPE: event_type_label(event_type)})
-        if result.stopped:
-            self.stopped = self.stopped | set(result.stopped)
         if result.next_offsets:
             self._committed.update(result.next_offsets)
             self._refresh()
