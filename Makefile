@@ -49,7 +49,7 @@ settings-doc: $(STAMP)
 	$(BIN)/python -m graphledger_server.commands.settings_doc --write docs/settings.md
 
 # BENCH_ARGS picks sections and sizes: `make bench BENCH_ARGS="--only conversations"` runs the
-# conversation rows alone (about 6 minutes on 2 cores); `$(BIN)/python -m bench --help` lists the rest.
+# conversation rows alone (about 7 minutes on 2 cores, a fresh stack per row); `$(BIN)/python -m bench --help` lists the rest.
 bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 

@@ -402,7 +402,7 @@ if __name__ == "__main__":
         action="append",
         metavar="SECTION",
         help=f"run only this section (repeatable, or comma-separated): {', '.join(SECTIONS)}; "
-        "`--only conversations` takes about 6 minutes on 2 cores",
+        "`--only conversations` takes about 7 minutes on 2 cores",
     )
     parser.add_argument("--total", type=int, default=4000, help="aput calls per row (graph rows use total/8)")
     parser.add_argument("--backlog", type=int, default=20000, help="checkpoints for the projector rate")
