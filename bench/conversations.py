@@ -62,7 +62,7 @@ TURNS = 10
 """Turns per conversation: the history a turn reads and writes grows to 30 messages."""
 MESSAGE = "x" * 200
 WARM_UP_TURNS = 40
-"""Untimed turns per side before the first row: connections opened, code paths and caches warm."""
+"""Untimed turns per side on each row's stack before it is measured: connections opened, caches warm."""
 
 Settle = Callable[[], Awaitable[object]]
 RowStack = Callable[[], AbstractAsyncContextManager[tuple[Sequence[Any], Mapping[str, Sequence[Any]], Settle]]]
@@ -215,7 +215,7 @@ class Pace:
 
 async def _measure(
     workloads: Sequence[Workload], sides: Sequence[Side], concurrency: int, pace: Pace, settle: Settle
-) -> dict[Workload, dict[str, list[Run]]]:
+) -> dict[Workload, Rows]:
     """`pace.rounds` rounds; in each every side runs every workload, sides in an order reversed every other
     round. After the first round a run's cap is 1.5 times what the side did in its previous run, so
     conversations are not opened (untimed, but not free) for turns the run will not reach."""
@@ -281,7 +281,7 @@ async def run(fresh: RowStack, pace: Pace) -> list[str]:
     sides: list[Side] = []
     lines: list[str] = []
 
-    async def row(workloads: Sequence[Workload], concurrency: int, fill: int = 0) -> Mapping[Workload, Rows]:
+    async def row(workloads: Sequence[Workload], concurrency: int, fill: int = 0) -> dict[Workload, Rows]:
         async with fresh() as (ours, official, settle):
             sides[:] = sides_of(ours, official)
             if not lines:
@@ -293,7 +293,7 @@ async def run(fresh: RowStack, pace: Pace) -> list[str]:
                 await _run(ours, CHAT, 64, fill // RECORDS_PER_TURN, float("inf"), settle)
             return await _measure(workloads, sides, concurrency, pace, settle)
 
-    def add(workload: Workload, concurrency: int, runs: Mapping[str, list[Run]]) -> None:
+    def add(workload: Workload, concurrency: int, runs: Rows) -> None:
         lines.append(_line(workload, concurrency, sides, runs))
         print(lines[-1], flush=True)
 
