@@ -113,6 +113,23 @@ async def test_a_tail_that_found_the_log_longer_than_it_expected_reads_on_for_th
     assert fetches(wire_) == [(37, END_MAX_WAIT_MS), (36, FETCH_MAX_WAIT_MS)]
 
 
+async def test_a_page_from_the_end_last_seen_is_asked_there_with_the_beacon_one_below_it_a_record_back() -> None:
+    wire_ = wire(40)
+    tail_ = log_tail(wire_)
+    page = (await tail_.pages({P0: 40}, 1))[P0]
+    assert (page.end, page.records) == (40, ())
+    assert [r.offset for r in (await tail_.pages({P0: 38}, 1))[P0].records] == [38, 39]  # 40 seen: one back
+    assert fetches(wire_) == [(40, END_MAX_WAIT_MS), (37, FETCH_MAX_WAIT_MS)]
+    assert beacons(wire_) == [True, False]
+
+
+async def test_a_page_from_a_position_the_process_saw_no_end_past_still_gets_the_records_beyond() -> None:
+    wire_ = wire(40)
+    page = (await log_tail(wire_).pages({P0: 37}, 1))[P0]
+    assert (page.end, [r.offset for r in page.records]) == (40, [37, 38, 39])
+    assert fetches(wire_) == [(37, END_MAX_WAIT_MS)]
+
+
 async def test_the_end_alone_is_asked_at_the_position_with_a_1_ms_wait() -> None:
     wire_ = wire(40)
     assert await log_tail(wire_).ends({P0: 25}, 1) == {P0: 40}
