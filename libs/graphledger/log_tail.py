@@ -269,9 +269,9 @@ class LogTail:
         A position at or past the end this process last saw is most likely the end: it is asked there
         with a 1 ms wait and the beacon, so tansu answers at once without listing the partition's
         batches (which it does for every fetch that finds records, at a cost that grows with the log);
-        a page may then hold no records though the log goes on (tansu's listing ran out of the wait),
-        and the caller reads on from its position. A position below that end is asked from one record
-        back with the long wait (tansu answers a fetch that finds records at once).
+        when that answer holds no records but the log goes on (tansu's listing ran out of the 1 ms), the
+        position is asked again as one below the end is: from one record back with the long wait (tansu
+        answers a fetch that finds records at once).
         `below_end`: every position is known to be below its log's end, so the fetch starts at it, not
         one record back (a broker may answer a fetch with the one batch that holds its first record)."""
         back = 0 if below_end else 1
@@ -283,9 +283,11 @@ class LogTail:
         return dict(zip(positions, found, strict=True))
 
     async def _from(self, tp: TopicPartition, position: int, back: int) -> Page:
+        page: _Page | None = None
         if back and position >= self._seen_ends.get(tp, 0):
             page = await self._shared_page(tp, position, PAGE_BYTES, END_MAX_WAIT_MS, PAGES_LANE)
-        else:
+        if page is None or (back and page.end > position and not any(r.offset >= position for r in page.records)):
+            # Below the end, or the end was not where expected and tansu found no records within 1 ms.
             page = await self._shared_page(tp, max(position - back, 0), PAGE_BYTES, FETCH_MAX_WAIT_MS, PAGES_LANE)
         if page is None:  # the log ends before `position - 1` (Kafka: out of range)
             return Page(await self._list_end(tp), ())

@@ -130,6 +130,13 @@ async def test_a_page_from_a_position_the_process_saw_no_end_past_still_gets_the
     assert fetches(wire_) == [(37, END_MAX_WAIT_MS)]
 
 
+async def test_a_page_asked_at_the_end_that_finds_the_log_longer_but_no_records_asks_again_a_record_back() -> None:
+    wire_ = wire(40, short_waits_find_nothing=True)  # tansu's listing of a long partition outlasting 1 ms
+    page = (await log_tail(wire_).pages({P0: 37}, 1))[P0]
+    assert (page.end, [r.offset for r in page.records]) == (40, [37, 38, 39])
+    assert fetches(wire_) == [(37, END_MAX_WAIT_MS), (36, FETCH_MAX_WAIT_MS)]
+
+
 async def test_the_end_alone_is_asked_at_the_position_with_a_1_ms_wait() -> None:
     wire_ = wire(40)
     assert await log_tail(wire_).ends({P0: 25}, 1) == {P0: 40}
