@@ -119,6 +119,13 @@ def test_make_run_entry_point_runs_the_demo_and_leaves_nothing_behind(tmp_path: 
     assert not Path(work_dir.group(1)).exists()
 
 
+def _interruptible() -> None:
+    """In the child before exec: SIGINT at its default and not blocked, as a job a terminal starts has it.
+    A disposition to ignore it survives exec, and the pytest worker running this test may carry one."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
 def test_stop_signal_stops_every_child_and_keeps_the_data_dir(tmp_path: Path, how: str) -> None:
     """SIGTERM to `graphledger dev`, or Ctrl-C (SIGINT to its whole process group, as a terminal sends it)."""
@@ -132,6 +139,7 @@ def test_stop_signal_stops_every_child_and_keeps_the_data_dir(tmp_path: Path, ho
             stdout=stdout,
             stderr=stderr,
             start_new_session=True,  # its own process group, like a shell job, so Ctrl-C reaches only it
+            preexec_fn=_interruptible,
         )
     try:
         wait_ready(process, env_file, stderr_path)
