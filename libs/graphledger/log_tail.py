@@ -286,8 +286,8 @@ class LogTail:
         page: _Page | None = None
         if back and position >= self._seen_ends.get(tp, 0):
             page = await self._shared_page(tp, position, PAGE_BYTES, END_MAX_WAIT_MS, PAGES_LANE)
-        if page is None or (back and page.end > position and not any(r.offset >= position for r in page.records)):
-            # Below the end, or the end was not where expected and tansu found no records within 1 ms.
+        if page is None or (page.end > position and not any(r.offset >= position for r in page.records)):
+            # Not asked at the end, or the log went on past it and tansu found no records within 1 ms.
             page = await self._shared_page(tp, max(position - back, 0), PAGE_BYTES, FETCH_MAX_WAIT_MS, PAGES_LANE)
         if page is None:  # the log ends before `position - 1` (Kafka: out of range)
             return Page(await self._list_end(tp), ())
