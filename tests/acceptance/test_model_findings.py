@@ -209,7 +209,10 @@ async def test_a_put_holding_inline_a_version_a_copy_brought_reads_the_copied_bl
 
 async def test_a_copy_follows_the_targets_prune_acknowledged_before_it(stack: DevStack) -> None:
     """The projector applies the copy's record before the target's prune, every time: a barrier on the
-    target's partition ahead of the prune holds that partition until the source's has passed the copy."""
+    target's partition ahead of the prune holds that partition until the source's has passed the copy.
+
+    The barrier is published ahead of its copy, which no writer does (parking.py: a barrier naming a
+    position beyond the log parks its subject), so the projector is frozen until the log holds it."""
     topic = stack.settings.checkpoint_topic
     for _ in range(ATTEMPTS):
         source, target, reference = _thread(), _thread(), ReferenceSaver()
@@ -223,17 +226,18 @@ async def test_a_copy_follows_the_targets_prune_acknowledged_before_it(stack: De
             if source_partition == target_partition:
                 continue
             past_copy = last + 3  # the copy lands at last + 1 unless another writer of the partition came between
-            await writer._runtime.apublish(topic, ThreadCopyBarrier(target, source_partition, past_copy))
-            for saver in (writer, reference):
-                await saver.aprune([target])
-            for saver in (writer, reference):
-                await saver.acopy_thread(source, target)
-            copy = positions[-2]
-            assert copy[0] == source_partition
-            i = 0
-            while positions[-1][0] != source_partition or positions[-1][1] < past_copy:
-                await writer.aput_writes(_config(source, "2"), [("x", i)], f"t{i}")  # after the copy: not copied
-                i += 1
+            with stack.projector_frozen():
+                await writer._runtime.apublish(topic, ThreadCopyBarrier(target, source_partition, past_copy))
+                for saver in (writer, reference):
+                    await saver.aprune([target])
+                for saver in (writer, reference):
+                    await saver.acopy_thread(source, target)
+                copy = positions[-2]
+                assert copy[0] == source_partition
+                i = 0
+                while positions[-1][0] != source_partition or positions[-1][1] < past_copy:
+                    await writer.aput_writes(_config(source, "2"), [("x", i)], f"t{i}")  # after the copy: not copied
+                    i += 1
             if copy[1] >= past_copy:
                 continue
         async with KafkaSaver(stack.settings) as reader:
