@@ -410,12 +410,8 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
         # Not the newest: a read of the newest is unchanged, unless this put stores a value at a channel
         # version the newest names and the view holds no blob row of (puts of two writers can reach the
         # log out of order: the projection's answer of the newest then lacked the value this put brings).
-        for stored_blob in event.blobs:
-            channel, version = stored_blob.channel, stored_blob.version
-            if stored_blob.type == "empty" or newest.versions.get(channel) != version:
-                continue
-            if ns.blobs.get((channel, version)) in (None, NO_BLOB):
-                raise Underivable(f"an older checkpoint's put stores channel {channel!r} the newest names")
+        if _stores_missing_blob(ns, newest, event):
+            raise Underivable("an older checkpoint's put stores a value at a version the newest names")
         ceilings = _raised(ns.ceilings, event)
         if ceilings is ns.ceilings:
             return ns
@@ -471,6 +467,19 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
         return namespace(row, writes, blobs, ns.history, ns.history_complete, ceilings)
     history, complete = _child_history(ns, event.parent_checkpoint_id)
     return namespace(row, writes, blobs, history, complete, ceilings)
+
+
+def _stores_missing_blob(ns: Namespace, row: Row, event: CheckpointPut) -> bool:
+    """Whether another checkpoint's put stores a value at a channel version `row` names and the view holds
+    no blob row of: the projection's blob rows are shared by every checkpoint naming the version, so
+    `row`'s read then gains the value (puts of two writers reaching the log out of order, or a version
+    whose row a delete dropped stored again)."""
+    for stored_blob in event.blobs:
+        channel, version = stored_blob.channel, stored_blob.version
+        if stored_blob.type != "empty" and row.versions.get(channel) == version:
+            if ns.blobs.get((channel, version)) in (None, NO_BLOB):
+                return True
+    return False
 
 
 def _newer(version: str, parent: str | None) -> bool:
@@ -587,6 +596,9 @@ def apply_to_checkpoint(held: View, event: CheckpointEvent, checkpoint_ns: str, 
                 return apply(held, event)
             if row is not None and row.legacy and isinstance(event, CheckpointWrites):
                 return UNKNOWN  # a pending send of its parent changes its read
+            if row is not None and isinstance(event, CheckpointPut) and event.checkpoint_ns == checkpoint_ns:
+                if _stores_missing_blob(held.namespace(checkpoint_ns), row, event):
+                    return UNKNOWN
             return held
         case ThreadDelete():
             return NEW

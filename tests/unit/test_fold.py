@@ -89,6 +89,20 @@ def test_an_older_put_storing_a_value_the_newest_names_leaves_the_namespace_not_
     assert newest(fold.apply(view, unrelated)) == newest(view)
 
 
+def test_a_newer_put_storing_a_value_an_older_checkpoint_names_leaves_a_read_of_it_not_held() -> None:
+    # A get by id of 02, which names msgs at version 2 and holds no blob row of it (a delete dropped the
+    # row); 03 stores msgs at 2 again, and the projection then reads 02 with it (rows are per version).
+    answer = newest(folded(FIRST, SECOND))
+    assert answer is not None
+    answer["checkpoint"]["channel_versions"]["msgs"] = "2"
+    del answer["checkpoint"]["channel_values"]["msgs"]
+    one = fold.from_answer("", answer)
+    stores = put("03", "02", {"msgs": ["b"], "n": 2}, {"msgs": "2", "n": "2"}, {"msgs": "2"})
+    assert fold.apply_to_checkpoint(one, stores, "", "02").namespaces.get("") is None
+    unrelated = put("03", "02", {"msgs": ["b"], "n": 2}, {"msgs": "3", "n": "2"}, {"msgs": "3"})
+    assert fold.apply_to_checkpoint(one, unrelated, "", "02") is one
+
+
 def _v(counter: int) -> str:
     """A version in LangGraph's form: 32 zero-padded digits and a tiebreak."""
     return f"{counter:032}.0.5"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, assert_never
+from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
@@ -24,17 +24,6 @@ from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationF
 from graphledger import fold
 from graphledger.client.threads import Held, HeldThreads
 from graphledger.errors import LogUnavailableError
-from graphledger.events.checkpoint import (
-    CheckpointPut,
-    CheckpointWrites,
-    RunsDelete,
-    ThreadCopy,
-    ThreadCopyBarrier,
-    ThreadDelete,
-    ThreadExpire,
-    ThreadPrune,
-)
-from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.log_tail import LogTail
 from graphledger.wire import CACHED_THROUGH_HEADER, OWN_WRITES_HEADER
 
@@ -216,22 +205,9 @@ def _older(
     checkpoint_id: str,
     applied: int,
 ) -> dict[str, Any] | None:
-    """The answer for one checkpoint (not the thread's newest), with the named own records of it the
-    read API's answer lacks: its writes, a repeated put of it, a delete of the thread."""
+    """The answer for one checkpoint (not the thread's newest), with the named own records the read API's
+    answer lacks applied as the projection applies them to it (`fold.apply_to_checkpoint`)."""
     view = fold.from_answer(checkpoint_ns, tuple_)
     for _, event in named.own_since(applied) if named is not None else ():
-        match event:
-            case CheckpointPut() | CheckpointWrites():
-                if (event.checkpoint_ns, event.checkpoint_id) == (checkpoint_ns, checkpoint_id):
-                    view = fold.apply(view, event)
-            case ThreadDelete():
-                view = fold.NEW
-            case ThreadPrune() if event.strategy == "delete":
-                view = fold.NEW
-            case ThreadPrune() | RunsDelete() | ThreadCopyBarrier() | ThreadExpire():
-                raise fold.Underivable(f"a {event.TYPE} may have dropped checkpoint {checkpoint_id}")
-            case ThreadCopy() | ThreadErase() | TenantErase():
-                pass  # a copy from the thread changes nothing; an erasure is not published here
-            case _:
-                assert_never(event)
+        view = fold.apply_to_checkpoint(view, event, checkpoint_ns, checkpoint_id)
     return view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, checkpoint_id)
