@@ -10,9 +10,12 @@ partition; `delete_for_runs` at its copy on the thread's partition; an erasure a
 `thread.erase` record of the thread in the log (the test scans the topic for them: an erase also erases
 every thread copied from the erased one, each at a record of its own, and an erase that answered
 `erasure_incomplete` and was asked again published some of them in the attempt that failed), with the
-time of the erase call that erased it. A copy whose source that call erases may copy nothing once the
-call has begun (docs/security.md, "Erase": the projector may meet the source's records only after its
-key is gone), so a read of such a copy ending after the call began may also see its copies hollow.
+time of the erase call that erased it. An erasure takes effect when the call destroys the subject's key,
+before its record (docs/security.md, "Erase": from then on every reader takes any record of the subject
+for its erasure), and writes that land in between are erased with the rest: so a read ending after the
+call began may also answer the thread erased. A copy whose source that call erases may copy nothing once
+the call has begun (the projector may meet the source's records only after its key is gone), so a read
+of such a copy ending after the call began may also see its copies hollow.
 
 **The window.** A read of a thread is correct when it equals the reference after some prefix of the
 thread's writes in log order that holds every write acknowledged before the read began and no write
@@ -147,6 +150,8 @@ class History:
         self._states: dict[tuple[str, bool], dict[int, ReferenceSaver]] = defaultdict(dict)
         self.hollow_from: dict[str, float] = {}
         """Copies erased with their source, from the time the erase call began (`_erasures`)."""
+        self.erased_from: dict[str, float] = {}
+        """Erased threads, from the time the erase call erasing them began (`_erasures`)."""
         self._erased_by: dict[str, Op] = {}
         broadcasts: list[tuple[int, int, Op, Outcome]] = []
         for op in ops:
@@ -235,6 +240,8 @@ class History:
         self._states.clear()
         self._erased_by = expected
         for thread, call in expected.items():
+            if thread in first:
+                self.erased_from[thread] = self.outcomes[call.index].t0
             if call.args["thread"] != thread:
                 self.hollow_from[thread] = self.outcomes[call.index].t0
         self.erase_calls = calls
@@ -319,23 +326,31 @@ class History:
 
     async def candidates(self, op: Op, thread: str, lo: int, hi: int, t1: float = 0.0) -> list[Any]:
         """What the read may answer: the reference's answer after each prefix of `lo..hi` writes (and with
-        its copies hollow, when the read ended after the call erasing the thread with their source began)."""
+        its copies hollow, when the read ended after the call erasing the thread with their source began),
+        and the thread erased, when the read ended after the call erasing it began."""
         found = []
+        if t1 > self.erased_from.get(thread, float("inf")):
+            erasure = next(i for i, e in enumerate(self.effects[thread]) if e.kind in ("erase", "erase_copy"))
+            found.extend(await self._answers(op, thread, erasure + 1, erasure + 1, False))
         hollows = (False, True) if t1 > self.hollow_from.get(thread, float("inf")) else (False,)
         for hollow in hollows:
-            if op.kind != "get_state":
-                found.extend(self._answer(op, thread, self.state(thread, k, hollow)) for k in range(lo, hi + 1))
-                continue
-            # `aget_state` makes two reads: the newest tuple, then (when a channel stores no value there)
-            # the delta history of its ancestors, at the same or a later prefix.
-            for k in range(lo, hi + 1):
-                reads = self._graph_reads
-                reads.tuples, reads.history, reads.walked = self.state(thread, k, hollow), None, False
-                found.append(await self._graph.aget_state({"configurable": {"thread_id": thread}}))
-                if reads.walked:
-                    for later in range(k + 1, hi + 1):
-                        reads.history = self.state(thread, later, hollow)
-                        found.append(await self._graph.aget_state({"configurable": {"thread_id": thread}}))
+            found.extend(await self._answers(op, thread, lo, hi, hollow))
+        return found
+
+    async def _answers(self, op: Op, thread: str, lo: int, hi: int, hollow: bool) -> list[Any]:
+        if op.kind != "get_state":
+            return [self._answer(op, thread, self.state(thread, k, hollow)) for k in range(lo, hi + 1)]
+        # `aget_state` makes two reads: the newest tuple, then (when a channel stores no value there) the
+        # delta history of its ancestors, at the same or a later prefix.
+        found = []
+        for k in range(lo, hi + 1):
+            reads = self._graph_reads
+            reads.tuples, reads.history, reads.walked = self.state(thread, k, hollow), None, False
+            found.append(await self._graph.aget_state({"configurable": {"thread_id": thread}}))
+            if reads.walked:
+                for later in range(k + 1, hi + 1):
+                    reads.history = self.state(thread, later, hollow)
+                    found.append(await self._graph.aget_state({"configurable": {"thread_id": thread}}))
         return found
 
     def _answer(self, op: Op, thread: str, state: ReferenceSaver) -> Any:
