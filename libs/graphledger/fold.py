@@ -580,10 +580,11 @@ def _runs_deleted(held: View, run_ids: frozenset[str]) -> View:
 
 def apply_to_checkpoint(held: View, event: CheckpointEvent, checkpoint_ns: str, checkpoint_id: str) -> View:
     """`held`, a view of one checkpoint that need not be its namespace's newest (`from_answer` of a get by
-    id), after the projection applies `event`: a read of that checkpoint answers from the result. Only
-    its own put and writes change it; a delete empties the thread; `runs.delete` drops it if it names
+    id), after the projection applies `event`: a read of that checkpoint answers from the result. Its
+    own put and writes change it; a delete empties the thread; `runs.delete` drops it if it names
     its run; what else could drop or change it (a prune `keep_latest`, a copy onto the thread, an expiry,
-    a pending send of a checkpoint before format 4) makes it not held."""
+    a pending send of a checkpoint before format 4, another put storing a value at a version it names
+    and holds no blob row of) makes it not held."""
     if held.erased:
         return held
     try:
