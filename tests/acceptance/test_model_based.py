@@ -5,7 +5,8 @@ that threads are evicted all the time, while the projector is frozen, killed and
 Every read must equal the reference (`model_reference.py`: InMemorySaver with the official Postgres
 saver's rules, plus copy, prune, delete_for_runs and erasure as documented) at some point between its
 start and its end (`model_check.py` says how). At the end every thread is read once more, by each
-agent and by a fresh one, once the projection has caught up.
+agent and by a fresh one, once the projection has caught up, and the projection holds no dead letter
+and no parked subject (every operation is valid: a record set aside is a write lost to readers).
 
 Behaviours that find a graphledger bug already reported are left out by default (`KNOWN_BUGS`, each
 with the bug it finds; `GRAPHLEDGER_MODEL_KNOWN_BUGS=1` puts them back), so that the rest of the model
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -178,6 +180,9 @@ class Run:
     faults: Counter[str] = field(default_factory=Counter)
     erasures: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     """Where each thread's `thread.erase` records are in the log."""
+    set_aside: list[str] = field(default_factory=list)
+    """Records the projector dead-lettered or parked: every operation of the script is valid, so any is a
+    write lost to readers."""
     seconds: float = 0.0
 
 
@@ -294,6 +299,7 @@ def run_model(stack: DevStack, script: Script, log_dir: Path, apart: bool) -> Ru
         for partition, offset in itertools.chain(*out.records):
             ends[partition] = max(ends.get(partition, 0), offset + 1)
     run.erasures = asyncio.run(_erase_records(stack.settings, thread_keys, ends))
+    run.set_aside = asyncio.run(_set_aside(stack.settings))
     # Writes to an erased thread are refused (erasing a thread erases those copied from it too).
     _classify(run, ops, run.outcomes, set(run.erasures))
     _classify(run, final, run.outcomes, set(run.erasures))
@@ -335,6 +341,24 @@ async def _erase_records(
         await consumer.stop()
 
 
+async def _set_aside(settings: Settings) -> list[str]:
+    """The projection's dead letters and parked subjects (an erasure drops those of its subject)."""
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        schema = settings.postgres_schema
+        letters = await conn.fetch(
+            f'SELECT topic, partition, "offset", event_type, reason FROM {schema}.graphledger_dead_letters'
+        )
+        parked = await conn.fetch(
+            f"SELECT topic, partition, first_offset, cause FROM {schema}.graphledger_parked_subjects"
+        )
+    finally:
+        await conn.close()
+    return [
+        f"dead letter {r['topic']}:{r['partition']}@{r['offset']} {r['event_type']}: {r['reason']}" for r in letters
+    ] + [f"parked {r['topic']}:{r['partition']} from {r['first_offset']}: {r['cause']}" for r in parked]
+
+
 def _excluded() -> dict[str, str]:
     excluded = {k: "GRAPHLEDGER_MODEL_EXCLUDE" for k in os.environ.get("GRAPHLEDGER_MODEL_EXCLUDE", "").split(",") if k}
     if os.environ.get("GRAPHLEDGER_MODEL_KNOWN_BUGS") != "1":
@@ -353,7 +377,7 @@ def _report(seed: int, run: Run, report: Report, excluded: dict[str, str]) -> st
         f"  reads checked: {report.checked.total()} {dict(report.checked)} (+{len(run.final)} final), "
         f"{report.candidates} candidate states; unchecked: {dict(report.unchecked)}",
         f"  violations: {len(report.violations)}; key order only: {dict(report.key_order)}; anomalies: "
-        f"{len(report.anomalies)}; errors: {len(run.errors)}",
+        f"{len(report.anomalies)}; errors: {len(run.errors)}; dead-lettered or parked: {len(run.set_aside)}",
         f"  failures (retryable, or writes refused for an erased thread): {dict(run.failed)}",
         f"  gets answered: {dict(answered)}; held bytes at the end, by agent: {[s['held_bytes'] for s in run.stats]} "
         f"(bounds {list(MEMORY_BYTES)}, then the fresh agent's default)",
@@ -379,6 +403,7 @@ def test_kafka_saver_matches_the_model(stack: DevStack) -> None:
     with open(dump, "wb") as f:
         pickle.dump({"script": script, "outcomes": run.outcomes, "final": run.final, "erasures": run.erasures}, f)
     problems = [history.explain(v) for v in report.violations[:5]] + report.anomalies[:10] + run.errors[:10]
+    problems += run.set_aside[:10]
     assert not problems, f"{summary}\nhistory pickled to {dump}\n" + "\n".join(problems)
     # Every kind of read was checked, and some were answered from what a process holds (the path under test).
     assert all(report.checked[k] for k in READ_KINDS if k not in excluded), summary
