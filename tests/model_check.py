@@ -13,9 +13,10 @@ every thread copied from the erased one, each at a record of its own, and an era
 time of the erase call that erased it. An erasure takes effect when the call destroys the subject's key,
 before its record (docs/security.md, "Erase": from then on every reader takes any record of the subject
 for its erasure), and writes that land in between are erased with the rest: so a read ending after the
-call began may also answer the thread erased. A copy whose source that call erases may copy nothing once
-the call has begun (the projector may meet the source's records only after its key is gone), so a read
-of such a copy ending after the call began may also see its copies hollow.
+call began may also answer the thread erased. A copy whose source an erase call erases may copy nothing
+once that call has begun (the projector may meet the source's records only after its key is gone), so a
+read of the copy's target ending after the call began may also see that copy hollow, whichever call
+erases the target (each copy from a source being erased, hollow or not).
 
 **The window.** A read of a thread is correct when it equals the reference after some prefix of the
 thread's writes in log order that holds every write acknowledged before the read began and no write
@@ -30,6 +31,7 @@ the test counts them; with Kafka up they do not happen.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -147,9 +149,7 @@ class History:
         self.tainted: dict[str, float] = {}
         """Threads whose writes are not all known, from the time the unknown one began."""
         self.anomalies: list[str] = []
-        self._states: dict[tuple[str, bool], dict[int, ReferenceSaver]] = defaultdict(dict)
-        self.hollow_from: dict[str, float] = {}
-        """Copies erased with their source, from the time the erase call began (`_erasures`)."""
+        self._states: dict[tuple[str, frozenset[str]], dict[int, ReferenceSaver]] = defaultdict(dict)
         self.erased_from: dict[str, float] = {}
         """Erased threads, from the time the erase call erasing them began (`_erasures`)."""
         self._erased_by: dict[str, Op] = {}
@@ -242,8 +242,6 @@ class History:
         for thread, call in expected.items():
             if thread in first:
                 self.erased_from[thread] = self.outcomes[call.index].t0
-            if call.args["thread"] != thread:
-                self.hollow_from[thread] = self.outcomes[call.index].t0
         self.erase_calls = calls
         self.erased_copies = {t for t, c in expected.items() if c.args["thread"] != t}
 
@@ -258,9 +256,9 @@ class History:
 
     # -- the reference after a prefix ------------------------------------------------------------
 
-    def state(self, thread: str, k: int, hollow: bool = False) -> ReferenceSaver:
+    def state(self, thread: str, k: int, hollow: frozenset[str] = frozenset()) -> ReferenceSaver:
         """The reference holding `thread` after its first `k` writes in log order (`hollow`: its copies
-        from a thread erased by the call that erases it copied nothing)."""
+        from these sources copied nothing)."""
         memo = self._states[thread, hollow]
         if k in memo:
             return memo[k]
@@ -275,7 +273,7 @@ class History:
         memo[k] = state
         return state
 
-    def _apply(self, state: ReferenceSaver, effect: Effect, hollow: bool = False) -> None:
+    def _apply(self, state: ReferenceSaver, effect: Effect, hollow: frozenset[str] = frozenset()) -> None:
         a, thread = effect.op.args, effect.thread
         match effect.kind:
             case "put":
@@ -298,8 +296,7 @@ class History:
             case "copy_thread":
                 assert effect.source is not None
                 source, partition, offset = effect.source
-                erasing = self._erased_by.get(thread)
-                if hollow and erasing is not None and self._erased_by.get(source) is erasing:
+                if source in hollow:
                     return
                 if source != thread:
                     source_effects = self.effects.get(source, [])
@@ -325,19 +322,27 @@ class History:
         return lo, hi
 
     async def candidates(self, op: Op, thread: str, lo: int, hi: int, t1: float = 0.0) -> list[Any]:
-        """What the read may answer: the reference's answer after each prefix of `lo..hi` writes (and with
-        its copies hollow, when the read ended after the call erasing the thread with their source began),
-        and the thread erased, when the read ended after the call erasing it began."""
+        """What the read may answer: the reference's answer after each prefix of `lo..hi` writes, with any
+        of its copies hollow whose source a call that began before the read ended erases, and the thread
+        erased, when the read ended after the call erasing it began."""
         found = []
         if t1 > self.erased_from.get(thread, float("inf")):
             erasure = next(i for i, e in enumerate(self.effects[thread]) if e.kind in ("erase", "erase_copy"))
-            found.extend(await self._answers(op, thread, erasure + 1, erasure + 1, False))
-        hollows = (False, True) if t1 > self.hollow_from.get(thread, float("inf")) else (False,)
-        for hollow in hollows:
+            found.extend(await self._answers(op, thread, erasure + 1, erasure + 1, frozenset()))
+        for hollow in _subsets(self._hollowing(thread, t1)):
             found.extend(await self._answers(op, thread, lo, hi, hollow))
         return found
 
-    async def _answers(self, op: Op, thread: str, lo: int, hi: int, hollow: bool) -> list[Any]:
+    def _hollowing(self, thread: str, t1: float) -> list[str]:
+        """The sources of `thread`'s copies that a call begun before `t1` erases."""
+        sources = {e.source[0] for e in self.effects.get(thread, []) if e.kind == "copy_thread" and e.source}
+        return sorted(
+            source
+            for source in sources - {thread}
+            if (call := self._erased_by.get(source)) is not None and self.outcomes[call.index].t0 < t1
+        )
+
+    async def _answers(self, op: Op, thread: str, lo: int, hi: int, hollow: frozenset[str]) -> list[Any]:
         if op.kind != "get_state":
             return [self._answer(op, thread, self.state(thread, k, hollow)) for k in range(lo, hi + 1)]
         # `aget_state` makes two reads: the newest tuple, then (when a channel stores no value there) the
@@ -450,6 +455,12 @@ def _write_effects(op: Op, out: Outcome) -> list[tuple[str | None, tuple[int, in
             return []  # at the thread.erase records the test finds in the log (`History._erasures`)
         case kind:
             raise AssertionError(kind)
+
+
+def _subsets(items: list[str]) -> Iterator[frozenset[str]]:
+    """Every subset of `items`, the empty one first."""
+    for size in range(len(items) + 1):
+        yield from map(frozenset, itertools.combinations(items, size))
 
 
 def _ordered(value: Any) -> Any:

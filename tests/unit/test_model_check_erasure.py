@@ -93,3 +93,41 @@ async def test_a_thread_may_read_erased_once_its_erase_began_though_later_writes
 
     assert await violations((12.0, 13.0)) == 0
     assert await violations((5.0, 6.0)) == 1
+
+
+async def test_a_copy_from_a_source_another_call_erases_may_be_hollow_once_that_call_began() -> None:
+    """T holds copies of S and of U; the call erasing S erases T with it, another call erases U. Each
+    copy may have copied nothing once the call erasing its source has begun (the model test's seed
+    945543775: a read of T during both erasures answered T's own checkpoint alone)."""
+    other = "u"
+
+    async def violations(read_at: tuple[float, float], answer_ids: list[str]) -> int:
+        ops = [
+            _put(0, SOURCE, "a"),
+            _put(1, other, "c"),
+            _put(2, TARGET, "b"),
+            Op(3, 0, "copy_thread", {"source": SOURCE, "target": TARGET}),
+            Op(4, 0, "copy_thread", {"source": other, "target": TARGET}),
+            Op(5, 0, "erase", {"thread": SOURCE}),
+            Op(6, 1, "erase", {"thread": other}),
+            Op(7, 1, "list", {"thread": TARGET, "ns": None, "filter": None, "before": None, "limit": None}),
+        ]
+        outcomes = {
+            0: Outcome(True, 1.0, 2.0, [[(0, 0)]]),
+            1: Outcome(True, 1.0, 2.0, [[(2, 0)]]),
+            2: Outcome(True, 1.0, 2.0, [[(1, 0)]]),
+            3: Outcome(True, 3.0, 4.0, [[(0, 1)], [(1, 1)]]),
+            4: Outcome(True, 3.0, 4.0, [[(2, 1)], [(1, 2)]]),
+            5: Outcome(True, 10.0, 20.0, []),
+            6: Outcome(True, 12.0, 20.0, []),
+            7: Outcome(True, *read_at, [], [_tuple(cid) for cid in answer_ids]),
+        }
+        erasures = {SOURCE: [(0, 2)], TARGET: [(1, 3)], other: [(2, 2)]}
+        report = await History(ops, outcomes, [SOURCE, TARGET, other], erasures).check()
+        assert not report.anomalies
+        return len(report.violations)
+
+    assert await violations((12.5, 13.0), ["c", "b", "a"]) == 0
+    assert await violations((12.5, 13.0), ["b"]) == 0  # both copies hollow
+    assert await violations((11.0, 11.5), ["c", "b"]) == 0  # S's copy hollow: its erase has begun
+    assert await violations((11.0, 11.5), ["b"]) == 1  # U's erase had not begun
