@@ -588,9 +588,10 @@ def apply_to_checkpoint(held: View, event: CheckpointEvent, checkpoint_ns: str, 
     if held.erased:
         return held
     try:
-        row = held.namespace(checkpoint_ns).newest
+        ns = held.namespace(checkpoint_ns)
     except Underivable:
         return held
+    row = ns.newest
     match event:
         case CheckpointPut() | CheckpointWrites():
             if (event.checkpoint_ns, event.checkpoint_id) == (checkpoint_ns, checkpoint_id):
@@ -598,8 +599,7 @@ def apply_to_checkpoint(held: View, event: CheckpointEvent, checkpoint_ns: str, 
             if row is not None and row.legacy and isinstance(event, CheckpointWrites):
                 return UNKNOWN  # a pending send of its parent changes its read
             if row is not None and isinstance(event, CheckpointPut) and event.checkpoint_ns == checkpoint_ns:
-                if _stores_missing_blob(held.namespace(checkpoint_ns), row, event):
-                    return UNKNOWN
+                return UNKNOWN if _stores_missing_blob(ns, row, event) else held
             return held
         case ThreadDelete():
             return NEW
