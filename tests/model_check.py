@@ -242,8 +242,6 @@ class History:
         for thread, call in expected.items():
             if thread in first:
                 self.erased_from[thread] = self.outcomes[call.index].t0
-        self.erase_calls = calls
-        self.erased_copies = {t for t, c in expected.items() if c.args["thread"] != t}
 
     def _copied(self, source: str, offset: int) -> bool:
         """Whether the copy whose record is at `offset` of `source`'s partition found a checkpoint or a
