@@ -31,6 +31,7 @@ from graphledger.events.checkpoint import ThreadCopyBarrier
 from graphledger.events.envelope import Envelope
 from graphledger.settings import Settings
 from graphledger.wire import MSGPACK
+from graphledger_server.api import unprojected
 from graphledger_server.api.main import server as api_server
 from graphledger_server.devstack.ports import free_port
 from graphledger_server.log.clients import new_consumer
@@ -174,6 +175,28 @@ async def test_writes_ahead_of_their_put_come_with_the_answer_as_the_projection_
         async with projector(settings):
             await fully_projected(settings, client)
             assert await get(client, "t-ahead") == folded
+
+
+async def test_a_write_after_its_thread_was_erased_is_not_read_though_the_projector_applied_the_erasure_unread(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The read API reads a partition only for a read of it, so the projector applies the erasure first.
+    monkeypatch.setattr(unprojected, "FOLLOW_INTERVAL_S", 3600.0)
+    async with read_api(settings) as client, KafkaSaver(settings) as writer, KafkaSaver(settings) as eraser:
+        config = {"configurable": {"thread_id": "t-erased", "checkpoint_ns": ""}}
+        await writer.aput(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
+        assert (await get(client, "t-erased"))["tuple"] is not None  # read through: the thread's key is held
+        async with projector(settings):
+            await fully_projected(settings, client)
+            await eraser.aerase_thread("t-erased")
+        # The writer still holds the key: its record is sealed with the erased key, and unprojected.
+        await writer.aput(config, empty_checkpoint(), {"source": "loop", "step": 0}, {})
+        # Its erasure is read before it: the fold cannot tell an erasure's effect, so the read waits.
+        status, answer = await post(client, "/v1/checkpoints/get", {"thread_id": "t-erased", "checkpoint_ns": ""})
+        assert status == 503 and answer["error"] == "consistency_timeout", answer
+        async with projector(settings):
+            await fully_projected(settings, client)
+            assert await get(client, "t-erased") == {"tuple": None, "erased": True}
 
 
 async def test_a_write_whose_effect_needs_the_projection_waits_for_it(settings: Settings) -> None:

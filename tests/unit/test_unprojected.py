@@ -165,6 +165,38 @@ async def test_an_erasure_is_told_as_it_is_read_and_its_subjects_keys_are_asked_
     assert keys.get("other") is ERASED
 
 
+async def test_an_erasure_the_projection_applied_before_it_was_read_is_told_all_the_same() -> None:
+    """Reading on from the applied offset would pass over it, and a key held from before would open the
+    subject's later records."""
+    log, applied = Log(), Applied()
+    erase = to_envelope(ThreadErase("reft"))
+    log.append(b"reft")
+    unprojected = held(log, applied)
+    told: list[int] = []
+    unprojected.on_erasure = lambda record: told.append(record.offset)
+    assert offsets(await unprojected.tail(TP, b"reft", 1.0)) == [0]
+    log.append(b"reft", value=envelope.encode(erase), headers=tuple(envelope.headers_for(erase)))
+    log.append(b"a")
+    log.append(b"reft")
+    applied.next = 3  # the projector applied the erasure before this process read it
+    assert offsets(await unprojected.tail(TP, b"reft", 1.0)) == [3]
+    assert told == [1]
+
+
+async def test_a_partition_read_from_its_applied_offset_lets_go_of_every_key() -> None:
+    """The records below it were never read here: an erasure among them is not known."""
+    log, applied = Log(), Applied()
+    log.append(b"a")
+    applied.next = 1
+    unprojected = held(log, applied)
+    keys = DataKeyCache(None)
+    keys.erase("reft")  # stands for any key held
+    opener = RecordOpener(unprojected, keys, lambda topic: CheckpointProjection("s").to_event)
+    unprojected.on_unread = opener.unread
+    await unprojected.tail(TP, b"a", 1.0)
+    assert keys.get("reft") is None
+
+
 def test_a_kept_view_serves_reads_whose_records_since_are_held_and_a_later_one_replaces_it() -> None:
     views = ThreadViews()
     views.keep(b"k", HeldView(0, 10, fold.NEW))

@@ -67,6 +67,7 @@ def create_app(settings: Settings) -> FastAPI:
             unprojected, DataKeyCache(key_store), to_event.__getitem__, clear_refused=settings.clear_events_refused
         )
         unprojected.on_erasure = opener.erasure
+        unprojected.on_unread = opener.unread
         await unprojected.start()
         barrier = ReadBarrier(settings, log, offsets, slots, unprojected)
         quota = KeyCreationQuota(settings.api_max_key_creations_per_minute)

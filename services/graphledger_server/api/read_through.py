@@ -155,6 +155,11 @@ class RecordOpener:
             case _:
                 pass  # not an erasure after all (its header said otherwise): nothing to forget
 
+    def unread(self) -> None:
+        """A partition is read on from the projection's applied offset (`Unprojected`'s `on_unread`): an
+        erasure below it was never read here, so no key held from before opens a record after it."""
+        self._keys.forget_all()
+
     def _admitted(self, item: Decoded | DeadLetter | Erased | TooNew, since: int) -> list[tuple[int, Any]]:
         match item:
             case Decoded():

@@ -15,7 +15,12 @@ offsets are the process's `AppliedOffsets`).
 
 Erasure records are reported as they are read (`on_erasure`), so the key cache the records are opened
 with forgets an erased subject before any record after its erasure is opened, wherever its erasure
-was made: as the projector's cache forgets it when it applies the erasure.
+was made: as the projector's cache forgets it when it applies the erasure. So every record is read, the
+ones the projection applied before this process read them included (read, reported if an erasure, not
+held): a partition read on from where the projection got to would pass over an erasure, and a key held
+from before it would open its subject's later records. Where a partition is (re)started at the applied
+offset, the records below it were never read here: `on_unread` says so, and the key cache lets go of
+every key.
 
 Bounded by bytes (`api_read_through_max_bytes`): beyond it nothing more is read until the projector
 applies what is held; a read whose end lies beyond what is held gets None, and waits for the projection
@@ -84,6 +89,8 @@ class Unprojected:
         self._log = log_tail
         self.on_erasure: Callable[[SourceRecord], None] | None = None
         """Told of every erasure record as it is read, before any record after it is held."""
+        self.on_unread: Callable[[], None] | None = None
+        """Told when a partition is read from the applied offset on, the records below never read here."""
         self._offsets = offsets
         self._topics = tuple(topics)
         self.max_bytes = max_bytes
@@ -180,7 +187,8 @@ class Unprojected:
     # -- holding -------------------------------------------------------------------------------------
 
     def _trimmed(self, tp: TopicPartition) -> _Partition:
-        """The partition's holding, less what the projection has applied (started at its applied offset)."""
+        """The partition's holding, less what the projection has applied (started at its applied offset).
+        Where it is read on from stays: what the projection applied since is still read, not held."""
         applied = self._offsets.applied(tp.topic, tp.partition)
         part = self._partitions.get(tp)
         if part is None or applied < part.low:
@@ -189,6 +197,8 @@ class Unprojected:
                 self._size -= part.size
                 self._full = False
             part = self._partitions[tp] = _Partition(applied, applied)
+            if self.on_unread is not None:
+                self.on_unread()
             return part
         while part.records and part.records[0].offset < applied:
             record = part.records.popleft()
@@ -199,13 +209,13 @@ class Unprojected:
             part.size -= size
             self._size -= size
         part.low = max(part.low, applied)
-        part.position = max(part.position, applied)
         if self._full and self._size < self.max_bytes * 0.9:
             self._full = False  # room again, with some hysteresis
         return part
 
     def _ingest(self, tp: TopicPartition, part: _Partition, records: Iterable[LogRecord]) -> None:
-        """Append the fetched records after `position` (each fetch began at or before it), within the bound."""
+        """Append the fetched records after `position` (each fetch began at or before it), within the bound;
+        those the projection applied meanwhile (below `low`) are read past, reporting their erasures."""
         if self._partitions.get(tp) is not part:
             return  # reset meanwhile
         for fetched in records:
@@ -215,11 +225,14 @@ class Unprojected:
                 tp.topic, tp.partition, fetched.offset, fetched.key, fetched.value, fetched.headers, fetched.timestamp
             )
             size = _size(record)
-            if self._size + size > self.max_bytes:
+            if fetched.offset >= part.low and self._size + size > self.max_bytes:
                 self._full = True
                 return
             if self.on_erasure is not None and envelope.header(record.headers, envelope.HEADER_TYPE) in ERASURES:
                 self.on_erasure(record)
+            if fetched.offset < part.low:
+                part.position = fetched.offset + 1
+                continue
             part.records.append(record)
             part.by_key.setdefault(record.key, deque()).append(record)
             part.size += size

@@ -170,6 +170,10 @@ class DataKeyCache:
     def forget_tenant(self, tenant: str) -> None:
         """Drop every key held (they do not say their tenant): the next `load` asks the key store again.
         A tenant's erasure is rare; a cache refilled is cheap."""
+        self.forget_all()
+
+    def forget_all(self) -> None:
+        """Drop every key held: the next `load` asks the key store again."""
         self._keys.clear()
         self._owners.clear()
         self._candidates.clear()
