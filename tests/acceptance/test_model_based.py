@@ -301,7 +301,10 @@ def run_model(stack: DevStack, script: Script, log_dir: Path, apart: bool) -> Ru
         for partition, offset in itertools.chain(*out.records):
             ends[partition] = max(ends.get(partition, 0), offset + 1)
     run.erasures = asyncio.run(_erase_records(stack.settings, thread_keys, ends))
-    run.set_aside = asyncio.run(_set_aside(stack.settings))
+    copies = {  # a copy's stage is at its last record (a large copy is chunked)
+        out.records[0][-1] for op in ops if op.kind == "copy_thread" and (out := run.outcomes[op.index]).ok
+    }
+    run.set_aside = asyncio.run(_set_aside(stack.settings, copies))
     # Writes to an erased thread are refused (erasing a thread erases those copied from it too).
     _classify(run, ops, run.outcomes, set(run.erasures))
     _classify(run, final, run.outcomes, set(run.erasures))
@@ -343,8 +346,10 @@ async def _erase_records(
         await consumer.stop()
 
 
-async def _set_aside(settings: Settings) -> list[str]:
-    """The projection's dead letters and parked subjects (an erasure drops those of its subject)."""
+async def _set_aside(settings: Settings, copies: set[tuple[int, int]]) -> list[str]:
+    """The projection's dead letters and parked subjects (an erasure drops those of its subject), and the
+    stages of acknowledged copies (`copies`: their records' positions) no barrier moved into their target:
+    once the projection caught up, each copy's barrier has applied, or the target's erasure dropped it."""
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
         schema = settings.postgres_schema
@@ -354,11 +359,22 @@ async def _set_aside(settings: Settings) -> list[str]:
         parked = await conn.fetch(
             f"SELECT topic, partition, first_offset, cause FROM {schema}.graphledger_parked_subjects"
         )
+        stages = await conn.fetch(
+            f'SELECT topic, partition, "offset", source_thread_id, target_thread_id '
+            f"FROM {schema}.graphledger_copy_stages"
+        )
     finally:
         await conn.close()
-    return [
-        f"dead letter {r['topic']}:{r['partition']}@{r['offset']} {r['event_type']}: {r['reason']}" for r in letters
-    ] + [f"parked {r['topic']}:{r['partition']} from {r['first_offset']}: {r['cause']}" for r in parked]
+    return (
+        [f"dead letter {r['topic']}:{r['partition']}@{r['offset']} {r['event_type']}: {r['reason']}" for r in letters]
+        + [f"parked {r['topic']}:{r['partition']} from {r['first_offset']}: {r['cause']}" for r in parked]
+        + [
+            f"stage of the copy {r['source_thread_id']} -> {r['target_thread_id']} at {r['topic']}:{r['partition']}"
+            f"@{r['offset']} left: its barrier applied without it"
+            for r in stages
+            if (r["partition"], r["offset"]) in copies
+        ]
+    )
 
 
 def _excluded() -> dict[str, str]:
@@ -379,7 +395,8 @@ def _report(seed: int, run: Run, report: Report, excluded: dict[str, str]) -> st
         f"  reads checked: {report.checked.total()} {dict(report.checked)} (+{len(run.final)} final), "
         f"{report.candidates} candidate states; unchecked: {dict(report.unchecked)}",
         f"  violations: {len(report.violations)}; key order only: {dict(report.key_order)}; anomalies: "
-        f"{len(report.anomalies)}; errors: {len(run.errors)}; dead-lettered or parked: {len(run.set_aside)}",
+        f"{len(report.anomalies)}; errors: {len(run.errors)}; set aside (dead letters, parked, stages left): "
+        f"{len(run.set_aside)}",
         f"  failures (retryable, or writes refused for an erased thread): {dict(run.failed)}",
         f"  gets answered: {dict(answered)}; held bytes at the end, by agent: {[s['held_bytes'] for s in run.stats]} "
         f"(bounds {list(MEMORY_BYTES)}, then the fresh agent's default)",

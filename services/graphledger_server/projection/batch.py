@@ -289,6 +289,18 @@ def _fresh(classified: Sequence[Classified], stored: Mapping[TopicPartition, int
     return fresh
 
 
+def _warn_of_gaps(classified: Sequence[Classified], stored: Mapping[TopicPartition, int]) -> None:
+    """Warn when a batch starts a partition above its stored offset: the records between were never
+    fetched, and nothing but this line says so (the topics are neither compacted nor transactional, so
+    their offsets have no gaps)."""
+    for tp, first in _first_offsets(classified).items():
+        if first > stored[tp]:
+            log.warning(
+                "a batch starts %s:%d at offset %d, above its stored next offset %d: offsets %d..%d were not "
+                "fetched", tp[0], tp[1], first, stored[tp], stored[tp], first - 1,
+            )  # fmt: skip
+
+
 def _first_offsets(items: Sequence[Classified]) -> dict[TopicPartition, int]:
     first: dict[TopicPartition, int] = {}
     for c in items:
@@ -451,6 +463,7 @@ class BatchApplier:
         result = BatchResult(isolated=isolate)
         async with conn.transaction():
             stored = await lock_offsets(conn, self._offsets, self.group, {(r.topic, r.partition) for r in records})
+            _warn_of_gaps(classified, stored)
             fresh = _fresh(classified, stored)
             result.skipped = len(classified) - len(fresh)
             if result.skipped:

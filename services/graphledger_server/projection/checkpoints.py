@@ -238,7 +238,8 @@ VALUES ($1::text, $3::text, $4::int, NULL::timestamptz)
 # rows always did; then the stage goes. Taking the stage's rows with DELETE ... RETURNING moves each row
 # once, even against a tenant's erasure on another partition deleting them at the same time (the row
 # lock decides). The target is recorded on this partition (its own), active at the later of the copy's
-# time and the barrier's (the barrier's alone when no stage is left).
+# time and the barrier's (the barrier's alone when no stage is left). Answers whether a stage was there:
+# none is left only when the copy's record staged nothing (dead-lettered, or skipped as erased).
 # $1 topic, $2 the copy record's partition, $3 its offset, $4 target, $5 this partition, $6 this
 # record's time (ms, null: none).
 APPLY_COPY_SQL = (
@@ -273,12 +274,16 @@ WITH stage AS (
         (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
     SELECT $4::text, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob FROM w
     ON CONFLICT DO NOTHING
-)
-INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, partition, last_active_at)
-SELECT $4::text, $1::text, $5::int,
-       greatest((SELECT copied_at FROM stage), 'epoch'::timestamptz + $6::bigint * interval '1 millisecond')
+), active AS (
+    INSERT INTO {schema}.graphledger_thread_partitions AS tp (thread_id, topic, partition, last_active_at)
+    SELECT $4::text, $1::text, $5::int,
+           greatest((SELECT copied_at FROM stage), 'epoch'::timestamptz + $6::bigint * interval '1 millisecond')
 """
     + MERGE_THREAD_ACTIVITY_SQL
+    + """
+)
+SELECT EXISTS (SELECT 1 FROM stage) AS staged
+"""
 )
 
 # A copy's lineage, for erasing the source's copies with it: recorded with the stage, in the source's
@@ -776,10 +781,16 @@ async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps
                 )
                 await conn.execute(sql.record_copy, step.source, step.target, step.source_erased_later)
             case ApplyCopy():
-                await conn.execute(
+                staged = await conn.fetchval(
                     sql.apply_copy, step.topic, step.copy_partition, step.copy_offset, step.target, step.partition,
                     step.ts_ms,
                 )  # fmt: skip
+                if not staged:
+                    log.info(
+                        "the copy barrier of thread %r on %s:%d found no stage of its copy at %s:%d@%d: the copy's "
+                        "record staged nothing (dead-lettered, or skipped as erased)",
+                        step.target, step.topic, step.partition, step.topic, step.copy_partition, step.copy_offset,
+                    )  # fmt: skip
             case PruneKeepLatest():
                 await conn.execute(
                     sql.upsert_thread_partitions, [step.thread_id], [step.topic], [step.partition], [None]
