@@ -30,7 +30,7 @@ under it. Values stay opaque, in the read API's wire form (`wire.py`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, assert_never
 
@@ -85,8 +85,8 @@ class Row:
     parent_id: str | None
     versions: Mapping[str, str]
     """Its `channel_versions`, as strings."""
-    run_id: Any
-    """Its metadata's `run_id` (what `runs.delete` matches)."""
+    run_id: object
+    """Its metadata's `run_id` as `runs.delete` matches it (`run_id_text`)."""
     legacy: bool = False
     """A checkpoint before format 4: the official saver reads it with its parent's pending sends."""
     stored: Mapping[str, Any] = field(default_factory=dict)
@@ -330,7 +330,7 @@ def namespace_of(
         cid,
         parent["checkpoint_id"] if parent else None,
         versions,
-        (answer.get("metadata") or {}).get("run_id"),
+        run_id_text((answer.get("metadata") or {}).get("run_id")),
         stored=stored,
         legacy=not isinstance(checkpoint.get("v"), int) or checkpoint["v"] < 4,
         answer={k: v for k, v in answer.items() if k != "pending_writes"},
@@ -459,7 +459,7 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
     for (channel, _), value in blobs.items():
         if isinstance(value, dict):
             stored[channel] = value  # a blob wins over the inline marker
-    run_id = orjson.loads(event.metadata_json).get("run_id")
+    run_id = run_id_text(orjson.loads(event.metadata_json).get("run_id"))
     row = Row(event.checkpoint_id, parent_id, versions, run_id, legacy=legacy, stored=stored, put=event)
     writes = {cid: rows for cid, rows in ns.writes.items() if cid >= event.checkpoint_id}
     ceilings = _raised(ns.ceilings, event)
@@ -563,13 +563,38 @@ def _writes(ns: Namespace, event: CheckpointWrites) -> Namespace:
     return namespace(ns.newest, writes, ns.blobs, ns.history, ns.history_complete, ns.ceilings)
 
 
+OPAQUE_RUN_ID: Final = object()
+"""A metadata `run_id` whose text in Postgres the fold does not reproduce (a float, an object, a list)."""
+
+
+def run_id_text(value: Any) -> object:
+    """A metadata `run_id` as `runs.delete` matches it: the text of the projection's
+    `metadata ->> 'run_id'` (None: no run id, never matched), or `OPAQUE_RUN_ID`."""
+    match value:
+        case None:
+            return None
+        case str():
+            return value
+        case bool():
+            return "true" if value else "false"
+        case int():
+            return str(value)
+        case _:
+            return OPAQUE_RUN_ID
+
+
+def _run_deleted(run_id: object, run_ids: Collection[str]) -> bool | None:
+    """Whether `runs.delete` of `run_ids` drops a checkpoint of `run_id` (None: the fold cannot tell)."""
+    return None if run_id is OPAQUE_RUN_ID else run_id in run_ids
+
+
 def _runs_deleted(held: View, run_ids: frozenset[str]) -> View:
     """`runs.delete` drops the checkpoints whose metadata `run_id` it lists, with their writes: a
     namespace whose newest checkpoint it names is no longer held (its next newest is not), and one whose
     ancestors it may have dropped no longer knows its DeltaChannel history (the walk stops at a gap)."""
     namespaces: dict[str, Namespace | None] = {}
     for name, ns in held.namespaces.items():
-        if ns is not None and ns.newest is not None and ns.newest.run_id in run_ids:
+        if ns is not None and ns.newest is not None and _run_deleted(ns.newest.run_id, run_ids) is not False:
             namespaces[name] = None
         elif ns is not None and ns.history is not None:
             namespaces[name] = namespace(ns.newest, ns.writes, ns.blobs, ceilings=ns.ceilings)
@@ -606,9 +631,12 @@ def apply_to_checkpoint(held: View, event: CheckpointEvent, checkpoint_ns: str, 
         case ThreadPrune(strategy="delete"):
             return NEW
         case RunsDelete():
-            if row is not None and row.run_id in event.run_ids:
+            if row is None:
+                return held
+            deleted = _run_deleted(row.run_id, event.run_ids)
+            if deleted:
                 return view({checkpoint_ns: NOT_FOUND}, False)  # dropped: a read of it finds nothing
-            return UNKNOWN if row is not None and row.legacy else held
+            return UNKNOWN if deleted is None or row.legacy else held
         case ThreadPrune() | ThreadCopyBarrier() | ThreadExpire():
             return UNKNOWN
         case ThreadCopy():

@@ -562,6 +562,14 @@ def _scenarios() -> dict[str, list[Any]]:
         "thread.expire": [*chain, ThreadExpire("t", 2**40), writes("t", 2, "x", [("n", b"1")])],
         "runs.delete": [*chain, RunsDelete(("r1",)), RunsDelete(("r-other",)), writes("t", 2, "x", [("n", b"1")])],
         "runs.delete (the newest's run)": [*chain, RunsDelete(("r2",)), writes("t", 1, "x", [("n", b"1")])],
+        # The projection matches the text of `metadata ->> 'run_id'`: a run id of another JSON type too.
+        "runs.delete (run ids that are not strings)": [
+            put("t", 1, blobs={"msgs": b"m1"}, metadata={"run_id": 7}),
+            put("t", 2, parent=1, blobs={"msgs": b"m2"}, metadata={"run_id": True}),
+            put("t", 3, parent=2, blobs={"msgs": b"m3"}, metadata={"run_id": 1.5}),
+            put("t", 4, parent=3, blobs={"msgs": b"m4"}, metadata={"run_id": "r4"}),
+            RunsDelete(("7", "true", "1.5")),
+        ],
         # After an erasure the thread's records are sealed under its destroyed key: none applies.
         "thread.erase": [*chain, ThreadErase(FOLD_REF)],
         "tenant.erase": [*chain, TenantErase("other"), writes("t", 2, "x", [("n", b"1")]), TenantErase("t")],

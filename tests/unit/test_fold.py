@@ -193,3 +193,10 @@ def test_delete_prune_runs_copy_and_erasure() -> None:
     assert fold.apply(view, ThreadCopyBarrier("t", 1, 5)) is fold.UNKNOWN
     erased = fold.apply(view, ThreadErase("ref"))
     assert newest(erased) is None and newest(fold.apply(erased, FIRST)) is None
+
+
+def test_a_run_id_matches_as_the_text_postgres_gives_it() -> None:
+    """`runs.delete` deletes where `metadata ->> 'run_id'` is one of its ids: a number or a boolean by its
+    JSON text; a value whose text the fold does not reproduce makes the read wait for the projection."""
+    assert [fold.run_id_text(v) for v in ("r", 7, True, False, None)] == ["r", "7", "true", "false", None]
+    assert fold.run_id_text(1.5) is fold.OPAQUE_RUN_ID and fold.run_id_text({"a": 1}) is fold.OPAQUE_RUN_ID
