@@ -211,8 +211,9 @@ class History:
                 stand_ins[thread] = Effect(thread, partition, offset, call, self.outcomes[call.index], "erase")
                 bisect.insort(self.effects[thread], stand_ins[thread], key=lambda e: e.offset)
         expected: dict[str, Op] = {}
-        for call in calls:
-            todo = [call.args["thread"]]
+
+        def erase(call: Op, root: str) -> None:
+            todo = [root]
             while todo:
                 thread = todo.pop()
                 if thread in expected:
@@ -226,6 +227,18 @@ class History:
                 todo.extend(
                     t for s, t, (p, o) in copies if s == thread and s != t and o < erased_at and self._copied(s, o)
                 )
+
+        for call in calls:
+            erase(call, call.args["thread"])
+        # A copy made before its source's erasure that copied nothing may be erased with the source all
+        # the same: the projector met the source's records erased and cannot tell (docs/security.md, "Erase").
+        spared = True
+        while spared:
+            spared = False
+            for s, t, (_, o) in copies:
+                if t in first and t not in expected and s in expected and s in first and s != t and o < first[s][1]:
+                    erase(expected[s], t)
+                    spared = True
         for thread, stand_in in stand_ins.items():
             self.effects[thread] = [e for e in self.effects[thread] if e is not stand_in]
         for thread in first.keys() - expected.keys():

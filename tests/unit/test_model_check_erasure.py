@@ -131,3 +131,31 @@ async def test_a_copy_from_a_source_another_call_erases_may_be_hollow_once_that_
     assert await violations((12.5, 13.0), ["b"]) == 0  # both copies hollow
     assert await violations((11.0, 11.5), ["c", "b"]) == 0  # S's copy hollow: its erase has begun
     assert await violations((11.0, 11.5), ["b"]) == 1  # U's erase had not begun
+
+
+async def test_a_copy_of_an_empty_thread_made_before_its_erasure_may_be_erased_with_it() -> None:
+    """The projector that meets the source's records erased cannot tell whether the copy copied anything,
+    so it erases the copy with the source (docs/security.md, "Erase"; the model test's seed 325043049):
+    no anomaly whether or not the target was erased, and once it was, a read during the call may answer
+    it erased."""
+
+    async def report(erasures: dict[str, list[tuple[int, int]]], answer_ids: list[str]) -> Any:
+        ops = [
+            _put(0, TARGET, "b"),
+            Op(1, 0, "copy_thread", {"source": SOURCE, "target": TARGET}),
+            Op(2, 0, "erase", {"thread": SOURCE}),
+            Op(3, 1, "list", {"thread": TARGET, "ns": None, "filter": None, "before": None, "limit": None}),
+        ]
+        outcomes = {
+            0: Outcome(True, 1.0, 2.0, [[(1, 0)]]),
+            1: Outcome(True, 3.0, 4.0, [[(0, 0)], [(1, 1)]]),
+            2: Outcome(True, 10.0, 20.0, []),
+            3: Outcome(True, 12.0, 13.0, [], [_tuple(cid) for cid in answer_ids]),
+        }
+        return await History(ops, outcomes, [SOURCE, TARGET], erasures).check()
+
+    spared = await report({SOURCE: [(0, 1)]}, ["b"])
+    assert not spared.anomalies and not spared.violations
+    erased = await report({SOURCE: [(0, 1)], TARGET: [(1, 2)]}, [])
+    assert not erased.anomalies and not erased.violations
+    assert (await report({SOURCE: [(0, 1)], TARGET: [(1, 2)]}, ["b"])).violations == []  # read before it applied
