@@ -66,6 +66,7 @@ from graphledger.kafka_requests import (
     listed_offset,
     read_metadata,
 )
+from graphledger.log_gaps import GapWatch
 from graphledger.partition_layout import LAYOUT_PARTITION, PartitionLayout, key_hash
 from graphledger.settings import Settings
 
@@ -182,6 +183,7 @@ class LogTail:
         """The furthest end of each partition this process saw: a fetch's high watermark, an acknowledged
         write (`note_end`). A tail from before it has records to find."""
         self._beacon = TopicPartition(settings.layout_topic, LAYOUT_PARTITION)
+        self._gaps = GapWatch()
 
     async def start(self) -> None:
         if not self._owned:
@@ -409,11 +411,21 @@ class LogTail:
                 answers[tp] = error(f"Kafka node {node} answered a fetch of {tp.topic}:{tp.partition} {error.message}")
             else:
                 records, size = _records(raw)
-                answers[tp] = _Page(high_watermark, records, size)
+                answers[tp] = _Page(high_watermark, self._contiguous(tp, positions[tp][0], records), size)
                 self.note_end(tp, high_watermark)
         for tp in positions:  # a broker that left a partition out of its answer: ask again
             answers.setdefault(tp, NotLeaderForPartitionError(f"Kafka node {node} did not answer for {tp}"))
         return answers
+
+    def _contiguous(self, tp: TopicPartition, position: int, records: list[LogRecord]) -> list[LogRecord]:
+        """`records` of a fetch from `position`, up to the first offset the answer passed over
+        (`log_gaps`): a page ends there, and the next fetch asks for it again."""
+        expected = position
+        for i, record in enumerate(records):
+            if record.offset > expected and not self._gaps.may_pass(tp, expected, record.offset):
+                return records[:i]
+            expected = max(expected, record.offset + 1)
+        return records
 
     def _beacon_led_by(self, node: int) -> bool:
         """Whether `node` leads the layout partition (only a partition's leader answers for it), as the

@@ -28,6 +28,7 @@ from aiokafka.structs import ConsumerRecord
 
 from graphledger.errors import ParkedSubjectError
 from graphledger.events import envelope
+from graphledger.log_gaps import GapWatch
 from graphledger.log_tail import LogTail
 from graphledger.partition_layout import PartitionCheckedProducer
 from graphledger.settings import Settings
@@ -162,6 +163,8 @@ class ProjectorWorker:
         self._parked_checked = -PARKED_CHECK_S
         self._stop = asyncio.Event()
         self.guard = LogGuard()
+        self.gaps = GapWatch()
+        """Offsets a fetch passed over (`log_gaps`): fetched again from the first, not skipped."""
         self._reset_checked = 0.0
         self._held: dict[TopicPartition, float] = {}
         """Partitions paused at an event that waits for another partition, and when to fetch them again."""
@@ -319,6 +322,8 @@ class ProjectorWorker:
     def forget(self, partitions: set[TopicPartition]) -> None:
         self.guard.forget(partitions)
         for tp in partitions:
+            self.gaps.forget(tp)
+        for tp in partitions:
             self._held.pop(tp, None)
         if self.group_offsets is not None:
             self.group_offsets.forget(partitions)
@@ -410,6 +415,11 @@ class ProjectorWorker:
                 deadline = time.monotonic() + s.batch_max_wait_ms / 1000
             for tp, messages in fetched.items():
                 for message in messages:
+                    expected = self.guard.positions.get(tp)
+                    if expected is not None and message.offset > expected:
+                        if not self.gaps.may_pass(tp, expected, message.offset):
+                            self.consumer.seek(tp, expected)  # the offsets passed over are fetched again
+                            break
                     _warn_of_create_time(message, self._create_time_topics)
                     record = _to_source(message)
                     if full or (records and size + record.size > s.batch_max_bytes):
@@ -460,10 +470,12 @@ class ProjectorWorker:
         for (topic, partition), offset in result.deferred.items():
             assert self.consumer is not None
             self.consumer.seek(TopicPartition(topic, partition), offset)  # the next batch starts there
+            self.guard.positions[TopicPartition(topic, partition)] = offset
         for (topic, partition), offset in result.held.items():
             assert self.consumer is not None
             tp = TopicPartition(topic, partition)
             self.consumer.seek(tp, offset)
+            self.guard.positions[tp] = offset
             self.consumer.pause(tp)
             self._held[tp] = time.monotonic() + HOLD_RETRY_S
         log.debug("applied %d events (%d dead letters, %d skipped) in %.1f ms", result.applied,

@@ -33,6 +33,7 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from graphledger.log_gaps import GapWatch
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
 from graphledger.telemetry import names
@@ -95,6 +96,8 @@ class Rebuilder:
         self._deferred: dict[TP, int] = {}
         """Partitions a batch cut short (chunk reassembly over its budget) and where to fetch them again."""
         self._fetched: dict[TP, int] = {}
+        self._gaps = GapWatch()
+        """Offsets a fetch passed over (`log_gaps`): fetched again, not skipped."""
         self._paused: set[TP] = set()
         self._pool: asyncpg.Pool | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -263,6 +266,9 @@ class Rebuilder:
                 for m in messages:
                     if m.offset >= cap:
                         self._pause(tp, cap)
+                        break
+                    if m.offset > self._fetched[tp] and not self._gaps.may_pass(tp, self._fetched[tp], m.offset):
+                        self._consumer.seek(partition, self._fetched[tp])  # passed over: fetched again
                         break
                     record = _to_source(m)
                     if full or (records and size + record.size > most_bytes):
