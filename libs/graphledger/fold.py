@@ -234,6 +234,16 @@ def _above(ceilings: Mapping[str, int] | None, channel: str, version: str) -> bo
     return counter is not None and counter > ceilings.get(channel, -1)
 
 
+def _maybe_stored(ceilings: Mapping[str, int] | None, channel: str, version: str) -> bool:
+    """Whether a put storing a value of `channel` at `version` may find a row there already (which stays):
+    a version of LangGraph's form at or below the highest stored. One of another form (not made by
+    `get_next_version`) is taken as new: such versions have no order to tell by."""
+    counter = version_counter(version)
+    if counter is None:
+        return False
+    return ceilings is None or counter <= ceilings.get(channel, -1)
+
+
 def _raised(ceilings: Mapping[str, int] | None, event: CheckpointPut) -> Mapping[str, int] | None:
     """`ceilings` after the rows `event` stores (an empty blob is a row too; a row without a counter
     never equals a version with one)."""
@@ -435,6 +445,9 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
         if known is not None and known is not NO_BLOB:
             blobs[key] = known  # a blob row is never replaced
         elif blob is not None:
+            if known is None and _maybe_stored(ns.ceilings, channel, version):
+                # The row another put may have stored there stays, and the view does not hold it.
+                raise Underivable(f"a blob row of channel {channel!r} at version {version} may be stored already")
             blobs[key] = typed(blob.type, blob.data or b"") if blob.type != "empty" else EMPTY_BLOB
         elif known is not None:
             blobs[key] = known

@@ -523,6 +523,13 @@ def _scenarios() -> dict[str, list[Any]]:
             put("t", 3, parent=2, refs={"msgs": 9, "empty": 1}),
             writes("t", 3, "task-a", [("msgs", b"w3")]),
         ],
+        # A put storing a value at a version an earlier put stored a row at, which the newest does not name:
+        # the earlier row stays (a row is never replaced), and the fold does not hold it.
+        "checkpoint.put (a value stored again at a version an earlier put stored)": [
+            *chain,
+            put("t", 3, parent=2, blobs={"msgs": b"m1-again"}, ver=1, refs={"empty": 1}),
+            writes("t", 3, "task-a", [("msgs", b"w3")]),
+        ],
         # A put naming a version it does not call new, holding a value inline: above every blob row of the
         # channel, the inline value answers; at a version another put stored a row at, the row does.
         "checkpoint.put (an inline value at a version the put does not call new)": [
@@ -589,6 +596,7 @@ WAITS = {
     # The fold holds no blob of an older checkpoint's put: the later put's read waits for the blob row.
     "checkpoint.put (a version first stored by a put of an older checkpoint)": CheckpointPut,
     "checkpoint.put (an inline value at a version another put stored a row at)": CheckpointPut,
+    "checkpoint.put (a value stored again at a version an earlier put stored)": CheckpointPut,
 }
 """Scenarios whose event the fold cannot derive (a read that meets it waits for the projection)."""
 
@@ -646,11 +654,12 @@ def _fold_newest(
 
 
 def _fold_one(
-    base: dict[str, Any] | None, newest: dict[str, Any] | None, namespaces: list[str], events: Sequence[Any],
-    ns: str, checkpoint_id: str,
+    base: dict[str, Any] | None, newest: dict[str, Any] | None, namespaces: list[str], ceilings: dict[str, int],
+    events: Sequence[Any], ns: str, checkpoint_id: str,
 ) -> Any:  # fmt: skip
     if base is None:
-        view = fold.fold_to_checkpoint(fold.from_answer(ns, newest, namespaces), events, ns, checkpoint_id)
+        start = fold.from_answer(ns, newest, namespaces, ceilings=ceilings)
+        view = fold.fold_to_checkpoint(start, events, ns, checkpoint_id)
     else:
         view = fold.from_answer(ns, base)
         for event in events:
@@ -715,7 +724,7 @@ class TestCheckpointFold:
                 for ns, checkpoint_id in sorted(ever):
                     base, newest = await step.get(ns, checkpoint_id), await step.get(ns)
                     try:
-                        answer = _fold_one(base, newest, namespaces, suffix, ns, checkpoint_id)
+                        answer = _fold_one(base, newest, namespaces, await step.ceilings(ns), suffix, ns, checkpoint_id)
                     except fold.Underivable:
                         continue
                     assert answer == expected_one[(ns, checkpoint_id)], (scenario, k, ns, checkpoint_id)

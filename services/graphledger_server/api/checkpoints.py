@@ -548,12 +548,12 @@ async def _one_view(
             newest = wire_tuple(found, tenant) if found else None
             if await _early_writes(conn, stored, ns, newest):
                 return None
-            namespaces = await _namespaces_on(conn, stored)
+            namespaces, ceilings = await _namespaces_and_ceilings_on(conn, stored, ns)
     events = await _thread_events(request, settled, stored, applied)
     through = max(applied, settled.end)
     if base is None:
-        view = fold.fold_to_checkpoint(fold.from_answer(ns, newest, namespaces), events, ns, checkpoint_id)
-        return view, through
+        start = fold.from_answer(ns, newest, namespaces, ceilings=ceilings)
+        return fold.fold_to_checkpoint(start, events, ns, checkpoint_id), through
     view = fold.from_answer(ns, base)
     for event in events:
         view = fold.apply_to_checkpoint(view, event, ns, checkpoint_id)
@@ -621,17 +621,24 @@ async def _namespaces_and_ceilings(
     """Every namespace the thread has a checkpoint or a pending write in (None: more than `MAX_NAMESPACES`),
     and the blob ceilings of `checkpoint_ns`, in one statement. Read after the answer: a namespace or a
     blob row stored since only adds to them."""
-    params = {"thread": stored_thread_id, "ns": checkpoint_ns, "most": MAX_NAMESPACES + 1}
     async with api_state(request).pool.connection() as conn:
-        row = await (await conn.execute(NAMESPACES_AND_CEILINGS_SQL, params)).fetchone()
+        return await _namespaces_and_ceilings_on(conn, stored_thread_id, checkpoint_ns)
+
+
+async def _namespaces_and_ceilings_on(
+    conn: AsyncConnection[Any], stored_thread_id: str, checkpoint_ns: str
+) -> tuple[list[str] | None, dict[str, int]]:
+    params = {"thread": stored_thread_id, "ns": checkpoint_ns, "most": MAX_NAMESPACES + 1}
+    row = await (await conn.execute(NAMESPACES_AND_CEILINGS_SQL, params)).fetchone()
     assert row is not None
     return _listed(row["namespaces"]), row["ceilings"]
 
 
-async def _namespaces_on(conn: AsyncConnection[Any], stored_thread_id: str) -> list[str] | None:
-    cursor = await conn.execute(THREAD_NAMESPACES_SQL, {"thread": stored_thread_id, "most": MAX_NAMESPACES + 1})
-    names = [row["checkpoint_ns"] for row in await cursor.fetchall()]
-    return _listed(names)
+async def _ceilings_on(conn: AsyncConnection[Any], stored_thread_id: str, checkpoint_ns: str) -> dict[str, int]:
+    row = await (await conn.execute(BLOB_CEILINGS_SQL, {"thread": stored_thread_id, "ns": checkpoint_ns})).fetchone()
+    assert row is not None
+    ceilings: dict[str, int] = row["ceilings"]
+    return ceilings
 
 
 def _listed(names: list[str]) -> list[str] | None:
@@ -721,6 +728,7 @@ async def _history_through(
         found = await saver.aget_tuple(newest_config)
         base = wire_tuple(found, tenant) if found else None
         answered: dict[str, Any] = {}
+        ceilings = await _ceilings_on(conn, stored, ns)
         if base is not None:
             at_newest = {**newest_config["configurable"], "checkpoint_id": base["config"]["checkpoint_id"]}
             history = await saver.aget_delta_channel_history(
@@ -730,7 +738,7 @@ async def _history_through(
             answered = _history(history)
     try:
         events = await _thread_events(request, settled, stored, applied)
-        start = fold.from_answer(ns, base)
+        start = fold.from_answer(ns, base, ceilings=ceilings)
         if base is not None:
             held = fold.with_history(start.namespace(ns), base["config"]["checkpoint_id"], answered)
             start = fold.view({ns: held}, False)
