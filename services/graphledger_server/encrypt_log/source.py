@@ -15,6 +15,7 @@ from graphledger.events import Event
 from graphledger.events.checkpoint import ThreadCopyBarrier
 from graphledger.events.chunks import parse_header
 from graphledger.events.envelope import HEADER_CHUNK, Envelope, append_time_ms, header
+from graphledger.log_gaps import GapWatch
 
 Position = tuple[int, int]
 """`(partition, offset)` in one topic."""
@@ -128,6 +129,7 @@ class Merge:
         classify: Callable[[SourceEvent], Awaitable[SourceEvent]],
     ) -> None:
         self._consumer = consumer
+        self._gaps = GapWatch()
         self._topic = topic
         self._classify = classify
         self.feeds = {p: Feed(p, end) for p, end in sorted(ends.items())}
@@ -199,6 +201,9 @@ class Merge:
             for r in records:
                 if r.offset >= feed.end:
                     feed.position = feed.end
+                    break
+                if r.offset > feed.position and not self._gaps.may_pass(tp, feed.position, r.offset):
+                    self._consumer.seek(tp, feed.position)  # passed over (`log_gaps`): fetched again
                     break
                 feed.records.append(r)
                 feed.position = r.offset + 1
