@@ -48,7 +48,7 @@ class GapWatch:
         now = self.clock()
         since = self._since.setdefault(key, now)
         if now - since < self.confirm_s:
-            log.debug("a fetch of %s passed over offsets %d..%d: fetching them again", partition, expected, found - 1)
+            log.info("a fetch of %s passed over offsets %d..%d: fetching them again", partition, expected, found - 1)
             return False
         del self._since[key]
         self.passed += 1
