@@ -37,13 +37,10 @@ class GapWatch:
     _since: dict[tuple[Hashable, int], float] = field(default_factory=dict)
     passed: int = 0
     """Gaps read past after `confirm_s`."""
-    met: int = 0
-    """Gaps met (each time a fetch's answer had one)."""
 
     def may_pass(self, partition: Hashable, expected: int, found: int) -> bool:
         """Whether a reader of `partition` expecting offset `expected` may take the record at `found`
         (above it): only once the gap has persisted `confirm_s`; else it fetches from `expected` again."""
-        self.met += 1
         key = (partition, expected)
         now = self.clock()
         since = self._since.setdefault(key, now)
