@@ -323,7 +323,6 @@ class ProjectorWorker:
         self.guard.forget(partitions)
         for tp in partitions:
             self.gaps.forget(tp)
-        for tp in partitions:
             self._held.pop(tp, None)
         if self.group_offsets is not None:
             self.group_offsets.forget(partitions)
@@ -415,11 +414,10 @@ class ProjectorWorker:
                 deadline = time.monotonic() + s.batch_max_wait_ms / 1000
             for tp, messages in fetched.items():
                 for message in messages:
-                    expected = self.guard.positions.get(tp)
-                    if expected is not None and message.offset > expected:
-                        if not self.gaps.may_pass(tp, expected, message.offset):
-                            self.consumer.seek(tp, expected)  # the offsets passed over are fetched again
-                            break
+                    expected = self.guard.positions.get(tp, message.offset)
+                    if message.offset > expected and not self.gaps.may_pass(tp, expected, message.offset):
+                        self.consumer.seek(tp, expected)  # the offsets passed over are fetched again
+                        break
                     _warn_of_create_time(message, self._create_time_topics)
                     record = _to_source(message)
                     if full or (records and size + record.size > s.batch_max_bytes):
