@@ -31,8 +31,11 @@ from graphledger_server.devstack.stack import DevStack
 
 LONG_CONVERSATION_TURNS = int(os.environ.get("GRAPHLEDGER_LONG_CONVERSATION_TURNS", "150"))
 """Turns of the long conversation (`make soak` runs 2,000)."""
-SMALL_BOUND = 256 * 1024
-"""A client memory bound a long conversation's whole history would exceed many times over."""
+SMALL_BOUND = max(256 * 1024, 1536 * LONG_CONVERSATION_TURNS)
+"""A client memory bound a long conversation's whole history would exceed many times over, yet holding its
+newest state: the view holds the newest checkpoint's `messages` about three times over (its blob, its
+answer, its put), some 1.3 KiB a turn here, so 256 KiB holds about 200 turns and `make soak`'s 2,000
+need about 3 MiB (the history of 2,000 turns is about 850 MB)."""
 
 
 @contextmanager
