@@ -63,9 +63,9 @@ soak: $(STAMP)
 	$(BIN)/python -m bench.soak
 	GRAPHLEDGER_MODEL_OPS=$(MODEL_OPS) $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/acceptance/test_model_based.py
 	GRAPHLEDGER_LONG_CONVERSATION_TURNS=2000 $(BIN)/python -m pytest -q tests/acceptance/test_thread_state.py -k long_conversation
-	GRAPHLEDGER_OUTAGE_S=600 GRAPHLEDGER_OUTAGE_PACE_S=1 GRAPHLEDGER_CLIENT_FRESH_KEYS=2048 $(BIN)/python -m pytest -q tests/acceptance/test_outage_writes.py
+	GRAPHLEDGER_OUTAGE_S=600 GRAPHLEDGER_OUTAGE_PACE_S=1 GRAPHLEDGER_CLIENT_FRESH_KEYS=2048 $(BIN)/python -m pytest -q --timeout 1200 tests/acceptance/test_outage_writes.py
 	GRAPHLEDGER_README_BENCHES=all $(BIN)/python -m pytest -q tests/acceptance/test_readme_commands.py -k bench
-	GRAPHLEDGER_READ_THROUGH_STOPPED_S=300 $(BIN)/python -m pytest -q -s tests/acceptance/test_read_through_hops.py
+	GRAPHLEDGER_READ_THROUGH_STOPPED_S=300 $(BIN)/python -m pytest -q -s --timeout 1200 tests/acceptance/test_read_through_hops.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check libs services tests bench

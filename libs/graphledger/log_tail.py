@@ -100,6 +100,8 @@ deposed leader not yet told it lost the partition answers an epoch it still hold
 so this bounds how long after an election a read can be sent to it (docs/architecture.md)."""
 TAILS_LANE = "tails"
 """The rounds of fetches from the projection's positions (`ends`, `tails`)."""
+SHORT_PAGE_FETCHES = 3
+"""How often `pages` asks again for a position the log goes on past when an answer brought nothing from it."""
 PAGES_LANE = "pages"
 """The rounds of fetches of whole records from where the read API has read (`pages`), often far ahead."""
 
@@ -288,9 +290,14 @@ class LogTail:
         page: _Page | None = None
         if back and position >= self._seen_ends.get(tp, 0):
             page = await self._shared_page(tp, position, PAGE_BYTES, END_MAX_WAIT_MS, PAGES_LANE)
-        if page is None or (page.end > position and not any(r.offset >= position for r in page.records)):
-            # Not asked at the end, or the log went on past it and tansu found no records within 1 ms.
+        for _ in range(SHORT_PAGE_FETCHES):
+            if page is not None and (page.end <= position or any(r.offset >= position for r in page.records)):
+                break
+            # Not asked at the end, or the log went on past it and tansu found no records within 1 ms, or
+            # its answer passed over the records at the position (`log_gaps`): asked again.
             page = await self._shared_page(tp, max(position - back, 0), PAGE_BYTES, FETCH_MAX_WAIT_MS, PAGES_LANE)
+            if page is None:
+                break
         if page is None:  # the log ends before `position - 1` (Kafka: out of range)
             return Page(await self._list_end(tp), ())
         return Page(page.end, tuple(r for r in page.records if r.offset >= position))
