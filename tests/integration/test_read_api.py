@@ -591,7 +591,10 @@ async def test_a_watcher_whose_connection_is_cut_listens_again_on_a_new_one(proj
 async def test_a_token_never_reached_times_out_with_a_retryable_503(
     projection: str, filled_log: dict[str, Any]
 ) -> None:
-    settings = settings_for(projection, consistency_timeout_s=0.2, **filled_log)
+    """The read API's first answer from Kafka (connection, metadata, the log's end) must fit in the
+    deadline (2 s, for a loaded CI machine); a token the projection never reaches then times out as
+    `consistency_timeout`, not `log_unavailable`."""
+    settings = settings_for(projection, consistency_timeout_s=2, **filled_log)
     last = f"{settings.checkpoint_topic}:3:{FILLER_RECORDS - 1}"  # the partition's last record
     async with running(settings) as timing_out:
         response = await call(timing_out.client, GET, {"thread_id": "direct"}, headers={CONSISTENCY_HEADER: last})

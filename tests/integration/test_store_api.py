@@ -540,7 +540,7 @@ async def test_json_and_msgpack_answer_the_same(api: httpx.AsyncClient) -> None:
 
 
 async def test_the_consistency_header_is_honoured(projection: str, filled_log: dict[str, Any]) -> None:
-    settings = settings_for(projection, consistency_timeout_s=0.5, **filled_log)
+    settings = settings_for(projection, consistency_timeout_s=2, **filled_log)
     token = {CONSISTENCY_HEADER: f"{settings.store_topic}:0:5"}
     async with running(settings) as client:
         op = {"op": "get", "namespace": ["docs"], "key": "k"}
