@@ -43,9 +43,11 @@ class GapWatch:
         (above it): only once the gap has persisted `confirm_s`; else it fetches from `expected` again."""
         key = (partition, expected)
         now = self.clock()
-        since = self._since.setdefault(key, now)
-        if now - since < self.confirm_s:
+        since = self._since.get(key)
+        if since is None:
+            since = self._since[key] = now
             log.info("a fetch of %s passed over offsets %d..%d: fetching them again", partition, expected, found - 1)
+        if now - since < self.confirm_s:
             return False
         del self._since[key]
         self.passed += 1

@@ -102,6 +102,9 @@ TAILS_LANE = "tails"
 """The rounds of fetches from the projection's positions (`ends`, `tails`)."""
 SHORT_PAGE_FETCHES = 3
 """How often `pages` asks again for a position the log goes on past when an answer brought nothing from it."""
+GAP_RETRY_S = 0.01
+"""Pause before `pages` asks again for a position an answer passed over: until the broker has it readable,
+or the gap has lasted `log_gaps.CONFIRM_S` and is read past (a read's deadline permitting)."""
 PAGES_LANE = "pages"
 """The rounds of fetches of whole records from where the read API has read (`pages`), often far ahead."""
 
@@ -143,6 +146,8 @@ class _Page:
     end: int
     records: list[LogRecord]
     size: int
+    gap: bool = False
+    """The answer passed over the offsets after `records` (`log_gaps`): they are to be asked for again."""
 
 
 _Answer = _Page | BaseException | None
@@ -276,6 +281,8 @@ class LogTail:
         when that answer holds no records but the log goes on (tansu's listing ran out of the 1 ms), the
         position is asked again as one below the end is: from one record back with the long wait (tansu
         answers a fetch that finds records at once).
+        An answer that passed over the records at a position (`log_gaps`) is asked again every
+        `GAP_RETRY_S` until they are readable or the gap is read past.
         `below_end`: every position is known to be below its log's end, so the fetch starts at it, not
         one record back (a broker may answer a fetch with the one batch that holds its first record)."""
         back = 0 if below_end else 1
@@ -290,11 +297,17 @@ class LogTail:
         page: _Page | None = None
         if back and position >= self._seen_ends.get(tp, 0):
             page = await self._shared_page(tp, position, PAGE_BYTES, END_MAX_WAIT_MS, PAGES_LANE)
-        for _ in range(SHORT_PAGE_FETCHES):
-            if page is not None and (page.end <= position or any(r.offset >= position for r in page.records)):
+        short = 0
+        while page is None or not (page.end <= position or any(r.offset >= position for r in page.records)):
+            # Not asked at the end, or the log went on past it and tansu found no records within 1 ms (asked
+            # again a few times), or the answer passed over the records at the position (asked again until
+            # they are readable or the gap is read past).
+            if page is not None and page.gap:
+                await asyncio.sleep(GAP_RETRY_S)
+            elif short == SHORT_PAGE_FETCHES:
                 break
-            # Not asked at the end, or the log went on past it and tansu found no records within 1 ms, or
-            # its answer passed over the records at the position (`log_gaps`): asked again.
+            else:
+                short += 1
             page = await self._shared_page(tp, max(position - back, 0), PAGE_BYTES, FETCH_MAX_WAIT_MS, PAGES_LANE)
             if page is None:
                 break
@@ -418,7 +431,8 @@ class LogTail:
                 answers[tp] = error(f"Kafka node {node} answered a fetch of {tp.topic}:{tp.partition} {error.message}")
             else:
                 records, size = _records(raw)
-                answers[tp] = _Page(high_watermark, self._contiguous(tp, positions[tp][0], records), size)
+                readable = self._contiguous(tp, positions[tp][0], records)
+                answers[tp] = _Page(high_watermark, readable, size, gap=len(readable) < len(records))
                 self.note_end(tp, high_watermark)
         for tp in positions:  # a broker that left a partition out of its answer: ask again
             answers.setdefault(tp, NotLeaderForPartitionError(f"Kafka node {node} did not answer for {tp}"))

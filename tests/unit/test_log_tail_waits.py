@@ -2,7 +2,8 @@
 likely ends there, carrying the layout partition as a beacon (tansu holds a fetch that finds no records
 for its whole wait, and answers one that finds some at once), one record back with a long wait when
 records are known to lie past it (tansu scans its in-memory log for at most the wait, and answers a
-long partition with no records and the right end when the wait is short)."""
+long partition with no records and the right end when the wait is short). A page whose answers pass over
+its position (`log_gaps`) asks again until the records are readable or the gap is read past."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.protocol.api import RequestStruct, Response
 
-from graphledger.log_tail import BEACON_BYTES, END_MAX_WAIT_MS, FETCH_MAX_WAIT_MS, LogTail
+from graphledger.log_gaps import GapWatch
+from graphledger.log_tail import BEACON_BYTES, END_MAX_WAIT_MS, FETCH_MAX_WAIT_MS, SHORT_PAGE_FETCHES, LogTail
 from graphledger.settings import Settings
 from kafka_wire import Cluster, Wire, record_batch
 
@@ -165,3 +167,55 @@ async def test_no_beacon_goes_to_a_node_that_does_not_lead_it_nor_where_the_brok
         wire_ = wire(40, layout_leader=layout_leader)
         assert (await log_tail(wire_).tails({P0: 40}, 1))[P0].end == 40
         assert beacons(wire_) == [False]
+
+
+def _passing_over(gap: int, end: int, answers_with_gap: int | None):  # type: ignore[no-untyped-def]
+    """A fetch handler for a partition of `end` records whose first `answers_with_gap` answers (None: all)
+    of a fetch from at or below `gap` hold the records from `gap + 1` on only, as tansu's can."""
+    answered = 0
+
+    def fetch(node: int, request: RequestStruct) -> Response:
+        nonlocal answered
+        topics = []
+        for topic in request.to_object()["topics"]:
+            partitions = []
+            for p in topic["partitions"]:
+                if topic["topic"] == LAYOUT:
+                    partitions.append((p["partition"], 0, 1, 1, 0, [], record_batch([(b"x", b"y")])))
+                    continue
+                first = p["fetch_offset"]
+                if first <= gap and (answers_with_gap is None or answered < answers_with_gap):
+                    answered += 1
+                    batches = record_batch([(b"k", b"v")] * (gap - first), first) if first < gap else b""
+                    batches += record_batch([(b"k", b"v")] * (end - gap - 1), gap + 1)
+                else:
+                    batches = record_batch([(b"k", b"v")] * (end - first), first)
+                partitions.append((p["partition"], 0, end, end, 0, [], batches))
+            topics.append((topic["topic"], partitions))
+        return request.RESPONSE_TYPE(0, 0, 0, topics)
+
+    return fetch
+
+
+def _tail_over(handler: Any) -> tuple[LogTail, Wire]:
+    wire_ = Wire(cluster=Cluster({TOPIC: 1}, nodes=(1, 2)))
+    wire_.handlers = {METADATA: metadata_led_by(1), FETCH: handler}
+    return log_tail(wire_), wire_
+
+
+async def test_a_page_asked_below_the_end_waits_out_a_gap_longer_than_its_short_answer_retries() -> None:
+    """A read-through read that took three answers passing over its position as the position's records
+    missing waited for the projector (make soak's hop turns with the projector stopped): a gap is asked for
+    again until the broker has it readable."""
+    tail, wire_ = _tail_over(_passing_over(gap=10, end=14, answers_with_gap=SHORT_PAGE_FETCHES + 2))
+    page = (await tail.pages({P0: 10}, 5, below_end=True))[P0]
+    assert [r.offset for r in page.records] == [10, 11, 12, 13]
+    assert fetches(wire_) == [(10, FETCH_MAX_WAIT_MS)] * (SHORT_PAGE_FETCHES + 3)
+
+
+async def test_a_gap_that_persists_is_read_past_once_confirmed() -> None:
+    tail, _ = _tail_over(_passing_over(gap=10, end=14, answers_with_gap=None))
+    tail._gaps = GapWatch(confirm_s=0.1)
+    page = (await tail.pages({P0: 10}, 5, below_end=True))[P0]
+    assert [r.offset for r in page.records] == [11, 12, 13]
+    assert tail._gaps.passed == 1
