@@ -100,11 +100,14 @@ deposed leader not yet told it lost the partition answers an epoch it still hold
 so this bounds how long after an election a read can be sent to it (docs/architecture.md)."""
 TAILS_LANE = "tails"
 """The rounds of fetches from the projection's positions (`ends`, `tails`)."""
-SHORT_PAGE_FETCHES = 3
-"""How often `pages` asks again for a position the log goes on past when an answer brought nothing from it."""
-GAP_RETRY_S = 0.01
-"""Pause before `pages` asks again for a position an answer passed over: until the broker has it readable,
-or the gap has lasted `log_gaps.CONFIRM_S` and is read past (a read's deadline permitting)."""
+EMPTY_ANSWERS_S = 1.0
+"""How long `pages` asks again for a position the log goes on past while answers bring nothing from it
+(tansu answers a fetch whose scan of a long in-memory partition outlasts its wait with no records); then
+the position is taken as unreadable. Kafka answers a fetch below the high watermark with records."""
+ASK_AGAIN_S = 0.01
+"""Pause before `pages` asks for a position again after the first time: an answer passed over it (until the
+broker has it readable, or the gap has lasted `log_gaps.CONFIRM_S` and is read past, a read's deadline
+permitting), or answers brought nothing from it (for `EMPTY_ANSWERS_S`)."""
 PAGES_LANE = "pages"
 """The rounds of fetches of whole records from where the read API has read (`pages`), often far ahead."""
 
@@ -282,7 +285,7 @@ class LogTail:
         position is asked again as one below the end is: from one record back with the long wait (tansu
         answers a fetch that finds records at once).
         An answer that passed over the records at a position (`log_gaps`) is asked again every
-        `GAP_RETRY_S` until they are readable or the gap is read past.
+        `ASK_AGAIN_S` until they are readable or the gap is read past.
         `below_end`: every position is known to be below its log's end, so the fetch starts at it, not
         one record back (a broker may answer a fetch with the one batch that holds its first record)."""
         back = 0 if below_end else 1
@@ -297,18 +300,18 @@ class LogTail:
         page: _Page | None = None
         if back and position >= self._seen_ends.get(tp, 0):
             page = await self._shared_page(tp, position, PAGE_BYTES, END_MAX_WAIT_MS, PAGES_LANE)
-        short = 0
+        give_up = time.monotonic() + EMPTY_ANSWERS_S
+        asked = 0
         while page is None or not (page.end <= position or any(r.offset >= position for r in page.records)):
-            # Not asked at the end, or the log went on past it and tansu found no records within 1 ms (asked
-            # again a few times), or the answer passed over the records at the position (asked again until
-            # they are readable or the gap is read past).
-            if page is not None and page.gap:
-                await asyncio.sleep(GAP_RETRY_S)
-            elif short == SHORT_PAGE_FETCHES:
+            # Not asked at the end, or the log went on past it and tansu found no records within the wait
+            # (asked again for `EMPTY_ANSWERS_S`), or the answer passed over the records at the position
+            # (asked again until they are readable or the gap is read past).
+            if page is not None and not page.gap and time.monotonic() >= give_up:
                 break
-            else:
-                short += 1
+            if asked:
+                await asyncio.sleep(ASK_AGAIN_S)
             page = await self._shared_page(tp, max(position - back, 0), PAGE_BYTES, FETCH_MAX_WAIT_MS, PAGES_LANE)
+            asked += 1
             if page is None:
                 break
         if page is None:  # the log ends before `position - 1` (Kafka: out of range)

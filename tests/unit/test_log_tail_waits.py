@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from aiokafka import TopicPartition
 from aiokafka.protocol.api import RequestStruct, Response
 
+from graphledger import log_tail as log_tail_module
 from graphledger.log_gaps import GapWatch
-from graphledger.log_tail import BEACON_BYTES, END_MAX_WAIT_MS, FETCH_MAX_WAIT_MS, SHORT_PAGE_FETCHES, LogTail
+from graphledger.log_tail import BEACON_BYTES, END_MAX_WAIT_MS, FETCH_MAX_WAIT_MS, LogTail
 from graphledger.settings import Settings
 from kafka_wire import Cluster, Wire, record_batch
 
@@ -169,9 +171,10 @@ async def test_no_beacon_goes_to_a_node_that_does_not_lead_it_nor_where_the_brok
         assert beacons(wire_) == [False]
 
 
-def _passing_over(gap: int, end: int, answers_with_gap: int | None):  # type: ignore[no-untyped-def]
-    """A fetch handler for a partition of `end` records whose first `answers_with_gap` answers (None: all)
-    of a fetch from at or below `gap` hold the records from `gap + 1` on only, as tansu's can."""
+def _short_answers(end: int, answers: int | None, *, gap: int | None = None):  # type: ignore[no-untyped-def]
+    """A fetch handler for a partition of `end` records whose first `answers` answers (None: all) to a fetch
+    from at or below `gap` hold the records from `gap + 1` on only, as tansu's can; with no `gap`, the
+    first `answers` answers hold no records (tansu's scan outlasting the wait)."""
     answered = 0
 
     def fetch(node: int, request: RequestStruct) -> Response:
@@ -184,12 +187,16 @@ def _passing_over(gap: int, end: int, answers_with_gap: int | None):  # type: ig
                     partitions.append((p["partition"], 0, 1, 1, 0, [], record_batch([(b"x", b"y")])))
                     continue
                 first = p["fetch_offset"]
-                if first <= gap and (answers_with_gap is None or answered < answers_with_gap):
-                    answered += 1
+                short = answers is None or answered < answers
+                if short and gap is None:
+                    batches = b""
+                elif short and gap is not None and first <= gap:
                     batches = record_batch([(b"k", b"v")] * (gap - first), first) if first < gap else b""
                     batches += record_batch([(b"k", b"v")] * (end - gap - 1), gap + 1)
                 else:
+                    short = False
                     batches = record_batch([(b"k", b"v")] * (end - first), first)
+                answered += short
                 partitions.append((p["partition"], 0, end, end, 0, [], batches))
             topics.append((topic["topic"], partitions))
         return request.RESPONSE_TYPE(0, 0, 0, topics)
@@ -203,19 +210,34 @@ def _tail_over(handler: Any) -> tuple[LogTail, Wire]:
     return log_tail(wire_), wire_
 
 
-async def test_a_page_asked_below_the_end_waits_out_a_gap_longer_than_its_short_answer_retries() -> None:
+async def test_a_page_asked_below_the_end_waits_out_a_gap() -> None:
     """A read-through read that took three answers passing over its position as the position's records
-    missing waited for the projector (make soak's hop turns with the projector stopped): a gap is asked for
-    again until the broker has it readable."""
-    tail, wire_ = _tail_over(_passing_over(gap=10, end=14, answers_with_gap=SHORT_PAGE_FETCHES + 2))
+    missing waited for the projector: a gap is asked for again until the broker has it readable."""
+    tail, wire_ = _tail_over(_short_answers(14, 6, gap=10))
     page = (await tail.pages({P0: 10}, 5, below_end=True))[P0]
     assert [r.offset for r in page.records] == [10, 11, 12, 13]
-    assert fetches(wire_) == [(10, FETCH_MAX_WAIT_MS)] * (SHORT_PAGE_FETCHES + 3)
+    assert fetches(wire_) == [(10, FETCH_MAX_WAIT_MS)] * 7
 
 
 async def test_a_gap_that_persists_is_read_past_once_confirmed() -> None:
-    tail, _ = _tail_over(_passing_over(gap=10, end=14, answers_with_gap=None))
+    tail, _ = _tail_over(_short_answers(14, None, gap=10))
     tail._gaps = GapWatch(confirm_s=0.1)
     page = (await tail.pages({P0: 10}, 5, below_end=True))[P0]
     assert [r.offset for r in page.records] == [11, 12, 13]
     assert tail._gaps.passed == 1
+
+
+async def test_a_page_below_the_end_asks_again_while_answers_bring_nothing_then_takes_it_as_unreadable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """tansu answers a fetch whose scan of a long partition outlasts its wait with no records: asked again
+    for a while (three answers was too few under load), then taken as unreadable (the read waits)."""
+    tail, wire_ = _tail_over(_short_answers(14, 6))
+    page = (await tail.pages({P0: 10}, 5, below_end=True))[P0]
+    assert [r.offset for r in page.records] == [10, 11, 12, 13]
+    assert len(fetches(wire_)) == 7
+    monkeypatch.setattr(log_tail_module, "EMPTY_ANSWERS_S", 0.1)
+    tail, wire_ = _tail_over(_short_answers(14, None))
+    page = (await tail.pages({P0: 10}, 5, below_end=True))[P0]
+    assert (page.end, page.records) == (14, ())
+    assert len(fetches(wire_)) > 1
