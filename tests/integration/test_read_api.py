@@ -588,6 +588,21 @@ async def test_a_watcher_whose_connection_is_cut_listens_again_on_a_new_one(proj
         await offsets.stop()
 
 
+async def test_a_watcher_stopped_as_a_notification_arrives_stops(projection: str) -> None:
+    """`stop` cancelling the watcher in the same step as a notification wakes it: on Python 3.11
+    `asyncio.wait_for` returned the wake-up and swallowed the cancellation, so `stop` waited for ever
+    (`graphledger erase tenant` hung after the projector announced its erasure)."""
+    offsets = AppliedOffsets(projection, SCHEMA, f"g{uuid.uuid4().hex[:8]}", fallback_refresh_s=300)
+    await offsets.start()
+    try:
+        await asyncio.wait_for(offsets.listening.wait(), 10)  # it waits for a notification from here on
+    finally:
+        offsets._wake.set()  # as `_notified` does
+        stopping = asyncio.create_task(offsets.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=10)
+    assert done, "the watcher did not stop"
+
+
 async def test_a_token_never_reached_times_out_with_a_retryable_503(
     projection: str, filled_log: dict[str, Any]
 ) -> None:

@@ -86,8 +86,7 @@ class AppliedOffsets:
         if self.unreachable is None:
             return True
         self._retry_now.set()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.listening.wait(), timeout_s)
+        await _set_within(self.listening, timeout_s)
         return self.unreachable is None
 
     def applied(self, topic: str, partition: int) -> int:
@@ -144,8 +143,7 @@ class AppliedOffsets:
                 self.unreachable = type(exc).__name__
                 log.warning("applied-offsets watcher failed (%s); reconnecting in %.1fs", exc, backoff)
                 self._retry_now.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._retry_now.wait(), backoff)
+                await _set_within(self._retry_now, backoff)
                 backoff = min(backoff * 2, RECONNECT_MAX_S)
 
     def _notified(self, conn: object, pid: int, channel: str, payload: str) -> None:
@@ -159,8 +157,7 @@ class AppliedOffsets:
 
     async def _listen(self, conn: asyncpg.Connection) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._fallback_s)
+            await _set_within(self._wake, self._fallback_s)
             if conn.is_closed():
                 raise asyncpg.ConnectionDoesNotExistError("the LISTEN connection closed")
             notified = self._wake.is_set()
@@ -185,3 +182,12 @@ class AppliedOffsets:
             async with self._changed:
                 self._next = offsets
                 self._changed.notify_all()
+
+
+async def _set_within(event: asyncio.Event, timeout_s: float) -> None:
+    """Wait until `event` is set or `timeout_s` passed. Not `asyncio.wait_for`: on Python 3.11 it swallows
+    a cancellation that arrives as the event is set, and `stop` then waited for the watcher for ever
+    (`graphledger erase tenant`, whose erasure the projector announces as the command stops it, hung)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()

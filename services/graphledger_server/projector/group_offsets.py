@@ -83,8 +83,11 @@ class GroupOffsetMirror:
             self._pending = {}
             if offsets:
                 await self._commit(offsets)
-                with contextlib.suppress(TimeoutError):  # the interval, or until `close`
-                    await asyncio.wait_for(self._closing.wait(), self._interval_s)
+                # The interval, or until `close`. Not `asyncio.wait_for`: on Python 3.11 it swallows a
+                # cancellation that arrives as the event is set.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._interval_s):
+                        await self._closing.wait()
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
         try:
