@@ -186,8 +186,8 @@ class AppliedOffsets:
 
 async def _set_within(event: asyncio.Event, timeout_s: float) -> None:
     """Wait until `event` is set or `timeout_s` passed. Not `asyncio.wait_for`: on Python 3.11 it swallows
-    a cancellation that arrives as the event is set, and `stop` then waited for the watcher for ever
-    (`graphledger erase tenant`, whose erasure the projector announces as the command stops it, hung)."""
+    a cancellation that arrives as the event is set (a notification as `stop` cancels the watcher), and
+    the cancelled watcher would then go on waiting."""
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout_s):
             await event.wait()
