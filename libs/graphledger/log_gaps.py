@@ -35,6 +35,8 @@ class GapWatch:
     confirm_s: float = CONFIRM_S
     clock: Callable[[], float] = time.monotonic
     _since: dict[tuple[Hashable, int], float] = field(default_factory=dict)
+    on_gap: Callable[[bool], None] | None = None
+    """Told of each gap when first met (False) and when read past (True): the projector counts them."""
     passed: int = 0
     """Gaps read past after `confirm_s`."""
 
@@ -47,10 +49,14 @@ class GapWatch:
         if since is None:
             since = self._since[key] = now
             log.info("a fetch of %s passed over offsets %d..%d: fetching them again", partition, expected, found - 1)
+            if self.on_gap is not None:
+                self.on_gap(False)
         if now - since < self.confirm_s:
             return False
         del self._since[key]
         self.passed += 1
+        if self.on_gap is not None:
+            self.on_gap(True)
         log.warning(
             "%s has no records at offsets %d..%d (still missing after %.0fs): reading on past them (a compacted "
             "topic, transaction markers, or a producer that is not graphledger's)",

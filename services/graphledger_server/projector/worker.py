@@ -49,7 +49,7 @@ from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projection.store import StoreProjection
 from graphledger_server.projector.group_offsets import GroupOffsetMirror
 from graphledger_server.projector.log_guard import LogGuard
-from graphledger_server.telemetry.projector import ProjectorTelemetry
+from graphledger_server.telemetry.projector import ProjectorTelemetry, log_gap
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class ProjectorWorker:
         self._parked_checked = -PARKED_CHECK_S
         self._stop = asyncio.Event()
         self.guard = LogGuard()
-        self.gaps = GapWatch()
+        self.gaps = GapWatch(on_gap=log_gap)
         """Offsets a fetch passed over (`log_gaps`): fetched again from the first, not skipped."""
         self._reset_checked = 0.0
         self._held: dict[TopicPartition, float] = {}

@@ -180,6 +180,16 @@ PROJECTOR_ERASED_RECORDS = MetricSpec(
     names.PROJECTOR_SCOPE,
     (names.EVENT_TYPE,),
 )
+PROJECTOR_LOG_GAPS = MetricSpec(
+    "graphledger.projector.log_gaps",
+    "counter",
+    "{gap}",
+    "Offsets a fetch's answer passed over (docs/architecture.md): `fetched_again` when first met, `read_past` "
+    "when still missing after 2 s and taken as offsets the log does not hold. tansu answers so near a "
+    "partition's end; Kafka does not for graphledger's topics.",
+    names.PROJECTOR_SCOPE,
+    (names.GRAPHLEDGER_GAP_OUTCOME,),
+)
 PROJECTOR_BATCH_FAILURES = MetricSpec(
     "graphledger.projector.batch.failures",
     "counter",
@@ -329,6 +339,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
     PROJECTOR_EVENTS_SKIPPED,
     PROJECTOR_FORKS,
     PROJECTOR_ERASED_RECORDS,
+    PROJECTOR_LOG_GAPS,
     PROJECTOR_BATCH_FAILURES,
     PROJECTOR_OFFSET_COMMIT_FAILURES,
     DEAD_LETTERS_OUTSTANDING,

@@ -62,6 +62,7 @@ _failures = metrics.instrument(metrics.PROJECTOR_BATCH_FAILURES)
 _forks = metrics.instrument(metrics.PROJECTOR_FORKS)
 _erased = metrics.instrument(metrics.PROJECTOR_ERASED_RECORDS)
 _offset_commit_failures = metrics.instrument(metrics.PROJECTOR_OFFSET_COMMIT_FAILURES)
+_log_gaps = metrics.instrument(metrics.PROJECTOR_LOG_GAPS)
 
 _workers: weakref.WeakSet[ProjectorTelemetry] = weakref.WeakSet()
 
@@ -74,6 +75,11 @@ def event_type_label(event_type: str | None) -> str:
 def offset_commit_failed(exc: BaseException) -> None:
     """A commit of applied offsets to the consumer group in Kafka failed (monitoring only)."""
     _offset_commit_failures.add(1, {names.ERROR_TYPE: type(exc).__qualname__})
+
+
+def log_gap(read_past: bool) -> None:
+    """The projector met offsets a fetch passed over (`log_gaps.GapWatch.on_gap`)."""
+    _log_gaps.add(1, {names.GRAPHLEDGER_GAP_OUTCOME: "read_past" if read_past else "fetched_again"})
 
 
 def _observe_lag() -> Iterator[tuple[float, dict[str, Any]]]:
