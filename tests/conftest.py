@@ -30,6 +30,7 @@ import pytest
 os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
 
 from graphledger.settings import Settings
+from graphledger_server.devstack import KEEP_LOGS_ENV
 from graphledger_server.devstack.broker import EmbeddedBroker
 from graphledger_server.devstack.postgres import EmbeddedPostgres
 from graphledger_server.keys.ring import new_key_entry
@@ -95,7 +96,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _skip_prometheus(config, items)
 
 
+STACK_LOGS = pytest.StashKey[Path]()
+EXIT_STATUS = pytest.StashKey[int]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every dev stack of the run (its xdist workers' too: they inherit the variable) copies its services'
+    logs into one directory when it stops, kept when the run failed and removed when it passed."""
+    if os.environ.get(KEEP_LOGS_ENV) is None:
+        os.environ[KEEP_LOGS_ENV] = tempfile.mkdtemp(prefix="graphledger-test-logs-")
+        config.stash[STACK_LOGS] = Path(os.environ[KEEP_LOGS_ENV])
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[EXIT_STATUS] = exitstatus
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    logs = config.stash.get(STACK_LOGS, None)
+    if logs is not None and config.stash.get(EXIT_STATUS, 0) == 0:
+        shutil.rmtree(logs, ignore_errors=True)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    logs = config.stash.get(STACK_LOGS, None)
+    if logs is not None and config.stash.get(EXIT_STATUS, 0) != 0 and any(logs.iterdir()):
+        terminalreporter.write_line(f"the dev stacks' service logs of this run are kept in {logs}")
     skipped = config.stash.get(PROMETHEUS_SKIPPED, 0)
     if skipped:
         terminalreporter.write_line(

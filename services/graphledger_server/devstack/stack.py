@@ -31,6 +31,7 @@ from pydantic import SecretStr
 
 from graphledger.embeddings.onnx import DIMS as ONNX_DIMS
 from graphledger.settings import Settings
+from graphledger_server.devstack import KEEP_LOGS_ENV
 from graphledger_server.devstack.broker import EmbeddedBroker
 from graphledger_server.devstack.lifeline import PARENT_PID_ENV
 from graphledger_server.devstack.ports import free_port, wait_until
@@ -103,7 +104,9 @@ class DevStack:
     """Embedded Postgres + tansu + projector, read API and sweeper, started and stopped as one.
 
     Without `data_dir` everything lives in a temporary directory that `stop()` deletes; with it, the
-    Postgres data survives restarts (the tansu broker is in memory either way).
+    Postgres data survives restarts (the tansu broker is in memory either way). With
+    `GRAPHLEDGER_DEV_KEEP_LOGS_IN` set (the test suite sets it), `stop()` first copies the services' logs
+    into a directory of that name there, so a failure found after the stack stopped can still be read.
     """
 
     def __init__(
@@ -208,6 +211,9 @@ class DevStack:
             self._pg.stop()
             self._pg = None
         if self._work_dir is not None and self.data_dir is None:
+            kept_in = os.environ.get(KEEP_LOGS_ENV)
+            if kept_in and self.log_dir.is_dir():
+                shutil.copytree(self.log_dir, Path(kept_in) / self._work_dir.name, dirs_exist_ok=True)
             shutil.rmtree(self._work_dir, ignore_errors=True)
 
     def __enter__(self) -> DevStack:
