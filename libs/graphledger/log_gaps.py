@@ -37,8 +37,6 @@ class GapWatch:
     _since: dict[tuple[Hashable, int], float] = field(default_factory=dict)
     on_gap: Callable[[bool], None] | None = None
     """Told of each gap when first met (False) and when read past (True): the projector counts them."""
-    passed: int = 0
-    """Gaps read past after `confirm_s`."""
 
     def may_pass(self, partition: Hashable, expected: int, found: int) -> bool:
         """Whether a reader of `partition` expecting offset `expected` may take the record at `found`
@@ -54,7 +52,6 @@ class GapWatch:
         if now - since < self.confirm_s:
             return False
         del self._since[key]
-        self.passed += 1
         if self.on_gap is not None:
             self.on_gap(True)
         log.warning(

@@ -221,10 +221,11 @@ async def test_a_page_asked_below_the_end_waits_out_a_gap() -> None:
 
 async def test_a_gap_that_persists_is_read_past_once_confirmed() -> None:
     tail, _ = _tail_over(_short_answers(14, None, gap=10))
-    tail._gaps = GapWatch(confirm_s=0.1)
+    told: list[bool] = []
+    tail._gaps = GapWatch(confirm_s=0.1, on_gap=told.append)
     page = (await tail.pages({P0: 10}, 5, below_end=True))[P0]
     assert [r.offset for r in page.records] == [11, 12, 13]
-    assert tail._gaps.passed == 1
+    assert told == [False, True]
 
 
 async def test_a_page_below_the_end_asks_again_while_answers_bring_nothing_then_takes_it_as_unreadable(
