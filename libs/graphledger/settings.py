@@ -21,7 +21,7 @@ DEFAULT_PRODUCE_TIMEOUT_S = 30.0
 DEFAULT_CONSISTENCY_TIMEOUT_S = 10.0
 DEFAULT_BATCH_MAX_EVENTS = 5_000
 DEFAULT_BATCH_MAX_BYTES = 64 * 1024 * 1024
-DEFAULT_BATCH_MAX_WAIT_MS = 2
+DEFAULT_BATCH_MAX_WAIT_MS = 10
 DEFAULT_REPLAY_BATCH_MAX_EVENTS = 10_000
 DEFAULT_FETCH_MAX_WAIT_MS = 10
 DEFAULT_PROJECTOR_RETRY_MAX_S = 5.0
@@ -195,7 +195,10 @@ class Settings(BaseSettings):
         description="Most record bytes in one batch, and most bytes of stored chunks one batch reassembles.",
     )
     batch_max_wait_ms: int = Field(
-        DEFAULT_BATCH_MAX_WAIT_MS, ge=0, description="Longest a batch waits to fill before it is applied."
+        DEFAULT_BATCH_MAX_WAIT_MS,
+        ge=0,
+        description="Longest a batch waits to fill before it is applied. Longer: fewer transactions per agent "
+        "turn (less projector and Postgres CPU), and up to this much more write-to-visible time.",
     )
     projector_retry_max_s: float = Field(
         DEFAULT_PROJECTOR_RETRY_MAX_S,
