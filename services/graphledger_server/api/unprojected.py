@@ -31,7 +31,6 @@ instead (the read says so when it times out). Nothing is held until the applied 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -45,6 +44,7 @@ from graphledger.errors import LogUnavailableError
 from graphledger.events import envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger.log_tail import LogRecord, LogTail
+from graphledger.tasks import cancel_and_wait
 from graphledger_server.log.applied import AppliedOffsets
 from graphledger_server.projection.records import SourceRecord
 
@@ -135,9 +135,7 @@ class Unprojected:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def tail(self, tp: TopicPartition, key: bytes, timeout_s: float) -> KeyTail | None:

@@ -23,6 +23,7 @@ import logging
 
 import asyncpg
 
+from graphledger.tasks import cancel_and_wait
 from graphledger_server.driver_errors import is_database_error
 from graphledger_server.log import parked
 from graphledger_server.log.offsets import APPLIED_CHANNEL, OffsetStatements, group_offsets
@@ -71,9 +72,7 @@ class AppliedOffsets:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     @property

@@ -36,6 +36,7 @@ from aiokafka.structs import ConsumerRecord
 from graphledger.log_gaps import GapWatch
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
+from graphledger.tasks import cancel_and_wait
 from graphledger.telemetry import names
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.lookup import DataKeyCache
@@ -142,9 +143,8 @@ class Rebuilder:
 
     async def close(self) -> None:
         for task in self._inflight.values():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+            with contextlib.suppress(Exception):  # a batch stopped half way: the rebuild is abandoned
+                await cancel_and_wait(task)
         try:
             await self._tail.stop()
             if self._consumer is not None:
