@@ -24,7 +24,6 @@ not keep one either.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -36,7 +35,6 @@ from aiokafka.structs import ConsumerRecord
 from graphledger.log_gaps import GapWatch
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
-from graphledger.tasks import cancel_and_wait
 from graphledger.telemetry import names
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.lookup import DataKeyCache
@@ -142,9 +140,10 @@ class Rebuilder:
                  ", ".join(f"{t}:{p}@{o}" for (t, p), o in sorted(self.positions.items())))  # fmt: skip
 
     async def close(self) -> None:
-        for task in self._inflight.values():
-            with contextlib.suppress(Exception):  # a batch stopped half way: the rebuild is abandoned
-                await cancel_and_wait(task)
+        inflight = list(self._inflight.values())
+        for task in inflight:
+            task.cancel()
+        await asyncio.gather(*inflight, return_exceptions=True)  # batches stopped half way: abandoned
         try:
             await self._tail.stop()
             if self._consumer is not None:
