@@ -1,4 +1,5 @@
-"""`cancel_and_wait`: the stopped task's cancellation ends quietly, the caller's own is raised."""
+"""`cancel_and_wait`: the stopped task's cancellation ends quietly, the caller's own is raised; `set_within`
+passes a cancellation on even when it arrives as its event is set."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 
 import pytest
 
-from graphledger.tasks import cancel_and_wait
+from graphledger.tasks import cancel_and_wait, set_within
 
 
 async def test_a_task_stopped_ends_cancelled_and_the_caller_returns() -> None:
@@ -57,3 +58,20 @@ async def test_a_caller_cancelled_while_it_waits_is_cancelled() -> None:
     with pytest.raises(asyncio.CancelledError):
         await stopper
     assert stopper.cancelled() and task.cancelled()
+
+
+async def test_a_wait_cancelled_as_its_event_is_set_is_cancelled() -> None:
+    event = asyncio.Event()
+    waiting = asyncio.create_task(set_within(event, 300))
+    await asyncio.sleep(0)  # the point: one loop step, so that the wait has begun
+    event.set()
+    waiting.cancel()  # in the same step as the wake-up (a watcher's `stop` as a notification arrives)
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+
+
+async def test_a_wait_ends_when_its_event_is_set_or_its_time_is_up() -> None:
+    event = asyncio.Event()
+    event.set()
+    await set_within(event, 300)
+    await set_within(asyncio.Event(), 0)

@@ -23,7 +23,7 @@ import logging
 
 import asyncpg
 
-from graphledger.tasks import cancel_and_wait
+from graphledger.tasks import cancel_and_wait, set_within
 from graphledger_server.driver_errors import is_database_error
 from graphledger_server.log import parked
 from graphledger_server.log.offsets import APPLIED_CHANNEL, OffsetStatements, group_offsets
@@ -85,7 +85,7 @@ class AppliedOffsets:
         if self.unreachable is None:
             return True
         self._retry_now.set()
-        await _set_within(self.listening, timeout_s)
+        await set_within(self.listening, timeout_s)
         return self.unreachable is None
 
     def applied(self, topic: str, partition: int) -> int:
@@ -142,7 +142,7 @@ class AppliedOffsets:
                 self.unreachable = type(exc).__name__
                 log.warning("applied-offsets watcher failed (%s); reconnecting in %.1fs", exc, backoff)
                 self._retry_now.clear()
-                await _set_within(self._retry_now, backoff)
+                await set_within(self._retry_now, backoff)
                 backoff = min(backoff * 2, RECONNECT_MAX_S)
 
     def _notified(self, conn: object, pid: int, channel: str, payload: str) -> None:
@@ -156,7 +156,7 @@ class AppliedOffsets:
 
     async def _listen(self, conn: asyncpg.Connection) -> None:
         while True:
-            await _set_within(self._wake, self._fallback_s)
+            await set_within(self._wake, self._fallback_s)
             if conn.is_closed():
                 raise asyncpg.ConnectionDoesNotExistError("the LISTEN connection closed")
             notified = self._wake.is_set()
@@ -181,12 +181,3 @@ class AppliedOffsets:
             async with self._changed:
                 self._next = offsets
                 self._changed.notify_all()
-
-
-async def _set_within(event: asyncio.Event, timeout_s: float) -> None:
-    """Wait until `event` is set or `timeout_s` passed. Not `asyncio.wait_for`: on Python 3.11 it swallows
-    a cancellation that arrives as the event is set (a notification as `stop` cancels the watcher), and
-    the cancelled watcher would then go on waiting."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout_s):
-            await event.wait()

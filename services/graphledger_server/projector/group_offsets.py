@@ -20,7 +20,6 @@ request tansu serves on the stack's core). `close` commits what is pending at on
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -28,6 +27,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
+from graphledger.tasks import set_within
 from graphledger_server.telemetry.projector import offset_commit_failed
 
 log = logging.getLogger(__name__)
@@ -83,11 +83,7 @@ class GroupOffsetMirror:
             self._pending = {}
             if offsets:
                 await self._commit(offsets)
-                # The interval, or until `close`. Not `asyncio.wait_for`: on Python 3.11 it swallows a
-                # cancellation that arrives as the event is set.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self._interval_s):
-                        await self._closing.wait()
+                await set_within(self._closing, self._interval_s)  # the interval, or until `close`
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
         try:
