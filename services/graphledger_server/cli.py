@@ -201,7 +201,16 @@ def build_parser() -> argparse.ArgumentParser:
         ("api", "serve the HTTP read API"),
         ("sweeper", "TTL and retention sweeper: publishes expiry events; one active replica"),
     ):
-        commands.add_parser(name, help=help_text).set_defaults(run=_service)
+        service = commands.add_parser(name, help=help_text)
+        service.add_argument(
+            "--nice",
+            type=_nice_increment,
+            default=0,
+            metavar="N",
+            help="lower this process's CPU priority by N (0-19, as nice(1)) before it starts: for a batch worker "
+            "on a machine it shares with the request path (the dev stack runs its projector and sweeper at 10)",
+        )
+        service.set_defaults(run=_service)
     # Operators' commands, each in its own module (light to import: the client install runs --help).
     for module in (replay, importer, dlq, forks, parked, offsets, token, erase, keys, encrypt_log, repartition):
         module.register(commands)
@@ -251,6 +260,8 @@ def _topics_ensure(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _service(args: argparse.Namespace, settings: Settings) -> int:
+    if args.nice:
+        os.nice(args.nice)  # before the service starts any thread: each thread inherits it when made
     if args.command == "projector":
         from graphledger_server.projector.main import main as run
     elif args.command == "api":
@@ -386,6 +397,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _nice_increment(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 19, not {value}")
     return value
 
 

@@ -149,6 +149,13 @@ def test_exit_after_demo_needs_demo() -> None:
     assert "--exit-after-demo needs --demo" in result.stderr
 
 
+@pytest.mark.parametrize("value", ["20", "-1", "ten"])
+def test_a_nice_out_of_range_is_refused_naming_it(value: str) -> None:
+    result = graphledger("projector", "--nice", value, env=clean_env())
+    assert result.returncode == 2
+    assert "--nice" in result.stderr and value in result.stderr
+
+
 def test_sweeper_stands_by_without_a_database_until_sigterm(tmp_path: Path) -> None:
     log_path = tmp_path / "sweeper.log"
     with open(log_path, "wb") as log_file:

@@ -21,7 +21,7 @@ import pytest
 from dev_process import clean_env, read_env_file, wait_ready
 from graphledger_server.devstack.demo import run_demo
 from graphledger_server.devstack.ports import wait_until
-from graphledger_server.devstack.stack import DevStack
+from graphledger_server.devstack.stack import WORKER_NICE, DevStack
 
 DEV_TIMEOUT_S = 240  # whole `graphledger dev --demo --exit-after-demo` run, initdb included
 SWEEPER_ACTIVE_S = 90.0
@@ -185,6 +185,23 @@ def test_projector_survives_kill_and_restart(stack: DevStack) -> None:
     # The new worker picks up where the killed one left off: a fresh round trip still reads back.
     out = io.StringIO()
     assert run_demo(stack.client_env(), out) == 0, out.getvalue()
+
+
+def _thread_nices(pid: int) -> set[int]:
+    """The nice value of every thread of `pid` (field 19 of /proc/<pid>/task/<tid>/stat)."""
+    nices = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        stat = (task / "stat").read_text()
+        nices.add(int(stat[stat.rindex(")") + 2 :].split()[16]))
+    return nices
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_workers_run_below_the_request_path(stack: DevStack) -> None:
+    pids = stack.pids()
+    assert _thread_nices(pids["projector"]) == {WORKER_NICE}, "every projector thread, those started later too"
+    assert _thread_nices(pids["sweeper"]) == {WORKER_NICE}
+    assert _thread_nices(pids["api"]) == {0}
 
 
 def test_the_dev_stacks_sweeper_becomes_the_active_replica(stack: DevStack) -> None:

@@ -55,6 +55,12 @@ CLIENT_FIELDS = ("kafka_bootstrap_servers", "kafka_idempotence", "topic_prefix",
 SERVICES = ("projector", "api", "sweeper")
 WORKERS = ("projector", "sweeper")
 """The services that answer `/livez` and `/readyz` on a health port of their own (the read API has its own)."""
+WORKER_NICE = 10
+"""The workers' CPU priority below the broker's, Postgres's and the read API's (`graphledger projector --nice`).
+The stack shares its machine, so an agent's produce request or read would otherwise queue behind a projector
+batch; the projector's batch window already trades milliseconds of freshness for fewer transactions. On the
+bench's 2 cores (stack on one), chat turns at concurrency 1 ran 15-33 % more per second and write-to-visible
+at 500/s stayed within 10 ms; with 64 concurrent turns the worker still got its share."""
 
 
 def settings_to_env(settings: Settings, fields: tuple[str, ...] | None = None) -> dict[str, str]:
@@ -474,6 +480,8 @@ class DevStack:
             env[PARENT_PID_ENV] = str(os.getpid())
         log_path = self.log_dir / f"{name}.log"
         command = [sys.executable, "-m", "graphledger_server", "--log-level", self.log_level, name]
+        if name in WORKERS:
+            command += ["--nice", str(WORKER_NICE)]
         with open(log_path, "ab") as out:
             process = subprocess.Popen(
                 command,
