@@ -191,17 +191,22 @@ def _thread_nices(pid: int) -> set[int]:
     """The nice value of every thread of `pid` (field 19 of /proc/<pid>/task/<tid>/stat)."""
     nices = set()
     for task in Path(f"/proc/{pid}/task").iterdir():
-        stat = (task / "stat").read_text()
+        try:
+            stat = (task / "stat").read_text()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
         nices.add(int(stat[stat.rindex(")") + 2 :].split()[16]))
     return nices
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_the_workers_run_below_the_request_path(stack: DevStack) -> None:
+    ours = os.nice(0)  # the stack's processes start at the test runner's priority
     pids = stack.pids()
-    assert _thread_nices(pids["projector"]) == {WORKER_NICE}, "every projector thread, those started later too"
-    assert _thread_nices(pids["sweeper"]) == {WORKER_NICE}
-    assert _thread_nices(pids["api"]) == {0}
+    worker = min(ours + WORKER_NICE, 19)
+    assert _thread_nices(pids["projector"]) == {worker}, "every projector thread, those started later too"
+    assert _thread_nices(pids["sweeper"]) == {worker}
+    assert _thread_nices(pids["api"]) == {ours}
 
 
 def test_the_dev_stacks_sweeper_becomes_the_active_replica(stack: DevStack) -> None:
