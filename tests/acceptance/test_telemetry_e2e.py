@@ -218,10 +218,16 @@ def test_one_trace_from_the_agent_span_to_the_projection_and_the_read(
     linking = [a for a in applies if sent_links & set(a.links)]
     assert sent_links <= {link for a in linking for link in a.links}
     for apply in linking:
-        assert apply.name == f"apply {checkpoint_topic}"
+        # A batch of one topic is named for it; one that also took records of another topic (the store
+        # put after the run, when the projector is behind) names none, as the conventions ask.
+        if "messaging.destination.name" in apply.attributes:
+            assert apply.name == f"apply {checkpoint_topic}"
+            assert apply.attributes["messaging.destination.name"] == checkpoint_topic
+        else:
+            assert apply.name == "apply"
+            assert apply.attributes["messaging.batch.message_count"] > len(sent_links & set(apply.links))
         assert apply.attributes["messaging.system"] == "kafka"
         assert apply.attributes["messaging.operation.type"] == "process"
-        assert apply.attributes["messaging.destination.name"] == checkpoint_topic
         assert apply.attributes["messaging.consumer.group.name"] == settings.projector_group_id
         assert apply.attributes["messaging.batch.message_count"] >= len(sent_links & set(apply.links))
         statements = [s for s in spans if s.parent_span_id == apply.span_id and s.trace_id == apply.trace_id]
