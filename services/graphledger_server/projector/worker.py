@@ -32,6 +32,7 @@ from graphledger.log_gaps import GapWatch
 from graphledger.log_tail import LogTail
 from graphledger.partition_layout import PartitionCheckedProducer
 from graphledger.settings import Settings
+from graphledger.tasks import set_within
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.health.state import WorkerHealth, caught_up
 from graphledger_server.keys.lookup import DataKeyCache
@@ -97,13 +98,6 @@ def _warn_of_create_time(record: ConsumerRecord[bytes, bytes], warned: set[str])
             "topics ensure` does on the topics it creates; tansu keeps CreateTime whatever the topic says)",
             record.topic,
         )
-
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        pass
 
 
 class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no types
@@ -347,7 +341,7 @@ class ProjectorWorker:
                 if verdict_of(exc) is not Verdict.RETRY or self._stop.is_set():
                     raise
                 log.warning("cannot read stored offsets (%s); retrying in %.1fs", exc, delay)
-                await _sleep_or_stop(self._stop, delay)
+                await set_within(self._stop, delay)
                 delay = min(delay * 2, self.settings.projector_retry_max_s)
         beginning = []
         for tp in sorted(assigned):
@@ -459,7 +453,7 @@ class ProjectorWorker:
                 log.warning("batch of %d records failed (%s: %s); retrying in %.1fs", len(records),
                             type(exc).__name__, exc, delay)  # fmt: skip
                 await self.pool.expire_connections()  # the retry gets a fresh connection, not a broken one
-                await _sleep_or_stop(stop, delay)
+                await set_within(stop, delay)
                 delay = min(delay * 2, self.settings.projector_retry_max_s)
         self.health.progressed()
         self.health.set_ready()

@@ -21,6 +21,7 @@ import asyncpg
 from graphledger.client.publisher import EventPublisher
 from graphledger.erasure.sealer import EventSealer
 from graphledger.settings import Settings
+from graphledger.tasks import set_within
 from graphledger_server import telemetry
 from graphledger_server.driver_errors import Verdict, is_database_error, verdict_of
 from graphledger_server.health.server import serving
@@ -61,10 +62,7 @@ class SweeperRunner:
         try:
             while not stop.is_set():
                 await self.tick()
-                try:
-                    await asyncio.wait_for(stop.wait(), self.settings.sweeper_interval_s)
-                except TimeoutError:
-                    pass
+                await set_within(stop, self.settings.sweeper_interval_s)
         finally:
             await self.leader.release()
             if self.publisher is not None:
