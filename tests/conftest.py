@@ -20,9 +20,9 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import pytest
@@ -94,6 +94,19 @@ def _skip_prometheus(config: pytest.Config, items: list[pytest.Item]) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _sort_by_kind(items)
     _skip_prometheus(config, items)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    """A failing test on the session's dev stack carries what its services warned of meanwhile."""
+    outcome = yield
+    report = outcome.get_result()
+    stack = getattr(item, "funcargs", {}).get("stack")
+    if report.failed and stack is not None:
+        from stack_warnings import warnings_since
+
+        if seen := warnings_since(stack.log_dir, call.start):
+            report.sections.append((f"dev stack warnings during {call.when}", seen))
 
 
 STACK_LOGS = pytest.StashKey[Path]()

@@ -2,22 +2,24 @@
 
 `wait_until` (synchronous) is the dev stack's own, `graphledger_server.devstack.ports.wait_until`;
 `wait_for` is the same for a test on the event loop, whose condition may be a coroutine function. Both
-fail with `TimeoutError` naming what they waited for.
+fail with `TimeoutError` naming what they waited for. `within` bounds a step that should not wait at all,
+so a hang fails as that step, with where it hung, well before the test's own timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from graphledger_server.devstack.ports import wait_until
 
 WAIT_S = 60.0
 POLL_S = 0.05
 
-__all__ = ["POLL_S", "WAIT_S", "wait_for", "wait_until"]
+__all__ = ["POLL_S", "WAIT_S", "wait_for", "wait_until", "within"]
 
 
 async def wait_for(
@@ -37,3 +39,13 @@ async def _holds(condition: Callable[[], Awaitable[object] | object]) -> bool:
     if inspect.isawaitable(result):
         result = await result
     return bool(result)
+
+
+@contextlib.asynccontextmanager
+async def within(timeout_s: float, what: str) -> AsyncIterator[None]:
+    """Run the block within `timeout_s`; `TimeoutError` naming `what`, chained to the cancelled await."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            yield
+    except TimeoutError as exc:
+        raise TimeoutError(f"{what} took over {timeout_s:.0f}s") from exc

@@ -31,13 +31,15 @@ from graphledger.settings import Settings
 from graphledger_server.devstack.stack import DevStack, settings_to_env
 from graphledger_server.importer.run import ImportReport, connect, import_postgres
 from graphledger_server.importer.source import Source
-from polling import wait_for
+from polling import wait_for, within
 
 THREADS = 300
 INTERRUPTED_THREADS = 20
 ITEMS = 60
 CONCURRENCY = 16
 WAIT_S = 120.0
+READ_S = 60.0
+"""A thread's reads take milliseconds: a read that hangs fails as that read, not as the test's timeout."""
 SCORE_TOLERANCE = 1e-4
 
 
@@ -226,9 +228,12 @@ async def test_the_import_reads_the_same_tuples_and_items(
         for thread_id in source.thread_ids:
             config = {"configurable": {"thread_id": thread_id}}
             theirs = [t async for t in official.alist(config)]
-            mine = [t async for t in ours.alist(config)]
+            async with within(READ_S, f"listing {thread_id}"):
+                mine = [t async for t in ours.alist(config)]
             assert mine == theirs, thread_id
-            assert await ours.aget_tuple(config) == await official.aget_tuple(config), thread_id
+            async with within(READ_S, f"getting {thread_id}"):
+                got = await ours.aget_tuple(config)
+            assert got == await official.aget_tuple(config), thread_id
             namespaces_seen |= {t.config["configurable"]["checkpoint_ns"] for t in theirs}
             pending += sum(len(t.pending_writes or ()) for t in theirs)
         assert len(namespaces_seen) > 1, "no subgraph namespace was exercised"
@@ -241,7 +246,8 @@ async def test_the_import_reads_the_same_tuples_and_items(
     ):
         for ns in source.namespaces:
             theirs = await official_store.asearch(ns, limit=1000)
-            mine = await our_store.asearch(ns, limit=1000)
+            async with within(READ_S, f"searching {ns}"):
+                mine = await our_store.asearch(ns, limit=1000)
             assert _items(mine) == _items(theirs) and theirs
             assert any(i.created_at != i.updated_at for i in mine), "no re-put item kept its creation time"
             for item in theirs[:5]:
@@ -250,7 +256,9 @@ async def test_the_import_reads_the_same_tuples_and_items(
         for query in ("pizza river", "market"):
             ns = source.namespaces[0]
             theirs = await official_store.asearch(ns, query=query, limit=1000)
-            mine = [i for i in await our_store.asearch(ns, query=query, limit=1000) if i.score is not None]
+            async with within(READ_S, f"searching {ns} for {query!r}"):
+                found = await our_store.asearch(ns, query=query, limit=1000)
+            mine = [i for i in found if i.score is not None]
             assert {i.key for i in mine} == {i.key for i in theirs} and len(theirs) == ITEMS // len(source.namespaces)
             their_scores = {i.key: i.score for i in theirs}
             assert all(abs(i.score - their_scores[i.key]) <= SCORE_TOLERANCE for i in mine)  # type: ignore[operator]
