@@ -13,23 +13,37 @@ LOWEST_PORT = 10_000
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
+_handed_out: set[int] = set()
+"""Every port this process chose: free when chosen, it stays free until its service binds it, so a later
+choice could take it again (a worker's health port the metrics port of a service not started yet)."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on, for a service started next. Chosen at random below the kernel's
-    ephemeral range: a port from that range (what binding port 0 gives) can become the local port of any
-    outgoing connection before the service binds it, which two test workers' connections made happen."""
+    """A port nothing listens on and this process has not handed out, for a service started next. Chosen
+    at random below the kernel's ephemeral range: a port from that range (what binding port 0 gives) can
+    become the local port of any outgoing connection before the service binds it, which two test
+    workers' connections made happen."""
     below = _ephemeral_start()
     if below - LOWEST_PORT >= 1_000:
         for _ in range(100):
             port = random.randrange(LOWEST_PORT, below)
-            with socket.socket() as sock:
-                try:
-                    sock.bind((host, port))
-                except OSError:
-                    continue
+            if port not in _handed_out and _bindable(host, port):
+                _handed_out.add(port)
                 return port
     with socket.socket() as sock:
         sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+        port = int(sock.getsockname()[1])
+    _handed_out.add(port)
+    return port
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def _ephemeral_start() -> int:
@@ -41,23 +55,14 @@ def _ephemeral_start() -> int:
 
 
 def free_port_block(count: int, host: str = "127.0.0.1") -> int:
-    """A base port with `count` consecutive free ports (the dev stack gives each service one metrics port)."""
+    """A base port with `count` consecutive free ports not handed out before (the dev stack gives each
+    service one metrics port); all of them count as handed out."""
     for _ in range(50):
         base = free_port(host)
-        if base + count > 65535:
-            continue
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind((host, port))
+        block = range(base, base + count)
+        if block[-1] <= 65535 and all(p == base or (p not in _handed_out and _bindable(host, p)) for p in block):
+            _handed_out.update(block)
             return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
     raise RuntimeError(f"no block of {count} free ports on {host}")
 
 
