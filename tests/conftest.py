@@ -109,6 +109,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.sections.append((f"dev stack warnings during {call.when}", seen))
 
 
+@pytest.fixture(autouse=True)
+def _tasks_printed_before_the_timeout(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that hangs shows where its coroutines wait (`hang_dump.py`)."""
+    from hang_dump import tasks_printed_before
+
+    marker = request.node.get_closest_marker("timeout")
+    timeout_s = float(marker.args[0]) if marker is not None and marker.args else float(request.config.getini("timeout"))
+    with tasks_printed_before(timeout_s):
+        yield
+
+
 STACK_LOGS = pytest.StashKey[Path]()
 EXIT_STATUS = pytest.StashKey[int]()
 
