@@ -199,6 +199,24 @@ async def test_a_write_after_its_thread_was_erased_is_not_read_though_the_projec
             assert await get(client, "t-erased") == {"tuple": None, "erased": True}
 
 
+async def test_a_reader_that_never_read_a_thread_learns_from_the_projection_that_it_was_erased(
+    settings: Settings,
+) -> None:
+    """A get the read API answers from the projection (it holds no view of the thread) says whether the
+    key store recorded the thread as erased, so the client refuses its writes; a thread that never
+    existed reads as new."""
+    config = {"configurable": {"thread_id": "t-gone", "checkpoint_ns": ""}}
+    async with read_api(settings) as client, KafkaSaver(settings) as writer:
+        await writer.aput(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
+        async with projector(settings):  # an erasure returns once the projector applied it
+            await fully_projected(settings, client)
+            await writer.aerase_thread("t-gone")
+    async with read_api(settings) as fresh:
+        assert await get(fresh, "t-gone") == {"tuple": None, "erased": True}
+        never = await get(fresh, "t-never")
+        assert never["tuple"] is None and "erased" not in never, never
+
+
 async def test_a_write_whose_effect_needs_the_projection_waits_for_it(settings: Settings) -> None:
     async with read_api(settings) as client, KafkaSaver(settings) as a:
         config = {"configurable": {"thread_id": "t-prune"}}

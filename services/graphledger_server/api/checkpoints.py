@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -143,10 +144,11 @@ NAMESPACES_AND_CEILINGS_SQL = f"SELECT ARRAY({THREAD_NAMESPACES_SQL}) AS namespa
 # statement, so in one snapshot (a projector batch commits rows and offsets at once): the projection's
 # applied offset on the thread's partition, every namespace of the thread (at most %(most)s), the newest
 # checkpoint's row as the official saver selects it (its columns null without one), whether writes
-# of a newer checkpoint wait for their put (as EARLY_WRITES_SQL) and the blob ceilings. One round trip: the reads that
-# hop between processes pay for each. %(group)s, %(topic)s, %(partition)s, %(thread)s, %(ns)s, %(most)s.
+# of a newer checkpoint wait for their put (as EARLY_WRITES_SQL), the blob ceilings and whether the
+# thread was erased (ERASED_SQL). One round trip: the reads that hop between processes pay for each.
+# %(group)s, %(topic)s, %(partition)s, %(thread)s, %(ns)s, %(most)s, %(ref)s (the thread's reference).
 THROUGH_NEWEST_SQL = f"""
-SELECT o.applied, n.namespaces, t.*, e.early, b.ceilings
+SELECT o.applied, n.namespaces, t.*, e.early, b.ceilings, ({{erased}}) AS erased
 FROM (SELECT coalesce(({SNAPSHOT_OFFSET_SQL}), 0) AS applied) o
 CROSS JOIN LATERAL (SELECT ARRAY({THREAD_NAMESPACES_SQL}) AS namespaces) n
 LEFT JOIN LATERAL (
@@ -161,6 +163,17 @@ CROSS JOIN LATERAL (
 ) e
 CROSS JOIN LATERAL ({BLOB_CEILINGS_SQL}) b
 """
+# The key store's record of an erased subject: its data key row, the key gone (`keys/store.py`).
+ERASED_SQL = "EXISTS (SELECT 1 FROM {schema}.data_keys k WHERE k.ref = %(ref)s AND k.wrapped IS NULL)"
+NOT_SEALED_SQL = "false"
+"""Without a key store nothing records an erasure: a thread's rows are dropped, and it reads as new."""
+
+
+@functools.cache
+def through_newest_sql(key_store_schema: str | None) -> str:
+    """THROUGH_NEWEST_SQL asking the key store in `key_store_schema` (None: none) whether the thread was erased."""
+    erased = ERASED_SQL.format(schema=key_store_schema) if key_store_schema is not None else NOT_SEALED_SQL
+    return THROUGH_NEWEST_SQL.replace("{erased}", erased)  # not format: the statement has braces of its own
 
 
 def _doc(request_model: type[BaseModel], response_model: type[BaseModel]) -> dict[str, Any]:
@@ -341,8 +354,8 @@ async def get_tuple(request: Request) -> Response:
     cached = _cached_through(request) if own is not None and body.checkpoint_id is None else None
     base = await _newest_base_started(request, tenant, body)
     # A thread the read API holds no view of is often a new one, whose answer (none) says whether it was
-    # erased: asked at once, beside the projection's answer, not after it.
-    erased = asyncio.create_task(_erased(request, tenant, body.thread_id)) if base is not None else None
+    # erased: the projection's answer brings that too, in the same statement.
+    erased = asyncio.create_task(_erased_in(base, request, tenant, body.thread_id)) if base is not None else None
     try:
         return await _get(request, tenant, body, own, cached, base, erased)
     finally:
@@ -406,9 +419,10 @@ async def _get(
     return _answer(request, answer)
 
 
-Base = tuple[int, dict[str, Any] | None, list[str] | None, dict[str, int]]
+Base = tuple[int, dict[str, Any] | None, list[str] | None, dict[str, int], bool]
 """The projection's applied offset on a thread's partition, the answer of a namespace's newest checkpoint,
-the thread's namespaces (None: too many) and the namespace's blob ceilings, as of one snapshot."""
+the thread's namespaces (None: too many), the namespace's blob ceilings and whether the key store records
+the thread as erased, as of one snapshot."""
 
 
 async def _newest_base_started(request: Request, tenant: Tenant, body: GetRequest) -> asyncio.Task[Base | None] | None:
@@ -422,7 +436,7 @@ async def _newest_base_started(request: Request, tenant: Tenant, body: GetReques
     partition = await state.barrier.partition_of(state.settings.checkpoint_topic, key)
     if state.views.usable(key, None, partition) is not None:
         return None
-    return asyncio.create_task(_newest_base(request, tenant, stored, body.checkpoint_ns, partition))
+    return asyncio.create_task(_newest_base(request, tenant, stored, body.checkpoint_ns, partition, key))
 
 
 async def _cancelled(task: asyncio.Task[Any] | None) -> None:
@@ -517,11 +531,11 @@ async def _newest_view(
             return view, settled.end
     for _ in range(2):
         if started is None:
-            started = asyncio.create_task(_newest_base(request, tenant, stored, ns, settled.partition))
+            started = asyncio.create_task(_newest_base(request, tenant, stored, ns, settled.partition, key))
         based = await started
         if based is None:
             return None
-        applied, base, namespaces, ceilings = based
+        applied, base, namespaces, ceilings, _ = based
         if applied >= settled.tail.start:
             events = await _thread_events(request, settled, stored, applied)
             view = fold.from_answer(ns, base, namespaces, ceilings=ceilings)
@@ -560,11 +574,14 @@ async def _one_view(
     return view, through
 
 
-async def _newest_base(request: Request, tenant: Tenant, stored: str, ns: str, partition: int) -> Base | None:
-    """The applied offset, the newest checkpoint's answer, the namespaces and the blob ceilings, in one
-    snapshot (None: the projection holds writes before their put, or a checkpoint before format 4: the
-    read waits)."""
-    settings = api_state(request).settings
+async def _newest_base(
+    request: Request, tenant: Tenant, stored: str, ns: str, partition: int, key: bytes
+) -> Base | None:
+    """The applied offset, the newest checkpoint's answer, the namespaces, the blob ceilings and whether
+    the thread (its record `key`) was erased, in one snapshot (None: the projection holds writes before
+    their put, or a checkpoint before format 4: the read waits)."""
+    state = api_state(request)
+    settings = state.settings
     params = {
         "group": settings.projector_group_id,
         "topic": settings.checkpoint_topic,
@@ -572,20 +589,22 @@ async def _newest_base(request: Request, tenant: Tenant, stored: str, ns: str, p
         "thread": stored,
         "ns": ns,
         "most": MAX_NAMESPACES + 1,
+        "ref": key.decode(),  # a thread's reference is its record key (`_erased`)
     }
-    async with api_state(request).pool.connection() as conn:
-        cursor = await conn.execute(THROUGH_NEWEST_SQL, params, binary=True)
+    sql = through_newest_sql(settings.key_store_schema if state.keys is not None else None)
+    async with state.pool.connection() as conn:
+        cursor = await conn.execute(sql, params, binary=True)
         row: dict[str, Any] = await cursor.fetchone()
     if row["early"]:
         log.info("thread %r has writes before their put in the projection: the read waits", stored)
         return None
     namespaces = _listed(row["namespaces"])
     if row["checkpoint_id"] is None:
-        return row["applied"], None, namespaces, row["ceilings"]
+        return row["applied"], None, namespaces, row["ceilings"], row["erased"]
     if row["checkpoint"]["v"] < 4 and row["parent_checkpoint_id"]:
         return None  # read with its parent's pending sends: a second statement, so a second snapshot
     found = await _saver(request, tenant)._load_checkpoint_tuple(row)
-    return row["applied"], wire_tuple(found, tenant), namespaces, row["ceilings"]
+    return row["applied"], wire_tuple(found, tenant), namespaces, row["ceilings"], row["erased"]
 
 
 async def _early_writes(conn: AsyncConnection[Any], stored: str, ns: str, newest: dict[str, Any] | None) -> bool:
@@ -649,6 +668,12 @@ def _listed(names: list[str]) -> list[str] | None:
 async def _erased_of(request: Request, tenant: Tenant, thread_id: str, started: asyncio.Task[bool] | None) -> bool:
     """`_erased`, asked when the read began (`started`) or now."""
     return await (started if started is not None else _erased(request, tenant, thread_id))
+
+
+async def _erased_in(base: asyncio.Task[Base | None], request: Request, tenant: Tenant, thread_id: str) -> bool:
+    """`_erased`, as the projection's snapshot `base` read it (asked on its own when `base` has none)."""
+    based = await asyncio.shield(base)
+    return based[4] if based is not None else await _erased(request, tenant, thread_id)
 
 
 async def _erased(request: Request, tenant: Tenant, thread_id: str) -> bool:
