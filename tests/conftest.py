@@ -114,9 +114,9 @@ def _tasks_printed_before_the_timeout(request: pytest.FixtureRequest) -> Iterato
     """A test that hangs shows where its coroutines wait (`hang_dump.py`)."""
     from hang_dump import tasks_printed_before
 
-    marker = request.node.get_closest_marker("timeout")
-    timeout_s = float(marker.args[0]) if marker is not None and marker.args else float(request.config.getini("timeout"))
-    with tasks_printed_before(timeout_s):
+    marker = request.node.get_closest_marker("timeout")  # pytest-timeout's order: marker, --timeout, ini
+    given = marker.args[0] if marker is not None and marker.args else request.config.getoption("timeout")
+    with tasks_printed_before(float(given if given is not None else request.config.getini("timeout"))):
         yield
 
 
