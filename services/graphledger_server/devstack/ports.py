@@ -58,10 +58,10 @@ def free_port_block(count: int, host: str = "127.0.0.1") -> int:
     """A base port with `count` consecutive free ports not handed out before (the dev stack gives each
     service one metrics port); all of them count as handed out."""
     for _ in range(50):
-        base = free_port(host)
-        block = range(base, base + count)
-        if block[-1] <= 65535 and all(p == base or (p not in _handed_out and _bindable(host, p)) for p in block):
-            _handed_out.update(block)
+        base = free_port(host)  # handed out now, the rest of the block once it is all free
+        rest = range(base + 1, base + count)
+        if base + count - 1 <= 65535 and all(p not in _handed_out and _bindable(host, p) for p in rest):
+            _handed_out.update(rest)
             return base
     raise RuntimeError(f"no block of {count} free ports on {host}")
 
