@@ -309,3 +309,10 @@ def test_a_tenant_client_that_opts_in_reads_the_threads_it_holds_without_the_rea
         assert saver._runtime.thread_reads is not None and default._runtime.thread_reads is not None
         assert saver._runtime.thread_reads.answered["held"] == 2  # every turn's read but the first
         assert default._runtime.thread_reads.answered["held"] == 0
+
+
+def test_the_key_filter_is_refused_to_a_tenants_token(tenant_api: TenantApi) -> None:
+    """The key filters prove threads of the unnamed tenant new; a tenant's client proves nothing with them,
+    and is told so."""
+    refused = tenant_api.post("/v1/checkpoints/key-filter", {"partition": 0}, tenant_api.tokens["acme"])
+    assert refused.status_code == 403 and "unnamed tenant" in refused.text, refused.text

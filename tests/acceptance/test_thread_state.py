@@ -2,7 +2,8 @@
 
 Regressions of the client's fast path: a read racing an eviction, long conversations, code that drives
 the saver directly, graphs with DeltaChannel state, a writer whose thread was erased (an outage of the
-read API: test_outage_writes.py). The projector is stopped (SIGSTOP) where a test
+read API: test_outage_writes.py); and a new thread's first read, answered in the client when the log
+proves the thread new, and only then. The projector is stopped (SIGSTOP) where a test
 says so: a read that waited for it would fail with `consistency_timeout` instead of answering.
 """
 
@@ -25,6 +26,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 
+from agent_pods import AgentPod
 from graphledger import KafkaSaver
 from graphledger.errors import SubjectErasedError
 from graphledger_server.devstack.stack import DevStack
@@ -38,12 +40,17 @@ answer, its put), some 1.3 KiB a turn here, so 256 KiB holds about 200 turns and
 need about 3 MiB (the history of 2,000 turns is about 850 MB)."""
 
 
+def all_projected(stack: DevStack) -> None:
+    """Return once the projector applied everything written before."""
+    with KafkaSaver(stack.settings) as reader:
+        next(iter(reader.list(None, limit=1)), None)  # a list across threads waits for the whole topic
+
+
 @contextmanager
 def projector_stopped(stack: DevStack) -> Iterator[None]:
     """The projector stopped (SIGSTOP) for the block, once it applied everything written before: earlier
     tests' records, a `runs.delete` among them, are no test's own and would be waited for."""
-    with KafkaSaver(stack.settings) as reader:
-        next(iter(reader.list(None, limit=1)), None)  # a list across threads waits for the whole topic
+    all_projected(stack)
     pid = stack.pids()["projector"]
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -78,7 +85,15 @@ async def saver(stack: DevStack) -> AsyncIterator[KafkaSaver]:
 
 
 def thread() -> dict[str, Any]:
-    return {"configurable": {"thread_id": f"t-{uuid.uuid4().hex[:8]}", "checkpoint_ns": ""}}
+    return {"configurable": {"thread_id": new_thread("t"), "checkpoint_ns": ""}}
+
+
+def new_thread(label: str) -> str:
+    return f"{label}-{uuid.uuid4().hex[:10]}"
+
+
+def config_of(thread_id: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
 
 
 async def test_a_read_racing_an_eviction_returns_every_acknowledged_write(stack: DevStack) -> None:
@@ -197,3 +212,67 @@ async def test_a_writer_never_reads_back_what_it_wrote_after_its_thread_was_eras
             assert await other.aget_tuple(config) is None
         with pytest.raises(SubjectErasedError):
             await writer.aput(config, checkpoint, {"source": "input", "step": -1}, {"note": "1"})
+
+
+# -- a new thread's first read, proved from the log (key filters) ----------------------------------
+
+
+async def test_new_threads_are_read_without_the_read_api_or_the_projector(stack: DevStack) -> None:
+    """Each new thread's first read is proved from the log, with the projector stopped: its turn and the
+    state read after it reach the read API only for the key filters, once per partition."""
+    async with KafkaSaver(stack.settings) as saver:
+        graph = chat(saver)
+        calls = count_reads(saver)
+        with projector_stopped(stack):
+            for turn in range(12):
+                config = thread()
+                await graph.ainvoke({"messages": [f"hello {turn}"]}, config)
+                state = await graph.aget_state(config)
+                assert state.values["messages"] == [f"hello {turn}", f"reply to hello {turn}"]
+        assert calls["read_api"] == 0 and calls["new"] == 12, dict(calls)
+
+
+async def test_threads_another_process_wrote_are_never_read_as_new(stack: DevStack) -> None:
+    """A thread another agent process wrote is read with its state whether its key came to the reader in a
+    key filter (written and projected before the reader fetched the filters) or only in the log since."""
+    writer = AgentPod("writer", stack.client_env(), stack.log_dir)
+    try:
+        early = [new_thread("early") for _ in range(8)]
+        for thread_id in early:
+            assert writer.call("turn", thread=thread_id, text="early")["ok"]
+        all_projected(stack)
+        async with KafkaSaver(stack.settings) as reader:
+            graph = chat(reader)
+            calls = count_reads(reader)
+            for _ in range(16):  # copies of the partitions' filters, holding the early threads' keys
+                assert await reader.aget_tuple(thread()) is None
+            assert calls["new"] == 16, dict(calls)
+            late = [new_thread("late") for _ in range(8)]
+            for thread_id in late:
+                assert writer.call("turn", thread=thread_id, text="late")["ok"]
+            for thread_id, text in [*((t, "early") for t in early), *((t, "late") for t in late)]:
+                state = await graph.aget_state(config_of(thread_id))
+                assert state.values["messages"] == [text, f"reply to {text}"], thread_id
+            assert calls["new"] == 16 and calls["read_api"] == 16, dict(calls)
+    finally:
+        writer.close()
+
+
+async def test_a_thread_erased_before_its_first_write_is_not_read_as_new(stack: DevStack) -> None:
+    """The erasure's record has the thread's key, so the thread is not proved new: its read learns of the
+    erasure, and the process refuses to write to it, as before."""
+    thread_id = new_thread("erased")
+    async with KafkaSaver(stack.settings) as saver:
+        calls = count_reads(saver)
+        for _ in range(32):  # a copy of every partition's filter, all but surely: the erasure comes after them
+            assert await saver.aget_tuple(thread()) is None
+        async with httpx.AsyncClient(base_url=stack.settings.api_url) as operator:  # a loopback API: no token
+            erased = await operator.post("/v1/erase", json={"thread_id": thread_id})
+        assert erased.status_code == 200, erased.text
+        assert await saver.aget_tuple(config_of(thread_id)) is None
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_versions"] = {"note": "1"}
+        checkpoint["channel_values"] = {"note": "after the erasure"}
+        with pytest.raises(SubjectErasedError):
+            await saver.aput(config_of(thread_id), checkpoint, {"source": "input", "step": -1}, {"note": "1"})
+        assert calls["new"] == 32 and calls["read_api"] == 1, dict(calls)

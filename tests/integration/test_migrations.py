@@ -31,6 +31,7 @@ OUR_TABLES = (
     "graphledger_parked_subjects",  # 0011
     "graphledger_held_records",  # 0011
     "graphledger_record_verdicts",  # 0011
+    "graphledger_key_filter",  # 0012
 )
 # 0002_store: the store projection (its vector table only when configured: test_store_projection.py).
 STORE_TABLES = ("store", "store_migrations", "graphledger_store_index")
@@ -107,3 +108,24 @@ async def test_official_saver_setup_is_a_noop_and_it_reads_and_writes(fresh_data
 async def test_a_schema_name_that_is_not_an_identifier_is_refused(fresh_database: str) -> None:
     with pytest.raises(ValueError, match="not a lower-case SQL identifier"):
         await migrate(fresh_database, "gl; DROP TABLE x")
+
+
+async def test_partitions_applied_before_the_key_filter_existed_are_marked_not_covered(fresh_database: str) -> None:
+    """0012 on a projection with progress: the filter lacks the keys of what was applied, so those rows say
+    so; a partition first applied afterwards starts covered."""
+    await migrate(fresh_database, "gl")
+    conn = await asyncpg.connect(fresh_database)
+    try:
+        await conn.execute("ALTER TABLE gl.graphledger_offsets DROP COLUMN key_filter_complete")
+        await conn.execute("DROP TABLE gl.graphledger_key_filter")
+        await conn.execute("DELETE FROM gl.graphledger_migrations WHERE version = 12")
+        insert = (
+            "INSERT INTO gl.graphledger_offsets (consumer_group, topic, partition, next_offset) VALUES ($1, $2, $3, $4)"
+        )
+        await conn.execute(insert, "g", "t", 0, 500)
+        assert await migrate(fresh_database, "gl") == [12]
+        await conn.execute(insert, "g", "t", 1, 0)
+        rows = await conn.fetch("SELECT partition, key_filter_complete FROM gl.graphledger_offsets ORDER BY 1")
+        assert [tuple(r) for r in rows] == [(0, False), (1, True)]
+    finally:
+        await conn.close()

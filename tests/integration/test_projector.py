@@ -18,13 +18,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
+import numpy as np
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from graphledger import key_filter
 from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import CheckpointEvent, ThreadCopy, ThreadDelete, ThreadPrune
 from graphledger.events.chunks import ChunkRef, split
 from graphledger.events.envelope import Envelope
+from graphledger.key_filter import KeyFilter
 from graphledger.settings import Settings
 from graphledger_server.devstack.postgres import EmbeddedPostgres
 from graphledger_server.log.offsets import APPLIED_CHANNEL
@@ -500,3 +503,39 @@ def _encoded(event: CheckpointEvent) -> tuple[bytes, bytes]:
 
 async def _at_least(count: Callable[[], Awaitable[int]], n: int) -> bool:
     return await count() >= n
+
+
+async def key_filter_of(db: asyncpg.Connection, settings: Settings, partition: int) -> KeyFilter:
+    """The partition's key filter as the read API serves it, read with the offset row."""
+    schema = settings.postgres_schema
+    rows = await db.fetch(
+        f"SELECT word, bits FROM {schema}.graphledger_key_filter WHERE topic = $1 AND partition = $2", TOPIC, partition
+    )
+    words = np.zeros(key_filter.BITS // 64, dtype=np.uint64)
+    for row in rows:
+        words[row["word"]] = np.uint64(row["bits"] % 2**64)
+    through = await db.fetchval(
+        f"SELECT next_offset FROM {schema}.graphledger_offsets WHERE topic = $1 AND partition = $2", TOPIC, partition
+    )
+    return KeyFilter(words, through)
+
+
+async def test_the_key_filter_holds_the_key_of_every_record_the_offsets_moved_past(
+    settings: Settings, db: asyncpg.Connection, applier: tuple[BatchApplier, list[DeadLetter]]
+) -> None:
+    """Applied or dead-lettered, each record's key is in its partition's filter once the offset passed it;
+    records applied before add nothing again."""
+    batch_applier, letters = applier
+    applied = [record(e, 0, i) for i, e in enumerate(prune_sequence("kept"))]
+    bad = dataclasses.replace(record(put("bad", 1), 0, len(applied)), value=b"\x00 not an envelope")
+    other = record(put("other", 1), 1, 0)
+    await batch_applier.apply(db, [*applied, bad, other])
+    assert len(letters) == 1
+    first, second = await key_filter_of(db, settings, 0), await key_filter_of(db, settings, 1)
+    assert first.through == len(applied) + 1 and second.through == 1
+    assert first.may_hold(b"kept") and first.may_hold(b"bad") and second.may_hold(b"other")
+    assert not first.may_hold(b"other") and not second.may_hold(b"kept")
+    words = await scalar(db, settings, "SELECT count(*) FROM {schema}.graphledger_key_filter")
+    assert (await batch_applier.apply(db, applied)).skipped == len(applied)
+    assert await scalar(db, settings, "SELECT count(*) FROM {schema}.graphledger_key_filter") == words
+    assert await scalar(db, settings, "SELECT bool_and(key_filter_complete) FROM {schema}.graphledger_offsets")

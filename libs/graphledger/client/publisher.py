@@ -20,9 +20,10 @@ from aiokafka.errors import KafkaError
 from opentelemetry.context import Context
 
 from graphledger.client.producer import new_producer
-from graphledger.errors import PublishError
+from graphledger.errors import PartitionCountChangedError, PublishError
 from graphledger.events import chunks, envelope
 from graphledger.events.envelope import Envelope
+from graphledger.partition_layout import key_partitioner
 from graphledger.settings import Settings
 from graphledger.telemetry import client as telemetry
 from graphledger.telemetry.propagation import traceparent
@@ -116,6 +117,17 @@ class EventPublisher:
                 f"Kafka did not tell the partitions of {topic} within {self._settings.produce_timeout_s}s: "
                 f"{exc or type(exc).__name__}"
             ) from exc
+
+    async def partition_of(self, topic: str, key: bytes) -> int | None:
+        """The partition the producer routes a record with `key` to now; None when the topic's partitions
+        are not known, or their count is not the recorded one (the producer refuses to route then)."""
+        assert self._producer is not None
+        try:
+            partitions = await self.partitions(topic)
+            self._producer.layout.check(topic, len(partitions))
+        except (PublishError, PartitionCountChangedError):
+            return None
+        return key_partitioner(key, partitions, partitions)
 
     async def publish(
         self,

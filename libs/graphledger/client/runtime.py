@@ -19,6 +19,7 @@ from typing import Any, Self, TypeVar
 from aiokafka import TopicPartition
 from opentelemetry.context import Context
 
+from graphledger.client.key_filters import KeyFilters
 from graphledger.client.loop import BackgroundLoop, HomeLoop
 from graphledger.client.publisher import EventPublisher
 from graphledger.client.put_riders import PutRiders
@@ -106,6 +107,9 @@ class ClientRuntime:
                 self._settings.consistency_timeout_s,
                 self.thread_erased,
                 self._log_denied,
+                # A tenant's client proves nothing new: the filters are the unnamed tenant's.
+                KeyFilters(self._reader.call) if self.log is not None and not self.tenant else None,
+                self._partition_of_thread_key,
             )
         except BaseException:
             await self._reader.close()
@@ -178,6 +182,9 @@ class ClientRuntime:
         if self.sealer is None:
             return scoped_thread(self.tenant, thread_id).encode()
         return self.sealer.record_key_of_thread(self.tenant, scoped_thread(self.tenant, thread_id))
+
+    async def _partition_of_thread_key(self, key: bytes) -> int | None:
+        return await self.publisher.partition_of(self._settings.checkpoint_topic, key)
 
     def thread_erased(self, thread_id: str) -> None:
         """A read found the thread erased: its writes are refused from now on."""

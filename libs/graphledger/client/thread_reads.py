@@ -9,6 +9,10 @@ Otherwise, or when it holds no view of what is asked, the read API answers (it w
 every record the client does not name as its own) and the client folds its named records onto that
 answer. When the fold cannot derive the answer, the client asks once more
 naming nothing, and the read API then waits for every record of the thread.
+
+A thread the process does not hold is most often a new one. Its read is answered here too when the log
+proves it new: its key is not in its partition's key filter (`key_filters.py`), and no record from the
+filter's `through` to the log's end has it. The thread is then held as new through that end.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from aiokafka import TopicPartition
 from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
 
 from graphledger import fold
+from graphledger.client.key_filters import KeyFilters
 from graphledger.client.threads import Held, HeldThreads
 from graphledger.errors import LogUnavailableError
-from graphledger.log_tail import LogTail
+from graphledger.log_tail import LogTail, Tail
 from graphledger.wire import CACHED_THROUGH_HEADER, OWN_WRITES_HEADER
 
 log = logging.getLogger(__name__)
@@ -49,6 +54,8 @@ class ThreadReads:
         timeout_s: float,
         on_erased: Callable[[str], None],
         on_log_denied: Callable[[], None],
+        key_filters: KeyFilters | None = None,
+        partition_of: Callable[[bytes], Awaitable[int | None]] | None = None,
     ) -> None:
         self._threads = threads
         self._topic = topic
@@ -58,14 +65,21 @@ class ThreadReads:
         self._timeout_s = timeout_s
         self._on_erased = on_erased
         self._on_log_denied = on_log_denied
+        self._key_filters = key_filters
+        """None: no proofs of new threads (a tenant's client)."""
+        self._partition_of = partition_of
         self.answered: Counter[str] = Counter()
-        """Reads answered from what the process holds (`held`) and by the read API (`read_api`)."""
+        """Reads answered from what the process holds (`held`), as of a thread proved new (`new`) and by the
+        read API (`read_api`)."""
 
     async def get(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> dict[str, Any] | None:
         """The read API's get answer (wire form) for the thread namespace's newest checkpoint, or for
         `checkpoint_id`."""
         await self._threads.settled(thread_id)
         held = self._threads.get(thread_id)
+        if held is None and await self._proved_new(thread_id):
+            self.answered["new"] += 1
+            return None
         if held is not None and held.view.erased:
             return None
         if held is not None and held.local:
@@ -87,7 +101,7 @@ class ThreadReads:
         log allows, else the read API's, which the process then holds (when its view is current)."""
         await self._threads.settled(thread_id)
         held = self._threads.get(thread_id)
-        if held is not None and held.view.erased:
+        if (held is not None and held.view.erased) or (held is None and await self._proved_new(thread_id)):
             return {channel: {"writes": []} for channel in channels}
         ns = _namespace(held, checkpoint_ns)
         current = ns is not None and held is not None and held.local and await self._unchanged_since(thread_id, held)
@@ -112,19 +126,54 @@ class ThreadReads:
         history: dict[str, Any] = (await self._read(DELTA_PATH, body, None))["history"]
         return history
 
-    async def _unchanged_since(self, thread_id: str, held: Held) -> bool:
-        """Whether the log holds no record of the thread since the snapshot's `through` but its own; if
-        so, the thread is held as current through the log's end."""
+    async def _proved_new(self, thread_id: str) -> bool:
+        """Whether the log held no record of the thread when this read began (its key is in neither its
+        partition's key filter nor the partition's records since); if so, the thread is held as new."""
         log_tail, key = self._log_tail(), self._record_key_of_thread(thread_id)
-        if log_tail is None or key is None or held.through is None:
+        if self._key_filters is None or self._partition_of is None or log_tail is None or key is None:
             return False
-        tp = TopicPartition(self._topic, held.partition)
+        partition = await self._partition_of(key)
+        if partition is None:
+            return False
+        copy = await self._key_filters.of(partition)
+        if copy is None or copy.may_hold(key):
+            return False
+        tp, start = TopicPartition(self._topic, partition), copy.through
+        tail = await self._tail(tp, start)
+        if tail is None:
+            return False
+        if not tail.complete:
+            self._key_filters.drop(partition, copy)  # far behind: a fresh copy starts nearer the end
+            return False
+        copy.extend(start, (k for _, k in tail.keys), tail.end)
+        if any(k == key for _, k in tail.keys):
+            return False
+        self._threads.install(thread_id, None, partition, fold.NEW, tail.end, tail.end)
+        return True
+
+    async def _tail(self, tp: TopicPartition, start: int) -> Tail | None:
+        """The partition's tail from `start`, by a fetch sent now; None when the log cannot be read (a client
+        without READ on the topic stops looking at it)."""
+        log_tail = self._log_tail()
+        if log_tail is None:
+            return None
         try:
-            tail = (await log_tail.tails({tp: self._threads.first_unknown(thread_id, held)}, self._timeout_s))[tp]
+            return (await log_tail.tails({tp: start}, self._timeout_s))[tp]
         except LogUnavailableError as exc:
             if isinstance(exc.__cause__, TopicAuthorizationFailedError | ClusterAuthorizationFailedError):
                 log.warning("no READ on %s for this client (%s): reads go to the read API", tp.topic, exc.__cause__)
                 self._on_log_denied()
+            return None
+
+    async def _unchanged_since(self, thread_id: str, held: Held) -> bool:
+        """Whether the log holds no record of the thread since the snapshot's `through` but its own; if
+        so, the thread is held as current through the log's end."""
+        key = self._record_key_of_thread(thread_id)
+        if key is None or held.through is None:
+            return False
+        tp = TopicPartition(self._topic, held.partition)
+        tail = await self._tail(tp, self._threads.first_unknown(thread_id, held))
+        if tail is None:
             return False
         if not tail.complete:
             # The records the scan did not reach may all be this process's own (of any thread): then the

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
-from graphledger_server.api import checkpoints, handlers, health, keys, store
+from graphledger_server.api import checkpoints, handlers, health, key_filter, keys, store
 from graphledger_server.api.auth import AccessPolicy, TenantAuth, document_bearer_auth, whoami_router
 from graphledger_server.api.db import open_pool, open_store_pool
 from graphledger_server.api.key_quota import KeyCreationQuota
@@ -99,6 +99,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(health.router)
     app.include_router(whoami_router)
     app.include_router(checkpoints.router)
+    app.include_router(key_filter.router)
     app.include_router(store.router)
     app.include_router(keys.router)
     document_bearer_auth(app)

@@ -22,15 +22,14 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple, writes_sort_key
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-from psycopg import AsyncConnection, IsolationLevel
+from psycopg import AsyncConnection
 from pydantic import BaseModel
 
 from graphledger import fold
@@ -39,6 +38,7 @@ from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MS
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
 from graphledger_server.api.consistency import token_of
+from graphledger_server.api.db import snapshot
 from graphledger_server.api.errors import ApiError
 from graphledger_server.api.models import (
     DeltaHistoryRequest,
@@ -264,17 +264,6 @@ async def _settle_thread(
     read = KeyedRead(state.settings.checkpoint_topic, key, own, cached_through)
     token = token_of(request.headers.get(CONSISTENCY_HEADER))
     return (await state.barrier.before_keyed([read], token, tenant=tenant, through=through))[read]
-
-
-@asynccontextmanager
-async def _snapshot(request: Request) -> AsyncIterator[AsyncConnection[Any]]:
-    """A connection in a repeatable-read transaction: the projection's rows and its applied offsets as
-    of one instant (a projector batch commits both at once)."""
-    async with api_state(request).pool.connection() as conn:
-        if conn.isolation_level is not IsolationLevel.REPEATABLE_READ:
-            await conn.set_isolation_level(IsolationLevel.REPEATABLE_READ)  # for its transactions only
-        async with conn.transaction():
-            yield conn
 
 
 async def _applied(request: Request, conn: AsyncConnection[Any], partition: int) -> int:
@@ -551,7 +540,7 @@ async def _one_view(
     it); raises `fold.Underivable`."""
     stored, ns, checkpoint_id = tenant.thread(body.thread_id), body.checkpoint_ns, body.checkpoint_id
     assert checkpoint_id is not None
-    async with _snapshot(request) as conn:
+    async with snapshot(api_state(request).pool) as conn:
         applied = await _applied(request, conn, settled.partition)
         saver = _saver(request, tenant, conn)
         found = await saver.aget_tuple(body.config(tenant.thread))
@@ -747,7 +736,7 @@ async def _history_through(
     stored = tenant.thread(body.thread_id)
     ns = body.checkpoint_ns
     newest_config: RunnableConfig = {"configurable": {"thread_id": stored, "checkpoint_ns": ns}}
-    async with _snapshot(request) as conn:
+    async with snapshot(api_state(request).pool) as conn:
         applied = await _applied(request, conn, settled.partition)
         saver = _saver(request, tenant, conn)
         found = await saver.aget_tuple(newest_config)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -20,6 +22,17 @@ from graphledger_server.driver_errors import Verdict, verdict_of
 log = logging.getLogger(__name__)
 
 CHECKPOINTS_TABLE_SQL = "SELECT to_regclass('checkpoints') IS NOT NULL AS ready"
+
+
+@asynccontextmanager
+async def snapshot(pool: AsyncConnectionPool[Any]) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A connection in a repeatable-read transaction: the projection's rows and its applied offsets as
+    of one instant (a projector batch commits both at once)."""
+    async with pool.connection() as conn:
+        if conn.isolation_level is not psycopg.IsolationLevel.REPEATABLE_READ:
+            await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)  # for its transactions only
+        async with conn.transaction():
+            yield conn
 
 
 class _MostRecentFirst(deque[Any]):

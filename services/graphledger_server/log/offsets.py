@@ -84,6 +84,12 @@ SELECT next_offset FROM graphledger_offsets
 WHERE consumer_group = %(group)s AND topic = %(topic)s AND partition = %(partition)s
 """
 
+# The same, with whether the key filter holds every key below it (`projection/key_filter.py`).
+SNAPSHOT_KEY_FILTER_OFFSET_SQL = """
+SELECT next_offset, key_filter_complete FROM graphledger_offsets
+WHERE consumer_group = %(group)s AND topic = %(topic)s AND partition = %(partition)s
+"""
+
 # Every partition of every topic the group applied to. $1 group.
 GROUP_OFFSETS_SQL = """
 SELECT topic, partition, next_offset FROM {schema}.graphledger_offsets WHERE consumer_group = $1::text
@@ -234,6 +240,19 @@ async def offsets_table_exists(conn: asyncpg.Connection, sql: OffsetStatements) 
 async def hold_projection(conn: asyncpg.Connection, sql: OffsetStatements) -> None:
     """Stop the schema's projector batches until this transaction ends (reads go on); see LOCK_OFFSETS_TABLE_SQL."""
     await conn.execute(sql.lock_table)
+
+
+async def snapshot_key_filter_offset(
+    conn: psycopg.AsyncConnection[Any], group: str, topic: str, partition: int
+) -> tuple[int, bool]:
+    """`snapshot_offset`, and whether the partition's key filter holds every key below it (no row: nothing
+    applied, so an empty filter does)."""
+    params = {"group": group, "topic": topic, "partition": partition}
+    row = await (await conn.execute(SNAPSHOT_KEY_FILTER_OFFSET_SQL, params)).fetchone()
+    if row is None:
+        return 0, True
+    next_offset, complete = (row["next_offset"], row["key_filter_complete"]) if isinstance(row, dict) else row
+    return int(next_offset), bool(complete)
 
 
 async def snapshot_offset(conn: psycopg.AsyncConnection[Any], group: str, topic: str, partition: int) -> int:

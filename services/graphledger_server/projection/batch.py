@@ -61,10 +61,10 @@ from graphledger_server.log.offsets import (
 )
 from graphledger_server.log.parked import Cause, ParkedStatements, ParkedSubject, Position, subject_name
 from graphledger_server.projection import chunks as chunk_store
-from graphledger_server.projection import erasure
+from graphledger_server.projection import erasure, key_filter
 from graphledger_server.projection.admission import admitted
 from graphledger_server.projection.binding import bind_opened, unbound
-from graphledger_server.projection.checkpoints import TimedCheckpointEvent
+from graphledger_server.projection.checkpoints import CheckpointProjection, TimedCheckpointEvent
 from graphledger_server.projection.dead_letters import record_dead_letters
 from graphledger_server.projection.parking import (
     Apply,
@@ -344,6 +344,9 @@ class BatchApplier:
         self._parked = ParkedStatements(schema)
         self._chunks = chunk_store.ChunkStatements(schema)
         self._erasure = erasure.ErasureStatements(schema)
+        self._record_keys = key_filter.render_record(schema)
+        self._filtered = frozenset(t for t, p in self.projections.items() if isinstance(p, CheckpointProjection))
+        """The topics whose record keys go into the key filter: the checkpoint topic."""
         self._source_erasures: dict[str, int] = {}
         """When each erased source of a copy met in `classify` was erased (ms); once erased, always."""
         self._recorded_erasures: tuple[set[str], set[str]] | None = (set(), set())
@@ -471,6 +474,7 @@ class BatchApplier:
             parking = await self._parking(conn, fresh)
             resolved = await self._resolve(conn, fresh, stored, parking)
             dead = await self._apply_resolved(conn, resolved, parking, result)
+            passed: list[SourceRecord] = []
             for record in records:
                 tp = (record.topic, record.partition)
                 cut = resolved.cut(tp)
@@ -478,6 +482,8 @@ class BatchApplier:
                     continue
                 if record.offset >= stored[tp]:
                     result.next_offsets[tp] = max(result.next_offsets.get(tp, 0), record.offset + 1)
+                    passed.append(record)
+            await self._record_keys_of(conn, passed)
             await advance_offsets(conn, self._offsets, self.group, result.next_offsets)
             await notify_applied(conn, self.schema)
             if dead:
@@ -485,6 +491,15 @@ class BatchApplier:
             result.deferred = resolved.fetch_again()
             result.held = resolved.held
         return result
+
+    async def _record_keys_of(self, conn: asyncpg.Connection, passed: Sequence[SourceRecord]) -> None:
+        """Add the keys of the checkpoint records the offsets move past to the key filter, whatever became of
+        the records (applied, parked, dead-lettered, skipped as erased): the filter says only which keys
+        the log holds."""
+        for topic in self._filtered:
+            keys = [(r.partition, r.key) for r in passed if r.topic == topic and r.key is not None]
+            if keys:
+                await key_filter.record(conn, self._record_keys, topic, keys)
 
     async def _apply_resolved(
         self, conn: asyncpg.Connection, resolved: _Resolved, parking: Parking, result: BatchResult
