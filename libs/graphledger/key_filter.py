@@ -10,22 +10,22 @@ read its round trip, nothing more; so does a filter that has filled up (`BITS` h
 per partition at 1 % false positives).
 
 A word is 64 bits, bit `p` of the filter being bit `p % 64` of word `p // 64`; Postgres stores a word as
-a signed `bigint` (`signed`).
+a signed `bigint` (`signed`). Packed little-endian, the words are the filter's bytes, bit `p` being bit
+`p % 8` of byte `p // 8`: that is how a client holds its copy (no numpy in the client).
 """
 
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Iterable
 from typing import Any
-
-import numpy as np
 
 BITS = 1 << 20
 """Bits per partition: 128 KiB, 16,384 words."""
 HASHES = 7
 WORD_BITS = 64
-_WORD_MASK = (1 << WORD_BITS) - 1
+WORD_BYTES = WORD_BITS // 8
 
 
 def positions(key: bytes) -> list[int]:
@@ -53,10 +53,14 @@ def signed(word: int) -> int:
 class KeyFilter:
     """A client's copy of one partition's filter, which it extends with the keys it scans past `through`."""
 
-    def __init__(self, words: np.ndarray[Any, np.dtype[np.uint64]], through: int) -> None:
-        self._words = words
+    def __init__(self, bits: bytearray, through: int) -> None:
+        self._bits = bits
         self.through = through
         """The filter holds every key of the partition's records below this offset."""
+
+    @classmethod
+    def empty(cls, through: int) -> KeyFilter:
+        return cls(bytearray(BITS // 8), through)
 
     @classmethod
     def from_answer(cls, answer: dict[str, Any]) -> KeyFilter | None:
@@ -65,21 +69,29 @@ class KeyFilter:
         not this version's."""
         if not answer.get("complete") or answer.get("bits") != BITS or answer.get("hashes") != HASHES:
             return None
-        words = np.zeros(BITS // WORD_BITS, dtype=np.uint64)
-        indexes = np.frombuffer(answer["indexes"], dtype="<u4")
-        words[indexes] = np.frombuffer(answer["values"], dtype="<u8")
-        return cls(words, int(answer["through"]))
+        indexes, values = answer["indexes"], answer["values"]
+        if len(indexes) % 4 or len(values) != len(indexes) * 2:
+            return None
+        copy = cls.empty(int(answer["through"]))
+        for i, (word,) in enumerate(struct.iter_unpack("<I", indexes)):
+            if word >= BITS // WORD_BITS:
+                return None
+            copy._bits[word * WORD_BYTES : (word + 1) * WORD_BYTES] = values[i * WORD_BYTES : (i + 1) * WORD_BYTES]
+        return copy
 
     def may_hold(self, key: bytes) -> bool:
         """Whether a record below `through` may have `key` (False: none has)."""
-        words = self._words
-        return all(int(words[p // WORD_BITS]) >> (p % WORD_BITS) & 1 for p in positions(key))
+        bits = self._bits
+        return all(bits[p >> 3] >> (p & 7) & 1 for p in positions(key))
 
     def extend(self, start: int, keys: Iterable[bytes | None], end: int) -> None:
         """Add the keys of every record in `[start, end)` (a scan of the partition), when the scan began
         at or before `through`: the filter then holds every key below `end`."""
         if start > self.through or end <= self.through:
             return
-        for word, bits in words_of(k for k in keys if k is not None).items():
-            self._words[word] |= np.uint64(bits & _WORD_MASK)
+        bits = self._bits
+        for key in keys:
+            if key is not None:
+                for p in positions(key):
+                    bits[p >> 3] |= 1 << (p & 7)
         self.through = end

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
-import numpy as np
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
@@ -511,13 +510,20 @@ async def key_filter_of(db: asyncpg.Connection, settings: Settings, partition: i
     rows = await db.fetch(
         f"SELECT word, bits FROM {schema}.graphledger_key_filter WHERE topic = $1 AND partition = $2", TOPIC, partition
     )
-    words = np.zeros(key_filter.BITS // 64, dtype=np.uint64)
-    for row in rows:
-        words[row["word"]] = np.uint64(row["bits"] % 2**64)
     through = await db.fetchval(
         f"SELECT next_offset FROM {schema}.graphledger_offsets WHERE topic = $1 AND partition = $2", TOPIC, partition
     )
-    return KeyFilter(words, through)
+    answer = {
+        "through": through,
+        "complete": True,
+        "bits": key_filter.BITS,
+        "hashes": key_filter.HASHES,
+        "indexes": b"".join(r["word"].to_bytes(4, "little") for r in rows),
+        "values": b"".join(r["bits"].to_bytes(8, "little", signed=True) for r in rows),
+    }
+    copy = KeyFilter.from_answer(answer)
+    assert copy is not None
+    return copy
 
 
 async def test_the_key_filter_holds_the_key_of_every_record_the_offsets_moved_past(

@@ -7,7 +7,6 @@ import os
 import random
 from typing import Any
 
-import numpy as np
 import pytest
 
 from graphledger import key_filter
@@ -50,14 +49,22 @@ def test_a_copy_holds_every_recorded_key_and_few_others() -> None:
 
 
 @pytest.mark.parametrize(
-    "change", [{"complete": False}, {"bits": BITS // 2}, {"hashes": HASHES + 1}], ids=["incomplete", "bits", "hashes"]
+    "change",
+    [
+        {"complete": False},
+        {"bits": BITS // 2},
+        {"hashes": HASHES + 1},
+        {"indexes": b"\x01\x00\x00"},
+        {"indexes": (BITS // 64).to_bytes(4, "little")},
+    ],
+    ids=["incomplete", "bits", "hashes", "torn", "word-beyond"],
 )
 def test_a_filter_that_cannot_prove_absence_is_refused(change: dict[str, Any]) -> None:
     assert KeyFilter.from_answer({**answer_of([b"k"], 3), **change}) is None
 
 
 def test_a_scan_extends_a_copy_only_from_where_it_holds_every_key() -> None:
-    copy = KeyFilter(np.zeros(BITS // 64, dtype=np.uint64), 10)
+    copy = KeyFilter.empty(10)
     copy.extend(12, [b"skipped"], 20)  # began past `through`: offsets 10 and 11 unknown
     assert copy.through == 10 and not copy.may_hold(b"skipped")
     copy.extend(8, [b"a", None, b"b"], 15)

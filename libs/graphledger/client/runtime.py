@@ -107,13 +107,20 @@ class ClientRuntime:
                 self._settings.consistency_timeout_s,
                 self.thread_erased,
                 self._log_denied,
-                # A tenant's client proves nothing new: the filters are the unnamed tenant's.
-                KeyFilters(self._reader.call) if self.log is not None and not self.tenant else None,
+                KeyFilters(self._reader.call) if self._proves_new_threads() else None,
                 self._partition_of_thread_key,
             )
         except BaseException:
             await self._reader.close()
             raise
+
+    def _proves_new_threads(self) -> bool:
+        """Whether this client's reads may prove a thread new from the log (`thread_reads.py`): it reads the
+        log, is the unnamed tenant's (whose the key filters are), and every record of a thread has the key it
+        computes: not so for a log with a clear era under encryption, whose clear records are keyed by the
+        plain thread id (often on another partition)."""
+        clear_era = self._settings.encrypt_events and self._settings.accept_clear_events
+        return self.log is not None and not self.tenant and not clear_era
 
     async def _prefetch_keys(self, sealer: EventSealer, pool: FreshKeyPool) -> None:
         """The tenant's hashing key and a batch of fresh keys, so that no write waits for a key. A client

@@ -146,6 +146,8 @@ class ThreadReads:
             self._key_filters.drop(partition, copy)  # far behind: a fresh copy starts nearer the end
             return False
         copy.extend(start, (k for _, k in tail.keys), tail.end)
+        # A record without a key (`runs.delete`, a tenant's erasure: never the unnamed tenant's) changes
+        # nothing of a thread with no records.
         if any(k == key for _, k in tail.keys):
             return False
         self._threads.install(thread_id, None, partition, fold.NEW, tail.end, tail.end)
