@@ -1,8 +1,9 @@
 """Keys are off the write path (docs/security.md): through an outage of the read API and Postgres, with
 Kafka up, an agent pod that was running keeps writing, new threads and new store subjects included,
-with keys past their TTL (1 s here), and keeps running the turns of the threads it holds; a turn on a
-thread it does not hold fails at its first read, retryably. A pod started during the outage says what
-it cannot do. Once the outage ends, every acknowledged write is in the projection.
+with keys past their TTL (1 s here), and keeps running the turns of the threads it holds and of new
+threads, which it proves new from the log with the key filters it fetched before; a turn on a thread
+another process wrote fails at its first read, retryably. A pod started during the outage says what it
+cannot do. Once the outage ends, every acknowledged write is in the projection.
 
 `GRAPHLEDGER_OUTAGE_S` sets the outage's length, `GRAPHLEDGER_OUTAGE_PACE_S` the pause between the
 agent's rounds of writes (`make soak` runs ten minutes, a round a second). A pod can start at least
@@ -18,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from langgraph.checkpoint.base import empty_checkpoint
 
 from agent_pods import AgentPod
 from graphledger import KafkaSaver, KafkaStore
@@ -30,6 +32,9 @@ pytestmark = pytest.mark.slow
 OUTAGE_S = float(os.environ.get("GRAPHLEDGER_OUTAGE_S", "6"))
 PACE_S = float(os.environ.get("GRAPHLEDGER_OUTAGE_PACE_S", "0"))
 WAIT_S = 120.0
+WARM_THREADS = 24
+"""New threads the pod turns before the outage: each proof fetches its partition's key filter, and 24 miss
+one of the two partitions with probability 2 ** -23."""
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +61,26 @@ def _pod(stack: DevStack, name: str) -> AgentPod:
 
 def test_agents_keep_writing_through_an_outage_of_the_read_api_and_postgres(stack: DevStack) -> None:
     held = f"held-{uuid.uuid4().hex[:6]}"
+    elsewhere = f"elsewhere-{uuid.uuid4().hex[:6]}"
+    with KafkaSaver(stack.settings) as other:  # another process's thread, which the pod does not hold
+        other.put(
+            {"configurable": {"thread_id": elsewhere, "checkpoint_ns": ""}},
+            empty_checkpoint(),
+            {"source": "input", "step": -1},
+            {},
+        )
     pod = _pod(stack, "before")
     try:
         _ok(pod.call("turn", thread=held, text="before the outage"))
         _ok(pod.call("store_put", namespace=["outage", "before"], key="k", value={"n": -1}))  # the store started
+        for _ in range(WARM_THREADS):  # copies of both partitions' key filters, all but surely
+            _ok(pod.call("turn", thread=f"warm-{uuid.uuid4().hex[:6]}", text="hello"))
         turns, puts, memories = 1, [], []
         stack.stop_api()
         stack.stop_postgres()
         try:
+            # A new thread's turn proves the thread new from the log: no read API, no projection.
+            _ok(pod.call("turn", thread=f"new-turn-{uuid.uuid4().hex[:6]}", text="hello"))
             deadline = time.monotonic() + OUTAGE_S
             while time.monotonic() < deadline:  # the outage's length, not a wait for anything
                 _ok(pod.call("turn", thread=held, text=f"turn {turns}"))
@@ -76,8 +93,8 @@ def test_agents_keep_writing_through_an_outage_of_the_read_api_and_postgres(stac
                     _ok(pod.call("store_put", namespace=namespace, key="k", value={"n": len(memories)}))
                     memories.append(namespace)
                 time.sleep(PACE_S)  # the agent's rate of new subjects, not a wait for anything
-            # A thread the pod does not hold needs the projection: its turn fails at its first read.
-            refused = pod.call("turn", thread=f"unheld-{uuid.uuid4().hex[:6]}", text="hello")
+            # A thread another process wrote needs the projection: its turn fails at its first read.
+            refused = pod.call("turn", thread=elsewhere, text="hello")
             assert not refused["ok"] and refused["retryable"], refused
             # A pod started during the outage has no keys: it says so, and its writes fail retryably.
             late = _pod(stack, "during")
