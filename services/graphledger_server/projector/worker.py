@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -54,6 +55,7 @@ from graphledger_server.telemetry.projector import ProjectorTelemetry, log_gap
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 BACKOFF_INITIAL_S = 0.1
 IDLE_POLL_MS = 200
 """How long one empty fetch waits: also the longest a stop request waits for an idle worker."""
@@ -308,8 +310,8 @@ class ProjectorWorker:
         records: its threads' records may sit on two partitions, which this worker would apply apart.
         Every count change reaches here: the group rebalances when a subscribed topic's count changes."""
         assert self.consumer is not None and self.producer is not None
-        layout = self.producer.layout
-        await layout.load(self.producer.client)
+        layout, client = self.producer.layout, self.producer.client
+        await self._retried("read the partition layout", lambda: layout.load(client))
         for topic in self.topics:
             layout.check(topic, len(self.consumer.partitions_for_topic(topic) or ()))
 
@@ -322,27 +324,36 @@ class ProjectorWorker:
             self.group_offsets.forget(partitions)
         self.telemetry.lost_log = frozenset((tp.topic, tp.partition) for tp in self.guard.stopped)
 
+    async def _retried(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """`attempt()`, again with capped backoff while it fails for a passing reason (`verdict_of`: a broker
+        or Postgres away) and the worker is not stopping: a rebalance listener that raised would stop it."""
+        delay = BACKOFF_INITIAL_S
+        while True:
+            try:
+                return await attempt()
+            except Exception as exc:
+                if verdict_of(exc) is not Verdict.RETRY or self._stop.is_set():
+                    raise
+                log.warning("cannot %s (%s); retrying in %.1fs", what, exc, delay)
+                await set_within(self._stop, delay)
+                delay = min(delay * 2, self.settings.projector_retry_max_s)
+
     async def seek_to_stored(self, assigned: set[TopicPartition]) -> None:
         """Seek each assigned partition to its stored next offset, or to the beginning without one."""
         assert self.consumer is not None and self.pool is not None
         if not assigned:
             return
         self.forget(assigned)
-        delay = BACKOFF_INITIAL_S
-        while True:
-            try:
-                async with self.pool.acquire() as conn:
-                    stored = {
-                        topic: await stored_offsets(conn, self._offsets, self.settings.projector_group_id, topic)
-                        for topic in {tp.topic for tp in assigned}
-                    }
-                break
-            except Exception as exc:
-                if verdict_of(exc) is not Verdict.RETRY or self._stop.is_set():
-                    raise
-                log.warning("cannot read stored offsets (%s); retrying in %.1fs", exc, delay)
-                await set_within(self._stop, delay)
-                delay = min(delay * 2, self.settings.projector_retry_max_s)
+        pool, group = self.pool, self.settings.projector_group_id
+
+        async def read_stored() -> dict[str, dict[int, int]]:
+            async with pool.acquire() as conn:
+                return {
+                    topic: await stored_offsets(conn, self._offsets, group, topic)
+                    for topic in {tp.topic for tp in assigned}
+                }
+
+        stored = await self._retried("read stored offsets", read_stored)
         beginning = []
         for tp in sorted(assigned):
             offset = stored[tp.topic].get(tp.partition)
