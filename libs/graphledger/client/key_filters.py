@@ -32,6 +32,8 @@ Read = Callable[[str, dict[str, Any], Mapping[str, str] | None], Awaitable[Any]]
 
 
 class KeyFilters:
+    """The copies of one client, by partition."""
+
     def __init__(self, read: Read, clock: Callable[[], float] = time.monotonic) -> None:
         self._read = read
         self._clock = clock

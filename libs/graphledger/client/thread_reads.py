@@ -66,10 +66,10 @@ class ThreadReads:
         self._on_erased = on_erased
         self._on_log_denied = on_log_denied
         self._key_filters = key_filters
-        """None: no proofs of new threads (a tenant's client)."""
+        """None: no proofs of new threads (`ClientRuntime._proves_new_threads` says for which clients)."""
         self._partition_of = partition_of
         self.answered: Counter[str] = Counter()
-        """Reads answered from what the process holds (`held`), as of a thread proved new (`new`) and by the
+        """Reads answered from what the process holds (`held`), for a thread proved new (`new`), and by the
         read API (`read_api`)."""
 
     async def get(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> dict[str, Any] | None:
