@@ -258,6 +258,43 @@ async def test_threads_another_process_wrote_are_never_read_as_new(stack: DevSta
         writer.close()
 
 
+async def test_own_writes_never_carry_a_filter_past_another_process_records(stack: DevStack) -> None:
+    """A process's own writes acknowledged at its filter copy's end extend the copy; another process's
+    records before them hold it back. The reader writes a new thread, the other process a thread of its own
+    on the same partition, the reader its thread again (a held turn, no proof): the other's threads are read
+    with their state, never as new."""
+    writer = AgentPod("writer", stack.client_env(), stack.log_dir)
+    try:
+        async with KafkaSaver(stack.settings) as reader:
+            graph = chat(reader)
+            mine, theirs = await threads_on_one_partition(reader, 8), await threads_on_one_partition(reader, 8)
+            calls = count_reads(reader)
+            for own, other in zip(mine, theirs, strict=True):
+                await graph.ainvoke({"messages": ["mine"]}, config_of(own))  # proved new, then written
+                assert writer.call("turn", thread=other, text="theirs")["ok"]
+                await graph.ainvoke({"messages": ["again"]}, config_of(own))  # held: written past theirs
+            assert calls["new"] == len(mine), dict(calls)
+            for thread_id in theirs:
+                state = await graph.aget_state(config_of(thread_id))
+                assert state.values["messages"] == ["theirs", "reply to theirs"], thread_id
+            assert calls["new"] == len(mine), dict(calls)
+    finally:
+        writer.close()
+
+
+async def threads_on_one_partition(saver: KafkaSaver, count: int, partition: int = 0) -> list[str]:
+    """New thread ids whose records the saver's producer routes to `partition`."""
+    runtime = saver._runtime
+    found: list[str] = []
+    while len(found) < count:
+        thread_id = new_thread("p")
+        key = runtime.record_key_of_thread(thread_id)
+        assert key is not None
+        if await runtime.publisher.partition_of(runtime._settings.checkpoint_topic, key) == partition:
+            found.append(thread_id)
+    return found
+
+
 async def test_a_thread_erased_before_its_first_write_is_not_read_as_new(stack: DevStack) -> None:
     """The erasure's record has the thread's key, so the thread is not proved new: its read learns of the
     erasure, and the process refuses to write to it, as before."""

@@ -73,6 +73,19 @@ def test_a_scan_extends_a_copy_only_from_where_it_holds_every_key() -> None:
     assert copy.through == 15 and not copy.may_hold(b"older")
 
 
+async def test_an_own_write_extends_a_copy_only_when_it_lies_at_the_copy_s_end() -> None:
+    filters = KeyFilters(FakeReadApi(answer_of([b"old"], 5)))
+    filters.written(0, 5, b"before the copy")  # no copy yet: nothing to extend
+    copy = await filters.of(0)
+    assert copy is not None and not copy.may_hold(b"before the copy")
+    filters.written(0, 6, b"past a record not seen")  # offset 5 is unknown: may be another writer's
+    assert copy.through == 5 and not copy.may_hold(b"past a record not seen")
+    filters.written(0, 5, b"mine")
+    filters.written(0, 6, None)  # a keyless record (runs.delete) moves the copy on
+    filters.written(0, 4, b"below")  # below the copy's end: already counted, not added
+    assert copy.through == 7 and copy.may_hold(b"mine") and not copy.may_hold(b"below")
+
+
 class FakeReadApi:
     """Answers the key-filter route from a script of answers or errors, counting the calls."""
 

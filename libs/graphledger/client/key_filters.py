@@ -1,12 +1,15 @@
 """This process's copies of the checkpoint partitions' key filters (`graphledger.key_filter`), fetched from
 the read API when a read first needs one, on the client's loop.
 
-Every proof that a thread is new extends its partition's copy with the keys it scanned, so the next proof
-scans only what was appended since. A scan that does not reach the log's end in one fetch (the copy fell
-far behind) drops the copy, and a proof `BEHIND_RETRY_S` later fetches a fresh one (sooner, a fresh copy
-would be as far behind: the projector's position lags as far). A partition whose filter cannot serve
-as a proof (a projection older than the filter, an older read API, a refusal) is asked again after
-`RETRY_S`; one that failed for a passing reason (the read API unreachable) at the next read.
+Every proof that a thread is new extends its partition's copy with the keys it scanned, and every write of
+this process acknowledged right at a copy's `through` extends it with its key, so the next proof scans only
+what other processes appended since: most often nothing, and a fetch that finds no records costs least
+(a client's and a broker's CPU: tansu lists the partition for a fetch that finds records, at a cost that
+grows with the log). A scan that does not reach the log's end in one fetch (the copy fell far behind)
+drops the copy, and a proof `BEHIND_RETRY_S` later fetches a fresh one (sooner, a fresh copy would be as
+far behind: the projector's position lags as far). A partition whose filter cannot serve as a proof (a
+projection older than the filter, an older read API, a refusal) is asked again after `RETRY_S`; one that
+failed for a passing reason (the read API unreachable) at the next read.
 """
 
 from __future__ import annotations
@@ -54,6 +57,13 @@ class KeyFilters:
             fetching = self._fetching[partition] = asyncio.ensure_future(self._fetch(partition))
             fetching.add_done_callback(lambda _: self._fetching.pop(partition, None))
         return await asyncio.shield(fetching)
+
+    def written(self, partition: int, offset: int, key: bytes | None) -> None:
+        """This process's record at `offset` was acknowledged: the partition's copy, if it holds every key
+        below that offset, holds this one too."""
+        copy = self._filters.get(partition)
+        if copy is not None:
+            copy.extend(offset, (key,), offset + 1)
 
     def drop(self, partition: int, copy: KeyFilter) -> None:
         """Forget `copy` (if it is still the partition's), which fell behind the log's end."""

@@ -222,7 +222,7 @@ class ClientRuntime:
         finally:
             if thread is not None:
                 self.threads.sent(thread)
-        self._acked(acked)
+        self._acked(topic, acked, key)
         _, partition, _ = acked[0]
         if thread is not None:
             self.threads.acked(thread, partition, tuple(offset for _, _, offset in acked), event)  # type: ignore[arg-type]  # a thread's: a checkpoint event
@@ -230,11 +230,17 @@ class ClientRuntime:
             self.threads.acked_everywhere(partition, acked[-1][2], event)
         return acked
 
-    def _acked(self, acked: Sequence[tuple[str, int, int]]) -> None:
+    def _acked(self, topic: str, acked: Sequence[tuple[str, int, int]], key: str | None) -> None:
+        """Records of this process, with their record key, acknowledged at `acked`."""
         self.acked.record(acked)
         if self.log is not None:  # its look at the log then expects these records
-            for topic, partition, offset in acked:
-                self.log.note_end(TopicPartition(topic, partition), offset + 1)
+            for acked_topic, partition, offset in acked:
+                self.log.note_end(TopicPartition(acked_topic, partition), offset + 1)
+        filters = self.thread_reads.key_filters if self.thread_reads is not None else None
+        if filters is not None and topic == self._settings.checkpoint_topic:
+            key_bytes = key.encode() if key is not None else None
+            for _, partition, offset in acked:
+                filters.written(partition, offset, key_bytes)
 
     async def _publish_copy(self, topic: str, copy: ThreadCopy, context: Context) -> None:
         """The copy, then, once acknowledged, the barrier that orders the target's events after it."""
@@ -251,7 +257,7 @@ class ClientRuntime:
         for partition in await self.publisher.partitions(topic):
             _, envelope = await self._envelope(event)
             acked = await self.publisher.publish(topic, None, envelope, context=context, partition=partition)
-            self._acked(acked)
+            self._acked(topic, acked, None)
             if isinstance(event, checkpoint.RunsDelete):
                 self.threads.acked_everywhere(partition, acked[-1][2], event)
 

@@ -65,8 +65,9 @@ class ThreadReads:
         self._timeout_s = timeout_s
         self._on_erased = on_erased
         self._on_log_denied = on_log_denied
-        self._key_filters = key_filters
-        """None: no proofs of new threads (`ClientRuntime._proves_new_threads` says for which clients)."""
+        self.key_filters = key_filters
+        """The partitions' key filters; None: no proofs of new threads (`ClientRuntime._proves_new_threads`
+        says for which clients)."""
         self._partition_of = partition_of
         self.answered: Counter[str] = Counter()
         """Reads answered from what the process holds (`held`), for a thread proved new (`new`), and by the
@@ -130,12 +131,12 @@ class ThreadReads:
         """Whether the log held no record of the thread when this read began (its key is in neither its
         partition's key filter nor the partition's records since); if so, the thread is held as new."""
         log_tail, key = self._log_tail(), self._record_key_of_thread(thread_id)
-        if self._key_filters is None or self._partition_of is None or log_tail is None or key is None:
+        if self.key_filters is None or self._partition_of is None or log_tail is None or key is None:
             return False
         partition = await self._partition_of(key)
         if partition is None:
             return False
-        copy = await self._key_filters.of(partition)
+        copy = await self.key_filters.of(partition)
         if copy is None or copy.may_hold(key):
             return False
         tp, start = TopicPartition(self._topic, partition), copy.through
@@ -143,7 +144,7 @@ class ThreadReads:
         if tail is None:
             return False
         if not tail.complete:
-            self._key_filters.drop(partition, copy)  # far behind: a fresh copy starts nearer the end
+            self.key_filters.drop(partition, copy)  # far behind: a fresh copy starts nearer the end
             return False
         copy.extend(start, (k for _, k in tail.keys), tail.end)
         # A record without a key (`runs.delete`, a tenant's erasure: never the unnamed tenant's) changes
