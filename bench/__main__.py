@@ -39,8 +39,9 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from bench import conversations as conversation_bench
 from bench import rebuild as rebuild_bench
 from bench import store as store_bench
+from bench.conversations import StackCpu
 from bench.official import official_savers
-from bench.placement import Placement
+from bench.placement import Placement, cpu_seconds
 from bench.settle import Settle
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.settings import DEFAULT_PARTITIONS, Settings
@@ -122,7 +123,7 @@ class _RowStacks:
         """Where the last row's processes ran, read back from the kernel."""
 
     @asynccontextmanager
-    async def __call__(self) -> AsyncIterator[tuple[list[KafkaSaver], dict[str, list[Any]], Settle]]:
+    async def __call__(self) -> AsyncIterator[tuple[list[KafkaSaver], dict[str, list[Any]], Settle, StackCpu]]:
         self._rows += 1
         placement = self._placement
         placement.to_stack()  # the row stack's processes inherit the stack's cores
@@ -142,7 +143,7 @@ class _RowStacks:
                 placement.pin(stack.pids().values())  # the savers' new Postgres backends (the postmaster's children)
                 self.placement = placement.describe(stack.pids())
                 try:
-                    yield [first, second], official, settle
+                    yield [first, second], official, settle, lambda: cpu_seconds(stack.pids().values())
                 finally:
                     self.timeouts += settle.timeouts
         finally:
@@ -327,7 +328,8 @@ async def _run(args: argparse.Namespace, sections: set[str], placement: Placemen
         conversation_facts = (
             f"Conversations ({minutes:.1f} min): each row on a fresh stack; medians of {args.rounds} rounds, "
             "sides alternating; each cell is turns/s, p50 turn latency, the agent process's CPU per turn (in "
-            "brackets: its CPU over the run's wall time, how busy its core was)"
+            "brackets: its CPU over the run's wall time, how busy its core was) and the stack's (all its "
+            "processes, on the stack's cores)"
         )
     operation_rows: list[str] = []
     sealing_rows: list[str] = []

@@ -30,7 +30,9 @@ machine's drift falls on all of them. Before each run the projector catches up w
 the bench. A run reports turns per second (all turns over the wall time from the first start to the
 last end), the p50 latency of a turn, and the agent process's CPU (user + system time of the bench
 process, all its threads) per turn and over the run's wall time: how busy the agent's core was, near
-100 % when the side is bound by the agent's CPU, well below when it waits on something else. A row
+100 % when the side is bound by the agent's CPU, well below when it waits on something else; and the
+stack's CPU per turn (every process of the row's stack: broker, Postgres and its backends, projector, read
+API, sweeper; what an idle stack spends counts too, so the limit's column shows that much). A row
 prints each side's medians over the rounds, and the ratio of KafkaSaver's median turns/s to the
 stronger official form's median, with its spread: the lowest and highest of the per-round ratios,
 each of a round's KafkaSaver against that round's stronger form.
@@ -65,8 +67,13 @@ WARM_UP_TURNS = 40
 """Untimed turns per side on each row's stack before it is measured: connections opened, caches warm."""
 
 Settle = Callable[[], Awaitable[object]]
-RowStack = Callable[[], AbstractAsyncContextManager[tuple[Sequence[Any], Mapping[str, Sequence[Any]], Settle]]]
-"""Opens a fresh stack for one row: KafkaSaver's two savers, each official form's two, and its `Settle`."""
+StackCpu = Callable[[], float]
+"""CPU seconds the row's stack (every process of it) has used so far."""
+RowStack = Callable[
+    [], AbstractAsyncContextManager[tuple[Sequence[Any], Mapping[str, Sequence[Any]], Settle, StackCpu]]
+]
+"""Opens a fresh stack for one row: KafkaSaver's two savers, each official form's two, its `Settle` and its
+`StackCpu`."""
 DRIFT_RECORDS = 40_000
 """Records in the log before the drift row's turns (written by chat turns at concurrency 64)."""
 
@@ -132,6 +139,8 @@ class Run:
     """The agent process's CPU (user + system, all threads) per turn."""
     busy: float
     """The agent process's CPU over the run's wall time: near 1 (its one core) it is bound by its own CPU."""
+    stack_cpu_ms: float | None = None
+    """The stack's CPU (broker, Postgres, projector, read API, sweeper) per turn."""
 
 
 Rows = dict[str, list[Run]]
@@ -152,7 +161,13 @@ def _message(n: int) -> dict[str, Any]:
 
 
 async def _run(
-    savers: Sequence[Any], workload: Workload, concurrency: int, turns: int, seconds: float, settle: Settle
+    savers: Sequence[Any],
+    workload: Workload,
+    concurrency: int,
+    turns: int,
+    seconds: float,
+    settle: Settle,
+    stack_cpu: StackCpu | None = None,
 ) -> Run:
     """Turns by `concurrency` workers, each starting turns for `seconds` or until its share of `turns`
     is done; turn `n` of a conversation runs on `graphs[n % len(graphs)]`."""
@@ -190,12 +205,14 @@ async def _run(
                 await graph.aget_state(config)
             latencies.append(time.perf_counter() - turn_started)
 
+    stack = stack_cpu() if stack_cpu is not None else 0.0
     cpu, started = _cpu_s(), time.perf_counter()
     deadline = started + seconds
     await asyncio.gather(*(worker(plan) for plan in plans))
     elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu
+    stack_ms = (stack_cpu() - stack) / len(latencies) * 1000 if stack_cpu is not None else None
     done = len(latencies)
-    return Run(done, done / elapsed, statistics.median(latencies) * 1000, cpu / done * 1000, cpu / elapsed)
+    return Run(done, done / elapsed, statistics.median(latencies) * 1000, cpu / done * 1000, cpu / elapsed, stack_ms)
 
 
 def _runs(side: Side, workload: Workload) -> bool:
@@ -214,7 +231,12 @@ class Pace:
 
 
 async def _measure(
-    workloads: Sequence[Workload], sides: Sequence[Side], concurrency: int, pace: Pace, settle: Settle
+    workloads: Sequence[Workload],
+    sides: Sequence[Side],
+    concurrency: int,
+    pace: Pace,
+    settle: Settle,
+    stack_cpu: StackCpu | None = None,
 ) -> dict[Workload, Rows]:
     """`pace.rounds` rounds; in each every side runs every workload, sides in an order reversed every other
     round. After the first round a run's cap is 1.5 times what the side did in its previous run, so
@@ -228,7 +250,7 @@ async def _measure(
                     continue
                 done = runs[workload][side.name]
                 turns = min(cap, int(done[-1].turns * 1.5) + concurrency) if done else cap
-                done.append(await _run(side.savers(), workload, concurrency, turns, pace.seconds, settle))
+                done.append(await _run(side.savers(), workload, concurrency, turns, pace.seconds, settle, stack_cpu))
     return runs
 
 
@@ -239,7 +261,9 @@ def _cell(runs: list[Run] | None) -> str:
     p50 = statistics.median(r.p50_ms for r in runs)
     cpu = statistics.median(r.cpu_ms for r in runs)
     busy = statistics.median(r.busy for r in runs)
-    return f"{tps:,.0f}/s, p50 {p50:.1f} ms, {cpu:.1f} ms CPU ({busy:.0%})"
+    stacks = [r.stack_cpu_ms for r in runs if r.stack_cpu_ms is not None]
+    stack = f", stack {statistics.median(stacks):.1f} ms" if stacks else ""
+    return f"{tps:,.0f}/s, p50 {p50:.1f} ms, {cpu:.1f} ms CPU ({busy:.0%}){stack}"
 
 
 def _ratio(sides: Sequence[Side], runs: Mapping[str, list[Run]]) -> str:
@@ -282,7 +306,7 @@ async def run(fresh: RowStack, pace: Pace) -> list[str]:
     lines: list[str] = []
 
     async def row(workloads: Sequence[Workload], concurrency: int, fill: int = 0) -> dict[Workload, Rows]:
-        async with fresh() as (ours, official, settle):
+        async with fresh() as (ours, official, settle, stack_cpu):
             sides[:] = sides_of(ours, official)
             if not lines:
                 lines.extend(_header(sides))
@@ -291,7 +315,7 @@ async def run(fresh: RowStack, pace: Pace) -> list[str]:
                 await _run(side.savers(), CHAT, 4, WARM_UP_TURNS, pace.seconds, settle)
             if fill:
                 await _run(ours, CHAT, 64, fill // RECORDS_PER_TURN, float("inf"), settle)
-            return await _measure(workloads, sides, concurrency, pace, settle)
+            return await _measure(workloads, sides, concurrency, pace, settle, stack_cpu)
 
     def add(workload: Workload, concurrency: int, runs: Rows) -> None:
         lines.append(_line(workload, concurrency, sides, runs))

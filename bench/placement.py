@@ -58,6 +58,19 @@ def _tree(pids: Iterable[int]) -> dict[int, psutil.Process]:
     return tree
 
 
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """User and system CPU seconds of the processes `pids` and their descendants, those running now (a
+    process that exited takes its seconds with it: Postgres backends of closed connections)."""
+    total = 0.0
+    for process in _tree(pids).values():
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def _thread_affinities(pid: int) -> list[frozenset[int]]:
     affinities = []
     try:
