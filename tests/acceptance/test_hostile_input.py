@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -338,6 +340,27 @@ def test_a_decompression_bomb_is_dead_lettered_within_the_bound(stack: Any, db: 
     assert len(reasons) == 1 and reasons[0].startswith("unreadable record batch") and "zstd" in reasons[0], reasons
     assert stack.pids()["projector"] == pid
     assert _peak_rss_bytes(pid) < 1024**3
+    asyncio.run(_read_through_past_the_bomb(stack, partition))
+
+
+async def _read_through_past_the_bomb(stack: Any, partition: int) -> None:
+    """The read API cannot read the bomb's batch either: its reads of the partition go on from where the
+    projector applied past it, answering a thread written there with the projector stopped."""
+    pid = stack.pids()["projector"]
+    async with KafkaSaver(stack.settings) as writer, KafkaSaver(stack.settings) as reader:
+        runtime, topic = writer._runtime, stack.settings.checkpoint_topic
+        thread = f"after-bomb-{uuid.uuid4()}"
+        while await runtime.publisher.partition_of(topic, runtime.record_key_of_thread(thread) or b"") != partition:
+            thread = f"after-bomb-{uuid.uuid4()}"
+        config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            written = await writer.aput(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
+            found = await reader.aget_tuple(config)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    assert found is not None, "the read API answered nothing for a thread written after the bomb"
+    assert found.config["configurable"]["checkpoint_id"] == written["configurable"]["checkpoint_id"]
 
 
 # -- (c) the read API -----------------------------------------------------------------------------------

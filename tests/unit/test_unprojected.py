@@ -31,6 +31,8 @@ class Log:
         self.stingy = stingy
         """A fetch one record back answers that record's batch alone (nothing from the position on)."""
         self.fetches = 0
+        self.unreadable: int | None = None
+        """A batch at this offset nobody can read (a scan from at or before it ends there)."""
 
     def append(self, key: bytes | None, size: int = 10, value: bytes | None = None, headers: tuple = ()) -> int:
         offset = len(self.records)
@@ -43,9 +45,13 @@ class Log:
         self.fetches += 1
         page = 0 if self.stingy and not below_end else self.page
         return {
-            tp: Page(len(self.records), tuple(self.records[position : position + page]))
+            tp: Page(len(self.records), tuple(self.records[position : min(position + page, self._stop(position))]))
             for tp, position in positions.items()
         }
+
+    def _stop(self, position: int) -> int:
+        unreadable = self.unreadable
+        return unreadable if unreadable is not None and position <= unreadable else len(self.records)
 
     async def partition_count(self, topic: str) -> int:
         return 1
@@ -134,6 +140,23 @@ async def test_an_applied_offset_that_goes_back_starts_the_partition_again_from_
     assert offsets(await unprojected.tail(TP, b"a", 1.0)) == [4]
     applied.next = 1  # `graphledger offsets reset`
     assert offsets(await unprojected.tail(TP, b"a", 1.0)) == [1, 2, 3, 4]
+
+
+async def test_a_batch_nobody_can_read_is_passed_over_once_the_projection_applied_past_it() -> None:
+    """Reading on from before a batch the projector dead-lettered as unreadable would find nothing for ever:
+    the partition starts again at the applied offset, letting go of every key."""
+    log, applied = Log(), Applied()
+    for _ in range(3):
+        log.append(b"a")
+    unprojected = held(log, applied)
+    assert offsets(await unprojected.tail(TP, b"a", 1.0)) == [0, 1, 2]
+    log.unreadable = log.append(b"a")
+    log.append(b"a")
+    assert await unprojected.tail(TP, b"a", 1.0) is None  # not applied past yet: the read waits
+    unread: list[bool] = []
+    unprojected.on_unread = lambda: unread.append(True)
+    applied.next = 4  # the projector dead-lettered it
+    assert offsets(await unprojected.tail(TP, b"a", 1.0)) == [4] and unread == [True]
 
 
 async def test_nothing_is_held_until_the_applied_offsets_are_known() -> None:

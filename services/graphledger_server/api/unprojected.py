@@ -20,7 +20,8 @@ ones the projection applied before this process read them included (read, report
 held): a partition read on from where the projection got to would pass over an erasure, and a key held
 from before it would open its subject's later records. Where a partition is (re)started at the applied
 offset, the records below it were never read here: `on_unread` says so, and the key cache lets go of
-every key.
+every key. That is so for a new partition, after an operator's reset going back, and where reading on
+stopped below the applied offset at a record batch it cannot read (the projector dead-lettered it).
 
 Bounded by bytes (`api_read_through_max_bytes`): beyond it nothing more is read until the projector
 applies what is held; a read whose end lies beyond what is held gets None, and waits for the projection
@@ -156,6 +157,9 @@ class Unprojected:
             remaining = max(0.001, deadline - time.monotonic())
             page = (await self._log.pages({tp: part.position}, remaining, below_end=True))[tp]
             self._ingest(tp, part, page.records)
+            if part.position == before and before < part.low:
+                part = self._restarted(tp, part.low)  # the projector passed what cannot be read here
+                continue
             if part.position == before:
                 self.unreadable += 1
                 log.warning("no records of %s:%d from %d, below its end %d: the read waits", *tp, before, end)
@@ -191,13 +195,7 @@ class Unprojected:
         part = self._partitions.get(tp)
         if part is None or applied < part.low:
             # New, or the applied offset went back (`graphledger offsets reset`): start again from it.
-            if part is not None:
-                self._size -= part.size
-                self._full = False
-            part = self._partitions[tp] = _Partition(applied, applied)
-            if self.on_unread is not None:
-                self.on_unread()
-            return part
+            return self._restarted(tp, applied)
         while part.records and part.records[0].offset < applied:
             record = part.records.popleft()
             part.by_key[record.key].popleft()
@@ -209,6 +207,19 @@ class Unprojected:
         part.low = max(part.low, applied)
         if self._full and self._size < self.max_bytes * 0.9:
             self._full = False  # room again, with some hysteresis
+        return part
+
+    def _restarted(self, tp: TopicPartition, applied: int) -> _Partition:
+        """The partition held anew from the applied offset, the records below never read here (`on_unread`).
+        Also where the read on stopped below the applied offset at a record batch it cannot read (one the
+        projector dead-lettered as unreadable): reading on from there would find nothing for ever."""
+        part = self._partitions.get(tp)
+        if part is not None:
+            self._size -= part.size
+            self._full = False
+        part = self._partitions[tp] = _Partition(applied, applied)
+        if self.on_unread is not None:
+            self.on_unread()
         return part
 
     def _ingest(self, tp: TopicPartition, part: _Partition, records: Iterable[LogRecord]) -> None:
@@ -264,7 +275,11 @@ class Unprojected:
                             positions[tp] = part.position
                 if positions:
                     for tp, page in (await self._log.pages(positions, 5.0)).items():
-                        self._ingest(tp, self._partitions[tp], page.records)
+                        part = self._partitions[tp]
+                        self._ingest(tp, part, page.records)
+                        stuck = part.position == positions[tp] < min(part.low, page.end)
+                        if stuck and self._partitions.get(tp) is part:
+                            self._restarted(tp, part.low)  # stuck below what the projection applied
             except LogUnavailableError as exc:
                 log.debug("read-through could not read the log: %s", exc)
 
