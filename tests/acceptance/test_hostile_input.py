@@ -54,6 +54,7 @@ from hostile import (
 )
 from polling import wait_until
 from projection_helpers import put
+from thread_partitions import threads_on_partition
 
 WAIT_S = 60.0
 DELTA = "/v1/checkpoints/delta-history"
@@ -348,10 +349,7 @@ async def _read_through_past_the_bomb(stack: Any, partition: int) -> None:
     projector applied past it, answering a thread written there with the projector stopped."""
     pid = stack.pids()["projector"]
     async with KafkaSaver(stack.settings) as writer, KafkaSaver(stack.settings) as reader:
-        runtime, topic = writer._runtime, stack.settings.checkpoint_topic
-        thread = f"after-bomb-{uuid.uuid4()}"
-        while await runtime.publisher.partition_of(topic, runtime.record_key_of_thread(thread) or b"") != partition:
-            thread = f"after-bomb-{uuid.uuid4()}"
+        (thread,) = await threads_on_partition(writer, partition, label="after-bomb")
         config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
         os.kill(pid, signal.SIGSTOP)
         try:

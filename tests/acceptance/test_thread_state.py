@@ -30,6 +30,7 @@ from agent_pods import AgentPod
 from graphledger import KafkaSaver
 from graphledger.errors import SubjectErasedError
 from graphledger_server.devstack.stack import DevStack
+from thread_partitions import threads_on_partition
 
 LONG_CONVERSATION_TURNS = int(os.environ.get("GRAPHLEDGER_LONG_CONVERSATION_TURNS", "150"))
 """Turns of the long conversation (`make soak` runs 2,000)."""
@@ -267,7 +268,7 @@ async def test_own_writes_never_carry_a_filter_past_another_process_records(stac
     try:
         async with KafkaSaver(stack.settings) as reader:
             graph = chat(reader)
-            mine, theirs = await threads_on_one_partition(reader, 8), await threads_on_one_partition(reader, 8)
+            mine, theirs = await threads_on_partition(reader, 0, 8), await threads_on_partition(reader, 0, 8)
             calls = count_reads(reader)
             for own, other in zip(mine, theirs, strict=True):
                 await graph.ainvoke({"messages": ["mine"]}, config_of(own))  # proved new, then written
@@ -280,19 +281,6 @@ async def test_own_writes_never_carry_a_filter_past_another_process_records(stac
             assert calls["new"] == len(mine), dict(calls)
     finally:
         writer.close()
-
-
-async def threads_on_one_partition(saver: KafkaSaver, count: int, partition: int = 0) -> list[str]:
-    """New thread ids whose records the saver's producer routes to `partition`."""
-    runtime = saver._runtime
-    found: list[str] = []
-    while len(found) < count:
-        thread_id = new_thread("p")
-        key = runtime.record_key_of_thread(thread_id)
-        assert key is not None
-        if await runtime.publisher.partition_of(runtime._settings.checkpoint_topic, key) == partition:
-            found.append(thread_id)
-    return found
 
 
 async def test_a_thread_erased_before_its_first_write_is_not_read_as_new(stack: DevStack) -> None:
