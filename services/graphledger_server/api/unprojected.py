@@ -44,7 +44,7 @@ from aiokafka import TopicPartition
 from graphledger.errors import LogUnavailableError
 from graphledger.events import envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
-from graphledger.log_tail import LogRecord, LogTail
+from graphledger.log_tail import LogRecord, LogTail, Page
 from graphledger.tasks import cancel_and_wait
 from graphledger_server.log.applied import AppliedOffsets
 from graphledger_server.projection.records import SourceRecord
@@ -147,7 +147,7 @@ class Unprojected:
         part = self._trimmed(tp)
         pages = await self._log.pages({tp: part.position}, timeout_s)
         end = pages[tp].end
-        self._ingest(tp, part, pages[tp].records)
+        part = self._read_on(tp, part, pages[tp])
         deadline = time.monotonic() + timeout_s
         while part.position < end:  # more than a page behind: read on, within the bound
             if self._full:
@@ -156,10 +156,7 @@ class Unprojected:
             before = part.position
             remaining = max(0.001, deadline - time.monotonic())
             page = (await self._log.pages({tp: part.position}, remaining, below_end=True))[tp]
-            self._ingest(tp, part, page.records)
-            if part.position == before and before < part.low:
-                part = self._restarted(tp, part.low)  # the projector passed what cannot be read here
-                continue
+            part = self._read_on(tp, part, page)
             if part.position == before:
                 self.unreadable += 1
                 log.warning("no records of %s:%d from %d, below its end %d: the read waits", *tp, before, end)
@@ -210,9 +207,7 @@ class Unprojected:
         return part
 
     def _restarted(self, tp: TopicPartition, applied: int) -> _Partition:
-        """The partition held anew from the applied offset, the records below never read here (`on_unread`).
-        Also where the read on stopped below the applied offset at a record batch it cannot read (one the
-        projector dead-lettered as unreadable): reading on from there would find nothing for ever."""
+        """The partition held anew from the applied offset, the records below never read here (`on_unread`)."""
         part = self._partitions.get(tp)
         if part is not None:
             self._size -= part.size
@@ -220,6 +215,19 @@ class Unprojected:
         part = self._partitions[tp] = _Partition(applied, applied)
         if self.on_unread is not None:
             self.on_unread()
+        return part
+
+    def _read_on(self, tp: TopicPartition, part: _Partition, page: Page) -> _Partition:
+        """The partition's holding with `page` (fetched from its position) ingested. One that read nothing
+        there, below what the projection applied (so the log goes on past it), stopped at a record batch it
+        cannot read (the projector dead-lettered it): reading on from there would find nothing for ever, so
+        it starts again at the applied offset."""
+        before = part.position
+        self._ingest(tp, part, page.records)
+        if self._partitions[tp] is not part:
+            return self._partitions[tp]  # restarted meanwhile (a reset, or a read stuck as below): read on with it
+        if before == part.position < part.low:
+            return self._restarted(tp, part.low)
         return part
 
     def _ingest(self, tp: TopicPartition, part: _Partition, records: Iterable[LogRecord]) -> None:
@@ -275,11 +283,7 @@ class Unprojected:
                             positions[tp] = part.position
                 if positions:
                     for tp, page in (await self._log.pages(positions, 5.0)).items():
-                        part = self._partitions[tp]
-                        self._ingest(tp, part, page.records)
-                        stuck = part.position == positions[tp] < min(part.low, page.end)
-                        if stuck and self._partitions.get(tp) is part:
-                            self._restarted(tp, part.low)  # stuck below what the projection applied
+                        self._read_on(tp, self._partitions[tp], page)
             except LogUnavailableError as exc:
                 log.debug("read-through could not read the log: %s", exc)
 
