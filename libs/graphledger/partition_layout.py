@@ -99,13 +99,24 @@ def parse_record(key: bytes | None, value: bytes | None) -> tuple[str, int] | No
 
 async def read_layout(client: AIOKafkaClient, layout_topic: str, timeout_s: float) -> dict[str, int] | None:
     """Every source topic's recorded partition count (the last record of each wins); None when the layout
-    topic does not exist or this Kafka user may not read it. Raises a KafkaError when Kafka does not
-    answer in time."""
+    topic does not exist or this Kafka user may not read it. An answer Kafka calls retriable (a leader
+    moving, a partition its leader does not serve yet) is asked again after the client's backoff, as
+    aiokafka retries its own requests; raises a KafkaError when Kafka does not answer in time."""
+    last: KafkaError | None = None
     try:
         async with asyncio.timeout(timeout_s):
-            return await _read(client, layout_topic)
+            while True:
+                try:
+                    return await _read(client, layout_topic)
+                except KafkaError as exc:
+                    if not exc.retriable:
+                        raise
+                    last = exc
+                await asyncio.sleep(client._retry_backoff)
     except TimeoutError:
-        raise KafkaTimeoutError(f"Kafka did not serve {layout_topic} within {timeout_s:g}s") from None
+        raise KafkaTimeoutError(
+            f"Kafka did not serve {layout_topic} within {timeout_s:g}s" + (f": {last}" if last else "")
+        ) from None
 
 
 async def _read(client: AIOKafkaClient, layout_topic: str) -> dict[str, int] | None:

@@ -89,10 +89,12 @@ async def test_the_producer_refuses_to_route_once_a_refresh_shows_another_count(
 class LayoutTopic:
     """A cluster holding the layout topic, for the log tail's read of it."""
 
-    def __init__(self, records: list[tuple[bytes, bytes]] | None, error_code: int = 3) -> None:
+    def __init__(self, records: list[tuple[bytes, bytes]] | None, error_code: int = 3, unserved: int = 0) -> None:
         self.records = records
         self.error_code = error_code
         """What Metadata answers for the topic when there are no records: 3, it does not exist."""
+        self.unserved = unserved
+        """How many fetches the leader answers without the partition, as tansu does just after a start."""
 
     def metadata(self, node: int, request: RequestStruct) -> Response:
         [topic] = request.to_object()["topics"]
@@ -107,6 +109,9 @@ class LayoutTopic:
         [topic] = request.to_object()["topics"]
         [partition] = topic["partitions"]
         assert (topic["topic"], partition["current_leader_epoch"]) == (LAYOUT, 5)
+        if self.unserved:
+            self.unserved -= 1
+            return request.RESPONSE_TYPE(0, 0, 0, [])
         records = self.records or []
         offset = partition["fetch_offset"]
         raw = record_batch(records[offset : offset + 2], offset) if offset < len(records) else b""  # two a fetch
@@ -129,6 +134,14 @@ async def test_the_log_tail_tells_no_partition_of_a_changed_topic() -> None:
     with pytest.raises(PartitionCountChangedError):
         await log.partition_of(STORE, b"k")
     assert len(wire.of(METADATA)) == 1
+
+
+async def test_a_leader_not_serving_the_layout_yet_is_asked_again() -> None:
+    topic = LayoutTopic([layout_record(CHECKPOINTS, 6), layout_record(STORE, 6)], unserved=3)
+    wire = topic.wire({CHECKPOINTS: 6, STORE: 6})
+    log = LogTail(SETTINGS, wire)  # type: ignore[arg-type]
+    assert await log.partition_count(CHECKPOINTS) == 6
+    assert (topic.unserved, len(wire.of(METADATA))) == (0, 4)  # each try asks who leads it now
 
 
 async def test_without_a_layout_topic_the_log_tail_keeps_the_first_count(caplog: pytest.LogCaptureFixture) -> None:
