@@ -4,8 +4,10 @@ bound only to the subject of a record that opened with them (`projection/binding
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, cast
+
+import pytest
 
 from graphledger.erasure.sealing import (
     ERASED,
@@ -21,7 +23,7 @@ from graphledger.erasure.sealing import (
 )
 from graphledger.events import Event, envelope, to_envelope
 from graphledger.events.checkpoint import ThreadDelete
-from graphledger_server.keys.lookup import DataKeyCache
+from graphledger_server.keys.lookup import LOAD_TRIES, DataKeyCache, KeysDroppedError, name_opens
 from graphledger_server.keys.store import IssuedFreshKey
 from graphledger_server.projection.admission import admitted
 from graphledger_server.projection.binding import bind_opened
@@ -53,22 +55,32 @@ class FakeKeyStore:
         self.binds: list[set[tuple[str, str]]] = []
         """What each `bind_fresh` call was asked to bind."""
         self.owners_asked: list[tuple[set[str], set[str]]] = []
+        self.meanwhile: list[Callable[[], None]] = []
+        """What other readers of the cache do while a call awaits the store (one each call, in turn)."""
+
+    def _await(self) -> None:
+        if self.meanwhile:
+            self.meanwhile.pop(0)()
 
     async def find(self, refs: Collection[str]) -> dict[str, bytes | Erased]:
+        self._await()
         self.asked.append(set(refs))
         return {ref: self.keys[ref] for ref in refs if ref in self.keys}
 
     async def owners(self, refs: Collection[str], key_ids: Collection[str]) -> tuple[dict[str, str], dict[str, str]]:
         """Every key is tenant acme's, but for a ref or id that starts with another tenant's name and a colon."""
+        self._await()
         self.owners_asked.append((set(refs), set(key_ids)))
         return {ref: _tenant_of(ref) for ref in refs}, {key_id: _tenant_of(key_id) for key_id in key_ids}
 
     async def fresh(self, key_ids: Collection[str]) -> dict[str, IssuedFreshKey]:
+        self._await()
         return {
             k: IssuedFreshKey(self.issued[k], self.bound.get(k), _tenant_of(k)) for k in key_ids if k in self.issued
         }
 
     async def bind_fresh(self, opened: Collection[tuple[str, str]]) -> dict[tuple[str, str], bytes | Erased | Misbound]:
+        self._await()
         self.binds.append(set(opened))
         found: dict[tuple[str, str], bytes | Erased | Misbound] = {}
         for ref, key_id in sorted(opened):
@@ -129,6 +141,43 @@ async def test_a_held_key_says_which_tenant_the_key_store_made_it_for_until_it_i
     assert cache.owner(("a", None)) is None and cache.owner(("c", None)) == "acme"
     cache.forget("evil:b")
     assert cache.owner(("evil:b", None)) is None
+
+
+async def test_keys_dropped_by_another_reader_while_a_load_awaited_are_held_when_it_returns() -> None:
+    """The read API's follow task restarts a partition (every key dropped) while a read awaits the key
+    store: the read must not open its records without the keys it loaded (a dead letter to it)."""
+    store = FakeKeyStore({"a": new_data_key()}, fresh={"k1": new_data_key()})
+    cache = cache_of(store)
+    names = [*own("a"), ("b", "k1")]
+    store.meanwhile = [lambda: None, lambda: None, cache.forget_all]  # during the owners' query
+    await cache.load(names)
+    assert all(name_opens(cache.get(*name)) for name in names) and cache.is_candidate(("b", "k1"))
+    store.meanwhile = [cache.forget_all] * LOAD_TRIES * 3
+    cache.forget_all()
+    with pytest.raises(KeysDroppedError):
+        await cache.load(names)
+
+
+async def test_a_fresh_key_dropped_while_its_binding_awaited_is_bound_not_lost() -> None:
+    store = FakeKeyStore({}, fresh={"k1": new_data_key()})
+    cache = cache_of(store)
+    await cache.load([("a", "k1")])
+    store.meanwhile = [cache.forget_all, cache.forget_all]  # while it is bound, and its owner asked again
+    assert await cache.bind([("a", "k1")]) == set()
+    assert store.bound == {"k1": "a"} and name_opens(cache.get("a", "k1")) and cache.owner(("a", "k1")) == "acme"
+
+
+async def test_a_subject_erased_while_its_load_awaited_is_erased_when_it_returns() -> None:
+    store = FakeKeyStore({"a": new_data_key()})
+    cache = cache_of(store)
+
+    def erased_meanwhile() -> None:  # recorded in the key store, then its record read by another reader
+        store.keys["a"] = ERASED
+        cache.forget("a")
+
+    store.meanwhile = [lambda: None, erased_meanwhile]
+    await cache.load(own("a"))
+    assert cache.get("a") is ERASED
 
 
 async def test_a_ref_the_store_does_not_know_has_no_key_and_is_asked_for_again() -> None:

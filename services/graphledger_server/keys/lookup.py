@@ -40,6 +40,12 @@ KeyName = tuple[str, str | None]
 
 CAPACITY = 100_000
 """Keys kept: a cipher is about 1 KiB, so at most ~100 MiB."""
+LOAD_TRIES = 5
+"""Loads in a row that may each see held keys dropped while they awaited the key store."""
+
+
+class KeysDroppedError(RuntimeError):
+    """Held keys were dropped during every try of a load (erasures or restarts read meanwhile, non-stop)."""
 
 
 def name_opens(key: DataKey | Misbound | None) -> bool:
@@ -56,11 +62,25 @@ class DataKeyCache:
         self._candidates: set[KeyName] = set()
         """Names held with a fresh key bound to no subject yet: bound once a record opens with it (`bind`)."""
         self._erased_tenants: set[str] = set()
+        self._drops = 0
+        """How many times held keys were forgotten (`forget`, `forget_all`). Readers share the cache (the
+        read API's reads and its follow task), so one may forget keys while another awaits the key store:
+        a load or bind that awaited across a drop asks again, so a record it returns to is never opened
+        without the key it loaded (that would dead-letter it)."""
 
     async def load(self, names: Iterable[KeyName]) -> None:
-        """Fetch the keys of `names` not held yet, binding none, and the owners of those held without one
-        (raises what the key store raises: the batch retries)."""
+        """Fetch the keys of `names` not held yet, binding none, and the owners of those held without one;
+        on return they are held as the key store has them (raises what the key store raises, and
+        KeysDroppedError: the batch retries)."""
         names = set(names)
+        for _ in range(LOAD_TRIES):
+            drops = self._drops
+            await self._load_once(names)
+            if self._drops == drops:
+                return
+        raise KeysDroppedError(f"held data keys were dropped during each of {LOAD_TRIES} loads in a row")
+
+    async def _load_once(self, names: set[KeyName]) -> None:
         missing = {name for name in names if name not in self._keys}
         if self._store is None:
             return
@@ -105,6 +125,7 @@ class DataKeyCache:
         to their subjects, unless they are bound already; returns the names whose key is not theirs after
         all (bound meanwhile to another subject, destroyed with an erased one, or unknown): the records
         that opened with them must be decoded again. Raises what the key store raises."""
+        drops = self._drops
         unsettled: set[tuple[str, str]] = {
             (ref, key_id)
             for ref, key_id in opened
@@ -124,6 +145,8 @@ class DataKeyCache:
                 self._candidates.discard(other)  # named beside another subject than the one it is bound to now
                 self._hold(other, MISBOUND)
             await self._load_owners(unsettled)
+        if self._drops != drops:
+            await self.load(opened)  # dropped meanwhile: held again as the key store has them now
         return {name for name in opened if name[1] is not None and not name_opens(self._keys.get(name))}
 
     def owner(self, name: KeyName) -> str | None:
@@ -164,6 +187,7 @@ class DataKeyCache:
 
     def forget(self, ref: str) -> None:
         """Drop what is held of the subject `ref`: its next `load` asks the key store again."""
+        self._drops += 1
         for name in [name for name in self._keys if name[0] == ref]:
             self._drop(name)
 
@@ -174,6 +198,7 @@ class DataKeyCache:
 
     def forget_all(self) -> None:
         """Drop every key held: the next `load` asks the key store again."""
+        self._drops += 1
         self._keys.clear()
         self._owners.clear()
         self._candidates.clear()
