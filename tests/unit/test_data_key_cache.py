@@ -56,31 +56,32 @@ class FakeKeyStore:
         """What each `bind_fresh` call was asked to bind."""
         self.owners_asked: list[tuple[set[str], set[str]]] = []
         self.meanwhile: list[Callable[[], None]] = []
-        """What other readers of the cache do while a call awaits the store (one each call, in turn)."""
+        """What other readers of the cache do while a call's answer, made, travels back (one each call)."""
 
     def _await(self) -> None:
         if self.meanwhile:
             self.meanwhile.pop(0)()
 
     async def find(self, refs: Collection[str]) -> dict[str, bytes | Erased]:
-        self._await()
         self.asked.append(set(refs))
-        return {ref: self.keys[ref] for ref in refs if ref in self.keys}
+        answer = {ref: self.keys[ref] for ref in refs if ref in self.keys}
+        self._await()
+        return answer
 
     async def owners(self, refs: Collection[str], key_ids: Collection[str]) -> tuple[dict[str, str], dict[str, str]]:
         """Every key is tenant acme's, but for a ref or id that starts with another tenant's name and a colon."""
-        self._await()
         self.owners_asked.append((set(refs), set(key_ids)))
+        self._await()
         return {ref: _tenant_of(ref) for ref in refs}, {key_id: _tenant_of(key_id) for key_id in key_ids}
 
     async def fresh(self, key_ids: Collection[str]) -> dict[str, IssuedFreshKey]:
-        self._await()
-        return {
+        answer = {
             k: IssuedFreshKey(self.issued[k], self.bound.get(k), _tenant_of(k)) for k in key_ids if k in self.issued
         }
+        self._await()
+        return answer
 
     async def bind_fresh(self, opened: Collection[tuple[str, str]]) -> dict[tuple[str, str], bytes | Erased | Misbound]:
-        self._await()
         self.binds.append(set(opened))
         found: dict[tuple[str, str], bytes | Erased | Misbound] = {}
         for ref, key_id in sorted(opened):
@@ -91,6 +92,7 @@ class FakeKeyStore:
                 self.issued[key_id] = ERASED  # binding to an erased subject destroys the key
             key = self.issued[key_id]
             found[(ref, key_id)] = MISBOUND if bound != ref else key
+        self._await()
         return found
 
 
@@ -168,16 +170,37 @@ async def test_a_fresh_key_dropped_while_its_binding_awaited_is_bound_not_lost()
 
 
 async def test_a_subject_erased_while_its_load_awaited_is_erased_when_it_returns() -> None:
-    store = FakeKeyStore({"a": new_data_key()})
+    store = FakeKeyStore({"a": new_data_key(), "b": new_data_key()})
     cache = cache_of(store)
 
-    def erased_meanwhile() -> None:  # recorded in the key store, then its record read by another reader
-        store.keys["a"] = ERASED
-        cache.forget("a")
+    def erased(ref: str) -> Callable[[], None]:
+        def meanwhile() -> None:  # recorded in the key store, then its record read by another reader
+            store.keys[ref] = ERASED
+            cache.forget(ref)
 
-    store.meanwhile = [lambda: None, erased_meanwhile]
+        return meanwhile
+
+    store.meanwhile = [erased("a")]  # the find's answer, the live key, predates the erasure
     await cache.load(own("a"))
     assert cache.get("a") is ERASED
+    store.meanwhile = [lambda: None, erased("b")]  # during the owners' query
+    await cache.load(own("b"))
+    assert cache.get("b") is ERASED
+
+
+async def test_a_fresh_key_whose_subject_was_erased_while_its_binding_awaited_opens_nothing() -> None:
+    store = FakeKeyStore({"a": new_data_key()}, fresh={"k1": new_data_key()})
+    cache = cache_of(store)
+    await cache.load([("a", "k1")])
+
+    def erased_meanwhile() -> None:  # binding answered the live key; then the erasure destroyed it, and was read
+        store.keys["a"] = ERASED
+        store.issued["k1"] = ERASED
+        cache.forget("a")
+
+    store.meanwhile = [erased_meanwhile]
+    assert await cache.bind([("a", "k1")]) == {("a", "k1")}
+    assert cache.get("a", "k1") is ERASED
 
 
 async def test_a_ref_the_store_does_not_know_has_no_key_and_is_asked_for_again() -> None:

@@ -64,33 +64,48 @@ class DataKeyCache:
         self._erased_tenants: set[str] = set()
         self._drops = 0
         """How many times held keys were forgotten (`forget`, `forget_all`). Readers share the cache (the
-        read API's reads and its follow task), so one may forget keys while another awaits the key store:
-        a load or bind that awaited across a drop asks again, so a record it returns to is never opened
+        read API's reads and its follow task), so one may forget keys while another awaits the key store,
+        whose answer may predate the erasure that made it forget: a load or bind that awaited across a drop
+        fetches its keys again (`_fetch_settled`), so no record is opened with a key dropped meanwhile, nor
         without the key it loaded (that would dead-letter it)."""
 
     async def load(self, names: Iterable[KeyName]) -> None:
         """Fetch the keys of `names` not held yet, binding none, and the owners of those held without one;
         on return they are held as the key store has them (raises what the key store raises, and
         KeysDroppedError: the batch retries)."""
-        names = set(names)
-        for _ in range(LOAD_TRIES):
-            drops = self._drops
-            await self._load_once(names)
-            if self._drops == drops:
-                return
-        raise KeysDroppedError(f"held data keys were dropped during each of {LOAD_TRIES} loads in a row")
-
-    async def _load_once(self, names: set[KeyName]) -> None:
-        missing = {name for name in names if name not in self._keys}
         if self._store is None:
             return
-        if own := {ref for ref, key_id in missing if key_id is None}:
-            for ref, key in (await self._store.find(own)).items():
-                self._hold((ref, None), ERASED if isinstance(key, Erased) else cipher_of(key))
-        if fresh := {(ref, key_id) for ref, key_id in missing if key_id is not None}:
+        names = set(names)
+        await self._fetch_settled(names, {name for name in names if name not in self._keys})
+
+    async def _fetch_settled(self, names: set[KeyName], fetch: set[KeyName]) -> None:
+        """Fetch the keys of `fetch` and the owners of `names`, again (with those of `names` dropped
+        meanwhile) until no drop happened while the key store was asked."""
+        for _ in range(LOAD_TRIES):
+            drops = self._drops
+            await self._fetch(fetch)
+            await self._load_owners(names)
+            if self._drops == drops:
+                return
+            fetch |= {name for name in names if name not in self._keys}
+        raise KeysDroppedError(f"held data keys were dropped during each of {LOAD_TRIES} loads in a row")
+
+    async def _fetch(self, names: set[KeyName]) -> None:
+        """Hold the key store's answer for each of `names` (a name it does not know: not held)."""
+        assert self._store is not None
+        if own := {ref for ref, key_id in names if key_id is None}:
+            found_own = await self._store.find(own)
+            for ref in own:
+                if (key := found_own.get(ref)) is None:
+                    self._drop((ref, None))
+                else:
+                    self._hold((ref, None), ERASED if isinstance(key, Erased) else cipher_of(key))
+        if fresh := {(ref, key_id) for ref, key_id in names if key_id is not None}:
             issued = await self._store.fresh({key_id for _, key_id in fresh})
             for ref, key_id in fresh:
+                self._candidates.discard((ref, key_id))
                 if (found := issued.get(key_id)) is None:
+                    self._drop((ref, key_id))
                     continue
                 self._owners[(ref, key_id)] = found.tenant  # as `owners` answers: no query of its own
                 if found.ref is None:
@@ -101,7 +116,6 @@ class DataKeyCache:
                     self._hold((ref, key_id), MISBOUND)
                 else:
                     self._hold((ref, key_id), ERASED if isinstance(found.key, Erased) else cipher_of(found.key))
-        await self._load_owners(names)
 
     async def _load_owners(self, names: Iterable[KeyName]) -> None:
         assert self._store is not None
@@ -145,8 +159,8 @@ class DataKeyCache:
                 self._candidates.discard(other)  # named beside another subject than the one it is bound to now
                 self._hold(other, MISBOUND)
             await self._load_owners(unsettled)
-        if self._drops != drops:
-            await self.load(opened)  # dropped meanwhile: held again as the key store has them now
+        if self._drops != drops:  # the answers may predate what made another reader drop keys: ask again
+            await self._fetch_settled(set(opened), unsettled | {name for name in opened if name not in self._keys})
         return {name for name in opened if name[1] is not None and not name_opens(self._keys.get(name))}
 
     def owner(self, name: KeyName) -> str | None:
