@@ -188,6 +188,16 @@ async def test_a_subject_erased_while_its_load_awaited_is_erased_when_it_returns
     assert cache.get("b") is ERASED
 
 
+async def test_another_subject_forgotten_while_a_load_awaited_asks_nothing_again() -> None:
+    """An erasure read in the read API's follow task costs the reads of other subjects nothing."""
+    store = FakeKeyStore({"a": new_data_key(), "b": new_data_key()})
+    cache = cache_of(store)
+    await cache.load(own("b"))
+    store.meanwhile = [lambda: cache.forget("b")]
+    await cache.load(own("a"))
+    assert store.asked == [{"b"}, {"a"}] and name_opens(cache.get("a"))
+
+
 async def test_a_fresh_key_whose_subject_was_erased_while_its_binding_awaited_opens_nothing() -> None:
     store = FakeKeyStore({"a": new_data_key()}, fresh={"k1": new_data_key()})
     cache = cache_of(store)

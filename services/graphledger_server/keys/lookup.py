@@ -21,7 +21,9 @@ with it (its tenant erased) is `UNCLAIMED`.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 from graphledger.erasure.sealing import (
     ERASED,
@@ -53,6 +55,14 @@ def name_opens(key: DataKey | Misbound | None) -> bool:
     return key is not None and not isinstance(key, Erased | Misbound)
 
 
+@dataclass(eq=False)
+class _Asking:
+    """The subjects of one load or bind awaiting the key store; `dropped` once a reader forgot one of them."""
+
+    refs: frozenset[str]
+    dropped: bool = False
+
+
 class DataKeyCache:
     def __init__(self, store: KeyStore | None, capacity: int = CAPACITY) -> None:
         self._store = store
@@ -62,12 +72,12 @@ class DataKeyCache:
         self._candidates: set[KeyName] = set()
         """Names held with a fresh key bound to no subject yet: bound once a record opens with it (`bind`)."""
         self._erased_tenants: set[str] = set()
-        self._drops = 0
-        """How many times held keys were forgotten (`forget`, `forget_all`). Readers share the cache (the
-        read API's reads and its follow task), so one may forget keys while another awaits the key store,
-        whose answer may predate the erasure that made it forget: a load or bind that awaited across a drop
-        fetches its keys again (`_fetch_settled`), so no record is opened with a key dropped meanwhile, nor
-        without the key it loaded (that would dead-letter it)."""
+        self._asking: set[_Asking] = set()
+        """The loads and binds awaiting the key store. Readers share the cache (the read API's reads and its
+        follow task), so one may forget keys (`forget`, `forget_all`) while another awaits an answer that
+        may predate the erasure that made it forget: a load or bind whose subjects' keys were dropped
+        meanwhile fetches them again (`_fetch_settled`), so no record is opened with a key dropped
+        meanwhile, nor without the key it loaded (that would dead-letter it)."""
 
     async def load(self, names: Iterable[KeyName]) -> None:
         """Fetch the keys of `names` not held yet, binding none, and the owners of those held without one;
@@ -81,13 +91,14 @@ class DataKeyCache:
     async def _fetch_settled(self, names: set[KeyName], fetch: set[KeyName]) -> None:
         """Fetch the keys of `fetch` and the owners of `names`, again (with those of `names` dropped
         meanwhile) until no drop happened while the key store was asked."""
-        for _ in range(LOAD_TRIES):
-            drops = self._drops
-            await self._fetch(fetch)
-            await self._load_owners(names)
-            if self._drops == drops:
-                return
-            fetch |= {name for name in names if name not in self._keys}
+        with self._asking_for(names) as asking:
+            for _ in range(LOAD_TRIES):
+                asking.dropped = False
+                await self._fetch(fetch)
+                await self._load_owners(names)
+                if not asking.dropped:
+                    return
+                fetch |= {name for name in names if name not in self._keys}
         raise KeysDroppedError(f"held data keys were dropped during each of {LOAD_TRIES} loads in a row")
 
     async def _fetch(self, names: set[KeyName]) -> None:
@@ -139,29 +150,34 @@ class DataKeyCache:
         to their subjects, unless they are bound already; returns the names whose key is not theirs after
         all (bound meanwhile to another subject, destroyed with an erased one, or unknown): the records
         that opened with them must be decoded again. Raises what the key store raises."""
-        drops = self._drops
         unsettled: set[tuple[str, str]] = {
             (ref, key_id)
             for ref, key_id in opened
             if key_id is not None and ((ref, key_id) in self._candidates or (ref, key_id) not in self._keys)
         }
         if unsettled and self._store is not None:
-            bound = await self._store.bind_fresh(unsettled)
-            for name in unsettled:
-                self._candidates.discard(name)
-                found = bound.get(name)
-                if found is None:
-                    self._drop(name)
-                else:
-                    self._hold(name, found if isinstance(found, Erased | Misbound) else cipher_of(found))
-            won = {key_id: ref for ref, key_id in unsettled if name_opens(self._keys.get((ref, key_id)))}
-            for other in [(ref, key_id) for ref, key_id in self._candidates if key_id in won and won[key_id] != ref]:
-                self._candidates.discard(other)  # named beside another subject than the one it is bound to now
-                self._hold(other, MISBOUND)
-            await self._load_owners(unsettled)
-        if self._drops != drops:  # the answers may predate what made another reader drop keys: ask again
-            await self._fetch_settled(set(opened), unsettled | {name for name in opened if name not in self._keys})
+            with self._asking_for(opened) as asking:
+                await self._bind(unsettled)
+            if asking.dropped:  # the answers may predate what made another reader drop keys: ask again
+                await self._fetch_settled(set(opened), unsettled | {name for name in opened if name not in self._keys})
         return {name for name in opened if name[1] is not None and not name_opens(self._keys.get(name))}
+
+    async def _bind(self, unsettled: set[tuple[str, str]]) -> None:
+        """Bind `unsettled` in the key store and hold what it answers for each."""
+        assert self._store is not None
+        bound = await self._store.bind_fresh(unsettled)
+        for name in unsettled:
+            self._candidates.discard(name)
+            found = bound.get(name)
+            if found is None:
+                self._drop(name)
+            else:
+                self._hold(name, found if isinstance(found, Erased | Misbound) else cipher_of(found))
+        won = {key_id: ref for ref, key_id in unsettled if name_opens(self._keys.get((ref, key_id)))}
+        for other in [(ref, key_id) for ref, key_id in self._candidates if key_id in won and won[key_id] != ref]:
+            self._candidates.discard(other)  # named beside another subject than the one it is bound to now
+            self._hold(other, MISBOUND)
+        await self._load_owners(unsettled)
 
     def owner(self, name: KeyName) -> str | None:
         """The tenant the held key `name` was made for (None: not held, or unknown)."""
@@ -201,7 +217,8 @@ class DataKeyCache:
 
     def forget(self, ref: str) -> None:
         """Drop what is held of the subject `ref`: its next `load` asks the key store again."""
-        self._drops += 1
+        for asking in self._asking:
+            asking.dropped = asking.dropped or ref in asking.refs
         for name in [name for name in self._keys if name[0] == ref]:
             self._drop(name)
 
@@ -212,10 +229,20 @@ class DataKeyCache:
 
     def forget_all(self) -> None:
         """Drop every key held: the next `load` asks the key store again."""
-        self._drops += 1
+        for asking in self._asking:
+            asking.dropped = True
         self._keys.clear()
         self._owners.clear()
         self._candidates.clear()
+
+    @contextmanager
+    def _asking_for(self, names: Iterable[KeyName]) -> Iterator[_Asking]:
+        asking = _Asking(frozenset(ref for ref, _ in names))
+        self._asking.add(asking)
+        try:
+            yield asking
+        finally:
+            self._asking.discard(asking)
 
     def _hold(self, name: KeyName, key: DataKey | Misbound) -> None:
         """Keep `key` as the most recently used, forgetting the least recently used beyond the capacity."""
