@@ -89,8 +89,8 @@ class DataKeyCache:
         await self._fetch_settled(names, {name for name in names if name not in self._keys})
 
     async def _fetch_settled(self, names: set[KeyName], fetch: set[KeyName]) -> None:
-        """Fetch the keys of `fetch` and the owners of `names`, again (with those of `names` dropped
-        meanwhile) until no drop happened while the key store was asked."""
+        """Fetch the keys of `fetch` and the owners of `names`; again, with the names of `names` dropped
+        meanwhile, while a reader forgot a subject of `names` (or every key) during the key store's answer."""
         with self._asking_for(names) as asking:
             for _ in range(LOAD_TRIES):
                 asking.dropped = False
