@@ -56,3 +56,9 @@ CLIENT_KEEPALIVE_S = 30.0
 SERVER_KEEPALIVE_S = 75
 """How long an idle HTTP connection to the read API is kept by the client and by the server: the
 server's is longer, so that a client never sends on a connection the server is closing."""
+
+CLIENT_READ_SLACK_S = 30.0
+SERVER_REQUEST_SLACK_S = 20.0
+"""Beyond `consistency_timeout_s` (the longest a read waits for the projection), how long the client waits
+for an answer and how long the read API lets a request run before it answers 503 itself: the server's is
+shorter, so a read it holds too long is answered with its cause, never left to the client's timeout."""

@@ -22,7 +22,7 @@ from yarl import URL
 from graphledger.errors import ConsistencyTimeoutError, ReadApiError, SubjectErasedError
 from graphledger.settings import Settings
 from graphledger.telemetry.client import http_client_span, redact_url
-from graphledger.wire import CLIENT_KEEPALIVE_S, MSGPACK
+from graphledger.wire import CLIENT_KEEPALIVE_S, CLIENT_READ_SLACK_S, MSGPACK
 
 _CONNECT_TIMEOUT_S = 5.0
 
@@ -34,9 +34,10 @@ class ReadApiClient:
         self._headers = {"Accept": MSGPACK, "Content-Type": MSGPACK}
         if settings.api_token is not None:
             self._headers["Authorization"] = f"Bearer {settings.api_token.get_secret_value()}"
-        # The server waits up to consistency_timeout_s before it answers; allow for that and the query.
+        # The server waits up to consistency_timeout_s before it answers, and bounds a request itself
+        # below this (`api/deadline.py`).
         self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=_CONNECT_TIMEOUT_S, sock_read=settings.consistency_timeout_s + 30.0
+            total=None, sock_connect=_CONNECT_TIMEOUT_S, sock_read=settings.consistency_timeout_s + CLIENT_READ_SLACK_S
         )
         self._base_url = settings.api_url.rstrip("/")
         self._ssl = settings.api_ssl_context()  # a bad GRAPHLEDGER_API_CA_FILE fails here, before any request

@@ -11,9 +11,11 @@ from fastapi import FastAPI
 
 from graphledger.log_tail import LogTail
 from graphledger.settings import Settings
+from graphledger.wire import SERVER_REQUEST_SLACK_S
 from graphledger_server.api import checkpoints, handlers, health, key_filter, keys, store
 from graphledger_server.api.auth import AccessPolicy, TenantAuth, document_bearer_auth, whoami_router
 from graphledger_server.api.db import open_pool, open_store_pool
+from graphledger_server.api.deadline import RequestDeadline
 from graphledger_server.api.key_quota import KeyCreationQuota
 from graphledger_server.api.read_barrier import ReadBarrier
 from graphledger_server.api.read_through import RecordOpener, ThreadViews
@@ -93,6 +95,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     handlers.install(app)
     app.add_middleware(TenantAuth, policy=policy)  # every /v1 route: 401, 403 or request.state.caller
+    app.add_middleware(RequestDeadline, limit_s=settings.consistency_timeout_s + SERVER_REQUEST_SLACK_S)
     # Server spans continuing the caller's trace, HTTP server metrics; outside the auth, so refused
     # requests are traced too.
     telemetry.instrument_app(app)
