@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -74,6 +75,14 @@ CREATE TABLE IF NOT EXISTS {schema}.erasures (
     erased_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     erased_by TEXT NOT NULL
 );
+"""
+
+KEY_STORE_RELATIONS = tuple(re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (?:\{schema\}\.)?(\w+)", SCHEMA_SQL))
+"""The tables and indexes `SCHEMA_SQL` makes."""
+# $1 schema, $2 -> relation names: how many of them the schema has.
+EXISTING_RELATIONS_SQL = """
+SELECT count(*) FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1::text AND c.relname = ANY($2::text[])
 """
 
 # $1 tenant, $2 kek id, $3 wrapped key.
@@ -203,7 +212,14 @@ class Erasure:
 
 
 async def migrate_key_store(conn: asyncpg.Connection, schema: str) -> None:
-    """Create the key store's schema and tables if missing (idempotent, serialized across processes)."""
+    """Create the key store's schema and tables if missing (idempotent, serialized across processes).
+
+    A key store that has them all is left untouched: `CREATE INDEX IF NOT EXISTS` takes a SHARE lock on
+    its table even when the index exists, so it waits for every open write on the table, and every write
+    asked for after it waits behind it. A process starting while a binding is held open (its projector
+    stopped inside the transaction) would stop every bind and key creation of every process."""
+    if await conn.fetchval(EXISTING_RELATIONS_SQL, schema, list(KEY_STORE_RELATIONS)) == len(KEY_STORE_RELATIONS):
+        return
     async with conn.transaction():
         await conn.execute(XACT_LOCK_SQL, lock_key(f"graphledger:keys:{schema}"))
         await conn.execute(render(SCHEMA_SQL, schema))
