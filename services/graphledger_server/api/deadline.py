@@ -10,8 +10,8 @@ naming the cause, the operator a warning with the frames the request was waiting
 request's work gives its connections back.
 
 An erasure (`/v1/erase`) is not bounded here: it records, publishes and waits in stages that each have
-a bound, and cutting it between them would leave a subject erased in the key store with its erasure
-not yet published (the caller is told to erase again, but only an answer tells it so).
+a bound, and cutting it between them would leave a subject erased in the key store with its erasure not
+published, and its caller without the answer that says to erase it again.
 """
 
 from __future__ import annotations
