@@ -3,7 +3,8 @@
 Every service asks `verdict_of(exc)` rather than listing exception classes of its own:
 - `RETRY`: the same operation can succeed later. The network or the server is away, busy or
   restarting, or the transaction lost a race: SQLSTATE classes 08 (connection), 40 (serialization,
-  deadlock), 53 (insufficient resources) and 57 (operator intervention, such as a shutdown); an
+  deadlock), 53 (insufficient resources) and 57 (operator intervention, such as a shutdown), and
+  25P03 (the session was ended because its transaction sat idle: the process was stopped inside it); an
   `OSError` or a timeout; asyncpg's interface and protocol errors (a connection that broke under an
   operation); psycopg's `OperationalError` without one of those classes (connecting, a pool timeout);
   every Kafka error (the projector never skips a batch for one); a graphledger error whose
@@ -29,6 +30,7 @@ from aiokafka.errors import KafkaError
 from graphledger.errors import GraphledgerError
 
 RETRY_SQLSTATE_CLASSES = frozenset({"08", "40", "53", "57"})
+IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
 REJECT_SQLSTATE_CLASSES = frozenset({"21", "22", "23", "54"})
 UNDEFINED_TABLE = "42P01"
 
@@ -57,8 +59,9 @@ def verdict_of(exc: BaseException) -> Verdict:
     if isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError | asyncpg.InternalClientError | KafkaError):
         return Verdict.RETRY
     if isinstance(exc, asyncpg.PostgresError | psycopg.Error):
-        state_class = (_sqlstate(exc) or "")[:2]
-        if state_class in RETRY_SQLSTATE_CLASSES:
+        state = _sqlstate(exc) or ""
+        state_class = state[:2]
+        if state_class in RETRY_SQLSTATE_CLASSES or state == IDLE_IN_TRANSACTION_TIMEOUT:
             return Verdict.RETRY
         if state_class in REJECT_SQLSTATE_CLASSES:
             return Verdict.REJECT

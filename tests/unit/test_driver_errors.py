@@ -21,12 +21,14 @@ RETRY_DATABASE = [
     asyncpg.exceptions.SerializationError("lost a race"),  # 40001
     asyncpg.exceptions.DeadlockDetectedError("deadlock"),  # 40P01
     asyncpg.exceptions.TooManyConnectionsError("busy"),  # 53300
+    asyncpg.exceptions.IdleInTransactionSessionTimeoutError("stopped inside its transaction"),  # 25P03
     asyncpg.InterfaceError("cannot perform operation: connection is closed"),
     asyncpg.InternalClientError("cannot switch to state 15"),
     psycopg.OperationalError("connection failed"),  # no SQLSTATE: connecting
     psycopg_pool.PoolTimeout("no connection in time"),
     psycopg.errors.SerializationFailure(),
     psycopg.errors.LockNotAvailable(),  # 55P03: an OperationalError psycopg names by class only
+    psycopg.errors.IdleInTransactionSessionTimeout(),
 ]
 RETRY = [
     *RETRY_DATABASE,
@@ -51,6 +53,7 @@ FATAL_DATABASE = [
     asyncpg.exceptions.UndefinedTableError("not migrated"),  # 42P01
     asyncpg.exceptions.UndefinedColumnError("older schema"),  # 42703
     asyncpg.exceptions.InvalidPasswordError("wrong password"),  # 28P01
+    asyncpg.exceptions.InFailedSQLTransactionError("a statement after a failed one"),  # 25P02: a bug
     psycopg.errors.UndefinedTable(),
     psycopg.InterfaceError("the connection is closed"),
 ]

@@ -17,10 +17,11 @@ subject's advisory lock, so neither can slip between the other's check and write
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 
 import asyncpg
@@ -110,6 +111,15 @@ INSERT_FRESH_KEYS_SQL = """
 INSERT INTO {schema}.fresh_keys (id, tenant, kek_id, wrapped)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[])
 """
+IDLE_IN_TRANSACTION_S = 5.0
+"""Longest a key store transaction waits on its own process between two statements before Postgres ends
+its session (rolling it back). A process stopped inside one (a paused pod, a partition from Postgres)
+would otherwise hold the subject's lock and the rows it wrote for as long as it stays stopped, and with
+them every binding of that subject: the read-through of a read, a projector's batch, an erasure. The
+statements follow one another with nothing but the event loop in between, so no live process comes near
+it; the one stopped gets a retryable error once it runs again."""
+# $1 -> the bound, for this transaction only.
+BOUND_IDLE_SQL = "SELECT set_config('idle_in_transaction_session_timeout', $1, true)"
 # A subject's lock, taken by an erasure and by a binding: $1 -> the lock key of its reference.
 SUBJECT_LOCK_SQL = "SELECT pg_advisory_xact_lock($1::bigint)"
 # $1 -> ids, $2 -> refs: each fresh key not bound yet is bound to its ref.
@@ -211,6 +221,14 @@ class Erasure:
     ref: str | None = None
 
 
+@contextlib.asynccontextmanager
+async def bounded_transaction(conn: asyncpg.Connection) -> AsyncIterator[None]:
+    """A transaction that Postgres ends if its process stops inside it (`IDLE_IN_TRANSACTION_S`)."""
+    async with conn.transaction():
+        await conn.execute(BOUND_IDLE_SQL, f"{round(IDLE_IN_TRANSACTION_S * 1000)}ms")
+        yield
+
+
 async def migrate_key_store(conn: asyncpg.Connection, schema: str) -> None:
     """Create the key store's schema and tables if missing (idempotent, serialized across processes).
 
@@ -220,7 +238,7 @@ async def migrate_key_store(conn: asyncpg.Connection, schema: str) -> None:
     stopped inside the transaction) would stop every bind and key creation of every process."""
     if await conn.fetchval(EXISTING_RELATIONS_SQL, schema, list(KEY_STORE_RELATIONS)) == len(KEY_STORE_RELATIONS):
         return
-    async with conn.transaction():
+    async with bounded_transaction(conn):
         await conn.execute(XACT_LOCK_SQL, lock_key(f"graphledger:keys:{schema}"))
         await conn.execute(render(SCHEMA_SQL, schema))
 
@@ -285,7 +303,7 @@ class KeyStore:
             found = await self._fetch(conn, refs)
             missing = [(ref, s) for ref, s in subjects if ref not in found]
             if missing:
-                async with conn.transaction():
+                async with bounded_transaction(conn):
                     for tenant in sorted({s.tenant for _, s in missing}):
                         if await conn.fetchval(self._sql["tenant_erased"], tenant):
                             raise SubjectErasedError(f"tenant {tenant!r} was erased")
@@ -308,7 +326,7 @@ class KeyStore:
         wrapped = [self._ring.wrap(key, _fresh_owner(key_id)) for key_id, key in keys]
         async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
             await self._ready(conn)
-            async with conn.transaction():
+            async with bounded_transaction(conn):
                 if await conn.fetchval(self._sql["tenant_erased"], tenant):
                     raise SubjectErasedError(f"tenant {tenant!r} was erased")
                 await conn.execute(
@@ -345,7 +363,7 @@ class KeyStore:
         refs = sorted({ref for ref, _ in named})
         async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
             await self._ready(conn)
-            async with conn.transaction():
+            async with bounded_transaction(conn):
                 for ref in refs:
                     await conn.execute(self._sql["subject_lock"], lock_key(f"graphledger:subject:{ref}"))
                 await conn.execute(
@@ -408,7 +426,7 @@ class KeyStore:
         """Destroy the subject's data key, or every key of the tenant, and record who did it when."""
         async with self._pool.acquire(timeout=self._acquire_timeout_s) as conn:
             await self._ready(conn)
-            async with conn.transaction():
+            async with bounded_transaction(conn):
                 await self._erase(conn, erasure, erased_by)
         log.warning("erased %s %s of tenant %r (by %s)", erasure.kind, erasure.ref or "", erasure.tenant, erased_by)
 
