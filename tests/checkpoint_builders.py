@@ -7,8 +7,9 @@ from typing import Any
 
 from langgraph.checkpoint.base import empty_checkpoint
 
-from graphledger import KafkaSaver, Settings, fold
+from graphledger import KafkaSaver, Settings
 from graphledger.events.checkpoint import CheckpointPut, CheckpointWrites
+from graphledger.folds import thread
 
 SAVER = KafkaSaver(Settings())  # builds events only: nothing is started or published
 
@@ -37,14 +38,14 @@ def writes(cid: str, task: str, items: list[tuple[str, Any]], path: str = "", ns
     return SAVER._checkpoint_writes(config, items, task, path)
 
 
-def folded(*events: Any, start: fold.View = fold.NEW) -> fold.View:
+def folded(*events: Any, start: thread.View = thread.NEW) -> thread.View:
     view = start
     for event in events:
-        view = fold.apply(view, event)
+        view = thread.apply(view, event)
     return view
 
 
-def newest(view: fold.View, ns: str = "", cid: str | None = None) -> dict[str, Any] | None:
+def newest(view: thread.View, ns: str = "", cid: str | None = None) -> dict[str, Any] | None:
     return view.namespace(ns).answer("t", ns, cid)
 
 

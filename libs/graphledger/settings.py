@@ -439,7 +439,7 @@ class Settings(BaseSettings):
 
     @property
     def layout_topic(self) -> str:
-        """Where `topics ensure` records the source topics' partition counts (`graphledger.partition_layout`)."""
+        """Where `topics ensure` records the source topics' partition counts (`graphledger.log.layout`)."""
         return f"{self.topic_prefix}.layout"
 
     @property

@@ -39,7 +39,7 @@ from graphledger.embeddings import HashEmbedder
 from graphledger.events.checkpoint import ThreadCopy, ThreadCopyBarrier
 from graphledger.events.chunks import parse_header
 from graphledger.events.envelope import HEADER_CHUNK, HEADER_SUBJECT, HEADER_TYPE, decode, header
-from graphledger.log_tail import LogTail
+from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
 from graphledger.tenancy import scoped_thread
 from graphledger_server.api.main import server as api_server

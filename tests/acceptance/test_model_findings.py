@@ -72,7 +72,7 @@ def _positions(saver: KafkaSaver) -> list[tuple[int, int]]:
     return seen
 
 
-# -- the client's fold (libs/graphledger/fold.py) -----------------------------------------------
+# -- the client's fold (libs/graphledger/folds/thread.py) -----------------------------------------
 
 
 async def test_after_its_keep_latest_prune_the_writer_reads_no_parent(stack: DevStack) -> None:

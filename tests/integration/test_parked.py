@@ -20,7 +20,7 @@ from graphledger.errors import ParkedSubjectError
 from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import CheckpointEvent, RunsDelete, ThreadCopy, ThreadCopyBarrier
 from graphledger.events.envelope import Envelope
-from graphledger.log_tail import LogTail
+from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
 from graphledger_server.log.ends import log_ends
 from graphledger_server.projection.batch import BatchApplier

@@ -19,8 +19,8 @@ from graphledger.client.publisher import EventPublisher
 from graphledger.errors import PartitionCountChangedError
 from graphledger.events import to_envelope
 from graphledger.events.store import StorePut
-from graphledger.log_tail import LogTail
-from graphledger.partition_layout import layout_record, read_layout
+from graphledger.log.layout import layout_record, read_layout
+from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
 from graphledger_server.api.app import create_app
 from graphledger_server.log.topics import ensure_topics

@@ -12,7 +12,7 @@ and each projection runs them by subclassing it with its own events:
 - a replay of the same records into a fresh schema, with other batch boundaries and the partitions
   split over lanes as the rebuild splits them, equals the live projection row for row, and by the
   replay's own checksums;
-- the fold the read API lays over the projection (`graphledger.fold`, `graphledger.store_fold`) answers
+- the fold the read API lays over the projection (`graphledger.folds.thread`, `graphledger.folds.store_item`) answers
   a read as the projection does once it has applied the same events, for every event type, or says it
   cannot for the events the docs list as ones a read waits for (`TestCheckpointFold`, `TestStoreFold`).
 """
@@ -34,7 +34,6 @@ import pytest
 
 import projection_helpers as checkpoints
 import store_helpers as store
-from graphledger import fold, store_fold
 from graphledger.erasure.sealing import SealedSubject
 from graphledger.events import envelope
 from graphledger.events.checkpoint import (
@@ -48,6 +47,7 @@ from graphledger.events.checkpoint import (
 )
 from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.events.store import StoreExpire, StoreRefresh
+from graphledger.folds import store_item, thread
 from graphledger_server.api.checkpoints import BLOB_CEILINGS_SQL, THREAD_NAMESPACES_SQL, TenantSaver, wire_tuple
 from graphledger_server.api.passthrough import PassThroughSerde
 from graphledger_server.api.read_through import thread_events
@@ -489,7 +489,7 @@ class TestStoreProjection(ProjectionContract):
 # -- the fold equals the SQL --------------------------------------------------------------------------
 #
 # The read API answers a read at the log's end from the projection's answer at its applied offset and
-# the key's records since, folded in Python (`graphledger.fold`, `graphledger.store_fold`). For each
+# the key's records since, folded in Python (`graphledger.folds.thread`, `graphledger.folds.store_item`). For each
 # event type, a scenario is applied record by record with the projection's SQL; from every point of it,
 # the answers the projection gives there, with the rest of the scenario folded on, must be the answers
 # the projection gives after applying all of it, or the fold must say it cannot (`Underivable`: the
@@ -647,9 +647,9 @@ async def _pg(dsn: str, schema: str) -> Any:
 def _fold_newest(
     base: dict[str, Any] | None, namespaces: list[str], ceilings: dict[str, int], events: Sequence[Any], ns: str
 ) -> Any:
-    view = fold.from_answer(ns, base, namespaces, ceilings=ceilings)
+    view = thread.from_answer(ns, base, namespaces, ceilings=ceilings)
     for event in events:
-        view = fold.apply(view, event)
+        view = thread.apply(view, event)
     return None if view.erased else view.namespace(ns).answer("t", ns, None), view
 
 
@@ -658,17 +658,17 @@ def _fold_one(
     events: Sequence[Any], ns: str, checkpoint_id: str,
 ) -> Any:  # fmt: skip
     if base is None:
-        start = fold.from_answer(ns, newest, namespaces, ceilings=ceilings)
-        view = fold.fold_to_checkpoint(start, events, ns, checkpoint_id)
+        start = thread.from_answer(ns, newest, namespaces, ceilings=ceilings)
+        view = thread.fold_to_checkpoint(start, events, ns, checkpoint_id)
     else:
-        view = fold.from_answer(ns, base)
+        view = thread.from_answer(ns, base)
         for event in events:
-            view = fold.apply_to_checkpoint(view, event, ns, checkpoint_id)
+            view = thread.apply_to_checkpoint(view, event, ns, checkpoint_id)
     return None if view.erased else view.namespace(ns).answer("t", ns, checkpoint_id)
 
 
 class TestCheckpointFold:
-    """`graphledger.fold` against `CheckpointProjection`'s SQL, for every checkpoint event type."""
+    """`graphledger.folds.thread` against `CheckpointProjection`'s SQL, for every checkpoint event type."""
 
     @pytest.mark.parametrize("scenario", list(_scenarios()))
     async def test_the_fold_of_unprojected_events_equals_the_projection(
@@ -712,7 +712,7 @@ class TestCheckpointFold:
                     base = await step.get(ns)
                     try:
                         answer, view = _fold_newest(base, namespaces, await step.ceilings(ns), suffix, ns)
-                    except fold.Underivable:
+                    except thread.Underivable:
                         underivable |= kinds
                         continue
                     assert answer == expected[ns], (scenario, k, ns)
@@ -725,7 +725,7 @@ class TestCheckpointFold:
                     base, newest = await step.get(ns, checkpoint_id), await step.get(ns)
                     try:
                         answer = _fold_one(base, newest, namespaces, await step.ceilings(ns), suffix, ns, checkpoint_id)
-                    except fold.Underivable:
+                    except thread.Underivable:
                         continue
                     assert answer == expected_one[(ns, checkpoint_id)], (scenario, k, ns, checkpoint_id)
                     ones += len(suffix) > 0
@@ -759,21 +759,21 @@ def _store_record(event: Any, ts_ms: int, offset: int) -> SourceRecord:
 
 
 async def _items(conn: asyncpg.Connection, schema: str, items: list[tuple[str, str]]) -> dict[Any, Any]:
-    """Each item's row as `store_fold.Item` (None: no row), read as the read API reads it."""
+    """Each item's row as `store_item.Item` (None: no row), read as the read API reads it."""
     sql, args = item_rows_statement(schema, items)
     found: dict[Any, Any] = {}
     for row in await conn.fetch(sql, *args):
         item = None
         if row["created_at"] is not None:
             value = orjson.loads(row["value"])
-            item = store_fold.Item(row["prefix"], row["key"], value, row["created_at"], row["updated_at"],
+            item = store_item.Item(row["prefix"], row["key"], value, row["created_at"], row["updated_at"],
                                    row["expires_at"], row["ttl"])  # fmt: skip
         found[(row["prefix"], row["key"])] = item
     return found
 
 
 class TestStoreFold:
-    """`graphledger.store_fold` against `StoreProjection`'s SQL: what a store get answers."""
+    """`graphledger.folds.store_item` against `StoreProjection`'s SQL: what a store get answers."""
 
     @pytest.mark.parametrize("seed", [0, 1, 2, 3])
     async def test_the_fold_of_unprojected_events_equals_the_projection(
@@ -799,7 +799,7 @@ class TestStoreFold:
                         ".".join(getattr(event.event, "namespace", prefix.split("."))) == prefix
                     )
                     if mine:
-                        found = store_fold.apply(found, event.event, event.ts_ms)
+                        found = store_item.apply(found, event.event, event.ts_ms)
                         kinds.add(event.TYPE)
                 assert found == expected[(prefix, key)], (seed, k, prefix, key)
             if k < len(records):

@@ -21,12 +21,12 @@ import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from graphledger import key_filter
 from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import CheckpointEvent, ThreadCopy, ThreadDelete, ThreadPrune
 from graphledger.events.chunks import ChunkRef, split
 from graphledger.events.envelope import Envelope
-from graphledger.key_filter import KeyFilter
+from graphledger.log import key_filter
+from graphledger.log.key_filter import KeyFilter
 from graphledger.settings import Settings
 from graphledger_server.devstack.postgres import EmbeddedPostgres
 from graphledger_server.log.offsets import APPLIED_CHANNEL

@@ -40,7 +40,7 @@ from psycopg.rows import dict_row
 from typing_extensions import TypedDict
 
 from filled_log import FILLER_RECORDS
-from graphledger.key_filter import KeyFilter
+from graphledger.log.key_filter import KeyFilter
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK
 from graphledger_server.api.app import create_app

@@ -25,7 +25,7 @@ from graphledger.errors import LossRefusedError, ReplayVerificationError
 from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import ThreadCopyBarrier
 from graphledger.events.envelope import Envelope
-from graphledger.log_tail import LogTail
+from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
 from graphledger_server.api.main import server as api_server
 from graphledger_server.cli import main as cli_main

@@ -1,4 +1,4 @@
-"""Compressed record batches are read within `max_decompressed_batch_bytes` (`compressed_batches.py`): a
+"""Compressed record batches are read within `max_decompressed_batch_bytes` (`log/compressed_batches.py`): a
 larger one, or one of a codec with no bounded decoder, becomes one placeholder record at its last offset
 in a consumer's answer, and ends a `LogTail` scan."""
 
@@ -12,8 +12,8 @@ from aiokafka import TopicPartition
 from aiokafka.consumer import fetcher
 from aiokafka.record.memory_records import MemoryRecords
 
-from graphledger.compressed_batches import UNREADABLE_HEADER, bound_decompression
-from graphledger.log_tail import _records
+from graphledger.log.compressed_batches import UNREADABLE_HEADER, bound_decompression
+from graphledger.log.tail import _records
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import HEADER_OFFSET, outgoing_records
 from graphledger_server.projection.records import DeadLetter, SourceRecord, classify

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from checkpoint_builders import FIRST, SAVER, SECOND, folded, newest, put, values, writes
-from graphledger import fold
 from graphledger.events.checkpoint import (
     RunsDelete,
     ThreadCopyBarrier,
@@ -11,6 +10,7 @@ from graphledger.events.checkpoint import (
     ThreadPrune,
 )
 from graphledger.events.erasure import ThreadErase
+from graphledger.folds import thread
 
 
 def test_a_put_is_the_newest_with_every_channel_value_and_jsonb_metadata() -> None:
@@ -55,7 +55,7 @@ def test_writes_that_reach_the_log_before_their_put_wait_for_it() -> None:
     view = folded(FIRST, writes("02", "task", [("n", 5)]))
     assert newest(view)["config"]["checkpoint_id"] == "01"  # type: ignore[index]
     assert newest(view)["pending_writes"] == []  # type: ignore[index]
-    answer = newest(fold.apply(view, SECOND))
+    answer = newest(thread.apply(view, SECOND))
     assert answer is not None and [(w[0], w[1]) for w in answer["pending_writes"]] == [("task", "n")]
 
 
@@ -71,7 +71,7 @@ def test_a_repeated_put_replaces_checkpoint_and_metadata_and_keeps_parent_and_wr
 def test_an_older_put_leaves_the_newest_as_it_is() -> None:
     older = put("00", None, {"n": 0}, {"n": "0"}, {"n": "0"})
     view = folded(FIRST, SECOND)
-    assert newest(fold.apply(view, older)) == newest(view)
+    assert newest(thread.apply(view, older)) == newest(view)
 
 
 def test_an_older_put_storing_a_value_the_newest_names_leaves_the_namespace_not_held() -> None:
@@ -82,11 +82,11 @@ def test_an_older_put_storing_a_value_the_newest_names_leaves_the_namespace_not_
     answer["config"]["checkpoint_id"] = "03"
     answer["checkpoint"]["channel_versions"]["msgs"] = "2"
     del answer["checkpoint"]["channel_values"]["msgs"]
-    view = fold.from_answer("", answer, namespaces=[""])
+    view = thread.from_answer("", answer, namespaces=[""])
     parent = put("02", "01", {"msgs": ["b"], "n": 2}, {"msgs": "2", "n": "2"}, {"msgs": "2", "n": "2"})
-    assert fold.apply(view, parent).namespaces[""] is None  # the projection reads 03 with msgs now
+    assert thread.apply(view, parent).namespaces[""] is None  # the projection reads 03 with msgs now
     unrelated = put("02", "01", {"msgs": ["b"], "n": 2}, {"msgs": "3", "n": "2"}, {"msgs": "3", "n": "2"})
-    assert newest(fold.apply(view, unrelated)) == newest(view)
+    assert newest(thread.apply(view, unrelated)) == newest(view)
 
 
 def test_a_newer_put_storing_a_value_an_older_checkpoint_names_leaves_a_read_of_it_not_held() -> None:
@@ -96,11 +96,11 @@ def test_a_newer_put_storing_a_value_an_older_checkpoint_names_leaves_a_read_of_
     assert answer is not None
     answer["checkpoint"]["channel_versions"]["msgs"] = "2"
     del answer["checkpoint"]["channel_values"]["msgs"]
-    one = fold.from_answer("", answer)
+    one = thread.from_answer("", answer)
     stores = put("03", "02", {"msgs": ["b"], "n": 2}, {"msgs": "2", "n": "2"}, {"msgs": "2"})
-    assert fold.apply_to_checkpoint(one, stores, "", "02").namespaces.get("") is None
+    assert thread.apply_to_checkpoint(one, stores, "", "02").namespaces.get("") is None
     unrelated = put("03", "02", {"msgs": ["b"], "n": 2}, {"msgs": "3", "n": "2"}, {"msgs": "3"})
-    assert fold.apply_to_checkpoint(one, unrelated, "", "02") is one
+    assert thread.apply_to_checkpoint(one, unrelated, "", "02") is one
 
 
 def _v(counter: int) -> str:
@@ -114,37 +114,37 @@ def test_a_version_a_put_does_not_call_new_answers_inline_only_above_every_blob_
     # stored one (a copied thread's, a sibling's): only above every row's counter is the inline value it.
     foreign = put("02", "01", {"msgs": ["a"], "n": 2}, {"msgs": "1", "n": _v(7)}, {})
     answer = newest(folded(FIRST))
-    unknown = fold.from_answer("", answer, [""])
-    assert fold.apply(unknown, foreign).namespaces[""] is None
-    at_a_row = fold.from_answer("", answer, [""], ceilings={"n": 7})
-    assert fold.apply(at_a_row, foreign).namespaces[""] is None
-    uncounted = fold.from_answer("", answer, [""], ceilings={"n": fold.UNCOUNTED})
-    assert fold.apply(uncounted, foreign).namespaces[""] is None
-    above = fold.from_answer("", answer, [""], ceilings={"n": 6})
-    assert values(newest(fold.apply(above, foreign))) == {"msgs": ["a"], "n": 2}  # type: ignore[arg-type]
+    unknown = thread.from_answer("", answer, [""])
+    assert thread.apply(unknown, foreign).namespaces[""] is None
+    at_a_row = thread.from_answer("", answer, [""], ceilings={"n": 7})
+    assert thread.apply(at_a_row, foreign).namespaces[""] is None
+    uncounted = thread.from_answer("", answer, [""], ceilings={"n": thread.UNCOUNTED})
+    assert thread.apply(uncounted, foreign).namespaces[""] is None
+    above = thread.from_answer("", answer, [""], ceilings={"n": 6})
+    assert values(newest(thread.apply(above, foreign))) == {"msgs": ["a"], "n": 2}  # type: ignore[arg-type]
     # A thread folded from its start has seen every row; a put's rows raise its ceilings.
-    assert values(newest(fold.apply(folded(FIRST), foreign))) == {"msgs": ["a"], "n": 2}  # type: ignore[arg-type]
+    assert values(newest(thread.apply(folded(FIRST), foreign))) == {"msgs": ["a"], "n": 2}  # type: ignore[arg-type]
     stores_n = put("02", "01", {"msgs": ["a"], "n": ["x"]}, {"msgs": "1", "n": _v(7)}, {"n": _v(7)})
     assert folded(FIRST, stores_n).namespaces[""].ceilings == {"n": 7}  # type: ignore[union-attr]
     # A version of another form has no counter: it is never taken for above the rows.
     integer = put("02", "01", {"msgs": ["a"], "n": 2}, {"msgs": "1", "n": "7"}, {})
-    assert fold.apply(above, integer).namespaces[""] is None
+    assert thread.apply(above, integer).namespaces[""] is None
 
 
 def test_a_version_counter_is_its_32_zero_padded_digits() -> None:
-    assert fold.version_counter(_v(12)) == 12
-    assert fold.version_counter("0" * 31 + "9") == 9
+    assert thread.version_counter(_v(12)) == 12
+    assert thread.version_counter("0" * 31 + "9") == 9
     for other in ("12", "12.0.5", "0" * 33 + ".0.5", "0" * 32 + "x", "٠" * 32):
-        assert fold.version_counter(other) is None, other
+        assert thread.version_counter(other) is None, other
 
 
 def test_a_fork_from_a_checkpoint_not_held_leaves_the_namespace_not_held() -> None:
     view = folded(put("05", None, {"msgs": ["x"]}, {"msgs": "5"}, {"msgs": "5"}))
-    forked = fold.apply(view, put("06", "03", {"msgs": ["old"]}, {"msgs": "3"}, {}))
+    forked = thread.apply(view, put("06", "03", {"msgs": ["old"]}, {"msgs": "3"}, {}))
     assert forked.namespaces[""] is None
     try:
         newest(forked)
-    except fold.Underivable:
+    except thread.Underivable:
         pass
     else:
         raise AssertionError("a namespace not held answered")
@@ -155,7 +155,7 @@ def test_an_older_checkpoint_is_not_answered_from_the_newest() -> None:
     assert newest(view, cid="02") == newest(view)
     try:
         newest(view, cid="01")
-    except fold.Underivable:
+    except thread.Underivable:
         pass
     else:
         raise AssertionError("an older checkpoint was answered")
@@ -167,11 +167,11 @@ def test_namespaces_are_apart_and_a_complete_view_knows_new_ones_are_empty() -> 
     assert values(newest(view)) == {"msgs": ["a"], "n": 1}  # type: ignore[arg-type]
     assert values(newest(view, "child:1")) == {"x": "s"}  # type: ignore[arg-type]
     assert newest(view, "other:2") is None
-    answered = fold.from_answer("", newest(view), namespaces=["", "child:1"])
+    answered = thread.from_answer("", newest(view), namespaces=["", "child:1"])
     assert newest(answered, "other:2") is None
     try:
         newest(answered, "child:1")  # exists, not held
-    except fold.Underivable:
+    except thread.Underivable:
         pass
     else:
         raise AssertionError("a namespace not held answered")
@@ -179,24 +179,24 @@ def test_namespaces_are_apart_and_a_complete_view_knows_new_ones_are_empty() -> 
 
 def test_an_answer_folds_like_the_events_it_came_from() -> None:
     answer = newest(folded(FIRST))
-    from_answer = fold.from_answer("", answer, namespaces=[""])
-    assert newest(fold.apply(from_answer, SECOND)) == newest(folded(FIRST, SECOND))
+    from_answer = thread.from_answer("", answer, namespaces=[""])
+    assert newest(thread.apply(from_answer, SECOND)) == newest(folded(FIRST, SECOND))
 
 
 def test_delete_prune_runs_copy_and_erasure() -> None:
     view = folded(FIRST, SECOND, writes("02", "task", [("n", 7)]))
-    assert newest(fold.apply(view, ThreadDelete("t"))) is None
-    assert newest(fold.apply(view, ThreadPrune("t", "delete"))) is None
-    assert fold.apply(view, ThreadPrune("t", "keep_latest")) is fold.UNKNOWN
-    assert newest(fold.apply(view, RunsDelete(("other-run",)))) == newest(view)
-    assert fold.apply(view, RunsDelete(("run-1",))).namespaces[""] is None  # its next newest is not held
-    assert fold.apply(view, ThreadCopyBarrier("t", 1, 5)) is fold.UNKNOWN
-    erased = fold.apply(view, ThreadErase("ref"))
-    assert newest(erased) is None and newest(fold.apply(erased, FIRST)) is None
+    assert newest(thread.apply(view, ThreadDelete("t"))) is None
+    assert newest(thread.apply(view, ThreadPrune("t", "delete"))) is None
+    assert thread.apply(view, ThreadPrune("t", "keep_latest")) is thread.UNKNOWN
+    assert newest(thread.apply(view, RunsDelete(("other-run",)))) == newest(view)
+    assert thread.apply(view, RunsDelete(("run-1",))).namespaces[""] is None  # its next newest is not held
+    assert thread.apply(view, ThreadCopyBarrier("t", 1, 5)) is thread.UNKNOWN
+    erased = thread.apply(view, ThreadErase("ref"))
+    assert newest(erased) is None and newest(thread.apply(erased, FIRST)) is None
 
 
 def test_a_run_id_matches_as_the_text_postgres_gives_it() -> None:
     """`runs.delete` deletes where `metadata ->> 'run_id'` is one of its ids: a number or a boolean by its
     JSON text; a value whose text the fold does not reproduce makes the read wait for the projection."""
-    assert [fold.run_id_text(v) for v in ("r", 7, True, False, None)] == ["r", "7", "true", "false", None]
-    assert fold.run_id_text(1.5) is fold.OPAQUE_RUN_ID and fold.run_id_text({"a": 1}) is fold.OPAQUE_RUN_ID
+    assert [thread.run_id_text(v) for v in ("r", 7, True, False, None)] == ["r", "7", "true", "false", None]
+    assert thread.run_id_text(1.5) is thread.OPAQUE_RUN_ID and thread.run_id_text({"a": 1}) is thread.OPAQUE_RUN_ID

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from graphledger import key_filter
 from graphledger.client.key_filters import BEHIND_RETRY_S, RETRY_S, KeyFilters
 from graphledger.errors import ReadApiError
-from graphledger.key_filter import BITS, HASHES, KeyFilter
+from graphledger.log import key_filter
+from graphledger.log.key_filter import BITS, HASHES, KeyFilter
 
 
 def answer_of(keys: list[bytes], through: int, *, complete: bool = True) -> dict[str, Any]:

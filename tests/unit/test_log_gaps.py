@@ -1,4 +1,4 @@
-"""Offsets a fetch passes over are fetched again, not read past (`graphledger/log_gaps.py`): in the
+"""Offsets a fetch passes over are fetched again, not read past (`graphledger/log/gaps.py`): in the
 projector's batches and in the log tail's pages."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from graphledger.log_gaps import GapWatch
-from graphledger.log_tail import LogRecord, LogTail
+from graphledger.log.gaps import GapWatch
+from graphledger.log.tail import LogRecord, LogTail
 from graphledger.settings import Settings
 from graphledger_server.projector.worker import ProjectorWorker
 from manual_clock import ManualClock

@@ -16,7 +16,7 @@ from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 from aiokafka.protocol.api import RequestStruct, Response
 
 from graphledger.errors import LogUnavailableError
-from graphledger.kafka_requests import (
+from graphledger.log.requests import (
     NO_EPOCH,
     EpochFetchRequest,
     FencedLeaderEpochError,
@@ -25,7 +25,7 @@ from graphledger.kafka_requests import (
     UnknownLeaderEpochError,
     error_for,
 )
-from graphledger.log_tail import LEADERS_MAX_AGE_S, LogTail
+from graphledger.log.tail import LEADERS_MAX_AGE_S, LogTail
 from graphledger.settings import Settings
 from kafka_wire import Cluster, Wire
 

@@ -13,7 +13,7 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.protocol.api import RequestStruct, Response
 
-from graphledger.log_tail import LogTail
+from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
 from kafka_wire import Cluster, Wire, record_batch
 

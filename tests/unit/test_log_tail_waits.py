@@ -3,7 +3,7 @@ likely ends there, carrying the layout partition as a beacon (tansu holds a fetc
 for its whole wait, and answers one that finds some at once), one record back with a long wait when
 records are known to lie past it (tansu scans its in-memory log for at most the wait, and answers a
 long partition with no records and the right end when the wait is short). A page whose answers pass over
-its position (`log_gaps`) asks again until the records are readable or the gap is read past."""
+its position (`log.gaps`) asks again until the records are readable or the gap is read past."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.protocol.api import RequestStruct, Response
 
-from graphledger import log_tail as log_tail_module
-from graphledger.log_gaps import GapWatch
-from graphledger.log_tail import BEACON_BYTES, END_MAX_WAIT_MS, FETCH_MAX_WAIT_MS, LogTail
+from graphledger.log import tail as log_tail_module
+from graphledger.log.gaps import GapWatch
+from graphledger.log.tail import BEACON_BYTES, END_MAX_WAIT_MS, FETCH_MAX_WAIT_MS, LogTail
 from graphledger.settings import Settings
 from kafka_wire import Cluster, Wire, record_batch
 

@@ -14,8 +14,7 @@ from aiokafka.partitioner import DefaultPartitioner, murmur2
 from aiokafka.protocol.api import RequestStruct, Response
 
 from graphledger.errors import LogUnavailableError, PartitionCountChangedError
-from graphledger.log_tail import LogTail
-from graphledger.partition_layout import (
+from graphledger.log.layout import (
     PartitionCheckedProducer,
     PartitionLayout,
     key_hash,
@@ -23,6 +22,7 @@ from graphledger.partition_layout import (
     layout_record,
     parse_record,
 )
+from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
 from kafka_wire import Cluster, Wire, record_batch
 

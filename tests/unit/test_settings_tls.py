@@ -23,7 +23,7 @@ from pki import Pki, make_pki
 ROOT = Path(__file__).resolve().parents[2]
 KAFKA_CLIENTS = {"PartitionCheckedProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient"}
 """The classes the code builds clients with (`PartitionCheckedProducer` is aiokafka's producer checking the
-partition count, `graphledger.partition_layout`)."""
+partition count, `graphledger.log.layout`)."""
 HANDSHAKE_TIMEOUT_S = 10
 
 

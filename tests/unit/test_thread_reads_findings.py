@@ -5,7 +5,7 @@ below its end, and another process's record may lie between.
 
 In the test's runs the wrong answers were of two kinds: a checkpoint or writes of its own without another
 process's delete, put or writes before them in the log (no log prefix answers that), and
-`fold.Underivable` raised to the caller when the own record could not be folded at all.
+`thread.Underivable` raised to the caller when the own record could not be folded at all.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from checkpoint_builders import FIRST, SECOND, newest, put
-from graphledger import fold
 from graphledger.client.thread_reads import ThreadReads
 from graphledger.client.threads import HeldThreads
+from graphledger.folds import thread
 
 PARTITION = 3
 END = 4
@@ -29,7 +29,7 @@ def _reads(threads: HeldThreads, on_read: Any) -> ThreadReads:
             "log_partition": PARTITION,
             "log_end": END,
             "own_writes_from": END,
-            "tuple": newest(fold.apply(fold.NEW, FIRST)),
+            "tuple": newest(thread.apply(thread.NEW, FIRST)),
             "namespaces": [""],
         }
 
@@ -38,7 +38,7 @@ def _reads(threads: HeldThreads, on_read: Any) -> ThreadReads:
 
 def _held() -> HeldThreads:
     threads = HeldThreads()
-    threads.install("t", None, PARTITION, fold.from_answer("", newest(fold.apply(fold.NEW, FIRST)), [""]), 0, END)
+    threads.install("t", None, PARTITION, thread.from_answer("", newest(thread.apply(thread.NEW, FIRST)), [""]), 0, END)
     return threads
 
 
@@ -56,5 +56,5 @@ async def test_an_own_record_past_the_log_end_never_fails_the_read() -> None:
     fork = put("05", "04", {}, {"other": "9"}, {})
     threads = _held()
     reads = _reads(threads, lambda: threads.acked("t", PARTITION, (END + 1,), fork))
-    answer = await reads.get("t", "", None)  # raises fold.Underivable
+    answer = await reads.get("t", "", None)  # raises thread.Underivable
     assert answer is not None and answer["config"]["checkpoint_id"] == "01"

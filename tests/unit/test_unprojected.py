@@ -8,11 +8,11 @@ from collections.abc import Mapping
 
 from aiokafka import TopicPartition
 
-from graphledger import fold
 from graphledger.erasure.sealing import ERASED
 from graphledger.events import envelope, to_envelope
 from graphledger.events.erasure import ThreadErase
-from graphledger.log_tail import LogRecord, Page
+from graphledger.folds import thread
+from graphledger.log.tail import LogRecord, Page
 from graphledger_server.api.read_through import HeldView, RecordOpener, ThreadViews
 from graphledger_server.api.unprojected import KeyTail, Unprojected
 from graphledger_server.keys.lookup import DataKeyCache
@@ -222,20 +222,20 @@ async def test_a_partition_read_from_its_applied_offset_lets_go_of_every_key() -
 
 def test_a_kept_view_serves_reads_whose_records_since_are_held_and_a_later_one_replaces_it() -> None:
     views = ThreadViews()
-    views.keep(b"k", HeldView(0, 10, fold.NEW))
+    views.keep(b"k", HeldView(0, 10, thread.NEW))
     assert views.usable(b"k", KeyTail(5, 12, ()), 0) is not None
     assert views.usable(b"k", KeyTail(11, 12, ()), 0) is None  # the records from 10 on are no longer held
     assert views.usable(b"k", KeyTail(5, 9, ()), 0) is None  # a view past the read's end
     assert views.usable(b"k", None, 1) is None  # another partition
-    views.keep(b"k", HeldView(0, 8, fold.ERASED))  # an older one does not replace it
+    views.keep(b"k", HeldView(0, 8, thread.ERASED))  # an older one does not replace it
     kept = views.usable(b"k", None, 0)
     assert kept is not None and kept.through == 10
 
 
 def test_kept_views_are_bounded_by_bytes_least_recently_used_first_out() -> None:
-    views = ThreadViews(max_bytes=3 * fold.NEW.size)
+    views = ThreadViews(max_bytes=3 * thread.NEW.size)
     for key in (b"a", b"b", b"c"):
-        views.keep(key, HeldView(0, 1, fold.NEW))
+        views.keep(key, HeldView(0, 1, thread.NEW))
     views.usable(b"a", None, 0)  # used: b is now the least recently used
-    views.keep(b"d", HeldView(0, 1, fold.NEW))
+    views.keep(b"d", HeldView(0, 1, thread.NEW))
     assert [views.usable(key, None, 0) is not None for key in (b"a", b"b", b"c", b"d")] == [True, False, True, True]

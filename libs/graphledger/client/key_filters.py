@@ -1,4 +1,4 @@
-"""This process's copies of the checkpoint partitions' key filters (`graphledger.key_filter`), fetched from
+"""This process's copies of the checkpoint partitions' key filters (`graphledger.log.key_filter`), fetched from
 the read API when a read first needs one, on the client's loop.
 
 Every proof that a thread is new extends its partition's copy with the keys it scanned, and every write of
@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from graphledger.errors import ReadApiError
-from graphledger.key_filter import KeyFilter
+from graphledger.log.key_filter import KeyFilter
 
 log = logging.getLogger(__name__)
 

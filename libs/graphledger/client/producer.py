@@ -6,13 +6,13 @@ whole record of `max_message_bytes` plus its headers, and one partition's batch 
 chunk: the 16 KiB default batch split concurrent checkpoints into many small produce requests.
 Requests time out after `produce_timeout_s`, the deadline every writer waits for acknowledgements.
 The producer refuses to route a source topic's record while the broker reports another partition count
-than the one `topics ensure` recorded (`graphledger.partition_layout`).
+than the one `topics ensure` recorded (`graphledger.log.layout`).
 """
 
 from __future__ import annotations
 
 from graphledger.events.chunks import RECORD_HEADROOM_BYTES
-from graphledger.partition_layout import PartitionCheckedProducer, PartitionLayout, key_partitioner
+from graphledger.log.layout import PartitionCheckedProducer, PartitionLayout, key_partitioner
 from graphledger.settings import Settings
 
 

@@ -23,7 +23,7 @@ from graphledger.client.producer import new_producer
 from graphledger.errors import PartitionCountChangedError, PublishError
 from graphledger.events import chunks, envelope
 from graphledger.events.envelope import Envelope
-from graphledger.partition_layout import key_partitioner
+from graphledger.log.layout import key_partitioner
 from graphledger.settings import Settings
 from graphledger.telemetry import client as telemetry
 from graphledger.telemetry.propagation import traceparent

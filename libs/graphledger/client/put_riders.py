@@ -6,7 +6,7 @@ at a time per broker, so writes sent on their own take a request (a round trip) 
 waits behind. Writes of a checkpoint newer than any the thread holds, whose put is not sent yet,
 wait for that put (at most `HOLD_S`): the put lets them go first in the same turn of the event loop,
 and they share one request. Writes of any other checkpoint go at once. The log then holds the writes
-before their put, which the projection and the fold (`fold.py`) take as they come.
+before their put, which the projection and the fold (`folds/thread.py`) take as they come.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from graphledger.errors import ReadApiError, SubjectErasedError
 from graphledger.events import Event, checkpoint, to_envelope
 from graphledger.events.checkpoint import ThreadCopy, ThreadCopyBarrier
 from graphledger.events.envelope import Envelope
-from graphledger.log_tail import LogTail
+from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
 from graphledger.telemetry.propagation import caller_context
 from graphledger.tenancy import scoped_thread

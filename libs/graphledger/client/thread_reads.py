@@ -25,11 +25,11 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
 
-from graphledger import fold
 from graphledger.client.key_filters import KeyFilters
 from graphledger.client.threads import Held, HeldThreads
 from graphledger.errors import LogUnavailableError
-from graphledger.log_tail import LogTail, Tail
+from graphledger.folds import thread
+from graphledger.log.tail import LogTail, Tail
 from graphledger.wire import CACHED_THROUGH_HEADER, OWN_WRITES_HEADER
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class ThreadReads:
         if held is not None and held.local:
             try:
                 answer = held.view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, checkpoint_id)
-            except fold.Underivable:
+            except thread.Underivable:
                 pass
             else:
                 if await self._unchanged_since(thread_id, held):
@@ -109,7 +109,7 @@ class ThreadReads:
         if current and ns is not None:
             try:
                 answer = ns.delta_history(checkpoint_id, channels)
-            except fold.Underivable:
+            except thread.Underivable:
                 pass
             else:
                 self.answered["held"] += 1
@@ -151,7 +151,7 @@ class ThreadReads:
         # nothing of a thread with no records.
         if any(k == key for _, k in tail.keys):
             return False
-        self._threads.install(thread_id, None, partition, fold.NEW, tail.end, tail.end)
+        self._threads.install(thread_id, None, partition, thread.NEW, tail.end, tail.end)
         return True
 
     async def _tail(self, tp: TopicPartition, start: int) -> Tail | None:
@@ -203,7 +203,7 @@ class ThreadReads:
         answer = await self._read(GET_PATH, body, headers or None)
         try:
             return self._answered(thread_id, checkpoint_ns, checkpoint_id, held if headers else None, answer)
-        except fold.Underivable:
+        except thread.Underivable:
             answer = await self._read(GET_PATH, body, None)
             return self._answered(thread_id, checkpoint_ns, checkpoint_id, None, answer)
 
@@ -216,7 +216,7 @@ class ThreadReads:
         answer: dict[str, Any],
     ) -> dict[str, Any] | None:
         """The read API's `answer` with the named own records it lacks folded in; holds the thread when
-        the answer is of its newest checkpoint. Raises `fold.Underivable`."""
+        the answer is of its newest checkpoint. Raises `thread.Underivable`."""
         if answer.get("erased"):
             self._on_erased(thread_id)
             self._threads.erased(thread_id)
@@ -233,19 +233,19 @@ class ThreadReads:
             return _older(named, answer["tuple"], thread_id, checkpoint_ns, checkpoint_id, applied)
         later = answer.get("later_writes", {})
         ceilings = answer.get("blob_ceilings")
-        view = fold.from_answer(checkpoint_ns, answer["tuple"], answer.get("namespaces"), later, ceilings)
+        view = thread.from_answer(checkpoint_ns, answer["tuple"], answer.get("namespaces"), later, ceilings)
         # Too many writes of newer checkpoints to send: the answer stands, the thread is not held.
         view = self._threads.install(thread_id, named, partition, view, applied, end, hold=later is not None)
         return view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, None)
 
 
-def _namespace(held: Held | None, checkpoint_ns: str) -> fold.Namespace | None:
+def _namespace(held: Held | None, checkpoint_ns: str) -> thread.Namespace | None:
     """The namespace as held (None: not held)."""
     if held is None:
         return None
     try:
         return held.view.namespace(checkpoint_ns)
-    except fold.Underivable:
+    except thread.Underivable:
         return None
 
 
@@ -258,8 +258,8 @@ def _older(
     applied: int,
 ) -> dict[str, Any] | None:
     """The answer for one checkpoint (not the thread's newest), with the named own records the read API's
-    answer lacks applied as the projection applies them to it (`fold.apply_to_checkpoint`)."""
-    view = fold.from_answer(checkpoint_ns, tuple_)
+    answer lacks applied as the projection applies them to it (`thread.apply_to_checkpoint`)."""
+    view = thread.from_answer(checkpoint_ns, tuple_)
     for _, event in named.own_since(applied) if named is not None else ():
-        view = fold.apply_to_checkpoint(view, event, checkpoint_ns, checkpoint_id)
+        view = thread.apply_to_checkpoint(view, event, checkpoint_ns, checkpoint_id)
     return view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, checkpoint_id)

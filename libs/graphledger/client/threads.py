@@ -1,7 +1,7 @@
 """What a client process holds of each thread: one owner, one immutable snapshot per read.
 
 A thread is held once a read of it came back from the read API, or once this process wrote to it.
-What is held (`Held`) is a `fold.View` of the thread and the log position it is current through:
+What is held (`Held`) is a `thread.View` of the thread and the log position it is current through:
 the view reflects every record of the thread below `through` on its partition, and this process's
 own records since, folded in as each was acknowledged. The own records at or after `through` are
 kept too, because a read that has to ask the read API names them and folds them onto its answer.
@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from graphledger import fold
 from graphledger.events.checkpoint import CheckpointEvent, CheckpointPut, CheckpointWrites
+from graphledger.folds import thread
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 """Most bytes of thread state a client holds (the `client_thread_memory_bytes` setting's default)."""
@@ -58,8 +58,8 @@ class Held:
     partition: int
     through: int | None
     """The view reflects every record of the thread below this offset of `partition`; None: only the
-    own records since the thread was held are known (the view is `fold.UNKNOWN` for others)."""
-    view: fold.View
+    own records since the thread was held are known (the view is `thread.UNKNOWN` for others)."""
+    view: thread.View
     own: tuple[Own, ...]
     """Own records at or after `through` (all since the thread was held, when `through` is None)."""
     own_size: int
@@ -138,7 +138,7 @@ class HeldThreads:
         held = self._threads.get(thread_id)
         if held is None or held.view.erased:
             return False
-        ns = held.view.namespaces.get(checkpoint_ns, fold.EMPTY if held.view.complete else None)
+        ns = held.view.namespaces.get(checkpoint_ns, thread.EMPTY if held.view.complete else None)
         if ns is None:
             return False
         return ns.newest is None or checkpoint_id > ns.newest.checkpoint_id
@@ -184,15 +184,17 @@ class HeldThreads:
         held = self._threads.get(thread_id)
         own: Own = (offsets, event)
         if held is None or held.partition != partition:
-            view = fold.apply(fold.UNKNOWN, event)
+            view = thread.apply(thread.UNKNOWN, event)
             # A delete or an erasure leaves nothing of what came before: the view is then whole.
-            if view is fold.NEW or view is fold.ERASED:
+            if view is thread.NEW or view is thread.ERASED:
                 self._put(thread_id, _held(next(_epochs), partition, offsets[-1] + 1, view, ()))
             else:
                 self._put(thread_id, _held(next(_epochs), partition, None, view, (own,)))
         else:
             own_size = held.own_size + _own_size(event)
-            entry = _held(held.epoch, partition, held.through, fold.apply(held.view, event), (*held.own, own), own_size)
+            entry = _held(
+                held.epoch, partition, held.through, thread.apply(held.view, event), (*held.own, own), own_size
+            )
             self._put(thread_id, entry)
 
     def acked_everywhere(self, partition: int, offset: int, event: CheckpointEvent) -> None:
@@ -202,7 +204,7 @@ class HeldThreads:
         for thread_id, held in list(self._threads.items()):
             if held.partition == partition:
                 own = (*held.own, ((offset,), event))
-                entry = _held(held.epoch, partition, held.through, fold.apply(held.view, event), own)
+                entry = _held(held.epoch, partition, held.through, thread.apply(held.view, event), own)
                 self._put(thread_id, entry, touch=False)
 
     def advance(self, thread_id: str, snapshot: Held, end: int) -> None:
@@ -218,12 +220,12 @@ class HeldThreads:
         thread_id: str,
         snapshot: Held | None,
         partition: int,
-        answer: fold.View,
+        answer: thread.View,
         applied: int,
         end: int,
         *,
         hold: bool = True,
-    ) -> fold.View:
+    ) -> thread.View:
         """The read API answered the thread as of `end` (the log's end when it read), holding every
         record below `applied` but the own ones the read named (`snapshot`'s). Returns the answer with
         those folded in: the own records below `end`, never one past it (another process's record may
@@ -235,13 +237,13 @@ class HeldThreads:
         mine = [own for own in (named if current is None else _merged(named, current.own)) if own[0][-1] >= applied]
         view = answer
         for _, event in (own for own in mine if own[0][-1] < end):
-            view = fold.apply(view, event)
+            view = thread.apply(view, event)
         if not hold or (snapshot is not None and (current is None or current.epoch != snapshot.epoch)):
             return view  # forgotten or held anew meanwhile: keep what is held
         beyond = [own for own in mine if own[0][-1] >= end]
         kept = view
         for _, event in beyond:
-            kept = fold.apply(kept, event)
+            kept = thread.apply(kept, event)
         epoch = current.epoch if current is not None else next(_epochs)
         self._put(thread_id, _held(epoch, partition, end, kept, tuple(beyond)))
         return view
@@ -254,12 +256,12 @@ class HeldThreads:
         held = self._threads.get(thread_id)
         if held is None or held.epoch != snapshot.epoch:
             return
-        ns = held.view.namespaces.get(checkpoint_ns, fold.EMPTY if held.view.complete else None)
+        ns = held.view.namespaces.get(checkpoint_ns, thread.EMPTY if held.view.complete else None)
         if ns is None:
             return
         namespaces = dict(held.view.namespaces)
-        namespaces[checkpoint_ns] = fold.with_history(ns, checkpoint_id, answered)
-        view = fold.view(namespaces, held.view.complete)
+        namespaces[checkpoint_ns] = thread.with_history(ns, checkpoint_id, answered)
+        view = thread.view(namespaces, held.view.complete)
         self._put(
             thread_id, _held(held.epoch, held.partition, held.through, view, held.own, held.own_size), touch=False
         )
@@ -268,7 +270,7 @@ class HeldThreads:
         """The thread was erased: it reads as empty from now on."""
         held = self._threads.get(thread_id)
         if held is not None:
-            self._put(thread_id, _held(held.epoch, held.partition, held.through, fold.ERASED, ()))
+            self._put(thread_id, _held(held.epoch, held.partition, held.through, thread.ERASED, ()))
 
     def _put(self, thread_id: str, entry: Held, *, touch: bool = True) -> None:
         previous = self._threads.get(thread_id)
@@ -284,7 +286,12 @@ class HeldThreads:
 
 
 def _held(
-    epoch: int, partition: int, through: int | None, view: fold.View, own: tuple[Own, ...], own_size: int | None = None
+    epoch: int,
+    partition: int,
+    through: int | None,
+    view: thread.View,
+    own: tuple[Own, ...],
+    own_size: int | None = None,
 ) -> Held:
     if own_size is None:
         own_size = sum(_own_size(event) for _, event in own)

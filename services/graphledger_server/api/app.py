@@ -9,7 +9,7 @@ from importlib.metadata import version
 
 from fastapi import FastAPI
 
-from graphledger.log_tail import LogTail
+from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
 from graphledger.wire import SERVER_REQUEST_SLACK_S
 from graphledger_server.api import checkpoints, handlers, health, key_filter, keys, store

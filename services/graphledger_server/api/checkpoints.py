@@ -9,7 +9,7 @@ in, unprefixed on the way out, and a list without a thread only ever sees the te
 Every read reflects what the log held when it arrived (`read_barrier.py`). A get and a DeltaChannel
 history of a thread with records the projection has not applied answer at the log's end at once: the
 projection's answer read in one snapshot with its applied offset, and the thread's records since,
-folded as the projector applies them (`read_through.py`, `graphledger.fold`). When the fold cannot
+folded as the projector applies them (`read_through.py`, `graphledger.folds.thread`). When the fold cannot
 (a record that needs rows of other partitions, or the read API does not hold the records), they wait
 for the projection of the thread's records (less, on a get, the client's own that it names in
 `X-Graphledger-Own-Writes`), as a list of a thread does; a list across threads waits for the whole
@@ -32,8 +32,8 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg import AsyncConnection
 from pydantic import BaseModel
 
-from graphledger import fold
 from graphledger.erasure.sealing import ERASED
+from graphledger.folds import thread
 from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER, typed
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
@@ -108,7 +108,7 @@ SELECT EXISTS (
 ) AS early
 """
 
-# Per channel of a namespace, the counter of its blob rows' highest version (`fold.version_counter`;
+# Per channel of a namespace, the counter of its blob rows' highest version (`thread.version_counter`;
 # 2^63 when that version has no counter), as one jsonb object: a put naming a version with a counter
 # above it names no row, so a client holding the namespace answers it without asking. Versions with a
 # counter sort by it, and above them only versions without one: one skip scan of the primary key over
@@ -272,18 +272,18 @@ async def _applied(request: Request, conn: AsyncConnection[Any], partition: int)
 
 
 async def _thread_events(request: Request, settled: Settled, stored_thread_id: str, since: int) -> list[Any]:
-    """The thread's events among its unprojected records at or after `since`; raises `fold.Underivable`."""
+    """The thread's events among its unprojected records at or after `since`; raises `thread.Underivable`."""
     state = api_state(request)
     assert settled.tail is not None and state.opener is not None
     if since < settled.tail.start:
-        raise fold.Underivable(f"records from {since} on are no longer all held")
+        raise thread.Underivable(f"records from {since} on are no longer all held")
     key = await state.record_key_of_thread(tenant_of(request).name, stored_thread_id)
     return thread_events_to_fold(await state.opener.events(settled.tail, since), stored_thread_id, key.decode())
 
 
-def _fold(view: fold.View, events: Sequence[Any]) -> fold.View:
+def _fold(view: thread.View, events: Sequence[Any]) -> thread.View:
     for event in events:
-        view = fold.apply(view, event)
+        view = thread.apply(view, event)
     return view
 
 
@@ -449,7 +449,7 @@ async def _get_through(
     fold cannot, and the read waits).
 
     A get by id of a checkpoint the projection does not hold yet folds from the newest checkpoint the
-    projection holds, through the records, to the one asked for (`fold.fold_to_checkpoint`)."""
+    projection holds, through the records, to the one asked for (`thread.fold_to_checkpoint`)."""
     state = api_state(request)
     assert settled.tail is not None and state.views is not None
     stored = tenant.thread(body.thread_id)
@@ -471,7 +471,7 @@ async def _get_through(
             return {"tuple": None, "erased": True, "log_end": through}
         held = view.namespace(ns)
         answered = held.answer(body.thread_id, ns, checkpoint_id)
-    except fold.Underivable as exc:
+    except thread.Underivable as exc:
         log.debug("a get of thread %r waits for the projection: %s", body.thread_id, exc)
         return None
     if checkpoint_id is None:
@@ -490,7 +490,7 @@ async def _get_through(
     return folded
 
 
-def _later_held(held: fold.Namespace) -> dict[str, list[list[Any]]] | None:
+def _later_held(held: thread.Namespace) -> dict[str, list[list[Any]]] | None:
     """`later_writes` of a folded namespace: the writes of checkpoints newer than its newest, which
     reached the log before their put (None: more than `MAX_LATER_WRITES`, as from the projection)."""
     newest = held.newest.checkpoint_id if held.newest is not None else ""
@@ -505,16 +505,16 @@ async def _newest_view(
     settled: Settled,
     key: bytes,
     started: asyncio.Task[Base | None] | None,
-) -> tuple[fold.View, int] | None:
+) -> tuple[thread.View, int] | None:
     """The thread's view at the log's end (or later: as of the offset returned with it), able to answer
     the namespace's newest checkpoint: from the view kept of it, else from the projection (`started`, or
-    read now); raises `fold.Underivable`."""
+    read now); raises `thread.Underivable`."""
     state = api_state(request)
     assert settled.tail is not None and state.views is not None
     stored, ns = tenant.thread(body.thread_id), body.checkpoint_ns
     kept = state.views.usable(key, settled.tail, settled.partition)
     if kept is not None:
-        with contextlib.suppress(fold.Underivable):
+        with contextlib.suppress(thread.Underivable):
             view = _fold(kept.view, await _thread_events(request, settled, stored, kept.through))
             view.namespace(ns).answer(body.thread_id, ns, None)  # raises when it does not hold the namespace
             return view, settled.end
@@ -527,7 +527,7 @@ async def _newest_view(
         applied, base, namespaces, ceilings, _ = based
         if applied >= settled.tail.start:
             events = await _thread_events(request, settled, stored, applied)
-            view = fold.from_answer(ns, base, namespaces, ceilings=ceilings)
+            view = thread.from_answer(ns, base, namespaces, ceilings=ceilings)
             return _fold(view, events), max(applied, settled.end)
         started = None  # the projection moved on while the read began: read it again
     return None
@@ -535,9 +535,9 @@ async def _newest_view(
 
 async def _one_view(
     request: Request, tenant: Tenant, body: GetRequest, settled: Settled
-) -> tuple[fold.View, int] | None:
+) -> tuple[thread.View, int] | None:
     """The view of one checkpoint (a get by id) at the log's end (or later: as of the offset returned with
-    it); raises `fold.Underivable`."""
+    it); raises `thread.Underivable`."""
     stored, ns, checkpoint_id = tenant.thread(body.thread_id), body.checkpoint_ns, body.checkpoint_id
     assert checkpoint_id is not None
     async with snapshot(api_state(request).pool) as conn:
@@ -555,11 +555,11 @@ async def _one_view(
     events = await _thread_events(request, settled, stored, applied)
     through = max(applied, settled.end)
     if base is None:
-        start = fold.from_answer(ns, newest, namespaces, ceilings=ceilings)
-        return fold.fold_to_checkpoint(start, events, ns, checkpoint_id), through
-    view = fold.from_answer(ns, base)
+        start = thread.from_answer(ns, newest, namespaces, ceilings=ceilings)
+        return thread.fold_to_checkpoint(start, events, ns, checkpoint_id), through
+    view = thread.from_answer(ns, base)
     for event in events:
-        view = fold.apply_to_checkpoint(view, event, ns, checkpoint_id)
+        view = thread.apply_to_checkpoint(view, event, ns, checkpoint_id)
     return view, through
 
 
@@ -752,11 +752,11 @@ async def _history_through(
             answered = _history(history)
     try:
         events = await _thread_events(request, settled, stored, applied)
-        start = fold.from_answer(ns, base, ceilings=ceilings)
+        start = thread.from_answer(ns, base, ceilings=ceilings)
         if base is not None:
-            held = fold.with_history(start.namespace(ns), base["config"]["checkpoint_id"], answered)
-            start = fold.view({ns: held}, False)
+            held = thread.with_history(start.namespace(ns), base["config"]["checkpoint_id"], answered)
+            start = thread.view({ns: held}, False)
         return _fold(start, events).namespace(ns).delta_history(body.checkpoint_id, body.channels)
-    except fold.Underivable as exc:
+    except thread.Underivable as exc:
         log.debug("a DeltaChannel history of thread %r waits for the projection: %s", body.thread_id, exc)
         return None

@@ -1,5 +1,5 @@
 """`/v1/checkpoints/key-filter`: one checkpoint partition's Bloom filter of record keys, with the offset below
-which it holds every key (`graphledger.key_filter`), read in one snapshot of the projection.
+which it holds every key (`graphledger.log.key_filter`), read in one snapshot of the projection.
 
 A client proves a thread new with it (`client/thread_reads.py`), so it is served only to the unnamed
 tenant's clients, the ones that read the log themselves: the record keys of a tenant's threads are
@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Request, Response
 from pydantic import Field
 
-from graphledger import key_filter
+from graphledger.log import key_filter
 from graphledger.wire import JSON, MSGPACK
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from aiokafka import TopicPartition
 
 from graphledger.errors import LogUnavailableError
-from graphledger.log_tail import LogTail, Tail
+from graphledger.log.tail import LogTail, Tail
 from graphledger.settings import Settings
 from graphledger_server.api.consistency import await_applied
 from graphledger_server.api.errors import ApiError

@@ -3,8 +3,8 @@
 A read of a thread (or of a store item) that finds records of its key the projection has not applied
 (`read_barrier.Settled.tail`) answers at the log's end without waiting: the projection's answer as of
 its applied offset `a` on the key's partition (read in the same snapshot as `a`), and the key's
-records in `[a, end)`, folded as the projector applies them (`graphledger.fold` for a thread,
-`store_fold` for an item). This module turns those records into events exactly as a projector batch
+records in `[a, end)`, folded as the projector applies them (`graphledger.folds.thread` for a thread,
+`folds.store_item` for an item). This module turns those records into events exactly as a projector batch
 would: the data keys of sealed ones loaded first (`keys/lookup.py`), each record classified
 (`projection/records.py`), chunks reassembled at the chunk that completes their event. A fresh key a
 record opened with while bound to no subject is bound here as the projector binds it
@@ -13,7 +13,7 @@ store's first binding decides for every reader, so what is folded here is what t
 What the projector would not apply is left out: dead letters, records of erased subjects (the key cache
 asks the key store again when an erasure record is read: `erasure`), except for the erasure such a
 record stands for, which the projector applies there (`records.erasure_at`). Whatever the read cannot
-know from the records it holds raises `fold.Underivable`, and the read waits for the projection instead
+know from the records it holds raises `thread.Underivable`, and the read waits for the projection instead
 (`ReadBarrier.wait`):
 - an erasure of the thread or its tenant (anyone can publish one: the projection decides);
 - a record from a newer graphledger (the projector parks the record's subject there, and the read then
@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, assert_never
 
-from graphledger import fold
 from graphledger.errors import InvalidEventError, UnknownEventVersionError
 from graphledger.events import checkpoint_event, envelope, store_event
 from graphledger.events.checkpoint import (
@@ -48,6 +47,7 @@ from graphledger.events.checkpoint import (
 )
 from graphledger.events.envelope import HEADER_CHUNK
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
+from graphledger.folds import thread
 from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.api.unprojected import KeyTail, Unprojected
 from graphledger_server.keys.lookup import DataKeyCache
@@ -97,7 +97,7 @@ class RecordOpener:
     async def events(self, tail: KeyTail, since: int) -> list[tuple[int, Any]]:
         """`(offset, event)` of the projection's events (its `to_event`'s, with their time) among
         `tail`'s records at or after `since`, in log order (a chunked event at its completing chunk); raises
-        `fold.Underivable`."""
+        `thread.Underivable`."""
         # Before `since` only chunks matter (one may complete its event at or after it): nothing else
         # there is opened.
         records = [r for r in tail.records if r.offset >= since or envelope.header(r.headers, HEADER_CHUNK)]
@@ -133,7 +133,7 @@ class RecordOpener:
                 case _:
                     assert_never(item)
         if any(max(r.offset for r in got.values()) >= since for got in parts.values()):
-            raise fold.Underivable("a chunked event's chunks are not all held (some are in the chunk table)")
+            raise thread.Underivable("a chunked event's chunks are not all held (some are in the chunk table)")
         return out
 
     def erasure(self, record: SourceRecord) -> None:
@@ -175,7 +175,7 @@ class RecordOpener:
             case TooNew():
                 if item.record.offset < since:
                     return []
-                raise fold.Underivable(f"a record from a newer graphledger: {item.reason}")
+                raise thread.Underivable(f"a record from a newer graphledger: {item.reason}")
             case _:
                 assert_never(item)
 
@@ -202,12 +202,12 @@ class RecordOpener:
         return (await self._bound([decoded()], decoded))[0]
 
     async def _bound(self, classified: list[Item], again: Callable[[int], Item]) -> list[Item]:
-        """`binding.bind_opened`; `fold.Underivable` when the key store does not answer."""
+        """`binding.bind_opened`; `thread.Underivable` when the key store does not answer."""
         try:
             return await bind_opened(classified, self._keys, again)
         except Exception as exc:  # the key store is down: the projector cannot apply them either
             log.warning("read-through could not bind fresh keys (%s); the read waits for the projection", exc)
-            raise fold.Underivable(f"the key store did not answer: {type(exc).__name__}") from exc
+            raise thread.Underivable(f"the key store did not answer: {type(exc).__name__}") from exc
 
     async def _load_keys(self, records: Sequence[SourceRecord]) -> None:
         names = {name for r in records if (name := key_name(r)) is not None}
@@ -217,7 +217,7 @@ class RecordOpener:
             await self._keys.load(names)
         except Exception as exc:  # the key store is down: the projector cannot apply them either
             log.warning("read-through could not load data keys (%s); the read waits for the projection", exc)
-            raise fold.Underivable(f"the key store did not answer: {type(exc).__name__}") from exc
+            raise thread.Underivable(f"the key store did not answer: {type(exc).__name__}") from exc
 
 
 def thread_events(
@@ -246,7 +246,7 @@ def thread_events(
                 if stored_thread_id.startswith(event.tenant + THREAD_SEPARATOR):
                     mine.append(event)
             case _:
-                raise fold.Underivable(f"an event {type(event).__name__} among a thread's records")
+                raise thread.Underivable(f"an event {type(event).__name__} among a thread's records")
     return mine
 
 
@@ -257,12 +257,12 @@ def thread_events_to_fold(
     applies it only once the key store recorded it (the fold trusts the erasures it is given)."""
     mine = thread_events(events, stored_thread_id, ref)
     if any(isinstance(event, ThreadErase | TenantErase) for event in mine):
-        raise fold.Underivable(ERASURE_WAITS)
+        raise thread.Underivable(ERASURE_WAITS)
     return mine
 
 
 VIEWS_MAX_BYTES = 64 * 1024 * 1024
-"""Most bytes of folded thread views a read API process keeps (`fold.View.size`)."""
+"""Most bytes of folded thread views a read API process keeps (`thread.View.size`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +271,7 @@ class HeldView:
 
     partition: int
     through: int
-    view: fold.View
+    view: thread.View
 
 
 class ThreadViews:

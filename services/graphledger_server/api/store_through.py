@@ -2,7 +2,7 @@
 
 A get whose item has records the projection has not applied (`read_barrier.Settled.tail`) reads the
 item's row (expired or not) and the projection's applied offsets in one repeatable-read snapshot, then
-folds the item's records since (`graphledger.store_fold`), decoded as the projector decodes them
+folds the item's records since (`graphledger.folds.store_item`), decoded as the projector decodes them
 (`read_through.RecordOpener`, with the store projection's own validation, `StoreEvents`). A get the
 fold cannot answer (a namespace's erasure among the records, or records no longer all held) is
 `WAIT`: it waits for the projection, as every store search and listing does.
@@ -16,10 +16,10 @@ from typing import Any, Final, assert_never
 
 import asyncpg
 
-from graphledger import fold, store_fold
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase
 from graphledger.events.store import StoreDelete, StoreExpire, StorePut, StoreRefresh
+from graphledger.folds import store_item, thread
 from graphledger.settings import Settings
 from graphledger_server.api import store_sql
 from graphledger_server.api.read_barrier import Settled
@@ -74,7 +74,7 @@ async def items_through(
         row = rows[item]
         try:
             found = await _folded(opener, op, settled, applied.get((topic, settled.partition), 0), row)
-        except fold.Underivable as exc:
+        except thread.Underivable as exc:
             log.debug("a store get of %s waits for the projection: %s", item, exc)
             answers.append(WAIT)
             continue
@@ -84,14 +84,14 @@ async def items_through(
 
 async def _folded(
     opener: RecordOpener, op: GetOp, settled: Settled, since: int, row: asyncpg.Record
-) -> store_fold.Item | None:
+) -> store_item.Item | None:
     tail = settled.tail
     assert tail is not None
     if since < tail.start:
-        raise fold.Underivable(f"records from {since} on are no longer all held")
+        raise thread.Underivable(f"records from {since} on are no longer all held")
     item = None
     if row["created_at"] is not None:
-        item = store_fold.Item(
+        item = store_item.Item(
             row["prefix"], row["key"], row["value"], row["created_at"], row["updated_at"], row["expires_at"], row["ttl"]
         )
     namespace = tuple(op.namespace)
@@ -105,5 +105,5 @@ async def _folded(
                 pass  # keyless: every item's
             case _:
                 assert_never(event)
-        item = store_fold.apply(item, event, timed.ts_ms)
+        item = store_item.apply(item, event, timed.ts_ms)
     return item

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from aiokafka import TopicPartition
 
-from graphledger.log_tail import LogTail
+from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER
 from graphledger_server.api.errors import ApiError

@@ -44,7 +44,7 @@ from aiokafka import TopicPartition
 from graphledger.errors import LogUnavailableError
 from graphledger.events import envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
-from graphledger.log_tail import LogRecord, LogTail, Page
+from graphledger.log.tail import LogRecord, LogTail, Page
 from graphledger.tasks import cancel_and_wait
 from graphledger_server.log.applied import AppliedOffsets
 from graphledger_server.projection.records import SourceRecord

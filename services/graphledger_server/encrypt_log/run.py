@@ -42,7 +42,7 @@ The rules it keeps:
   sends to it, and a run that finds anything else refuses. A finished copy run again writes nothing.
 
 A repartition is the same copy with two differences: the new topics get the partition count asked for
-(the only way to change it: a thread's records must stay on one partition, `graphledger.partition_layout`),
+(the only way to change it: a thread's records must stay on one partition, `graphledger.log.layout`),
 and events are written as they are, in the clear or sealed; only copy barriers are rewritten (a sealed
 one opened and sealed again with its key). With encryption on, an event in the clear (written before it
 was turned on) goes to the partition of the keyed hash its subject is written under now, where its
@@ -61,7 +61,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from graphledger.erasure.sealer import EventSealer
 from graphledger.errors import GraphledgerError
-from graphledger.log_tail import LogTail
+from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
 from graphledger.tenancy import check_tenant_name
 from graphledger_server.api.credentials import token_entries

@@ -15,7 +15,7 @@ from graphledger.events import Event
 from graphledger.events.checkpoint import ThreadCopyBarrier
 from graphledger.events.chunks import parse_header
 from graphledger.events.envelope import HEADER_CHUNK, Envelope, append_time_ms, header
-from graphledger.log_gaps import GapWatch
+from graphledger.log.gaps import GapWatch
 
 Position = tuple[int, int]
 """`(partition, offset)` in one topic."""
@@ -203,7 +203,7 @@ class Merge:
                     feed.position = feed.end
                     break
                 if r.offset > feed.position and not self._gaps.may_pass(tp, feed.position, r.offset):
-                    self._consumer.seek(tp, feed.position)  # passed over (`log_gaps`): fetched again
+                    self._consumer.seek(tp, feed.position)  # passed over (`log.gaps`): fetched again
                     break
                 feed.records.append(r)
                 feed.position = r.offset + 1

@@ -13,7 +13,7 @@ from graphledger.errors import GraphledgerError
 from graphledger.events.checkpoint import ThreadCopy
 from graphledger.events.chunks import parse_header
 from graphledger.events.envelope import HEADER_CHUNK, HEADER_TYPE, header
-from graphledger.log_tail import LogTail
+from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
 from graphledger_server.encrypt_log.source import FETCH_WAIT_MS, Position
 

@@ -4,7 +4,7 @@ A TLS or SASL setting then reaches every client. Producers are the client librar
 the one every writer uses, so a service acknowledges and frames records exactly as an agent does.
 Consumers never commit to Kafka on their own (progress lives in `graphledger_offsets`), and fetch at
 least a whole record of `max_message_bytes` plus its headers from a partition at once. A compressed
-batch decompresses to at most `max_decompressed_batch_bytes` (`graphledger.compressed_batches`): past
+batch decompresses to at most `max_decompressed_batch_bytes` (`graphledger.log.compressed_batches`): past
 that, the consumer yields a placeholder record for it, which the projector dead-letters.
 """
 
@@ -16,8 +16,8 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from graphledger.client.producer import new_producer
-from graphledger.compressed_batches import bound_decompression
 from graphledger.events.chunks import RECORD_HEADROOM_BYTES
+from graphledger.log.compressed_batches import bound_decompression
 from graphledger.settings import Settings
 
 __all__ = ["new_admin", "new_consumer", "new_producer"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from aiokafka import TopicPartition
 
-from graphledger.log_tail import LogTail
+from graphledger.log.tail import LogTail
 
 TP = tuple[str, int]
 

@@ -1,4 +1,4 @@
-"""`topics ensure`'s part of the partition layout (`graphledger.partition_layout` says what and why): read
+"""`topics ensure`'s part of the partition layout (`graphledger.log.layout` says what and why): read
 the recorded counts, refuse source topics whose count changed, and record the counts of the ones that
 have no record yet (created now, or before the layout topic existed).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from graphledger.errors import PartitionCountChangedError, TopicConfigError
-from graphledger.partition_layout import LAYOUT_PARTITION, LOAD_TIMEOUT_S, layout_record, read_layout
+from graphledger.log.layout import LAYOUT_PARTITION, LOAD_TIMEOUT_S, layout_record, read_layout
 from graphledger.settings import Settings
 from graphledger_server.log import durability
 from graphledger_server.log.clients import new_producer

@@ -19,7 +19,7 @@ import ormsgpack
 
 from graphledger.events import envelope
 from graphledger.events.chunks import frame
-from graphledger.partition_layout import PartitionCheckedProducer
+from graphledger.log.layout import PartitionCheckedProducer
 from graphledger.settings import Settings
 from graphledger_server.projection.records import DeadLetter, subject_ref, with_append_time
 from graphledger_server.sql import render

@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 import psycopg
 
-from graphledger import key_filter
+from graphledger.log import key_filter
 from graphledger_server.sql import render
 
 # $1 topic, $2..$4 -> unnest(partition, word, bits), sorted.

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from graphledger.compressed_batches import UNREADABLE_HEADER
 from graphledger.erasure.sealing import Erased as ErasedKey
 from graphledger.erasure.sealing import (
     KeyLookup,
@@ -30,6 +29,7 @@ from graphledger.events import envelope, to_envelope
 from graphledger.events.chunks import ChunkRef, parse_header
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, ThreadErase
+from graphledger.log.compressed_batches import UNREADABLE_HEADER
 
 log = logging.getLogger(__name__)
 

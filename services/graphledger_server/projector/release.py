@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 
 from graphledger.errors import ParkedSubjectError
-from graphledger.log_tail import LogTail
+from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.store import key_store_for

@@ -29,9 +29,9 @@ from aiokafka.structs import ConsumerRecord
 
 from graphledger.errors import ParkedSubjectError
 from graphledger.events import envelope
-from graphledger.log_gaps import GapWatch
-from graphledger.log_tail import LogTail
-from graphledger.partition_layout import PartitionCheckedProducer
+from graphledger.log.gaps import GapWatch
+from graphledger.log.layout import PartitionCheckedProducer
+from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
 from graphledger.tasks import set_within
 from graphledger_server.driver_errors import Verdict, verdict_of
@@ -160,7 +160,7 @@ class ProjectorWorker:
         self._stop = asyncio.Event()
         self.guard = LogGuard()
         self.gaps = GapWatch(on_gap=log_gap)
-        """Offsets a fetch passed over (`log_gaps`): fetched again from the first, not skipped."""
+        """Offsets a fetch passed over (`log.gaps`): fetched again from the first, not skipped."""
         self._reset_checked = 0.0
         self._held: dict[TopicPartition, float] = {}
         """Partitions paused at an event that waits for another partition, and when to fetch them again."""

@@ -32,8 +32,8 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from graphledger.log_gaps import GapWatch
-from graphledger.log_tail import LogTail
+from graphledger.log.gaps import GapWatch
+from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
 from graphledger.telemetry import names
 from graphledger_server.driver_errors import Verdict, verdict_of
@@ -96,7 +96,7 @@ class Rebuilder:
         """Partitions a batch cut short (chunk reassembly over its budget) and where to fetch them again."""
         self._fetched: dict[TP, int] = {}
         self._gaps = GapWatch()
-        """Offsets a fetch passed over (`log_gaps`): fetched again, not skipped."""
+        """Offsets a fetch passed over (`log.gaps`): fetched again, not skipped."""
         self._paused: set[TP] = set()
         self._pool: asyncpg.Pool | None = None
         self._consumer: AIOKafkaConsumer | None = None

@@ -78,7 +78,7 @@ def offset_commit_failed(exc: BaseException) -> None:
 
 
 def log_gap(read_past: bool) -> None:
-    """The projector met offsets a fetch passed over (`log_gaps.GapWatch.on_gap`)."""
+    """The projector met offsets a fetch passed over (`log.gaps.GapWatch.on_gap`)."""
     _log_gaps.add(1, {names.GRAPHLEDGER_GAP_OUTCOME: "read_past" if read_past else "fetched_again"})
 
 

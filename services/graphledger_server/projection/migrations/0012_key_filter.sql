@@ -1,4 +1,4 @@
--- A Bloom filter of each checkpoint partition's record keys (graphledger.key_filter): `bits` is word `word`
+-- A Bloom filter of each checkpoint partition's record keys (graphledger.log.key_filter): `bits` is word `word`
 -- of the partition's filter, which holds the key of every record the projector moved the partition's offset
 -- past. A projector batch ORs its records' bits in, in the transaction that advances the offset, so a
 -- snapshot of the filter and the offset row agree. Only ever grows: a deleted thread's key stays (its read

@@ -44,7 +44,7 @@ from aiokafka.partitioner import murmur2
 from aiokafka.record.memory_records import MemoryRecords
 
 from graphledger.errors import PartitionCountChangedError
-from graphledger.kafka_requests import (
+from graphledger.log.requests import (
     EpochFetchRequest,
     FetchPosition,
     LeaderMetadataRequest,

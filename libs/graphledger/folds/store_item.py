@@ -24,7 +24,7 @@ from typing import Any, assert_never
 
 from graphledger.events.erasure import NamespaceErase, TenantErase
 from graphledger.events.store import StoreDelete, StoreEvent, StoreExpire, StorePut, StoreRefresh
-from graphledger.fold import Underivable
+from graphledger.folds.thread import Underivable
 from graphledger.jsonb import jsonb_value
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -13,7 +13,7 @@ end at once too (`min_bytes` is 0), while tansu holds a fetch that finds no reco
 thread's tail most often finds nothing past its position, and a fetch there must come back fast. So
 where the end is all a fetch needs, or what it expects to find (`ends`; `tails` from a position at or
 past the end this process last saw, `note_end`), it waits `END_MAX_WAIT_MS` and also asks for the
-layout partition from its first record (`BEACON_BYTES`; `partition_layout`: it always holds records,
+layout partition from its first record (`BEACON_BYTES`; `log.layout`: it always holds records,
 and every process may read it): a fetch that finds records is answered at once by every broker, so
 tansu answers it as Kafka does, with the other partitions' high watermarks read when it was handled
 (2.3 ms p50 without it, 0.25 ms with it, on tansu 0.6). Where a fetch needs records it knows are
@@ -26,7 +26,7 @@ position asked, so the reads of whole records from where the read API has read (
 of their own, apart from the fetches from the projection's positions (`ends`, `tails`).
 
 Each fetch names the partition's leader epoch, learned with its leader from a Metadata request of our
-own (`kafka_requests.py`: aiokafka's carry no epochs), so that a deposed leader answers with an error
+own (`log/requests.py`: aiokafka's carry no epochs), so that a deposed leader answers with an error
 instead of its stale high watermark. An answer saying the leader moved or the epoch is not the
 replica's (NOT_LEADER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, ...) refreshes the leaders and asks
 again, within the read's deadline.
@@ -52,9 +52,11 @@ from aiokafka.errors import (
 )
 from aiokafka.record.memory_records import MemoryRecords
 
-from graphledger.compressed_batches import UnreadableBatchError, bound_decompression
 from graphledger.errors import LogUnavailableError
-from graphledger.kafka_requests import (
+from graphledger.log.compressed_batches import UnreadableBatchError, bound_decompression
+from graphledger.log.gaps import GapWatch
+from graphledger.log.layout import LAYOUT_PARTITION, PartitionLayout, key_hash
+from graphledger.log.requests import (
     NO_EPOCH,
     EpochFetchRequest,
     EpochListOffsetsRequest,
@@ -66,8 +68,6 @@ from graphledger.kafka_requests import (
     listed_offset,
     read_metadata,
 )
-from graphledger.log_gaps import GapWatch
-from graphledger.partition_layout import LAYOUT_PARTITION, PartitionLayout, key_hash
 from graphledger.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ EMPTY_ANSWERS_S = 1.0
 the position is taken as unreadable. Kafka answers a fetch below the high watermark with records."""
 ASK_AGAIN_S = 0.01
 """Pause before `pages` asks for a position again after the first time: an answer passed over it (until the
-broker has it readable, or the gap has lasted `log_gaps.CONFIRM_S` and is read past, a read's deadline
+broker has it readable, or the gap has lasted `gaps.CONFIRM_S` and is read past, a read's deadline
 permitting), or answers brought nothing from it (for `EMPTY_ANSWERS_S`)."""
 PAGES_LANE = "pages"
 """The rounds of fetches of whole records from where the read API has read (`pages`), often far ahead."""
@@ -150,7 +150,7 @@ class _Page:
     records: list[LogRecord]
     size: int
     gap: bool = False
-    """The answer passed over the offsets after `records` (`log_gaps`): they are to be asked for again."""
+    """The answer passed over the offsets after `records` (`log.gaps`): they are to be asked for again."""
 
 
 _Answer = _Page | BaseException | None
@@ -284,7 +284,7 @@ class LogTail:
         when that answer holds no records but the log goes on (tansu's listing ran out of the 1 ms), the
         position is asked again as one below the end is: from one record back with the long wait (tansu
         answers a fetch that finds records at once).
-        An answer that passed over the records at a position (`log_gaps`) is asked again every
+        An answer that passed over the records at a position (`log.gaps`) is asked again every
         `ASK_AGAIN_S` until they are readable or the gap is read past.
         `below_end`: every position is known to be below its log's end, so the fetch starts at it, not
         one record back (a broker may answer a fetch with the one batch that holds its first record)."""
@@ -443,7 +443,7 @@ class LogTail:
 
     def _contiguous(self, tp: TopicPartition, position: int, records: list[LogRecord]) -> list[LogRecord]:
         """`records` of a fetch from `position`, up to the first offset the answer passed over
-        (`log_gaps`): a page ends there, and the next fetch asks for it again."""
+        (`log.gaps`): a page ends there, and the next fetch asks for it again."""
         expected = position
         for i, record in enumerate(records):
             if record.offset > expected and not self._gaps.may_pass(tp, expected, record.offset):
