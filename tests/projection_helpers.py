@@ -26,10 +26,10 @@ from graphledger.events.checkpoint import (
     ThreadPrune,
     Write,
 )
+from graphledger.log.records import LogRecord
 from graphledger.settings import Settings
+from graphledger_server.opening.vector_index import VectorIndex
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.records import SourceRecord
-from graphledger_server.projection.vector_index import VectorIndex
 
 TOPIC = "test.checkpoints"
 
@@ -223,12 +223,12 @@ COPIES_LOG_IDS = {"s": [1, 2, 3], "t": [1, 2, 8, 10], "u": [1, 2, 8, 10], "fresh
 """The checkpoint ids (`cid(n)`) of each thread once `copies_log` applied."""
 
 
-def record(event: CheckpointEvent, partition: int, offset: int, topic: str = TOPIC) -> SourceRecord:
+def record(event: CheckpointEvent, partition: int, offset: int, topic: str = TOPIC) -> LogRecord:
     """The Kafka record of `event`, appended now (its time, which a thread's activity comes from)."""
     env = to_envelope(event)
     key = event.key.encode() if event.key is not None else None
     headers = tuple(envelope.headers_for(env))
-    return SourceRecord(topic, partition, offset, key, envelope.encode(env), headers, env.produced_ms)
+    return LogRecord(topic, partition, offset, key, envelope.encode(env), headers, env.produced_ms)
 
 
 async def dump(conn: asyncpg.Connection, schema: str) -> dict[str, list[tuple[Any, ...]]]:

@@ -10,8 +10,8 @@ import asyncpg
 from graphledger.erasure.sealing import ERASED, MISBOUND, sealed_key_id, sealed_ref, unseal
 from graphledger.events.envelope import Envelope
 from graphledger.settings import Settings
+from graphledger_server.keys.key_store import key_store_for
 from graphledger_server.keys.lookup import DataKeyCache
-from graphledger_server.keys.store import key_store_for
 
 
 async def unsealed(settings: Settings, envelopes: Sequence[Envelope]) -> list[Envelope]:

@@ -13,8 +13,9 @@ import asyncpg
 from graphledger.events import envelope
 from graphledger.events.envelope import Envelope
 from graphledger.events.store import StoreDelete, StoreEvent, StoreExpire, StorePut, StoreRefresh, Vector
+from graphledger.log.records import LogRecord
+from graphledger.opening.records import DeadLetter
 from graphledger_server.projection.batch import BatchApplier
-from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projection.store import StoreProjection
 
 STORE_TOPIC = "test.store"
@@ -47,11 +48,11 @@ def delete(namespace: Sequence[str], key: str) -> StoreDelete:
     return StoreDelete(tuple(namespace), key)
 
 
-def record(event: StoreEvent, ts_ms: int, partition: int, offset: int, topic: str = STORE_TOPIC) -> SourceRecord:
+def record(event: StoreEvent, ts_ms: int, partition: int, offset: int, topic: str = STORE_TOPIC) -> LogRecord:
     """The Kafka record of `event`, appended at `ts_ms` (the item's timestamps come from it)."""
     env = Envelope(event.TYPE, str(uuid.uuid4()), ts_ms, event.to_payload())
     headers = tuple(envelope.headers_for(env))
-    return SourceRecord(topic, partition, offset, event.key.encode(), envelope.encode(env), headers, ts_ms)
+    return LogRecord(topic, partition, offset, event.key.encode(), envelope.encode(env), headers, ts_ms)
 
 
 def vec(*xs: float) -> list[float]:
@@ -66,7 +67,7 @@ class Log:
         self.partition = partition
         self.offset = 0
 
-    def __call__(self, event: StoreEvent, ts_ms: int) -> SourceRecord:
+    def __call__(self, event: StoreEvent, ts_ms: int) -> LogRecord:
         r = record(event, ts_ms, self.partition, self.offset)
         self.offset += 1
         return r

@@ -17,14 +17,18 @@ SEARCH_CONSISTENCY_HEADER = "X-Graphledger-Search-Consistency"
 acknowledged before them (they still see the caller's own, from its consistency token)."""
 OWN_WRITES = "own_writes"
 OWN_WRITES_HEADER = "X-Graphledger-Own-Writes"
-CACHED_THROUGH_HEADER = "X-Graphledger-Cached-Through"
-"""On a get of the newest checkpoint, with `OWN_WRITES_HEADER`: the caller holds that answer as of this
-offset of the thread's partition (`client/latest.py`)."""
 """On a checkpoint get: `<partition>:<offset>,...`, the reading client's own acknowledged records of the
 thread that it can add to the answer itself (docs/architecture.md, "Consistency")."""
+CACHED_THROUGH_HEADER = "X-Graphledger-Cached-Through"
+"""On a get of the newest checkpoint, with `OWN_WRITES_HEADER`: the caller holds that answer as of this
+offset of the thread's partition (`client/threads.py`)."""
+
+Token = dict[tuple[str, int], int]
+"""Offsets by `(topic, partition)`: per partition the newest acknowledged offset a read must reflect (a
+consistency token, `CONSISTENCY_HEADER`), or where a reader of the partitions stands."""
 
 
-def format_token(token: dict[tuple[str, int], int]) -> str:
+def format_token(token: Token) -> str:
     """`topic:partition:offset,...`: the newest acknowledged offset per partition a reader must see."""
     return ",".join(f"{topic}:{partition}:{offset}" for (topic, partition), offset in sorted(token.items()))
 

@@ -223,8 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
+    from graphledger_server.opening.vector_index import VectorIndex
     from graphledger_server.projection.migrate import migrate
-    from graphledger_server.projection.vector_index import VectorIndex
 
     vectors = VectorIndex.from_settings(settings)
     applied = asyncio.run(migrate(settings.postgres_dsn, settings.postgres_schema, vectors=vectors))

@@ -47,10 +47,10 @@ from graphledger_server.devstack.broker import EmbeddedBroker
 from graphledger_server.devstack.ports import free_port
 from graphledger_server.devstack.postgres import EmbeddedPostgres
 from graphledger_server.devstack.stack import settings_to_env
-from graphledger_server.encrypt_log.target import HEADER_COPY_OF
 from graphledger_server.log.topics import ensure_topics, source_topics
+from graphledger_server.log_copy.target import HEADER_COPY_OF
+from graphledger_server.opening.vector_index import VectorIndex
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.main import run_projector
 from graphledger_server.replay.checksums import table_sum
 from polling import wait_for

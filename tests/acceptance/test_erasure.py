@@ -39,8 +39,8 @@ from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.events.store import StorePut
 from graphledger.settings import Settings
 from graphledger.tenancy import scoped_namespace, scoped_thread
+from graphledger_server.keys.key_store import Erasure, key_store_for
 from graphledger_server.keys.source import StoreKeySource
-from graphledger_server.keys.store import Erasure, key_store_for
 from polling import wait_for
 from projection_helpers import cid
 from projection_helpers import put as projection_put

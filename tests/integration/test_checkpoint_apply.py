@@ -25,10 +25,11 @@ from graphledger.events.checkpoint import (
     ThreadPrune,
 )
 from graphledger.events.erasure import TenantErase, ThreadErase
+from graphledger.opening.records import DeadLetter
+from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger_server.projection.batch import BatchApplier
-from graphledger_server.projection.checkpoints import CheckpointProjection, TimedCheckpointEvent
+from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.records import DeadLetter
 from projection_helpers import TOPIC, Item, cid, count, dump, items, official_saver, put, record, writes
 
 
@@ -119,7 +120,7 @@ async def test_delete_for_runs_reaches_a_copy_target_on_its_own_partition_before
     # The copy's barrier on the target's partition, then partition 1's copy of delete_for_runs.
     deleted = RunsDelete(("old", "copied"))
     result = await applier.apply(conn, [record(ThreadCopyBarrier("target", 0, 1), 1, 1), record(deleted, 1, 2)])
-    assert (result.held, dead) == ({}, [])
+    assert (result.paused, dead) == ({}, [])
     assert await count(conn, "gl", "checkpoints", "thread_id = 'target'") == 0
     assert await count(conn, "gl", "checkpoints", "thread_id = 'src'") == 1  # partition 0's copy has not applied
     await applier.apply(conn, [record(deleted, 0, 2)])
@@ -198,12 +199,12 @@ async def test_a_copy_follows_the_targets_records_before_its_barrier_in_either_a
     if source_first:
         await applier.apply(conn, source)
         assert await _ids(conn, "t") == []  # the copy is staged, not applied
-        assert (await applier.apply(conn, target)).held == {}
+        assert (await applier.apply(conn, target)).paused == {}
     else:
         result = await applier.apply(conn, target)
-        assert result.held == {(TOPIC, 1): 3}  # at the barrier, after the earlier record
+        assert result.paused == {(TOPIC, 1): 3}  # at the barrier, after the earlier record
         await applier.apply(conn, source)
-        assert (await applier.apply(conn, target[3:])).held == {}
+        assert (await applier.apply(conn, target[3:])).paused == {}
     assert await _ids(conn, "t") == [cid(n) for n in expected]
     assert await _ids(conn, "s") == [cid(1), cid(2), cid(3)]
     assert await count(conn, "gl", "graphledger_copy_stages") == 0

@@ -18,14 +18,15 @@ from aiokafka import AIOKafkaProducer
 
 from graphledger.events import envelope, to_envelope
 from graphledger.events.envelope import Envelope
+from graphledger.log.records import LogRecord
+from graphledger.opening.records import DeadLetter
 from graphledger.settings import Settings
 from graphledger.telemetry import names
+from graphledger_server.opening.vector_index import VectorIndex
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projection.store import StoreProjection
-from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.main import run_projector
 from graphledger_server.telemetry.projector import _observe_parked
 from polling import wait_for
@@ -51,7 +52,7 @@ async def test_v1_records_apply(fresh_database: str) -> None:
         STORE_TOPIC: ["store.put", "store.put-imported", "store.delete"],
     }  # fmt: skip
     records = [
-        SourceRecord(topic, 0, offset, b"k", fixture(name), (), PRODUCED_MS)  # appended when v1 wrote it
+        LogRecord(topic, 0, offset, b"k", fixture(name), (), PRODUCED_MS)  # appended when v1 wrote it
         for topic, names_ in order.items()
         for offset, name in enumerate(names_)
     ]

@@ -1,5 +1,5 @@
 """Fresh keys are bound to the subject of a record that opened with them, never of one that merely names
-them (`projection/binding.py`), on the real key store and projection.
+them (`opening/binding.py`), on the real key store and projection.
 
 A fresh key's id is in the `gl-key` header of its subject's records, so whoever reads the log can name it
 beside another subject and publish that first. Such a record binds nothing and is dead-lettered; the
@@ -22,15 +22,17 @@ from graphledger.erasure.subjects import reference, thread_subject
 from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import CheckpointEvent
 from graphledger.events.chunks import frame
-from graphledger_server.api.read_through import RecordOpener
-from graphledger_server.api.unprojected import KeyTail, Unprojected
+from graphledger.log.records import LogRecord, Tail
+from graphledger.opening.records import DeadLetter, unwrapped
+from graphledger_server.api.read_through import TailEvents
+from graphledger_server.api.unprojected import Unprojected
+from graphledger_server.keys.key_store import KeyStore
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.ring import KeyRing
-from graphledger_server.keys.store import KeyStore
+from graphledger_server.opening.opener import RecordOpener
 from graphledger_server.projection.batch import BatchApplier, BatchResult
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.records import DeadLetter, SourceRecord, unwrapped
 from projection_helpers import TOPIC, cid, put
 
 KEYS_SCHEMA = "graphledger_keys"
@@ -71,7 +73,7 @@ class Projector:
             schema, f"g-{schema}", {TOPIC: CheckpointProjection(schema)}, sink, keys=DataKeyCache(store)
         )
 
-    async def apply(self, conn: asyncpg.Connection, records: Sequence[SourceRecord]) -> BatchResult:
+    async def apply(self, conn: asyncpg.Connection, records: Sequence[LogRecord]) -> BatchResult:
         return await self.applier.apply(conn, records)
 
     async def checkpoints(self, conn: asyncpg.Connection, thread_id: str) -> int:
@@ -92,16 +94,14 @@ def _records(
     partition: int,
     first_offset: int = 0,
     chunk_bytes: int | None = None,
-) -> list[SourceRecord]:
+) -> list[LogRecord]:
     """The record of `event` sealed for `subject` under `raw_key` naming fresh key `key_id` (its chunks when
     `chunk_bytes` is given), as a writer publishes it on the subject's record key."""
     env = seal(to_envelope(event), subject, cipher_of(raw_key), key_id)
     value, headers = envelope.encode(env), envelope.headers_for(env)
     framed = frame(value, headers, chunk_bytes or len(value), str(uuid.uuid4()))
     return [
-        SourceRecord(
-            TOPIC, partition, first_offset + i, subject.ref.encode(), r.value, tuple(r.headers), env.produced_ms
-        )
+        LogRecord(TOPIC, partition, first_offset + i, subject.ref.encode(), r.value, tuple(r.headers), env.produced_ms)
         for i, r in enumerate(framed)
     ]
 
@@ -192,12 +192,12 @@ async def test_a_chunked_event_binds_its_fresh_key_once_reassembled_and_opened(
 
 
 class _NoNotes:
-    """What `RecordOpener` keeps of records between reads (`Unprojected.note`): nothing, here."""
+    """What `TailEvents` keeps of records between reads (`Unprojected.note`): nothing, here."""
 
-    def note(self, record: SourceRecord) -> None:
+    def note(self, record: LogRecord) -> None:
         return None
 
-    def set_note(self, record: SourceRecord, value: object) -> None:
+    def set_note(self, record: LogRecord, value: object) -> None:
         pass
 
 
@@ -212,10 +212,8 @@ async def test_the_read_through_folds_the_victims_record_and_binds_as_the_projec
     forged = _records(put("acme/victim", 9), attacker, new_data_key(), key_id, partition=0)
     genuine = _records(put("acme/victim", 1), victim, victim_key, key_id, partition=0, first_offset=1)
     forged = [replace(r, key=victim.ref.encode()) for r in forged]  # on the victim's record key: in its tail
-    opener = RecordOpener(
-        cast("Unprojected", _NoNotes()), DataKeyCache(store), lambda topic: CheckpointProjection("gl").to_event
-    )
-    events = await opener.events(KeyTail(0, 2, (*forged, *genuine)), 0)
+    opener = RecordOpener(DataKeyCache(store), lambda topic: CheckpointProjection("gl").to_event)
+    events = await TailEvents(cast("Unprojected", _NoNotes()), opener).events(Tail(0, 2, (*forged, *genuine)), 0)
     assert [(offset, unwrapped(event).checkpoint_id) for offset, event in events] == [(1, cid(1))]
     assert await _bound_to(conn, key_id) == victim.ref
 

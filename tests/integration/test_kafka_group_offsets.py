@@ -24,7 +24,7 @@ from projection_helpers import put
 from worker_helpers import producer_for, publish, running_projector
 
 LOCK_OFFSETS = "LOCK TABLE {schema}.graphledger_offsets IN ACCESS EXCLUSIVE MODE"
-HOLD_S = 3.0
+WAIT_FOR_PUT_S = 3.0
 """How long the stored offsets stay unreadable while the test watches that no batch starts."""
 READS_STORED = r"SELECT partition, next_offset FROM"
 """The assignment's read of the stored offsets (`STORED_OFFSETS_SQL`)."""
@@ -166,7 +166,7 @@ async def test_postgres_stays_the_truth_when_kafka_is_ahead(ready_settings: Call
             async with running_projector(settings):
                 try:
                     await wait_for(lambda: _waiting(watcher, READS_STORED), "the assignment to wait for the offsets")
-                    watch_until = time.monotonic() + HOLD_S
+                    watch_until = time.monotonic() + WAIT_FOR_PUT_S
                     while time.monotonic() < watch_until:
                         assert not await _waiting(watcher, BATCH), "a batch started before the stored offsets were read"
                         await asyncio.sleep(0.1)

@@ -1,4 +1,4 @@
-"""A process starting on a key store that exists takes no lock on its tables (`keys/store.py`,
+"""A process starting on a key store that exists takes no lock on its tables (`keys/key_store.py`,
 `migrate_key_store`), so a writer holding one of them in an open transaction (a projector stopped inside
 its binding of a fresh key) holds up neither that process's first call nor the binds and key creations
 of every other process, which would queue behind the lock it waits for."""
@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
+from graphledger_server.keys.key_store import KeyStore
 from graphledger_server.keys.ring import KeyRing
-from graphledger_server.keys.store import KeyStore
 
 SCHEMA = "graphledger_keys"
 HUNG_S = 10.0

@@ -1,5 +1,5 @@
 """A process stopped inside a key store transaction holds its subject for `IDLE_IN_TRANSACTION_S` at most
-(`keys/store.py`, `bounded_transaction`): Postgres ends its session, another reader's binding of the same
+(`keys/key_store.py`, `bounded_transaction`): Postgres ends its session, another reader's binding of the same
 subject goes through, and the stopped process, once it runs again, gets an error it retries.
 
 The stopped process is a real one (SIGSTOP), stopped at the point the hazard needs: inside its binding,
@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
+from graphledger_server.keys.key_store import IDLE_IN_TRANSACTION_S, KeyStore
 from graphledger_server.keys.ring import KeyRing
-from graphledger_server.keys.store import IDLE_IN_TRANSACTION_S, KeyStore
 
 SCHEMA = "graphledger_keys"
 BINDER = "graphledger-test-stopped-binder"
@@ -33,7 +33,7 @@ import asyncio, sys
 import asyncpg
 from graphledger_server.driver_errors import verdict_of
 from graphledger_server.keys.ring import KeyRing
-from graphledger_server.keys.store import KeyStore
+from graphledger_server.keys.key_store import KeyStore
 
 async def main(dsn, schema, kek, ref, key_id, name):
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1, server_settings={"application_name": name})

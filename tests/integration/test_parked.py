@@ -20,12 +20,13 @@ from graphledger.errors import ParkedSubjectError
 from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import CheckpointEvent, RunsDelete, ThreadCopy, ThreadCopyBarrier
 from graphledger.events.envelope import Envelope
+from graphledger.log.records import LogRecord
 from graphledger.log.tail import LogTail
+from graphledger.opening.records import DeadLetter
 from graphledger.settings import Settings
 from graphledger_server.log.ends import log_ends
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
-from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projector.release import release
 from polling import WAIT_S, wait_for
 from projection_helpers import TOPIC, cid, put, record
@@ -74,7 +75,7 @@ class Applier:
             "SELECT first_offset, record_key, cause FROM {schema}.graphledger_parked_subjects ORDER BY 1"
         )
 
-    async def held(self) -> list[tuple[Any, ...]]:
+    async def parked_records(self) -> list[tuple[Any, ...]]:
         return await self.rows('SELECT "offset", first_offset FROM {schema}.graphledger_held_records ORDER BY 1')
 
 
@@ -87,12 +88,12 @@ async def applier(settings: Settings) -> AsyncIterator[Applier]:
         await conn.close()
 
 
-def newer(event: CheckpointEvent, partition: int, offset: int, version: int = 99) -> SourceRecord:
+def newer(event: CheckpointEvent, partition: int, offset: int, version: int = 99) -> LogRecord:
     """`event`'s record, claiming envelope `version`."""
     env = to_envelope(event)
     claimed = Envelope(env.type, env.event_id, env.produced_ms, env.payload, version=version)
     found = record(event, partition, offset)
-    return SourceRecord(TOPIC, partition, offset, found.key, envelope.encode(claimed),
+    return LogRecord(TOPIC, partition, offset, found.key, envelope.encode(claimed),
                         tuple(envelope.headers_for(claimed)), found.timestamp)  # fmt: skip
 
 
@@ -115,21 +116,21 @@ async def test_a_newer_record_holds_its_subject_while_the_partition_moves_on_and
         [record(put("t", 1), 0, 0), newer(put("t", 2, 1), 0, 1, upgraded), record(put("u", 1), 0, 2)],
     )
     second = await applier.batch.apply(applier.conn, [record(put("t", 3, 2), 0, 3), record(put("u", 2, 1), 0, 4)])
-    assert [(s.first_offset, s.cause) for s in first.parked] == [(1, "newer_version")] and second.held_records == 1
+    assert [(s.first_offset, s.cause) for s in first.parked] == [(1, "newer_version")] and second.parked_records == 1
     assert first.next_offsets == {(TOPIC, 0): 3} and second.next_offsets == {(TOPIC, 0): 5}
     assert await applier.checkpoints("t") == [cid(1)] and await applier.checkpoints("u") == [cid(1), cid(2)]
-    assert await applier.held() == [(1, 1), (3, 1)]
+    assert await applier.parked_records() == [(1, 1), (3, 1)]
 
     # This version cannot apply it: released, it parks again, holding the same records.
     again = await applier.batch.release(applier.conn, (TOPIC, 0, 1))
     assert [s.first_offset for s in again.result.parked] == [1] and again.records == 2
-    assert await applier.held() == [(1, 1), (3, 1)] and await applier.checkpoints("t") == [cid(1)]
+    assert await applier.parked_records() == [(1, 1), (3, 1)] and await applier.checkpoints("t") == [cid(1)]
 
     upgrade(monkeypatch, upgraded)
     done = await applier.batch.release(applier.conn, (TOPIC, 0, 1))
     assert done.result.applied == 2 and not done.result.parked
     assert await applier.checkpoints("t") == [cid(1), cid(2), cid(3)]
-    assert await applier.parked() == [] and await applier.held() == []
+    assert await applier.parked() == [] and await applier.parked_records() == []
     with pytest.raises(ParkedSubjectError, match=r"no subject is parked at test\.checkpoints:0@1"):
         await applier.batch.release(applier.conn, (TOPIC, 0, 1))
     later = await applier.batch.apply(applier.conn, [record(put("t", 4, 3), 0, 5)])
@@ -170,7 +171,7 @@ async def test_a_failed_batch_parks_nothing_and_a_failed_release_keeps_every_rec
     try:
         batch = BatchApplier(settings.postgres_schema, settings.projector_group_id,
                              {TOPIC: CheckpointProjection(settings.postgres_schema)}, sink)  # fmt: skip
-        records = [newer(put("t", 1), 0, 0), record(put("t", 2, 1), 0, 1), SourceRecord(TOPIC, 0, 2, b"x", b"\xc1")]
+        records = [newer(put("t", 1), 0, 0), record(put("t", 2, 1), 0, 1), LogRecord(TOPIC, 0, 2, b"x", b"\xc1")]
         with pytest.raises(ConnectionError):
             await batch.apply(conn, records)
         schema = settings.postgres_schema
@@ -179,7 +180,7 @@ async def test_a_failed_batch_parks_nothing_and_a_failed_release_keeps_every_rec
         assert await conn.fetchval(f"SELECT coalesce(max(next_offset), 0) FROM {schema}.graphledger_offsets") == 0
         failing = False
         done = await batch.apply(conn, records)
-        assert len(done.parked) == 1 and done.held_records == 2 and done.dead_letters == 1
+        assert len(done.parked) == 1 and done.parked_records == 2 and done.dead_letters == 1
         failing = True
         with pytest.raises(ConnectionError):
             await batch.release(conn, (TOPIC, 0, 0), drop=True)  # its dead letter cannot be produced
@@ -209,11 +210,11 @@ async def test_a_runs_delete_while_a_thread_was_parked_reaches_its_released_reco
         ],
     )
     assert await applier.checkpoints("u") == [cid(2)]
-    assert await applier.held() == [(0, 0), (1, 0), (3, None), (5, 0)]
+    assert await applier.parked_records() == [(0, 0), (1, 0), (3, None), (5, 0)]
     await applier.batch.release(applier.conn, (TOPIC, 0, 0), drop=True)
     assert await applier.checkpoints("t") == [cid(3)]
     assert await applier.checkpoints("u") == [cid(2)]
-    assert await applier.held() == []
+    assert await applier.parked_records() == []
 
 
 # -- copy barriers, with the broker's log ends --------------------------------------------------------
@@ -238,11 +239,11 @@ async def ends_applier(settings: Settings, producer: AIOKafkaProducer) -> AsyncI
         await conn.close()
 
 
-async def publish(producer: AIOKafkaProducer, settings: Settings, value: SourceRecord, partition: int) -> SourceRecord:
+async def publish(producer: AIOKafkaProducer, settings: Settings, value: LogRecord, partition: int) -> LogRecord:
     """Append `value`'s record to `partition` of the checkpoint topic; the record as the log holds it."""
     meta = await producer.send_and_wait(settings.checkpoint_topic, value.value, key=value.key, partition=partition,
                                         headers=list(value.headers))  # fmt: skip
-    return SourceRecord(settings.checkpoint_topic, partition, meta.offset, value.key, value.value, value.headers,
+    return LogRecord(settings.checkpoint_topic, partition, meta.offset, value.key, value.value, value.headers,
                         meta.timestamp)  # fmt: skip
 
 
@@ -260,7 +261,7 @@ async def test_a_barrier_ahead_of_the_projection_waits_for_its_copy_and_one_beyo
     behind = await publish(producer, settings, record(put("v", 2), 1, 0), 1)
 
     waiting = await applier.batch.apply(applier.conn, [barrier])
-    assert waiting.held == {(settings.checkpoint_topic, 1): barrier.offset} and not waiting.parked
+    assert waiting.paused == {(settings.checkpoint_topic, 1): barrier.offset} and not waiting.parked
     await applier.batch.apply(applier.conn, [source, copy])
     landed = await applier.batch.apply(applier.conn, [barrier, forged, behind])
     assert landed.applied == 1 and await applier.checkpoints("t") == [cid(1)]

@@ -48,19 +48,20 @@ from graphledger.events.checkpoint import (
 from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.events.store import StoreExpire, StoreRefresh
 from graphledger.folds import store_item, thread
+from graphledger.log.records import LogRecord
+from graphledger.opening.records import DeadLetter
 from graphledger_server.api.checkpoints import BLOB_CEILINGS_SQL, THREAD_NAMESPACES_SQL, TenantSaver, wire_tuple
 from graphledger_server.api.passthrough import PassThroughSerde
 from graphledger_server.api.read_through import thread_events
 from graphledger_server.api.store_sql import item_rows_statement
 from graphledger_server.api.tenant import Tenant
 from graphledger_server.log.offsets import OffsetStatements, group_offsets
+from graphledger_server.opening.vector_index import VectorIndex
 from graphledger_server.projection import erasure
 from graphledger_server.projection.batch import BatchApplier, TopicProjection
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projection.store import StoreProjection
-from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.replay.checksums import compare
 
 Rows = dict[str, list[tuple[Any, ...]]]
@@ -77,7 +78,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("log_name", metafunc.cls.LOGS)
 
 
-def relog(records: Sequence[SourceRecord], partition: int = 0) -> list[SourceRecord]:
+def relog(records: Sequence[LogRecord], partition: int = 0) -> list[LogRecord]:
     """The same records (keys, values, producer times) at consecutive offsets of one partition."""
     return [dataclasses.replace(r, partition=partition, offset=i) for i, r in enumerate(records)]
 
@@ -90,22 +91,22 @@ def of_key(rows: Rows, columns: tuple[Any, ...]) -> Rows:
 @dataclasses.dataclass
 class Fetches:
     """Batches applied as the projector applies what it fetched: a partition held at a record (a copy
-    barrier whose copy has not applied yet, `BatchResult.held`) is fetched again from that record, with
+    barrier whose copy has not applied yet, `BatchResult.paused`) is fetched again from that record, with
     the next batch."""
 
     applier: BatchApplier
     conn: asyncpg.Connection
-    held: list[SourceRecord] = dataclasses.field(default_factory=list)
+    held: list[LogRecord] = dataclasses.field(default_factory=list)
     applied: int = 0
     skipped: int = 0
 
-    async def apply(self, batch: Sequence[SourceRecord]) -> None:
+    async def apply(self, batch: Sequence[LogRecord]) -> None:
         records = [*self.held, *batch]
         if records:
             result = await self.applier.apply(self.conn, records)
             self.applied += result.applied
             self.skipped += result.skipped
-            self.held = [r for r in records if r.offset >= result.held.get((r.topic, r.partition), r.offset + 1)]
+            self.held = [r for r in records if r.offset >= result.paused.get((r.topic, r.partition), r.offset + 1)]
 
 
 async def drain(*fetches: Fetches) -> None:
@@ -118,7 +119,7 @@ async def drain(*fetches: Fetches) -> None:
     raise AssertionError(f"held for ever: {[r for f in fetches for r in f.held]}")
 
 
-def end_offsets(records: Sequence[SourceRecord]) -> dict[tuple[str, int], int]:
+def end_offsets(records: Sequence[LogRecord]) -> dict[tuple[str, int], int]:
     ends: dict[tuple[str, int], int] = {}
     for r in records:
         ends[(r.topic, r.partition)] = max(ends.get((r.topic, r.partition), 0), r.offset + 1)
@@ -147,15 +148,15 @@ class ProjectionContract(ABC):
     def projection(self, schema: str) -> TopicProjection: ...
 
     @abstractmethod
-    def records(self, events: Sequence[Any]) -> list[SourceRecord]:
+    def records(self, events: Sequence[Any]) -> list[LogRecord]:
         """`events` as records of partition 0: consecutive offsets, producer times in log order."""
 
     @abstractmethod
-    def log(self, name: str) -> list[SourceRecord]:
+    def log(self, name: str) -> list[LogRecord]:
         """Records of many keys over several partitions (each partition's in offset order), touching
         every statement of the projection."""
 
-    def redeliverable(self, name: str) -> list[SourceRecord]:
+    def redeliverable(self, name: str) -> list[LogRecord]:
         """The records of a log whose second application has the effect of the first (default: all).
         Events whose effect depends on the state they find are exactly-once by the offset rows alone."""
         return self.log(name)
@@ -325,14 +326,14 @@ class TestCheckpointProjection(ProjectionContract):
     def projection(self, schema: str) -> TopicProjection:
         return CheckpointProjection(schema)
 
-    def records(self, events: Sequence[Any]) -> list[SourceRecord]:
+    def records(self, events: Sequence[Any]) -> list[LogRecord]:
         return [checkpoints.record(e, 0, offset) for offset, e in enumerate(events)]
 
-    def log(self, name: str) -> list[SourceRecord]:
+    def log(self, name: str) -> list[LogRecord]:
         logged = checkpoints.copies_log() if name == "copies" else checkpoints.mixed_batch()
         return [checkpoints.record(e, partition, offset) for _, partition, offset, e in logged]
 
-    def redeliverable(self, name: str) -> list[SourceRecord]:
+    def redeliverable(self, name: str) -> list[LogRecord]:
         """Of the copies: the puts and deletes (a copy stages its source as it finds it, later puts included)."""
         if name != "copies":
             return self.log(name)
@@ -425,20 +426,20 @@ class TestStoreProjection(ProjectionContract):
     def projection(self, schema: str) -> TopicProjection:
         return StoreProjection(schema)
 
-    def records(self, events: Sequence[Any]) -> list[SourceRecord]:
+    def records(self, events: Sequence[Any]) -> list[LogRecord]:
         log = store.Log()
         return [log(e, store.T0 + 1_000 * i) for i, e in enumerate(events)]
 
-    def _log(self, name: str, *, maintenance: bool) -> list[SourceRecord]:
+    def _log(self, name: str, *, maintenance: bool) -> list[LogRecord]:
         """Each item on the partition its key hashes to, as the producer places it."""
         events = store.random_events(random.Random(int(name.removeprefix("seed-"))), 60, maintenance=maintenance)
         logs = [store.Log(p) for p in range(self.PARTITIONS)]
         return [logs[zlib.crc32(e.key.encode()) % self.PARTITIONS](e, ts) for e, ts in events]
 
-    def log(self, name: str) -> list[SourceRecord]:
+    def log(self, name: str) -> list[LogRecord]:
         return self._log(name, maintenance=True)
 
-    def redeliverable(self, name: str) -> list[SourceRecord]:
+    def redeliverable(self, name: str) -> list[LogRecord]:
         """Puts and deletes: a refresh or an expiry compares times with the row it finds."""
         return self._log(name, maintenance=False)
 
@@ -751,11 +752,11 @@ def _store_scenario(seed: int) -> list[tuple[Any, int]]:
     return [*events[:20], (TenantErase("c"), events[19][1]), *events[20:], (imported, ts + 1)]
 
 
-def _store_record(event: Any, ts_ms: int, offset: int) -> SourceRecord:
+def _store_record(event: Any, ts_ms: int, offset: int) -> LogRecord:
     env = envelope.Envelope(event.TYPE, f"e{offset}", ts_ms, event.to_payload())
     key = event.key.encode() if event.key is not None else None
     headers = tuple(envelope.headers_for(env))
-    return SourceRecord(store.STORE_TOPIC, 0, offset, key, envelope.encode(env), headers, ts_ms)  # appended at ts_ms
+    return LogRecord(store.STORE_TOPIC, 0, offset, key, envelope.encode(env), headers, ts_ms)  # appended at ts_ms
 
 
 async def _items(conn: asyncpg.Connection, schema: str, items: list[tuple[str, str]]) -> dict[Any, Any]:

@@ -27,13 +27,14 @@ from graphledger.events.chunks import ChunkRef, split
 from graphledger.events.envelope import Envelope
 from graphledger.log import key_filter
 from graphledger.log.key_filter import KeyFilter
+from graphledger.log.records import LogRecord
+from graphledger.opening.records import DeadLetter
 from graphledger.settings import Settings
 from graphledger_server.devstack.postgres import EmbeddedPostgres
 from graphledger_server.log.offsets import APPLIED_CHANNEL
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import outgoing_records
-from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projector.main import run_projector
 from polling import wait_for
 from projection_helpers import TOPIC, cid, put, record, writes
@@ -339,10 +340,10 @@ APPENDED_MS = 1_767_225_600_000
 """When the test's chunk records were appended (the reassembled event's time is its last chunk's)."""
 
 
-def chunk_records(value: bytes, event_id: str, first_offset: int, parts: int = 2) -> list[SourceRecord]:
+def chunk_records(value: bytes, event_id: str, first_offset: int, parts: int = 2) -> list[LogRecord]:
     pieces = split(value, -(-len(value) // parts))
     return [
-        SourceRecord(
+        LogRecord(
             TOPIC,
             0,
             first_offset + i,
@@ -381,7 +382,7 @@ async def test_chunks_of_a_bad_or_newer_event(
     # The newer event parks its subject (key b"k") at its last chunk; the put after it, of another subject,
     # applies, and the partition moves past both.
     assert [(s.first_offset, s.record_key, s.cause) for s in result.parked] == [(4, b"k", "newer_version")]
-    assert result.held_records == 1
+    assert result.parked_records == 1
     assert await offsets_of(db, settings, TOPIC) == {0: 6}
     stored = await db.fetch(f"SELECT event_id, idx FROM {settings.postgres_schema}.graphledger_chunks")
     assert [tuple(r) for r in stored] == [("newer", 0)]  # kept for the release that reassembles it

@@ -18,10 +18,11 @@ from aiokafka import AIOKafkaProducer
 
 from graphledger.events import envelope, to_envelope
 from graphledger.events.chunks import ChunkRef, split
+from graphledger.log.records import LogRecord
+from graphledger.opening.records import DeadLetter
 from graphledger.settings import Settings
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
-from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projector.main import run_projector
 from polling import wait_for
 from projection_helpers import TOPIC, put, record
@@ -78,12 +79,12 @@ async def test_events_completing_beyond_the_budget_are_deferred(settings: Settin
         reassembly_max_bytes=int(2.5 * CHUNK_BYTES),
     )  # fmt: skip
     events = _chunked(["a", "b", "c"])
-    log: list[SourceRecord] = []
+    log: list[LogRecord] = []
     # Every event's chunks but the last first, then the last chunks, then a plain event.
     for round_ in range(3):
         for _, chunks in events.values():
             value, headers = chunks[round_]
-            log.append(SourceRecord(TOPIC, 0, len(log), b"k", value, headers, APPENDED_MS))
+            log.append(LogRecord(TOPIC, 0, len(log), b"k", value, headers, APPENDED_MS))
     log.append(record(put("after", 1), 0, len(log)))
     first_last = 6  # offset of a's last chunk
 

@@ -13,11 +13,12 @@ import asyncpg
 from opentelemetry.trace import SpanKind
 
 from graphledger.events.checkpoint import ThreadCopy
+from graphledger.log.records import LogRecord
+from graphledger.opening.records import DeadLetter
 from graphledger.settings import Settings
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.telemetry.projector import ProjectorTelemetry
 from projection_helpers import TOPIC, put, record
 from telemetry_helpers import captured_spans
@@ -39,11 +40,11 @@ async def test_a_batch_gets_a_consumer_span_with_links_and_a_span_per_statement(
     producer = f"00-{0x1234:032x}-{0x5678:016x}-01".encode()
     records = [
         record(put("t", 1, blobs={"messages": secret.encode()}), 0, 0),
-        SourceRecord(TOPIC, 0, 1, b"t", b"\x92not an envelope", (("gl-type", b"checkpoint.put"),)),
+        LogRecord(TOPIC, 0, 1, b"t", b"\x92not an envelope", (("gl-type", b"checkpoint.put"),)),
         record(ThreadCopy("t", "u"), 1, 0),
     ]
     records = [
-        SourceRecord(r.topic, r.partition, r.offset, r.key, r.value, (*r.headers, ("traceparent", producer)), 1000)
+        LogRecord(r.topic, r.partition, r.offset, r.key, r.value, (*r.headers, ("traceparent", producer)), 1000)
         for r in records
     ]
     telemetry = ProjectorTelemetry(settings)

@@ -48,8 +48,8 @@ from graphledger_server.api.db import open_pool
 from graphledger_server.api.models import DeltaHistoryResponse, GetResponse, ListResponse
 from graphledger_server.devstack.ports import free_port, wait_until
 from graphledger_server.log.applied import APPLICATION_NAME, AppliedOffsets
-from graphledger_server.projection.key_filter import record as record_keys
-from graphledger_server.projection.key_filter import render_record
+from graphledger_server.log.key_filter import record as record_keys
+from graphledger_server.log.key_filter import render_record
 from graphledger_server.projection.migrate import migrate
 from polling import wait_for
 

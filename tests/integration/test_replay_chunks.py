@@ -19,9 +19,10 @@ from aiokafka import AIOKafkaProducer
 
 from graphledger.events import envelope, to_envelope
 from graphledger.events.chunks import ChunkRef, split
+from graphledger.log.records import LogRecord
+from graphledger.opening.records import Classified
 from graphledger.settings import Settings
 from graphledger_server.projection.batch import BatchResult
-from graphledger_server.projection.records import Classified, SourceRecord
 from graphledger_server.projector.main import run_projector
 from graphledger_server.replay.rebuild import Rebuilder
 from graphledger_server.replay.run import run_replay
@@ -125,7 +126,7 @@ async def test_a_rebuild_with_deferred_partitions_equals_the_live_schema(
     deferrals: list[dict[tuple[str, int], int]] = []
     apply = Rebuilder._apply
 
-    async def counting(self: Rebuilder, records: list[SourceRecord], classified: list[Classified]) -> BatchResult:
+    async def counting(self: Rebuilder, records: list[LogRecord], classified: list[Classified]) -> BatchResult:
         result = await apply(self, records, classified)
         if result.deferred:
             deferrals.append(dict(result.deferred))

@@ -36,8 +36,8 @@ from graphledger_server.api.app import create_app
 from graphledger_server.api.db import open_store_pool
 from graphledger_server.api.store_models import SearchOp
 from graphledger_server.api.store_reader import StoreReader
+from graphledger_server.opening.vector_index import VectorIndex
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.vector_index import VectorIndex
 from store_helpers import Applier, delete, put, record
 
 SCHEMA = "mem"

@@ -23,8 +23,8 @@ from psycopg.rows import dict_row
 from graphledger.embeddings import HashEmbedder
 from graphledger.errors import VectorIndexMismatchError
 from graphledger.settings import Settings
+from graphledger_server.opening.vector_index import VectorIndex
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.vector_index import VectorIndex
 from projection_helpers import migrated
 from store_helpers import DIMS, T0, Applier, Log, delete, dump, put, vec
 

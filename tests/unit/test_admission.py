@@ -1,4 +1,4 @@
-"""Which events the projector admits (`projection/admission.py`): a seal claiming a subject of
+"""Which events the projector admits (`opening/admission.py`): a seal claiming a subject of
 another tenant than its key's, or naming other data than the subject it claims, is refused; so is an
 event of a subject in the clear while encryption is on."""
 
@@ -8,8 +8,9 @@ from graphledger.erasure.sealing import SealedSubject
 from graphledger.events.checkpoint import RunsDelete, ThreadCopy, ThreadCopyBarrier, ThreadDelete
 from graphledger.events.envelope import HEADER_SUBJECT
 from graphledger.events.erasure import TenantErase, ThreadErase
-from graphledger_server.projection.admission import admitted, misattributed
-from graphledger_server.projection.records import DeadLetter, Decoded, SourceRecord
+from graphledger.log.records import LogRecord
+from graphledger.opening.admission import admitted, misattributed
+from graphledger.opening.records import DeadLetter, Decoded
 from projection_helpers import put
 from store_helpers import put as store_put
 
@@ -44,7 +45,7 @@ def test_an_event_naming_other_data_than_its_seals_subject_is_refused() -> None:
 def test_the_verdict_is_taken_when_a_record_is_decoded_and_kept_with_it() -> None:
     """The read API keeps a record's classification for later reads, after its key may have left the
     cache: a refused event is a dead letter from the start, an admitted one stays as it was decoded."""
-    record = SourceRecord("t", 0, 7, b"k", b"v", ((HEADER_SUBJECT, b"r1"),))
+    record = LogRecord("t", 0, 7, b"k", b"v", ((HEADER_SUBJECT, b"r1"),))
     decoded = Decoded(record, put("acme/t", 1), subject=ACME_THREAD)
     assert admitted(decoded, lambda name: "acme") is decoded
     letter = admitted(decoded, lambda name: "evil" if name == ("r1", None) else None)
@@ -57,7 +58,7 @@ def test_the_verdict_is_taken_when_a_record_is_decoded_and_kept_with_it() -> Non
 def test_with_encryption_on_an_event_of_a_subject_in_the_clear_is_refused_unless_a_clear_era_is_accepted() -> None:
     """Anyone can publish an event in the clear naming any thread or namespace: it proves no key, so with
     encryption on it is refused (`clear_refused`); erasures and `runs.delete` are never sealed and pass."""
-    record = SourceRecord("t", 0, 7, b"k", b"v", ())
+    record = LogRecord("t", 0, 7, b"k", b"v", ())
     no_owner = lambda name: None  # noqa: E731
     for event in (
         put("acme/t", 1),

@@ -12,10 +12,12 @@ from aiokafka.structs import ConsumerRecord
 from graphledger.errors import InvalidEventError, TimestampTypeError
 from graphledger.events import envelope, to_envelope
 from graphledger.events.envelope import HEADER_APPENDED, MAX_EPOCH_MS, append_time_ms
+from graphledger.log.records import LogRecord
+from graphledger.opening.records import DeadLetter, Decoded, classify, with_append_time
 from graphledger_server.log.topics import LOG_APPEND_TIME, check_timestamp_type
-from graphledger_server.projection.checkpoints import CheckpointProjection, TimedCheckpointEvent
+from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
+from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import outgoing_records
-from graphledger_server.projection.records import DeadLetter, Decoded, SourceRecord, classify, with_append_time
 from graphledger_server.projector.worker import _warn_of_create_time
 from projection_helpers import TOPIC, put
 
@@ -66,7 +68,7 @@ def test_an_envelope_copied_with_its_time_carries_it_in_a_header() -> None:
 @pytest.mark.parametrize("skew", [HOUR, -HOUR])
 def test_a_writer_whose_clock_is_off_does_not_date_its_event(skew: int) -> None:
     env = dataclasses.replace(to_envelope(put("t", 1)), produced_ms=APPENDED + skew)
-    record = SourceRecord(TOPIC, 0, 0, b"t", envelope.encode(env), tuple(envelope.headers_for(env)), APPENDED)
+    record = LogRecord(TOPIC, 0, 0, b"t", envelope.encode(env), tuple(envelope.headers_for(env)), APPENDED)
     decoded = classify(record, CheckpointProjection("gl").to_event)
     assert isinstance(decoded, Decoded) and isinstance(decoded.event, TimedCheckpointEvent)
     assert decoded.event.ts_ms == APPENDED
@@ -74,14 +76,14 @@ def test_a_writer_whose_clock_is_off_does_not_date_its_event(skew: int) -> None:
 
 def test_a_record_without_a_time_is_dead_lettered() -> None:
     env = to_envelope(put("t", 1))
-    record = SourceRecord(TOPIC, 0, 0, b"t", envelope.encode(env), tuple(envelope.headers_for(env)))
+    record = LogRecord(TOPIC, 0, 0, b"t", envelope.encode(env), tuple(envelope.headers_for(env)))
     letter = classify(record, CheckpointProjection("gl").to_event)
     assert isinstance(letter, DeadLetter) and "no timestamp" in letter.reason
 
 
 def test_a_dead_letter_is_a_copy_carrying_its_events_time() -> None:
     env = to_envelope(put("t", 1))
-    record = SourceRecord(TOPIC, 0, 7, b"t", envelope.encode(env), (*envelope.headers_for(env),), APPENDED + HOUR)
+    record = LogRecord(TOPIC, 0, 7, b"t", envelope.encode(env), (*envelope.headers_for(env),), APPENDED + HOUR)
     assert envelope.header(with_append_time(record), HEADER_APPENDED) == str(APPENDED + HOUR).encode()
     copy = dataclasses.replace(record, headers=(*record.headers, *_carrying(APPENDED)))
     headers = with_append_time(copy)

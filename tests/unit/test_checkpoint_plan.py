@@ -16,6 +16,7 @@ from graphledger.events.checkpoint import (
     ThreadExpire,
     ThreadPrune,
 )
+from graphledger_server.opening.checkpoint_events import to_checkpoint_event
 from graphledger_server.projection.checkpoints import (
     ApplyCopy,
     DataRun,
@@ -24,7 +25,6 @@ from graphledger_server.projection.checkpoints import (
     PruneKeepLatest,
     StageCopy,
     plan_batch,
-    to_checkpoint_event,
 )
 from projection_helpers import TOPIC, cid, items, put, writes
 

@@ -16,8 +16,8 @@ import yaml
 
 from graphledger.settings import Settings
 from graphledger_server.cli import build_parser
+from graphledger_server.keys.key_store import check_key_settings
 from graphledger_server.keys.ring import KEY_BYTES, parse_keys
-from graphledger_server.keys.store import check_key_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"

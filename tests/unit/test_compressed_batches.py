@@ -13,10 +13,11 @@ from aiokafka.consumer import fetcher
 from aiokafka.record.memory_records import MemoryRecords
 
 from graphledger.log.compressed_batches import UNREADABLE_HEADER, bound_decompression
+from graphledger.log.records import LogRecord
 from graphledger.log.tail import _records
+from graphledger.opening.records import DeadLetter, classify
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import HEADER_OFFSET, outgoing_records
-from graphledger_server.projection.records import DeadLetter, SourceRecord, classify
 from hostile import compressed_batch, record_batch, record_bytes, zstd_bomb
 
 BOUND = 4 * 1024 * 1024
@@ -86,14 +87,14 @@ def test_uncompressed_batches_pass_untouched() -> None:
 def test_a_log_tail_scan_stops_at_an_unreadable_batch() -> None:
     readable = compressed_batch([b"a", b"b"], "gzip")
     bomb = compressed_batch([bytes(1024 * 1024)] * 5, "gzip")
-    records, size = _records(_at(readable, 0) + _at(bomb, 2) + _at(readable, 7))
+    records, size = _records(TopicPartition("t", 0), _at(readable, 0) + _at(bomb, 2) + _at(readable, 7))
     assert [r.offset for r in records] == [0, 1]
     assert size > 0
 
 
 def test_the_projector_dead_letters_the_placeholder_of_an_unreadable_batch() -> None:
     (placeholder,), _ = consume(compressed_batch([bytes(1024 * 1024)] * 5, "zstd"))
-    record = SourceRecord("t", 0, placeholder.offset, None, None, tuple(placeholder.headers))
+    record = LogRecord("t", 0, placeholder.offset, None, None, tuple(placeholder.headers))
     letter = classify(record, CheckpointProjection("s").to_event)
     assert isinstance(letter, DeadLetter) and letter.reason.startswith("unreadable record batch, offsets 0..4:")
     # Kafka producers send no record with neither key nor value: the dead-letter topic gets an empty value.

@@ -1,6 +1,6 @@
 """The data keys a reader of the log opens sealed events with (`graphledger_server.keys.lookup`),
 against an in-memory key store: fetched once, least recently used out first, erasures final; fresh keys
-bound only to the subject of a record that opened with them (`projection/binding.py`)."""
+bound only to the subject of a record that opened with them (`opening/binding.py`)."""
 
 from __future__ import annotations
 
@@ -23,24 +23,18 @@ from graphledger.erasure.sealing import (
 )
 from graphledger.events import Event, envelope, to_envelope
 from graphledger.events.checkpoint import ThreadDelete
+from graphledger.log.records import LogRecord
+from graphledger.opening.admission import admitted
+from graphledger.opening.records import Classified, DeadLetter, Decoded, classify, key_name
+from graphledger.opening.records import Erased as ErasedRecord
+from graphledger_server.keys.key_store import IssuedFreshKey
 from graphledger_server.keys.lookup import LOAD_TRIES, DataKeyCache, KeysDroppedError, name_opens
-from graphledger_server.keys.store import IssuedFreshKey
-from graphledger_server.projection.admission import admitted
-from graphledger_server.projection.binding import bind_opened
+from graphledger_server.opening.binding import bind_opened
 from graphledger_server.projection.checkpoints import CheckpointProjection
-from graphledger_server.projection.records import (
-    Classified,
-    DeadLetter,
-    Decoded,
-    SourceRecord,
-    classify,
-    key_name,
-)
-from graphledger_server.projection.records import Erased as ErasedRecord
 from projection_helpers import TOPIC, put
 
 if TYPE_CHECKING:
-    from graphledger_server.keys.store import KeyStore
+    from graphledger_server.keys.key_store import KeyStore
 
 
 class FakeKeyStore:
@@ -320,13 +314,13 @@ async def test_a_fresh_key_destroyed_unbound_is_unclaimed_and_binds_nothing() ->
 
 def _sealed_record(
     event: Event, sealed_for: SealedSubject, raw: bytes, key_id: str | None, offset: int = 0
-) -> SourceRecord:
+) -> LogRecord:
     env = seal(to_envelope(event), sealed_for, cipher_of(raw), key_id)
     headers = tuple(envelope.headers_for(env))
-    return SourceRecord(TOPIC, 0, offset, b"key", envelope.encode(env), headers, env.produced_ms)
+    return LogRecord(TOPIC, 0, offset, b"key", envelope.encode(env), headers, env.produced_ms)
 
 
-async def _classified(cache: DataKeyCache, records: list[SourceRecord]) -> list[Classified]:
+async def _classified(cache: DataKeyCache, records: list[LogRecord]) -> list[Classified]:
     """What the projector's `BatchApplier.classify` does with a batch's keys: load, decode, bind."""
     to_event = CheckpointProjection("gl").to_event
     await cache.load({name for r in records if (name := key_name(r)) is not None})
@@ -383,7 +377,7 @@ async def test_admission_asks_the_owner_of_the_key_a_record_opened_with_not_the_
     assert isinstance(raw, bytes)
     env = seal(to_envelope(put("acme/a", 1)), SealedSubject("evil:e", "thread", "acme", "acme/a"), cipher_of(raw))
     headers = ((envelope.HEADER_SUBJECT, b"a"), (envelope.HEADER_KEY, b"acme-key"))  # an acme key's name
-    record = SourceRecord(TOPIC, 0, 0, b"key", envelope.encode(env), headers, env.produced_ms)
+    record = LogRecord(TOPIC, 0, 0, b"key", envelope.encode(env), headers, env.produced_ms)
     await cache.load([("evil:e", None)])  # held from an earlier record of evil's
     [refused] = await _classified(cache, [record])
     assert isinstance(refused, DeadLetter) and "another tenant than its key's" in refused.reason

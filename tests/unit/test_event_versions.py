@@ -18,8 +18,10 @@ from graphledger.events.checkpoint import CHECKPOINT_EVENT_TYPES, ThreadCopy, Th
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger.events.store import STORE_EVENT_TYPES
-from graphledger_server.projection.checkpoints import CheckpointProjection, TimedCheckpointEvent
-from graphledger_server.projection.records import DeadLetter, Decoded, SourceRecord, TooNew, classify
+from graphledger.log.records import LogRecord
+from graphledger.opening.records import DeadLetter, Decoded, TooNew, classify
+from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
+from graphledger_server.projection.checkpoints import CheckpointProjection
 from v1_events import CHECKPOINT_TOPIC, EVENT_ID, EVENTS, FIXTURES, PRODUCED_MS, fixture
 
 SCHEMA = "v1"
@@ -58,11 +60,11 @@ def test_an_event_encodes_as_its_v1_record_did(name: str) -> None:
 # -- upcasters ---------------------------------------------------------------------------------------
 
 
-def _keep_last_record(version: int) -> SourceRecord:
+def _keep_last_record(version: int) -> LogRecord:
     """A prune as a fictional older graphledger spelled it: strategy "keep_last"."""
     payload = {"thread_id": "t", "strategy": "keep_last"}
     env = Envelope(ThreadPrune.TYPE, str(uuid.uuid4()), PRODUCED_MS, payload, version)
-    return SourceRecord(CHECKPOINT_TOPIC, 0, 0, b"t", envelope.encode(env), (), PRODUCED_MS)
+    return LogRecord(CHECKPOINT_TOPIC, 0, 0, b"t", envelope.encode(env), (), PRODUCED_MS)
 
 
 def _rename_keep_last(event_type: str, payload: dict[str, Any]) -> dict[str, Any]:

@@ -83,6 +83,6 @@ async def test_the_projector_fetches_again_from_the_first_offset_a_fetch_passed_
 
 def test_a_log_tail_page_ends_where_the_fetch_passed_over_offsets() -> None:
     tail = LogTail(Settings())
-    records = [LogRecord(o, b"k", b"v", (), 0) for o in (3, 4, 5, 7, 8)]
+    records = [LogRecord(TP.topic, TP.partition, o, b"k", b"v", (), 0) for o in (3, 4, 5, 7, 8)]
     assert [r.offset for r in tail._contiguous(TP, 4, records)] == [3, 4, 5]
     assert [r.offset for r in tail._contiguous(TP, 7, records[3:])] == [7, 8]

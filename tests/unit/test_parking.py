@@ -8,13 +8,13 @@ import pytest
 from graphledger.errors import ParkedSubjectError
 from graphledger.events.checkpoint import RunsDelete, ThreadCopyBarrier
 from graphledger_server.log.parked import Cause, ParkedSubject, Verdict, parse_subject_name, subject_name
-from graphledger_server.projection.checkpoints import TimedCheckpointEvent
+from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger_server.projection.parking import (
     Apply,
     Drop,
-    Hold,
     Park,
     Parking,
+    Pause,
     barrier_decision,
     releasable,
     threads_named,
@@ -29,9 +29,9 @@ COPY = (2, 40)
     ("committed", "end", "held", "verdict", "expected"),
     [
         (41, 50, False, None, Apply()),  # the copy has applied
-        (40, 50, False, None, Hold()),  # within the log, not applied yet: wait, as a copy's barrier always did
-        (0, 41, False, None, Hold()),  # the copy is the log's last record
-        (0, None, False, None, Hold()),  # the end not known: never beyond
+        (40, 50, False, None, Pause()),  # within the log, not applied yet: wait, as a copy's barrier always did
+        (0, 41, False, None, Pause()),  # the copy is the log's last record
+        (0, None, False, None, Pause()),  # the end not known: never beyond
         (0, 40, False, None, Park(Cause.BEYOND_LOG, "")),  # the end is at its position: no copy there
         (0, 0, False, None, Park(Cause.BEYOND_LOG, "")),  # a partition the topic does not have
         (41, 50, True, None, Park(Cause.COPY_PARKED, "", COPY)),  # passed, but held by a parked subject
@@ -71,12 +71,12 @@ def test_a_parked_subject_holds_its_later_records_and_keyless_ones_are_kept_for_
     first = record(put("t", 1), 0, 5)
     subject = parking.park(first, Cause.NEWER_VERSION, "event version 99 ...", version=99)
     assert (subject.name, subject.record_key, subject.event_version) == (f"{TOPIC}:0@5", b"t", 99)
-    assert parking.holder(record(put("t", 2), 0, 6)) == 5
-    assert parking.holder(record(put("u", 1), 0, 7)) is None  # another subject
-    assert parking.holder(record(put("t", 2), 1, 6)) is None  # another partition
+    assert parking.parked_at(record(put("t", 2), 0, 6)) == 5
+    assert parking.parked_at(record(put("u", 1), 0, 7)) is None  # another subject
+    assert parking.parked_at(record(put("t", 2), 1, 6)) is None  # another partition
     parking.keep_keyless(record(RunsDelete(("r",)), 0, 8))
     parking.keep_keyless(record(RunsDelete(("r",)), 1, 8))  # no subject of that partition is parked
-    assert [(h.partition, h.offset, h.first_offset) for h in parking.held] == [(0, 5, 5), (0, 8, None)]
+    assert [(h.partition, h.offset, h.first_offset) for h in parking.parked_records] == [(0, 5, 5), (0, 8, None)]
     assert parking.parked_before(record(RunsDelete(("r",)), 0, 8))
     assert not parking.parked_before(record(RunsDelete(("r",)), 0, 4))
 
@@ -85,12 +85,12 @@ def test_a_keyless_record_parks_alone_and_a_barrier_beyond_the_log_is_a_verdict(
     parking = Parking(schema_version=3)
     keyless = record(RunsDelete(("r",)), 0, 3)
     parking.park(keyless, Cause.NEWER_VERSION, "event version 99 ...")
-    assert parking.holder(record(RunsDelete(("r",)), 0, 4)) is None
+    assert parking.parked_at(record(RunsDelete(("r",)), 0, 4)) is None
     parking.keep_keyless(record(RunsDelete(("r",)), 0, 4))  # kept only for keyed subjects
     barrier = record(ThreadCopyBarrier("t", 1, 2**62), 0, 9)
     parking.park(barrier, Cause.BEYOND_LOG, "beyond")
     assert parking.decided == {(TOPIC, 0, 9): Verdict.BEYOND_LOG}
-    assert [(h.offset, h.first_offset) for h in parking.held] == [(3, 3), (9, 9)]
+    assert [(h.offset, h.first_offset) for h in parking.parked_records] == [(3, 3), (9, 9)]
 
 
 def test_a_released_subjects_threads_bound_the_runs_delete_kept_for_it() -> None:

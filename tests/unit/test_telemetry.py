@@ -27,12 +27,13 @@ from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, SpanContext, Tra
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from graphledger.log.records import LogRecord
 from graphledger.settings import Settings
 from graphledger.telemetry.client import redact_url
 from graphledger.telemetry.propagation import span_context_of, traceparent
 from graphledger_server.log import offsets
-from graphledger_server.projection import checkpoints, chunks, dead_letters, prune, store
-from graphledger_server.projection.records import SourceRecord
+from graphledger_server.opening import chunk_table
+from graphledger_server.projection import checkpoints, dead_letters, prune, store
 from graphledger_server.telemetry import api as api_telemetry
 from graphledger_server.telemetry import metrics as registry
 from graphledger_server.telemetry.db import db_namespace, summarize
@@ -186,7 +187,7 @@ def test_grafana_provisioning_loads_the_dashboard_folder() -> None:
 
 def _projection_statements() -> list[tuple[str, str]]:
     found = []
-    for module in (checkpoints, offsets, prune, chunks, dead_letters, store):
+    for module in (checkpoints, offsets, prune, chunk_table, dead_letters, store):
         for name, value in vars(module).items():
             if name.endswith("_SQL") and isinstance(value, str):
                 found.append((f"{module.__name__}.{name}", value.replace("{schema}", "graphledger")))
@@ -244,7 +245,7 @@ def test_read_api_urls_lose_their_credentials() -> None:
 def test_links_stop_at_the_link_limit_and_count_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_SPAN_LINK_COUNT_LIMIT", "3")
     records = [
-        SourceRecord(TOPIC, 0, i, None, b"", (("traceparent", f"00-{i + 1:032x}-{i + 1:016x}-01".encode()),))
+        LogRecord(TOPIC, 0, i, None, b"", (("traceparent", f"00-{i + 1:032x}-{i + 1:016x}-01".encode()),))
         for i in range(5)
     ]
     records.append(records[0])  # a duplicate (chunks of one event share their producer span)

@@ -12,10 +12,12 @@ from graphledger.erasure.sealing import ERASED
 from graphledger.events import envelope, to_envelope
 from graphledger.events.erasure import ThreadErase
 from graphledger.folds import thread
+from graphledger.log.records import Tail
 from graphledger.log.tail import LogRecord, Page
-from graphledger_server.api.read_through import HeldView, RecordOpener, ThreadViews
-from graphledger_server.api.unprojected import KeyTail, Unprojected
+from graphledger_server.api.read_through import KeptView, TailEvents, ThreadViews
+from graphledger_server.api.unprojected import Unprojected
 from graphledger_server.keys.lookup import DataKeyCache
+from graphledger_server.opening.opener import RecordOpener
 from graphledger_server.projection.checkpoints import CheckpointProjection
 
 TOPIC = "t.checkpoints"
@@ -36,7 +38,9 @@ class Log:
 
     def append(self, key: bytes | None, size: int = 10, value: bytes | None = None, headers: tuple = ()) -> int:
         offset = len(self.records)
-        self.records.append(LogRecord(offset, key, b"v" * size if value is None else value, headers, -1))
+        self.records.append(
+            LogRecord(TP.topic, TP.partition, offset, key, b"v" * size if value is None else value, headers)
+        )
         return offset
 
     async def pages(
@@ -71,7 +75,7 @@ def held(log: Log, applied: Applied, max_bytes: int = 1 << 20) -> Unprojected:
     return Unprojected(log, applied, [TOPIC], max_bytes)  # type: ignore[arg-type]
 
 
-def offsets(tail: KeyTail | None) -> list[int]:
+def offsets(tail: Tail | None) -> list[int]:
     assert tail is not None
     return [r.offset for r in tail.records]
 
@@ -179,7 +183,7 @@ async def test_an_erasure_is_told_as_it_is_read_and_its_subjects_keys_are_asked_
     keys = DataKeyCache(None)
     keys.erase("other")
     keys.erase("reft")  # stands for any key held of the subject
-    opener = RecordOpener(unprojected, keys, lambda topic: CheckpointProjection("s").to_event)
+    opener = TailEvents(unprojected, RecordOpener(keys, lambda topic: CheckpointProjection("s").to_event))
     told: list[int] = []
     unprojected.on_erasure = lambda record: (told.append(record.offset), opener.erasure(record))
     await unprojected.tail(TP, b"a", 1.0)
@@ -214,7 +218,7 @@ async def test_a_partition_read_from_its_applied_offset_lets_go_of_every_key() -
     unprojected = held(log, applied)
     keys = DataKeyCache(None)
     keys.erase("reft")  # stands for any key held
-    opener = RecordOpener(unprojected, keys, lambda topic: CheckpointProjection("s").to_event)
+    opener = TailEvents(unprojected, RecordOpener(keys, lambda topic: CheckpointProjection("s").to_event))
     unprojected.on_unread = opener.unread
     await unprojected.tail(TP, b"a", 1.0)
     assert keys.get("reft") is None
@@ -222,12 +226,12 @@ async def test_a_partition_read_from_its_applied_offset_lets_go_of_every_key() -
 
 def test_a_kept_view_serves_reads_whose_records_since_are_held_and_a_later_one_replaces_it() -> None:
     views = ThreadViews()
-    views.keep(b"k", HeldView(0, 10, thread.NEW))
-    assert views.usable(b"k", KeyTail(5, 12, ()), 0) is not None
-    assert views.usable(b"k", KeyTail(11, 12, ()), 0) is None  # the records from 10 on are no longer held
-    assert views.usable(b"k", KeyTail(5, 9, ()), 0) is None  # a view past the read's end
+    views.keep(b"k", KeptView(0, 10, thread.NEW))
+    assert views.usable(b"k", Tail(5, 12, ()), 0) is not None
+    assert views.usable(b"k", Tail(11, 12, ()), 0) is None  # the records from 10 on are no longer held
+    assert views.usable(b"k", Tail(5, 9, ()), 0) is None  # a view past the read's end
     assert views.usable(b"k", None, 1) is None  # another partition
-    views.keep(b"k", HeldView(0, 8, thread.ERASED))  # an older one does not replace it
+    views.keep(b"k", KeptView(0, 8, thread.ERASED))  # an older one does not replace it
     kept = views.usable(b"k", None, 0)
     assert kept is not None and kept.through == 10
 
@@ -235,7 +239,7 @@ def test_a_kept_view_serves_reads_whose_records_since_are_held_and_a_later_one_r
 def test_kept_views_are_bounded_by_bytes_least_recently_used_first_out() -> None:
     views = ThreadViews(max_bytes=3 * thread.NEW.size)
     for key in (b"a", b"b", b"c"):
-        views.keep(key, HeldView(0, 1, thread.NEW))
+        views.keep(key, KeptView(0, 1, thread.NEW))
     views.usable(b"a", None, 0)  # used: b is now the least recently used
-    views.keep(b"d", HeldView(0, 1, thread.NEW))
+    views.keep(b"d", KeptView(0, 1, thread.NEW))
     assert [views.usable(key, None, 0) is not None for key in (b"a", b"b", b"c", b"d")] == [True, False, True, True]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from graphledger_server.projection.vector_index import VectorIndex
+from graphledger_server.opening.vector_index import VectorIndex
 
 
 def test_vector_shapes_pgvector_cannot_index_are_refused_before_any_ddl() -> None:

@@ -26,11 +26,11 @@ def test_a_tenant_holding_all_its_share_leaves_as_many_for_the_others() -> None:
     with ExitStack() as stack:
         assert fill(slots, "greedy", stack) == 5
         with slots.slot("victim"):  # its read waits like any other
-            assert slots.held_by("victim") == 1
+            assert slots.taken_by("victim") == 1
         assert fill(slots, "victim", stack) == 3  # then 5 + 3 held, 2 free
         assert fill(slots, "third", stack) == 1
         assert slots.waiting == 9 <= slots.limit
-    assert slots.waiting == 0 and slots.held_by("greedy") == 0
+    assert slots.waiting == 0 and slots.taken_by("greedy") == 0
 
 
 def test_tenants_that_keep_asking_settle_at_equal_shares_with_one_share_free() -> None:
@@ -48,7 +48,7 @@ def test_tenants_that_keep_asking_settle_at_equal_shares_with_one_share_free() -
                 except WaitSlotsFull:
                     break
                 held[tenant].append(stack)
-        shares = [slots.held_by(t) for t in held]
+        shares = [slots.taken_by(t) for t in held]
         for stacks in held.values():
             stacks.pop(0).close()
     assert max(shares) - min(shares) <= 1 and all(abs(share - 30 / 4) <= 1.5 for share in shares), shares

@@ -4,7 +4,7 @@ LangGraph puts a superstep's checkpoint only once the previous put is acknowledg
 superstep's tasks may finish before that: their `put_writes` come first. aiokafka sends one request
 at a time per broker, so writes sent on their own take a request (a round trip) that the put then
 waits behind. Writes of a checkpoint newer than any the thread holds, whose put is not sent yet,
-wait for that put (at most `HOLD_S`): the put lets them go first in the same turn of the event loop,
+wait for that put (at most `WAIT_FOR_PUT_S`): the put lets them go first in the same turn of the event loop,
 and they share one request. Writes of any other checkpoint go at once. The log then holds the writes
 before their put, which the projection and the fold (`folds/thread.py`) take as they come.
 """
@@ -18,7 +18,7 @@ from collections import Counter
 from graphledger.client.threads import HeldThreads
 from graphledger.events.checkpoint import CheckpointPut, CheckpointWrites
 
-HOLD_S = 0.05
+WAIT_FOR_PUT_S = 0.05
 """Longest a writes call waits for its checkpoint's put (a put that never comes: its chain failed)."""
 
 Checkpoint = tuple[str, str, str]
@@ -41,7 +41,7 @@ class PutRiders:
         if released is None:
             released = self._waiting[checkpoint] = asyncio.get_running_loop().create_future()
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(HOLD_S):
+            async with asyncio.timeout(WAIT_FOR_PUT_S):
                 await asyncio.shield(released)
         if self._waiting.get(checkpoint) is released and not released.done():
             del self._waiting[checkpoint]

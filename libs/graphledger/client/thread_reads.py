@@ -29,7 +29,8 @@ from graphledger.client.key_filters import KeyFilters
 from graphledger.client.threads import Held, HeldThreads
 from graphledger.errors import LogUnavailableError
 from graphledger.folds import thread
-from graphledger.log.tail import LogTail, Tail
+from graphledger.log.records import Tail
+from graphledger.log.tail import LogTail
 from graphledger.wire import CACHED_THROUGH_HEADER, OWN_WRITES_HEADER
 
 log = logging.getLogger(__name__)

@@ -32,6 +32,7 @@ from typing import Any
 
 from graphledger.events.checkpoint import CheckpointEvent, CheckpointPut, CheckpointWrites
 from graphledger.folds import thread
+from graphledger.folds.views import ViewLru
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 """Most bytes of thread state a client holds (the `client_thread_memory_bytes` setting's default)."""
@@ -87,9 +88,7 @@ class HeldThreads:
     """Every thread a client holds, least recently used first. On the client's event loop only."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        self._threads: OrderedDict[str, Held] = OrderedDict()
-        self._size = 0
-        self.max_bytes = max_bytes
+        self._threads: ViewLru[str, Held] = ViewLru(max_bytes, lambda held: held.size)
         self._recent: dict[int, OrderedDict[int, str | None]] = {}
         """Per partition, this process's latest records, of every thread: offset -> thread (None: a
         record of every thread, `runs.delete`)."""
@@ -101,7 +100,15 @@ class HeldThreads:
 
     @property
     def size(self) -> int:
-        return self._size
+        return self._threads.size
+
+    @property
+    def max_bytes(self) -> int:
+        return self._threads.max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, max_bytes: int) -> None:
+        self._threads.max_bytes = max_bytes
 
     def sending(self, thread_id: str) -> None:
         """An event of the thread goes to the log; `sent` once it is acknowledged or failed."""
@@ -128,14 +135,11 @@ class HeldThreads:
 
     def get(self, thread_id: str) -> Held | None:
         """The thread's snapshot, marked as recently used."""
-        held = self._threads.get(thread_id)
-        if held is not None:
-            self._threads.move_to_end(thread_id)
-        return held
+        return self._threads.get(thread_id)
 
     def before_newest(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
         """Whether `checkpoint_id` is newer than the namespace's newest checkpoint held (not held: False)."""
-        held = self._threads.get(thread_id)
+        held = self._threads.peek(thread_id)
         if held is None or held.view.erased:
             return False
         ns = held.view.namespaces.get(checkpoint_ns, thread.EMPTY if held.view.complete else None)
@@ -145,12 +149,9 @@ class HeldThreads:
 
     def clear(self) -> None:
         self._threads.clear()
-        self._size = 0
 
     def forget(self, thread_id: str) -> None:
-        held = self._threads.pop(thread_id, None)
-        if held is not None:
-            self._size -= held.size
+        self._threads.pop(thread_id)
 
     def unchanged_by_others(self, thread_id: str, snapshot: Held, end: int) -> bool:
         """Whether every record of the snapshot's partition in `[through, end)` is this process's, and
@@ -181,7 +182,7 @@ class HeldThreads:
     def acked(self, thread_id: str, partition: int, offsets: tuple[int, ...], event: CheckpointEvent) -> None:
         """This process's event of the thread, acknowledged at `offsets` of `partition`."""
         self._remember(partition, offsets, thread_id)
-        held = self._threads.get(thread_id)
+        held = self._threads.peek(thread_id)
         own: Own = (offsets, event)
         if held is None or held.partition != partition:
             view = thread.apply(thread.UNKNOWN, event)
@@ -201,7 +202,7 @@ class HeldThreads:
         """This process's event published to every partition (`runs.delete`): its copy on `partition`
         at `offset` is a record of every thread held there."""
         self._remember(partition, (offset,), None)
-        for thread_id, held in list(self._threads.items()):
+        for thread_id, held in self._threads.items():
             if held.partition == partition:
                 own = (*held.own, ((offset,), event))
                 entry = _held(held.epoch, partition, held.through, thread.apply(held.view, event), own)
@@ -210,7 +211,7 @@ class HeldThreads:
     def advance(self, thread_id: str, snapshot: Held, end: int) -> None:
         """A read found no record of the thread but own ones from the snapshot's `through` up to `end`:
         the thread's view is current through `end` (if it is still the same holding)."""
-        held = self._threads.get(thread_id)
+        held = self._threads.peek(thread_id)
         if held is None or held.epoch != snapshot.epoch or held.through is None or held.through >= end:
             return
         self._put(thread_id, _held(held.epoch, held.partition, end, held.view, tuple(held.own_since(end))), touch=False)
@@ -231,7 +232,7 @@ class HeldThreads:
         those folded in: the own records below `end`, never one past it (another process's record may
         lie before it). Holds the thread as of `end`, with every own record at or past `applied` folded
         in, when nothing replaced the snapshot meanwhile."""
-        held = self._threads.get(thread_id)
+        held = self._threads.peek(thread_id)
         current = held if held is not None and held.partition == partition else None
         named = snapshot.own if snapshot is not None and snapshot.partition == partition else ()
         mine = [own for own in (named if current is None else _merged(named, current.own)) if own[0][-1] >= applied]
@@ -253,7 +254,7 @@ class HeldThreads:
     ) -> None:
         """The read API's DeltaChannel history of the namespace's newest checkpoint, held from now on if
         the thread is still held as the snapshot was."""
-        held = self._threads.get(thread_id)
+        held = self._threads.peek(thread_id)
         if held is None or held.epoch != snapshot.epoch:
             return
         ns = held.view.namespaces.get(checkpoint_ns, thread.EMPTY if held.view.complete else None)
@@ -268,21 +269,12 @@ class HeldThreads:
 
     def erased(self, thread_id: str) -> None:
         """The thread was erased: it reads as empty from now on."""
-        held = self._threads.get(thread_id)
+        held = self._threads.peek(thread_id)
         if held is not None:
             self._put(thread_id, _held(held.epoch, held.partition, held.through, thread.ERASED, ()))
 
     def _put(self, thread_id: str, entry: Held, *, touch: bool = True) -> None:
-        previous = self._threads.get(thread_id)
-        if previous is not None:
-            self._size -= previous.size
-        self._threads[thread_id] = entry
-        if touch:
-            self._threads.move_to_end(thread_id)
-        self._size += entry.size
-        while self._size > self.max_bytes and self._threads:
-            _, forgotten = self._threads.popitem(last=False)
-            self._size -= forgotten.size
+        self._threads.put(thread_id, entry, touch=touch)
 
 
 def _held(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-Token = dict[tuple[str, int], int]
+from graphledger.wire import Token
 
 
 class AckedOffsets:

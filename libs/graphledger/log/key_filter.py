@@ -1,7 +1,7 @@
 """A Bloom filter of each checkpoint partition's record keys: a proof that a thread is new, without a read.
 
 The projector sets the bits of the key of every record it moves a partition's offset past, in the
-batch's transaction (`graphledger_server.projection.key_filter`), so a partition's filter holds every
+batch's transaction (`graphledger_server.log.key_filter`), so a partition's filter holds every
 key below its applied offset `through`: it has no false negatives. A client that finds a thread's key
 absent from it, and no record with the key in the partition from `through` to the log's end (a fetch
 sent after its read began), knows the log holds nothing of the thread as the read begins, so the read

@@ -56,6 +56,7 @@ from graphledger.errors import LogUnavailableError
 from graphledger.log.compressed_batches import UnreadableBatchError, bound_decompression
 from graphledger.log.gaps import GapWatch
 from graphledger.log.layout import LAYOUT_PARTITION, PartitionLayout, key_hash
+from graphledger.log.records import LogRecord, Tail
 from graphledger.log.requests import (
     NO_EPOCH,
     EpochFetchRequest,
@@ -110,30 +111,6 @@ broker has it readable, or the gap has lasted `gaps.CONFIRM_S` and is read past,
 permitting), or answers brought nothing from it (for `EMPTY_ANSWERS_S`)."""
 PAGES_LANE = "pages"
 """The rounds of fetches of whole records from where the read API has read (`pages`), often far ahead."""
-
-
-@dataclass(frozen=True, slots=True)
-class Tail:
-    """What the log of one partition holds from `start` to its end, `end` (the high watermark)."""
-
-    start: int
-    end: int
-    keys: tuple[tuple[int, bytes | None], ...]
-    """`(offset, key)` of each record in `[start, end)` that the scan reached, in offset order."""
-    complete: bool
-    """Whether `keys` covers all of `[start, end)`."""
-
-
-@dataclass(frozen=True, slots=True)
-class LogRecord:
-    """One record as a fetch brought it."""
-
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...]
-    timestamp: int
-    """Kafka's timestamp in ms (-1: none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +303,7 @@ class LogTail:
         if page is None:  # the log ends before the position (Kafka: out of range)
             end = await self._list_end(tp)
             return Tail(start, end, (), complete=end <= start)
-        records = [(r.offset, r.key) for r in page.records if r.offset >= start]
+        records = [r for r in page.records if r.offset >= start]
         scanned = page.size
         position = max(page.records[-1].offset + 1 if page.records else start, start)
         # More than one page behind, or a fetch that expected the end and found more: read on from where
@@ -336,12 +313,12 @@ class LogTail:
             more = await self._page(tp, position - 1)
             if more is None:
                 break
-            found = [(r.offset, r.key) for r in more.records if r.offset >= position]
+            found = [r for r in more.records if r.offset >= position]
             if not found:
                 break
             records.extend(found)
             scanned += more.size
-            position = found[-1][0] + 1
+            position = found[-1].offset + 1
         return Tail(start, page.end, tuple(records), complete=position >= page.end)
 
     # -- fetches, shared by the reads of one loop turn -------------------------------------------------
@@ -433,7 +410,7 @@ class LogTail:
             elif error_code:
                 answers[tp] = error(f"Kafka node {node} answered a fetch of {tp.topic}:{tp.partition} {error.message}")
             else:
-                records, size = _records(raw)
+                records, size = _records(tp, raw)
                 readable = self._contiguous(tp, positions[tp][0], records)
                 answers[tp] = _Page(high_watermark, readable, size, gap=len(readable) < len(records))
                 self.note_end(tp, high_watermark)
@@ -572,7 +549,7 @@ class LogTail:
         return self._client
 
 
-def _records(raw: bytes | None) -> tuple[list[LogRecord], int]:
+def _records(tp: TopicPartition, raw: bytes | None) -> tuple[list[LogRecord], int]:
     """The data records in a fetched record set, up to its first unreadable batch (a compressed one
     beyond the bound), and its size in bytes."""
     if not raw:
@@ -586,7 +563,8 @@ def _records(raw: bytes | None) -> tuple[list[LogRecord], int]:
         if getattr(batch, "is_control_batch", False):
             continue
         try:
-            out.extend(LogRecord(r.offset, r.key, r.value, tuple(r.headers), r.timestamp) for r in batch)
+            at = (tp.topic, tp.partition)
+            out.extend(LogRecord(*at, r.offset, r.key, r.value, tuple(r.headers), r.timestamp) for r in batch)
         except (UnreadableBatchError, UnsupportedCodecError) as exc:
             log.warning("a record batch at offset %d is unreadable (%s); the scan ends there", batch.base_offset, exc)
             break

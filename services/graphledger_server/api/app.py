@@ -10,6 +10,7 @@ from importlib.metadata import version
 from fastapi import FastAPI
 
 from graphledger.log.tail import LogTail
+from graphledger.opening.records import ToEvent
 from graphledger.settings import Settings
 from graphledger.wire import SERVER_REQUEST_SLACK_S
 from graphledger_server.api import checkpoints, handlers, health, key_filter, keys, store
@@ -18,18 +19,18 @@ from graphledger_server.api.db import open_pool, open_store_pool
 from graphledger_server.api.deadline import RequestDeadline
 from graphledger_server.api.key_quota import KeyCreationQuota
 from graphledger_server.api.read_barrier import ReadBarrier
-from graphledger_server.api.read_through import RecordOpener, ThreadViews
+from graphledger_server.api.read_through import TailEvents, ThreadViews
 from graphledger_server.api.state import ApiState
-from graphledger_server.api.store_through import StoreEvents
 from graphledger_server.api.unprojected import Unprojected
 from graphledger_server.api.wait_slots import WaitSlots
 from graphledger_server.keys.erase import Eraser
+from graphledger_server.keys.key_store import check_key_settings, key_store_for
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.source import StoreKeySource
-from graphledger_server.keys.store import check_key_settings, key_store_for
 from graphledger_server.log.applied import AppliedOffsets
-from graphledger_server.projection.checkpoints import CheckpointProjection
-from graphledger_server.projection.records import ToEvent
+from graphledger_server.opening import checkpoint_events
+from graphledger_server.opening.opener import RecordOpener
+from graphledger_server.opening.store_events import StoreEvents
 from graphledger_server.telemetry import api as telemetry
 
 
@@ -58,23 +59,33 @@ def create_app(settings: Settings) -> FastAPI:
         slots = WaitSlots(settings.api_max_consistency_waits, policy.tenant_count)
         topics = (settings.checkpoint_topic, settings.store_topic)
         # The projector's key cache and validation: records open and decode here as they do there.
-        checkpoint_events = CheckpointProjection(settings.postgres_schema)
-        store_events = StoreEvents(settings, store_pool)
+        store_events = StoreEvents(settings.postgres_schema)
         to_event: dict[str, ToEvent] = {
             settings.checkpoint_topic: checkpoint_events.to_event,
             settings.store_topic: store_events.to_event,
         }
         unprojected = Unprojected(log, offsets, topics, settings.api_read_through_max_bytes)
         opener = RecordOpener(
-            unprojected, DataKeyCache(key_store), to_event.__getitem__, clear_refused=settings.clear_events_refused
+            DataKeyCache(key_store), to_event.__getitem__, clear_refused=settings.clear_events_refused
         )
-        unprojected.on_erasure = opener.erasure
-        unprojected.on_unread = opener.unread
+        tail_events = TailEvents(unprojected, opener)
+        unprojected.on_erasure = tail_events.erasure
+        unprojected.on_unread = tail_events.unread
         await unprojected.start()
         barrier = ReadBarrier(settings, log, offsets, slots, unprojected)
         quota = KeyCreationQuota(settings.api_max_key_creations_per_minute)
         app.state.api = ApiState(
-            settings, pool, store_pool, offsets, barrier, quota, source, eraser, opener, ThreadViews(), store_events
+            settings,
+            pool,
+            store_pool,
+            offsets,
+            barrier,
+            quota,
+            source,
+            eraser,
+            tail_events,
+            ThreadViews(),
+            store_events,
         )
         try:
             yield

@@ -51,7 +51,7 @@ from graphledger_server.api.models import (
 )
 from graphledger_server.api.passthrough import PassThroughSerde, to_wire
 from graphledger_server.api.read_barrier import KeyedRead, OwnWrites, Settled
-from graphledger_server.api.read_through import HeldView, thread_events_to_fold
+from graphledger_server.api.read_through import KeptView, thread_events_to_fold
 from graphledger_server.api.state import api_state
 from graphledger_server.api.tenant import Tenant
 from graphledger_server.log.offsets import SNAPSHOT_OFFSET_SQL, snapshot_offset
@@ -163,7 +163,7 @@ CROSS JOIN LATERAL (
 ) e
 CROSS JOIN LATERAL ({BLOB_CEILINGS_SQL}) b
 """
-# The key store's record of an erased subject: its data key row, the key gone (`keys/store.py`).
+# The key store's record of an erased subject: its data key row, the key gone (`keys/key_store.py`).
 ERASED_SQL = "EXISTS (SELECT 1 FROM {schema}.data_keys k WHERE k.ref = %(ref)s AND k.wrapped IS NULL)"
 NOT_SEALED_SQL = "false"
 """Without a key store nothing records an erasure: a thread's rows are dropped, and it reads as new."""
@@ -274,11 +274,11 @@ async def _applied(request: Request, conn: AsyncConnection[Any], partition: int)
 async def _thread_events(request: Request, settled: Settled, stored_thread_id: str, since: int) -> list[Any]:
     """The thread's events among its unprojected records at or after `since`; raises `thread.Underivable`."""
     state = api_state(request)
-    assert settled.tail is not None and state.opener is not None
+    assert settled.tail is not None and state.tail_events is not None
     if since < settled.tail.start:
         raise thread.Underivable(f"records from {since} on are no longer all held")
     key = await state.record_key_of_thread(tenant_of(request).name, stored_thread_id)
-    return thread_events_to_fold(await state.opener.events(settled.tail, since), stored_thread_id, key.decode())
+    return thread_events_to_fold(await state.tail_events.events(settled.tail, since), stored_thread_id, key.decode())
 
 
 def _fold(view: thread.View, events: Sequence[Any]) -> thread.View:
@@ -475,12 +475,12 @@ async def _get_through(
         log.debug("a get of thread %r waits for the projection: %s", body.thread_id, exc)
         return None
     if checkpoint_id is None:
-        state.views.keep(key, HeldView(settled.partition, through, view))
+        state.views.keep(key, KeptView(settled.partition, through, view))
     folded: dict[str, Any] = {"tuple": answered, "log_end": through}
     if answered is None and await _erased_of(request, tenant, body.thread_id, erased_started):
         folded["erased"] = True
     elif checkpoint_id is None:
-        folded["later_writes"] = _later_held(held)
+        folded["later_writes"] = _later_writes_of(held)
         if held.ceilings is not None:
             folded["blob_ceilings"] = dict(held.ceilings)
         if view.complete:
@@ -490,7 +490,7 @@ async def _get_through(
     return folded
 
 
-def _later_held(held: thread.Namespace) -> dict[str, list[list[Any]]] | None:
+def _later_writes_of(held: thread.Namespace) -> dict[str, list[list[Any]]] | None:
     """`later_writes` of a folded namespace: the writes of checkpoints newer than its newest, which
     reached the log before their put (None: more than `MAX_LATER_WRITES`, as from the projection)."""
     newest = held.newest.checkpoint_id if held.newest is not None else ""

@@ -12,10 +12,10 @@ from __future__ import annotations
 import contextlib
 
 from graphledger.settings import Settings
-from graphledger.wire import CONSISTENCY_HEADER, parse_token
+from graphledger.wire import CONSISTENCY_HEADER, Token, parse_token
 from graphledger_server.api.errors import ApiError, unavailable
 from graphledger_server.api.wait_slots import WaitSlots, WaitSlotsFull
-from graphledger_server.log.applied import AppliedOffsets, Token
+from graphledger_server.log.applied import AppliedOffsets
 from graphledger_server.telemetry import api as telemetry
 
 PROBE_S = 1.0
@@ -53,7 +53,7 @@ async def await_applied(
     except WaitSlotsFull:
         raise unavailable(
             "too_many_waits",
-            f"{slots.waiting} reads already wait for the projection, {slots.held_by(tenant)} of them this tenant's "
+            f"{slots.waiting} reads already wait for the projection, {slots.taken_by(tenant)} of them this tenant's "
             f"(GRAPHLEDGER_API_MAX_CONSISTENCY_WAITS {slots.limit}, shared fairly between tenants); retry shortly",
         ) from None
     if missing:

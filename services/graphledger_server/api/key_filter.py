@@ -22,8 +22,8 @@ from graphledger_server.api.db import snapshot
 from graphledger_server.api.errors import ApiError
 from graphledger_server.api.models import _Request
 from graphledger_server.api.state import api_state
+from graphledger_server.log.key_filter import snapshot_words
 from graphledger_server.log.offsets import snapshot_key_filter_offset
-from graphledger_server.projection.key_filter import snapshot_words
 
 router = APIRouter(prefix="/v1/checkpoints", tags=["checkpoints"])
 

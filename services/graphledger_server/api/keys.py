@@ -24,8 +24,8 @@ from graphledger_server.api.models import Text, _Request
 from graphledger_server.api.state import ApiState, api_state, key_store_answers
 from graphledger_server.api.tenant import Tenant
 from graphledger_server.keys.erase import ErasureReport
+from graphledger_server.keys.key_store import RawKey
 from graphledger_server.keys.source import StoreKeySource
-from graphledger_server.keys.store import RawKey
 
 router = APIRouter(prefix="/v1", tags=["erasure"])
 

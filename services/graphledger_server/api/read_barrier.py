@@ -32,16 +32,16 @@ from dataclasses import dataclass, replace
 from aiokafka import TopicPartition
 
 from graphledger.errors import LogUnavailableError
-from graphledger.log.tail import LogTail, Tail
+from graphledger.log.records import Tail
+from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
+from graphledger.wire import Token
 from graphledger_server.api.consistency import await_applied
 from graphledger_server.api.errors import ApiError
 from graphledger_server.api.token_bounds import check_within_log, unapplied_parts
-from graphledger_server.api.unprojected import KeyTail, Unprojected
+from graphledger_server.api.unprojected import Unprojected
 from graphledger_server.api.wait_slots import WaitSlots
 from graphledger_server.log.applied import AppliedOffsets
-
-Token = dict[tuple[str, int], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +87,7 @@ class Settled:
     """The log's end when the read arrived: the answer reflects every record of the key below it."""
     current: bool = False
     """Every record of the key since `cached_through` is the client's own: its kept answer is current."""
-    tail: KeyTail | None = None
+    tail: Tail | None = None
     """Asked `through`: the key's records below `end` that the read API holds; the read folds those the
     projection has not applied (`read_through.py`), or `wait`s for them (`need`)."""
     need: int | None = None
@@ -132,26 +132,23 @@ class ReadBarrier:
             pending = await unapplied_parts(token or {}, self._settings, self._offsets, self._log)
             # The token's other partitions' ends are fetched while the reads' records are.
             elsewhere = self._positions(pending.keys() - set(partitions.values()))
-            held, other_ends = await asyncio.gather(
-                self._held(partitions, deadline),
+            kept_tails, other_ends = await asyncio.gather(
+                self._kept_tails(partitions, deadline),
                 self._log.ends(elsewhere, self._remaining(deadline)) if elsewhere else _none(),
             )
-            starts = {tp: applied[tp] for read, tp in partitions.items() if held[read] is None}
+            starts = {tp: applied[tp] for read, tp in partitions.items() if kept_tails[read] is None}
             for read, tp in partitions.items():
-                if held[read] is None and read.cached_through is not None:
+                if kept_tails[read] is None and read.cached_through is not None:
                     starts[tp] = min(starts[tp], read.cached_through)
             tails = await self._log.tails(starts, self._remaining(deadline)) if starts else {}
-        ends = {**{tp: h.end for read, tp in partitions.items() if (h := held[read]) is not None}}
+        ends = {**{tp: h.end for read, tp in partitions.items() if (h := kept_tails[read]) is not None}}
         check_within_log(pending, {**ends, **{tp: tail.end for tp, tail in tails.items()}, **other_ends})
         need: Token = dict(token or {})
         current: dict[KeyedRead, bool] = {}
         folded: dict[KeyedRead, int | None] = {}
         for read, tp in partitions.items():
-            kept = held[read]
-            if kept is not None:
-                tail = Tail(kept.start, kept.end, tuple((r.offset, r.key) for r in kept.records), complete=True)
-            else:
-                tail = tails[tp]
+            kept = kept_tails[read]
+            tail = kept if kept is not None else tails[tp]
             own = read.own.offsets if read.own is not None and read.own.partition == tp.partition else frozenset()
             keyed = [o for o, key in tail.keys if key == read.key or key is None]
             since = read.cached_through
@@ -174,17 +171,17 @@ class ReadBarrier:
                 folded[read] = max(others, default=None)  # the caller folds them, or waits for them
             elif others:
                 _require(need, tp, max(others))
-        unheld = through and any(held[read] is None for read in partitions)
-        await self._await(need, deadline, tenant, why=self._unheld_reason() if unheld else None)
+        unkept = through and any(kept_tails[read] is None for read in partitions)
+        await self._await(need, deadline, tenant, why=self._unkept_reason() if unkept else None)
         for read, tp in partitions.items():
             self._refuse_parked(tp, read.key)
         return {
             read: Settled(
                 tp.partition,
                 self._offsets.applied(tp.topic, tp.partition),
-                kept.end if (kept := held[read]) is not None else tails[tp].end,
+                kept.end if (kept := kept_tails[read]) is not None else tails[tp].end,
                 current[read],
-                held[read] if read in folded else None,
+                kept_tails[read] if read in folded else None,
                 folded.get(read),
                 deadline,
                 read.key,
@@ -229,7 +226,7 @@ class ReadBarrier:
                 exc.message += f"; the read waited for the projector because {why}"
             raise
 
-    def _unheld_reason(self) -> str:
+    def _unkept_reason(self) -> str:
         unprojected = self._unprojected
         if unprojected is None or not unprojected.enabled:
             return "read-through is off (GRAPHLEDGER_API_READ_THROUGH_MAX_BYTES 0)"
@@ -242,10 +239,10 @@ class ReadBarrier:
             return "the read API does not know the projection's applied offsets yet (its watcher is connecting)"
         return "the read API could not read the unprojected records up to the log's end"
 
-    async def _held(
+    async def _kept_tails(
         self, partitions: dict[KeyedRead, TopicPartition], deadline: float
-    ) -> dict[KeyedRead, KeyTail | None]:
-        """Each read's key's records as the read API holds them up to the log's end (None: not all held)."""
+    ) -> dict[KeyedRead, Tail | None]:
+        """Each read's key's records as the read API keeps them up to the log's end (None: not all kept)."""
         unprojected = self._unprojected
         if unprojected is None or not unprojected.enabled:
             return dict.fromkeys(partitions)

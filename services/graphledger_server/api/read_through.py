@@ -6,9 +6,9 @@ its applied offset `a` on the key's partition (read in the same snapshot as `a`)
 records in `[a, end)`, folded as the projector applies them (`graphledger.folds.thread` for a thread,
 `folds.store_item` for an item). This module turns those records into events exactly as a projector batch
 would: the data keys of sealed ones loaded first (`keys/lookup.py`), each record classified
-(`projection/records.py`), chunks reassembled at the chunk that completes their event. A fresh key a
+(`opening/records.py`), chunks reassembled at the chunk that completes their event. A fresh key a
 record opened with while bound to no subject is bound here as the projector binds it
-(`projection/binding.py`: only by a record that opened with it, outside any transaction): the key
+(`opening/binding.py`: only by a record that opened with it, outside any transaction): the key
 store's first binding decides for every reader, so what is folded here is what the projector applies.
 What the projector would not apply is left out: dead letters, records of erased subjects (the key cache
 asks the key store again when an erasure record is read: `erasure`), except for the erasure such a
@@ -26,10 +26,9 @@ Decoding is kept per record (`Unprojected.note`), so each record is opened once 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any, assert_never
+from typing import Any, TypeVar, assert_never
 
 from graphledger.errors import InvalidEventError, UnknownEventVersionError
 from graphledger.events import checkpoint_event, envelope, store_event
@@ -48,53 +47,39 @@ from graphledger.events.checkpoint import (
 from graphledger.events.envelope import HEADER_CHUNK
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger.folds import thread
-from graphledger.tenancy import THREAD_SEPARATOR
-from graphledger_server.api.unprojected import KeyTail, Unprojected
-from graphledger_server.keys.lookup import DataKeyCache
-from graphledger_server.projection import chunks
-from graphledger_server.projection.admission import admitted
-from graphledger_server.projection.binding import Item, bind_opened
-from graphledger_server.projection.records import (
+from graphledger.folds.views import ViewLru
+from graphledger.log.records import LogRecord, Tail
+from graphledger.opening.records import (
     Chunk,
     Classified,
     DeadLetter,
     Decoded,
     Erased,
-    SourceRecord,
-    ToEvent,
+    Opened,
     TooNew,
-    classify,
-    decode_value,
     erasure_at,
-    key_name,
     unwrapped,
 )
+from graphledger.tenancy import THREAD_SEPARATOR
+from graphledger_server.api.unprojected import Unprojected
+from graphledger_server.opening.opener import RecordOpener
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ERASURE_WAITS = "an erasure of the thread or its tenant: the projection applies it once the key store has it"
 """Why a read of a thread whose tail holds its erasure waits (`thread_events_to_fold`): anyone may publish one."""
 
 
-class RecordOpener:
-    """Opens held records into events, as the projector's batch does (one per read API process)."""
+class TailEvents:
+    """A read's events from the unprojected records it holds, opened as the projector opens them
+    (`opening/opener.py`), each record once while it is held (one per read API process)."""
 
-    def __init__(
-        self,
-        unprojected: Unprojected,
-        keys: DataKeyCache,
-        to_event: Callable[[str], ToEvent],
-        *,
-        clear_refused: bool = False,
-    ) -> None:
+    def __init__(self, unprojected: Unprojected, opener: RecordOpener) -> None:
         self._unprojected = unprojected
-        self._keys = keys
-        self._clear_refused = clear_refused
-        """As the projector's (`BatchApplier.clear_refused`)."""
-        self._to_event = to_event
-        """The topic's envelope validation (the projection's `to_event`)."""
+        self.opener = opener
 
-    async def events(self, tail: KeyTail, since: int) -> list[tuple[int, Any]]:
+    async def events(self, tail: Tail, since: int) -> list[tuple[int, Any]]:
         """`(offset, event)` of the projection's events (its `to_event`'s, with their time) among
         `tail`'s records at or after `since`, in log order (a chunked event at its completing chunk); raises
         `thread.Underivable`."""
@@ -103,8 +88,7 @@ class RecordOpener:
         records = [r for r in tail.records if r.offset >= since or envelope.header(r.headers, HEADER_CHUNK)]
         noted: list[Classified | None] = [self._unprojected.note(r) for r in records]
         new = [r for r, note in zip(records, noted, strict=True) if note is None]
-        await self._load_keys(new)
-        opened = iter(await self._bound([self._classify(r) for r in new], lambda i: self._classify(new[i])))
+        opened = iter(await self._keyed(self.opener.open(new)))
         classified: list[Classified] = []
         for record, note in zip(records, noted, strict=True):
             if note is None:
@@ -112,7 +96,7 @@ class RecordOpener:
                 self._unprojected.set_note(record, note)  # kept once its key is settled
             classified.append(note)
         out: list[tuple[int, Any]] = []
-        parts: dict[str, dict[int, SourceRecord]] = {}
+        parts: dict[str, dict[int, LogRecord]] = {}
         finished: set[str] = set()
         for record, item in zip(records, classified, strict=True):
             match item:
@@ -125,7 +109,9 @@ class RecordOpener:
                     if len(got) < item.ref.count:
                         continue
                     if record.offset >= since:
-                        out.extend(self._admitted(await self._reassembled(item, got), since))
+                        values = {i: r.value or b"" for i, r in got.items()}
+                        event = await self._keyed(self.opener.reassembled_and_bound(item, values))
+                        out.extend(self._admitted(event, since))
                     del parts[event_id]
                     finished.add(event_id)
                 case Decoded() | DeadLetter() | Erased() | TooNew():
@@ -136,7 +122,7 @@ class RecordOpener:
             raise thread.Underivable("a chunked event's chunks are not all held (some are in the chunk table)")
         return out
 
-    def erasure(self, record: SourceRecord) -> None:
+    def erasure(self, record: LogRecord) -> None:
         """An erasure record was read (`Unprojected`'s `on_erasure`): what is held of its subject's keys
         is dropped, so no record after it opens with a key the key store no longer answers. Anyone may
         publish an erasure record, so the key store decides: for a recorded erasure it answers the
@@ -149,23 +135,23 @@ class RecordOpener:
             return
         match event:
             case ThreadErase() | NamespaceErase():
-                self._keys.forget(event.ref)
+                self.opener.keys.forget(event.ref)
             case TenantErase():
-                self._keys.forget_tenant(event.tenant)
+                self.opener.keys.forget_tenant(event.tenant)
             case _:
                 pass  # not an erasure after all (its header said otherwise): nothing to forget
 
     def unread(self) -> None:
         """A partition is read on from the projection's applied offset (`Unprojected`'s `on_unread`): an
         erasure below it was never read here, so no key held from before opens a record after it."""
-        self._keys.forget_all()
+        self.opener.keys.forget_all()
 
-    def _admitted(self, item: Decoded | DeadLetter | Erased | TooNew, since: int) -> list[tuple[int, Any]]:
+    def _admitted(self, item: Opened, since: int) -> list[tuple[int, Any]]:
         match item:
             case Decoded():
                 if item.record.offset < since:
                     return []
-                if item.subject is not None and self._keys.is_erased(item.subject):
+                if item.subject is not None and self.opener.keys.is_erased(item.subject):
                     return self._erasure(Erased(item.record, item.subject.ref, None, item.subject.kind))
                 return [(item.record.offset, item.event)]
             case DeadLetter():
@@ -181,42 +167,17 @@ class RecordOpener:
 
     def _erasure(self, erased: Erased) -> list[tuple[int, Any]]:
         """The erasure a record of an erased subject stands for, where the projector applies it."""
-        event = erasure_at(erased, self._to_event(erased.record.topic))
+        event = erasure_at(erased, self.opener.to_event(erased.record.topic))
         return [] if event is None else [(erased.record.offset, event)]
 
-    def _classify(self, record: SourceRecord) -> Classified:
-        found = classify(record, self._to_event(record.topic), self._keys.get)
-        return admitted(found, self._keys.owner, clear_refused=self._clear_refused)
-
-    async def _reassembled(self, last: Chunk, parts: dict[int, SourceRecord]) -> Decoded | DeadLetter | TooNew | Erased:
-        record = last.record
-        value = chunks.assemble({i: r.value or b"" for i, r in parts.items()}, last.ref.count)
-        if value is None:
-            reason = f"chunks of event {last.ref.event_id} do not cover 0..{last.ref.count - 1}"
-            return DeadLetter(record, reason, None, None, last.ref.event_id)
-
-        def decoded(_: int = 0) -> Decoded | DeadLetter | TooNew | Erased:
-            found = decode_value(record, value, self._to_event(record.topic), self._keys.get, last.ref.event_id)
-            return admitted(found, self._keys.owner, clear_refused=self._clear_refused)
-
-        return (await self._bound([decoded()], decoded))[0]
-
-    async def _bound(self, classified: list[Item], again: Callable[[int], Item]) -> list[Item]:
-        """`binding.bind_opened`; `thread.Underivable` when the key store does not answer."""
+    @staticmethod
+    async def _keyed(opening: Awaitable[T]) -> T:
+        """What `opening` opens; `thread.Underivable` when the key store does not answer (the projector
+        cannot apply those records either)."""
         try:
-            return await bind_opened(classified, self._keys, again)
-        except Exception as exc:  # the key store is down: the projector cannot apply them either
-            log.warning("read-through could not bind fresh keys (%s); the read waits for the projection", exc)
-            raise thread.Underivable(f"the key store did not answer: {type(exc).__name__}") from exc
-
-    async def _load_keys(self, records: Sequence[SourceRecord]) -> None:
-        names = {name for r in records if (name := key_name(r)) is not None}
-        if not names:
-            return
-        try:
-            await self._keys.load(names)
-        except Exception as exc:  # the key store is down: the projector cannot apply them either
-            log.warning("read-through could not load data keys (%s); the read waits for the projection", exc)
+            return await opening
+        except Exception as exc:
+            log.warning("read-through could not load or bind data keys (%s); the read waits for the projection", exc)
             raise thread.Underivable(f"the key store did not answer: {type(exc).__name__}") from exc
 
 
@@ -266,7 +227,7 @@ VIEWS_MAX_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
-class HeldView:
+class KeptView:
     """A thread as of an offset of its partition: every record of it below `through` folded in."""
 
     partition: int
@@ -282,30 +243,20 @@ class ThreadViews:
     the records before (while the read API still holds the records since: `Unprojected`)."""
 
     def __init__(self, max_bytes: int = VIEWS_MAX_BYTES) -> None:
-        self._views: OrderedDict[bytes, HeldView] = OrderedDict()
-        self._size = 0
-        self.max_bytes = max_bytes
+        self._views: ViewLru[bytes, KeptView] = ViewLru(max_bytes, lambda kept: kept.view.size)
 
-    def usable(self, key: bytes, tail: KeyTail | None, partition: int) -> HeldView | None:
+    def usable(self, key: bytes, tail: Tail | None, partition: int) -> KeptView | None:
         """The thread's view, if the records since it are all in `tail` (or, without one, may be)."""
-        held = self._views.get(key)
-        if held is None or held.partition != partition:
+        kept = self._views.peek(key)
+        if kept is None or kept.partition != partition:
             return None
-        if tail is not None and not tail.start <= held.through <= tail.end:
+        if tail is not None and not tail.start <= kept.through <= tail.end:
             return None
-        self._views.move_to_end(key)
-        return held
+        return self._views.get(key)
 
-    def keep(self, key: bytes, held: HeldView) -> None:
-        """Keep `held` unless a view as of a later offset is kept already."""
-        known = self._views.get(key)
-        if known is not None:
-            if known.partition == held.partition and known.through > held.through:
-                return
-            self._size -= known.view.size
-        self._views[key] = held
-        self._views.move_to_end(key)
-        self._size += held.view.size
-        while self._size > self.max_bytes and self._views:
-            _, dropped = self._views.popitem(last=False)
-            self._size -= dropped.view.size
+    def keep(self, key: bytes, kept: KeptView) -> None:
+        """Keep `kept` unless a view as of a later offset is kept already."""
+        known = self._views.peek(key)
+        if known is not None and known.partition == kept.partition and known.through > kept.through:
+            return
+        self._views.put(key, kept)

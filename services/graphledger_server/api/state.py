@@ -18,12 +18,12 @@ from graphledger.settings import Settings
 from graphledger_server.api.errors import ApiError, unavailable
 from graphledger_server.api.key_quota import KeyCreationQuota
 from graphledger_server.api.read_barrier import ReadBarrier
-from graphledger_server.api.read_through import RecordOpener, ThreadViews
-from graphledger_server.api.store_through import StoreEvents
+from graphledger_server.api.read_through import TailEvents, ThreadViews
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.erase import Eraser, ErasureIncompleteError, NotASubjectError
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.log.applied import AppliedOffsets
+from graphledger_server.opening.store_events import StoreEvents
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class ApiState:
     keys: StoreKeySource | None = None
     """The key store, with encryption on: record keys are hashes, and clients get their data keys here."""
     eraser: Eraser | None = None
-    opener: RecordOpener | None = None
+    tail_events: TailEvents | None = None
     """Opens the unprojected records a read folds (`read_through.py`)."""
     views: ThreadViews | None = None
     """The threads' views the last reads folded (`read_through.py`)."""

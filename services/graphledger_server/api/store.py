@@ -26,13 +26,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES, SEARCH_CONSISTENCY_HEADER
+from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES, SEARCH_CONSISTENCY_HEADER, Token
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
 from graphledger_server.api.consistency import token_of
 from graphledger_server.api.errors import ApiError
 from graphledger_server.api.models import ErrorBody
-from graphledger_server.api.read_barrier import KeyedRead, Settled, Token
+from graphledger_server.api.read_barrier import KeyedRead, Settled
 from graphledger_server.api.state import api_state
 from graphledger_server.api.store_models import GetOp, StoreBatchRequest, StoreBatchResponse
 from graphledger_server.api.store_reader import StoreReader
@@ -167,11 +167,11 @@ async def _results(request: Request, ops: list[StoreOp], through: dict[int, Sett
     results: list[Any] = [None] * len(ops)
     plain = [i for i in range(len(ops)) if i not in through]
     if through:
-        assert state.opener is not None and state.store_events is not None
+        assert state.tail_events is not None and state.store_events is not None
         gets = [
             (op, settled) for i, settled in through.items() if isinstance(op := ops[i], GetOp)
         ]  # `through` holds gets only
-        folded = await items_through(state.settings, state.store_pool, state.opener, state.store_events, gets)
+        folded = await items_through(state.settings, state.store_pool, state.tail_events, state.store_events, gets)
         for (i, settled), found in zip(through.items(), folded, strict=True):
             if found is WAIT:
                 await state.barrier.wait(settled, state.settings.store_topic, tenant=tenant_of(request).name)

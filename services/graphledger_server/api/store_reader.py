@@ -34,7 +34,7 @@ from graphledger_server.api.errors import ApiError, unavailable
 from graphledger_server.api.scope_verdicts import ScopeVerdicts, scope_key
 from graphledger_server.api.store_models import GetOp, ListNamespacesOp, SearchOp
 from graphledger_server.driver_errors import Verdict, verdict_of
-from graphledger_server.projection.vector_index import VectorIndex, load_extension_schema, load_vector_index
+from graphledger_server.opening.vector_index import VectorIndex, load_extension_schema, load_vector_index
 from graphledger_server.sql import render
 from graphledger_server.telemetry import api as telemetry
 

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from graphledger.store_filter import RANGE_OPERATORS, is_operator_dict
-from graphledger_server.projection.vector_index import VectorIndex
+from graphledger_server.opening.vector_index import VectorIndex
 from graphledger_server.sql import render
 
 # Every read below has `(s.expires_at IS NULL OR s.expires_at > now())`: rows past their TTL are

@@ -3,7 +3,7 @@
 A get whose item has records the projection has not applied (`read_barrier.Settled.tail`) reads the
 item's row (expired or not) and the projection's applied offsets in one repeatable-read snapshot, then
 folds the item's records since (`graphledger.folds.store_item`), decoded as the projector decodes them
-(`read_through.RecordOpener`, with the store projection's own validation, `StoreEvents`). A get the
+(`read_through.TailEvents`, with the store projection's own validation, `opening/store_events.py`). A get the
 fold cannot answer (a namespace's erasure among the records, or records no longer all held) is
 `WAIT`: it waits for the projection, as every store search and listing does.
 """
@@ -16,17 +16,16 @@ from typing import Any, Final, assert_never
 
 import asyncpg
 
-from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase
 from graphledger.events.store import StoreDelete, StoreExpire, StorePut, StoreRefresh
 from graphledger.folds import store_item, thread
 from graphledger.settings import Settings
 from graphledger_server.api import store_sql
 from graphledger_server.api.read_barrier import Settled
-from graphledger_server.api.read_through import RecordOpener
+from graphledger_server.api.read_through import TailEvents
 from graphledger_server.api.store_models import GetOp
 from graphledger_server.log.offsets import OffsetStatements, next_offsets
-from graphledger_server.projection.store import StoreProjection, TimedStoreEvent
+from graphledger_server.opening.store_events import StoreEvents
 
 log = logging.getLogger(__name__)
 
@@ -34,34 +33,17 @@ WAIT: Final = object()
 """A get the fold cannot answer: it waits for the projection."""
 
 
-class StoreEvents:
-    """The store projection's `to_event` (what it refuses is dead-lettered, so it folds nothing), ready
-    once the schema's vector table is known (`ready`)."""
-
-    def __init__(self, settings: Settings, pool: asyncpg.Pool) -> None:
-        self._projection = StoreProjection(settings.postgres_schema, settings.erasure_namespace_depth)
-        self._pool = pool
-        self._prepared = False
-
-    async def ready(self) -> None:
-        if not self._prepared:
-            async with self._pool.acquire() as conn:
-                await self._projection.prepare(conn)
-            self._prepared = True
-
-    def to_event(self, env: Envelope, appended_ms: int) -> TimedStoreEvent:
-        return self._projection.to_event(env, appended_ms)
-
-
 async def items_through(
     settings: Settings,
     pool: asyncpg.Pool,
-    opener: RecordOpener,
+    tail_events: TailEvents,
     events: StoreEvents,
     gets: Sequence[tuple[GetOp, Settled]],
 ) -> list[Any]:
     """Each get's item (the read API's answer, None: none) at the log's end, or `WAIT`."""
-    await events.ready()
+    if not events.prepared:
+        async with pool.acquire() as conn:
+            await events.prepare(conn)
     topic, schema = settings.store_topic, settings.postgres_schema
     items = [(".".join(op.namespace), op.key) for op, _ in gets]
     async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
@@ -73,7 +55,7 @@ async def items_through(
     for (op, settled), item in zip(gets, items, strict=True):
         row = rows[item]
         try:
-            found = await _folded(opener, op, settled, applied.get((topic, settled.partition), 0), row)
+            found = await _folded(tail_events, op, settled, applied.get((topic, settled.partition), 0), row)
         except thread.Underivable as exc:
             log.debug("a store get of %s waits for the projection: %s", item, exc)
             answers.append(WAIT)
@@ -83,7 +65,7 @@ async def items_through(
 
 
 async def _folded(
-    opener: RecordOpener, op: GetOp, settled: Settled, since: int, row: asyncpg.Record
+    tail_events: TailEvents, op: GetOp, settled: Settled, since: int, row: asyncpg.Record
 ) -> store_item.Item | None:
     tail = settled.tail
     assert tail is not None
@@ -95,7 +77,7 @@ async def _folded(
             row["prefix"], row["key"], row["value"], row["created_at"], row["updated_at"], row["expires_at"], row["ttl"]
         )
     namespace = tuple(op.namespace)
-    for _, timed in await opener.events(tail, since):
+    for _, timed in await tail_events.events(tail, since):
         event = timed.event
         match event:
             case StorePut() | StoreDelete() | StoreRefresh() | StoreExpire():

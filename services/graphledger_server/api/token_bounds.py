@@ -15,9 +15,9 @@ from aiokafka import TopicPartition
 
 from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
-from graphledger.wire import CONSISTENCY_HEADER
+from graphledger.wire import CONSISTENCY_HEADER, Token
 from graphledger_server.api.errors import ApiError
-from graphledger_server.log.applied import AppliedOffsets, Token
+from graphledger_server.log.applied import AppliedOffsets
 
 
 async def unapplied_parts(

@@ -44,10 +44,10 @@ from aiokafka import TopicPartition
 from graphledger.errors import LogUnavailableError
 from graphledger.events import envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
-from graphledger.log.tail import LogRecord, LogTail, Page
+from graphledger.log.records import LogRecord, Tail
+from graphledger.log.tail import LogTail, Page
 from graphledger.tasks import cancel_and_wait
 from graphledger_server.log.applied import AppliedOffsets
-from graphledger_server.projection.records import SourceRecord
 
 log = logging.getLogger(__name__)
 
@@ -60,24 +60,12 @@ ERASURES = frozenset(cls.TYPE.encode() for cls in (ThreadErase, NamespaceErase, 
 """The `gl-type` headers of erasure records."""
 
 
-@dataclass(frozen=True, slots=True)
-class KeyTail:
-    """A key's records in `[start, end)` of one partition (with the keyless ones), in offset order."""
-
-    start: int
-    """Every record of the partition at or after this offset and below `end` is held (the projection's
-    applied offset when the tail was taken, or below it)."""
-    end: int
-    """The log's end, from a fetch sent after the read arrived."""
-    records: tuple[SourceRecord, ...]
-
-
 @dataclass(slots=True)
 class _Partition:
     low: int
     position: int
-    records: deque[SourceRecord] = field(default_factory=deque)
-    by_key: dict[bytes | None, deque[SourceRecord]] = field(default_factory=dict)
+    records: deque[LogRecord] = field(default_factory=deque)
+    by_key: dict[bytes | None, deque[LogRecord]] = field(default_factory=dict)
     size: int = 0
     notes: dict[int, Any] = field(default_factory=dict)
     """What readers learned of a held record (its decoding), by offset; dropped with the record."""
@@ -88,7 +76,7 @@ class Unprojected:
 
     def __init__(self, log_tail: LogTail, offsets: AppliedOffsets, topics: Iterable[str], max_bytes: int) -> None:
         self._log = log_tail
-        self.on_erasure: Callable[[SourceRecord], None] | None = None
+        self.on_erasure: Callable[[LogRecord], None] | None = None
         """Told of every erasure record as it is read, before any record after it is held."""
         self.on_unread: Callable[[], None] | None = None
         """Told when a partition is read from the applied offset on, the records below never read here."""
@@ -139,7 +127,7 @@ class Unprojected:
             await cancel_and_wait(self._task)
             self._task = None
 
-    async def tail(self, tp: TopicPartition, key: bytes, timeout_s: float) -> KeyTail | None:
+    async def tail(self, tp: TopicPartition, key: bytes, timeout_s: float) -> Tail | None:
         """The key's records up to the log's end now (a fetch sent after this call), or None when they
         are not all held: read-through off, the applied offsets never known yet, or the bound reached."""
         if not self.enabled or not self.offsets_known:
@@ -167,14 +155,14 @@ class Unprojected:
             log.warning("%s:%d is held from %d to %d, not up to its end %d: the read waits", *tp, part.low,
                         part.position, end)  # fmt: skip
             return None
-        return KeyTail(part.low, end, _below(_merged(part.by_key.get(key), part.by_key.get(None)), end))
+        return Tail(part.low, end, _below(_merged(part.by_key.get(key), part.by_key.get(None)), end))
 
-    def note(self, record: SourceRecord) -> Any:
+    def note(self, record: LogRecord) -> Any:
         """What a reader noted of `record` (None: nothing, or it is no longer held)."""
         part = self._partitions.get(TopicPartition(record.topic, record.partition))
         return None if part is None else part.notes.get(record.offset)
 
-    def set_note(self, record: SourceRecord, value: Any) -> None:
+    def set_note(self, record: LogRecord, value: Any) -> None:
         """Keep `value` with the record while it is held; it counts against the bound as the record does."""
         part = self._partitions.get(TopicPartition(record.topic, record.partition))
         if part is not None and part.low <= record.offset < part.position and record.offset not in part.notes:
@@ -235,26 +223,23 @@ class Unprojected:
         those the projection applied meanwhile (below `low`) are read past, reporting their erasures."""
         if self._partitions.get(tp) is not part:
             return  # reset meanwhile
-        for fetched in records:
-            if fetched.offset < part.position:
+        for record in records:
+            if record.offset < part.position:
                 continue
-            record = SourceRecord(
-                tp.topic, tp.partition, fetched.offset, fetched.key, fetched.value, fetched.headers, fetched.timestamp
-            )
             size = _size(record)
-            if fetched.offset >= part.low and self._size + size > self.max_bytes:
+            if record.offset >= part.low and self._size + size > self.max_bytes:
                 self._full = True
                 return
             if self.on_erasure is not None and envelope.header(record.headers, envelope.HEADER_TYPE) in ERASURES:
                 self.on_erasure(record)
-            if fetched.offset < part.low:
-                part.position = fetched.offset + 1
+            if record.offset < part.low:
+                part.position = record.offset + 1
                 continue
             part.records.append(record)
             part.by_key.setdefault(record.key, deque()).append(record)
             part.size += size
             self._size += size
-            part.position = fetched.offset + 1
+            part.position = record.offset + 1
 
     def _over_bound(self) -> None:
         self.over_bound += 1
@@ -288,11 +273,11 @@ class Unprojected:
                 log.debug("read-through could not read the log: %s", exc)
 
 
-def _size(record: SourceRecord) -> int:
+def _size(record: LogRecord) -> int:
     return record.size + sum(len(k) + len(v) for k, v in record.headers) + RECORD_OVERHEAD_BYTES
 
 
-def _merged(mine: deque[SourceRecord] | None, every: deque[SourceRecord] | None) -> list[SourceRecord]:
+def _merged(mine: deque[LogRecord] | None, every: deque[LogRecord] | None) -> list[LogRecord]:
     """A key's records and the keyless ones, in offset order."""
     if not every:
         return list(mine or ())
@@ -301,5 +286,5 @@ def _merged(mine: deque[SourceRecord] | None, every: deque[SourceRecord] | None)
     return sorted((*mine, *every), key=lambda r: r.offset)
 
 
-def _below(records: list[SourceRecord], end: int) -> tuple[SourceRecord, ...]:
+def _below(records: list[LogRecord], end: int) -> tuple[LogRecord, ...]:
     return tuple(r for r in records if r.offset < end)

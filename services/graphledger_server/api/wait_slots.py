@@ -23,29 +23,29 @@ class WaitSlots:
     def __init__(self, limit: int, tenants: int) -> None:
         self.limit = limit
         self._shared = tenants > 1
-        self._held: Counter[str] = Counter()
+        self._taken: Counter[str] = Counter()
         self._total = 0
 
     @property
     def waiting(self) -> int:
         return self._total
 
-    def held_by(self, tenant: str) -> int:
-        return self._held[tenant]
+    def taken_by(self, tenant: str) -> int:
+        return self._taken[tenant]
 
     @contextmanager
     def slot(self, tenant: str) -> Iterator[None]:
         """Hold one slot for `tenant` while the block runs; `WaitSlotsFull` at once when there is none.
         Taking it does not await, so the bound is exact."""
         free = self.limit - self._total
-        if free <= 0 or (self._shared and self._held[tenant] >= free):
+        if free <= 0 or (self._shared and self._taken[tenant] >= free):
             raise WaitSlotsFull
-        self._held[tenant] += 1
+        self._taken[tenant] += 1
         self._total += 1
         try:
             yield
         finally:
             self._total -= 1
-            self._held[tenant] -= 1
-            if not self._held[tenant]:
-                del self._held[tenant]
+            self._taken[tenant] -= 1
+            if not self._taken[tenant]:
+                del self._taken[tenant]

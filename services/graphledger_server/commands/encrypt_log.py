@@ -40,7 +40,7 @@ def register(commands: Any) -> None:
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from graphledger_server.encrypt_log.run import encrypt_log
+    from graphledger_server.log_copy.run import encrypt_log
 
     reports = asyncio.run(
         encrypt_log(settings, args.to_prefix, extra_tenants=args.tenant, accept_loss=args.accept_loss)

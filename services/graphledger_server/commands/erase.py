@@ -63,9 +63,9 @@ async def erase(
     import asyncpg
 
     from graphledger_server.keys.erase import Eraser
+    from graphledger_server.keys.key_store import KeyStore
     from graphledger_server.keys.ring import KeyRing
     from graphledger_server.keys.source import StoreKeySource
-    from graphledger_server.keys.store import KeyStore
     from graphledger_server.log.applied import AppliedOffsets
 
     pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=0, max_size=2)

@@ -40,8 +40,8 @@ def _rotate(args: argparse.Namespace, settings: Settings) -> int:
 async def rotate(settings: Settings) -> int:
     import asyncpg
 
+    from graphledger_server.keys.key_store import KeyStore
     from graphledger_server.keys.ring import KeyRing
-    from graphledger_server.keys.store import KeyStore
 
     pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=0, max_size=1)
     try:

@@ -1,5 +1,5 @@
 """`graphledger repartition --to-prefix NEW --partitions N`: copy the log into topics of another partition
-count (`graphledger_server.encrypt_log.run.repartition`; docs/operations.md, "Changing the partition count")."""
+count (`graphledger_server.log_copy.run.repartition`; docs/operations.md, "Changing the partition count")."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def register(commands: Any) -> None:
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from graphledger_server.encrypt_log.run import repartition
+    from graphledger_server.log_copy.run import repartition
 
     reports = asyncio.run(repartition(settings, args.to_prefix, args.partitions, accept_loss=args.accept_loss))
     for report in reports:

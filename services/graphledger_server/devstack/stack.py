@@ -175,8 +175,8 @@ class DevStack:
         log.info("postgres and broker up in %.1fs", time.monotonic() - started)
 
         from graphledger_server.log.topics import ensure_topics
+        from graphledger_server.opening.vector_index import VectorIndex
         from graphledger_server.projection.migrate import migrate
-        from graphledger_server.projection.vector_index import VectorIndex
 
         vectors = VectorIndex.from_settings(self.settings)
         applied = _run(migrate(self.settings.postgres_dsn, self.settings.postgres_schema, vectors=vectors))

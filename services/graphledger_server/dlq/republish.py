@@ -23,10 +23,13 @@ from aiokafka import AIOKafkaProducer
 from graphledger.erasure.sealing import seal as seal_envelope
 from graphledger.errors import DeadLetterError
 from graphledger.events import chunks, envelope
+from graphledger.log.records import LogRecord
+from graphledger.opening.records import DeadLetter, Decoded, TooNew, decode_value, key_name
+from graphledger.opening.records import Erased as ErasedRecord
 from graphledger.settings import Settings
 from graphledger_server.dlq.sealed import Opened, open_sealed
+from graphledger_server.keys.key_store import key_store_for
 from graphledger_server.keys.lookup import DataKeyCache
-from graphledger_server.keys.store import key_store_for
 from graphledger_server.log.clients import new_producer
 from graphledger_server.projection.batch import TopicProjection
 from graphledger_server.projection.dead_letters import (
@@ -38,8 +41,6 @@ from graphledger_server.projection.dead_letters import (
     fetch_dead_letter,
     mark_replayed,
 )
-from graphledger_server.projection.records import DeadLetter, Decoded, SourceRecord, TooNew, decode_value, key_name
-from graphledger_server.projection.records import Erased as ErasedRecord
 from graphledger_server.projector.worker import projections_for
 
 HEADER_REPLAY_OF = "gl-replay-of"
@@ -108,13 +109,13 @@ async def _replay_one(
         value = row["record_value"]
         # Checked as appended now; a dead letter recorded without its time (by an older projector) takes it.
         now_ms = int(time.time() * 1000)
-        record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers), now_ms)
+        record = LogRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers), now_ms)
         if (name := key_name(record)) is not None:
             await keys.load([name])
         if payload is not None:
             opened = await open_sealed(row["record_value"], keys)
             value, headers = _with_payload(row, headers, payload, event_type, opened)
-            record = SourceRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers), now_ms)
+            record = LogRecord(topic, partition, row["offset"], row["record_key"], value, tuple(headers), now_ms)
         checked = decode_value(record, value, projections[topic].to_event, keys.get)
         match checked:
             case Decoded():

@@ -11,8 +11,8 @@ from graphledger.errors import DeadLetterError
 from graphledger.settings import Settings
 from graphledger_server.dlq.editable import to_editable
 from graphledger_server.dlq.sealed import Opened, describe_subject, open_sealed, sealed_envelope
+from graphledger_server.keys.key_store import key_store_for
 from graphledger_server.keys.lookup import DataKeyCache
-from graphledger_server.keys.store import key_store_for
 from graphledger_server.projection.dead_letters import decode_headers, fetch_dead_letter, list_dead_letters
 
 

@@ -30,10 +30,10 @@ from graphledger.settings import Settings
 from graphledger_server.importer.plan import store_put, thread_events
 from graphledger_server.importer.progress import Progress
 from graphledger_server.importer.source import Source
+from graphledger_server.keys.key_store import check_key_settings, key_store_for
 from graphledger_server.keys.source import StoreKeySource
-from graphledger_server.keys.store import check_key_settings, key_store_for
+from graphledger_server.opening.vector_index import VectorIndex, load_vector_index
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.vector_index import VectorIndex, load_vector_index
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from graphledger.errors import GraphledgerError
 from graphledger.events import Event, to_envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger.settings import Settings
+from graphledger_server.keys.key_store import Erasure
 from graphledger_server.keys.source import StoreKeySource
-from graphledger_server.keys.store import Erasure
 from graphledger_server.log.applied import AppliedOffsets
 from graphledger_server.sql import render
 

@@ -5,13 +5,13 @@ records' `gl-subject` headers name (and the fresh keys their `gl-key` headers na
 recently used first out) until an erasure of their subject applies: from then on the subject's records
 are erased, whatever key was cached. Without a key store (no key-encryption keys configured) no sealed
 event opens. Each key is held with its owner, the tenant the key store made it for, so a reader can
-refuse a record sealed for a subject of another tenant (`projection/admission.py`).
+refuse a record sealed for a subject of another tenant (`opening/admission.py`).
 
 Fetching a fresh key binds nothing: anyone who reads the log sees the key ids its headers name, and
 anyone who can produce can name one beside any subject. A fresh key bound to no subject yet is held as a
 *candidate* of the `(reference, key id)` that named it: it opens that subject's records, and the reader
 binds it (`bind`, one key store call for a batch) only for the names a record actually opened with
-(`projection/binding.py`); a record that named it and did not open binds nothing and is dead-lettered.
+(`opening/binding.py`); a record that named it and did not open binds nothing and is dead-lettered.
 The key store's first binding wins, so a candidate that lost a race (bound meanwhile to another
 subject, or destroyed with an erased one) opens nothing after all and its records are decoded again. A
 fresh key bound to another subject opens nothing (`MISBOUND`); one destroyed before any record opened
@@ -35,7 +35,7 @@ from graphledger.erasure.sealing import (
     SealedSubject,
     cipher_of,
 )
-from graphledger_server.keys.store import KeyStore
+from graphledger_server.keys.key_store import KeyStore
 
 KeyName = tuple[str, str | None]
 """A sealed record's key: its subject's reference, and the fresh key it names (None: the subject's own)."""
@@ -110,7 +110,7 @@ class DataKeyCache:
                 if (key := found_own.get(ref)) is None:
                     self._drop((ref, None))
                 else:
-                    self._hold((ref, None), ERASED if isinstance(key, Erased) else cipher_of(key))
+                    self._keep((ref, None), ERASED if isinstance(key, Erased) else cipher_of(key))
         if fresh := {(ref, key_id) for ref, key_id in names if key_id is not None}:
             issued = await self._store.fresh({key_id for _, key_id in fresh})
             for ref, key_id in fresh:
@@ -120,13 +120,13 @@ class DataKeyCache:
                     continue
                 self._owners[(ref, key_id)] = found.tenant  # as `owners` answers: no query of its own
                 if found.ref is None:
-                    self._hold((ref, key_id), UNCLAIMED if isinstance(found.key, Erased) else cipher_of(found.key))
+                    self._keep((ref, key_id), UNCLAIMED if isinstance(found.key, Erased) else cipher_of(found.key))
                     if not isinstance(found.key, Erased):
                         self._candidates.add((ref, key_id))
                 elif found.ref != ref:
-                    self._hold((ref, key_id), MISBOUND)
+                    self._keep((ref, key_id), MISBOUND)
                 else:
-                    self._hold((ref, key_id), ERASED if isinstance(found.key, Erased) else cipher_of(found.key))
+                    self._keep((ref, key_id), ERASED if isinstance(found.key, Erased) else cipher_of(found.key))
 
     async def _load_owners(self, names: Iterable[KeyName]) -> None:
         assert self._store is not None
@@ -172,11 +172,11 @@ class DataKeyCache:
             if found is None:
                 self._drop(name)
             else:
-                self._hold(name, found if isinstance(found, Erased | Misbound) else cipher_of(found))
+                self._keep(name, found if isinstance(found, Erased | Misbound) else cipher_of(found))
         won = {key_id: ref for ref, key_id in unsettled if name_opens(self._keys.get((ref, key_id)))}
         for other in [(ref, key_id) for ref, key_id in self._candidates if key_id in won and won[key_id] != ref]:
             self._candidates.discard(other)  # named beside another subject than the one it is bound to now
-            self._hold(other, MISBOUND)
+            self._keep(other, MISBOUND)
         await self._load_owners(unsettled)
 
     def owner(self, name: KeyName) -> str | None:
@@ -213,7 +213,7 @@ class DataKeyCache:
         return self._keys.get((subject.ref, None)) is ERASED or subject.tenant in self._erased_tenants
 
     def erase(self, ref: str) -> None:
-        self._hold((ref, None), ERASED)
+        self._keep((ref, None), ERASED)
 
     def forget(self, ref: str) -> None:
         """Drop what is held of the subject `ref`: its next `load` asks the key store again."""
@@ -244,7 +244,7 @@ class DataKeyCache:
         finally:
             self._asking.discard(asking)
 
-    def _hold(self, name: KeyName, key: DataKey | Misbound) -> None:
+    def _keep(self, name: KeyName, key: DataKey | Misbound) -> None:
         """Keep `key` as the most recently used, forgetting the least recently used beyond the capacity."""
         self._keys[name] = key
         self._keys.move_to_end(name)

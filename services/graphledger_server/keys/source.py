@@ -10,7 +10,7 @@ from graphledger.erasure.sealer import TenantHashing
 from graphledger.erasure.sealing import ERASED, DataKey, Erased, cipher_of
 from graphledger.erasure.subjects import Subject, item_record_key, thread_record_key
 from graphledger.settings import Settings
-from graphledger_server.keys.store import KeyStore
+from graphledger_server.keys.key_store import KeyStore
 
 
 class StoreKeySource:

@@ -24,6 +24,7 @@ import logging
 import asyncpg
 
 from graphledger.tasks import cancel_and_wait, set_within
+from graphledger.wire import Token
 from graphledger_server.driver_errors import is_database_error
 from graphledger_server.log import parked
 from graphledger_server.log.offsets import APPLIED_CHANNEL, OffsetStatements, group_offsets
@@ -37,8 +38,6 @@ RECONNECT_MAX_S = 2.0
 CLOSE_TIMEOUT_S = 1.0
 APPLICATION_NAME = "graphledger-read-api-offsets"
 """The watcher's session in `pg_stat_activity`."""
-
-Token = dict[tuple[str, int], int]
 
 
 class AppliedOffsets:

@@ -84,7 +84,7 @@ SELECT next_offset FROM graphledger_offsets
 WHERE consumer_group = %(group)s AND topic = %(topic)s AND partition = %(partition)s
 """
 
-# The same, with whether the key filter holds every key below it (`projection/key_filter.py`).
+# The same, with whether the key filter holds every key below it (`log/key_filter.py`).
 SNAPSHOT_KEY_FILTER_OFFSET_SQL = """
 SELECT next_offset, key_filter_complete FROM graphledger_offsets
 WHERE consumer_group = %(group)s AND topic = %(topic)s AND partition = %(partition)s

@@ -220,10 +220,10 @@ class ParkedStatements:
         self.keyed = render(KEYED_SQL, schema)
         self.subjects = render(SUBJECTS_SQL, schema)
         self.insert_subjects = render(INSERT_SUBJECTS_SQL, schema)
-        self.insert_held = render(INSERT_HELD_SQL, schema)
-        self.held_positions = render(HELD_POSITIONS_SQL, schema)
+        self.insert_parked = render(INSERT_HELD_SQL, schema)
+        self.parked_positions = render(HELD_POSITIONS_SQL, schema)
         self.take_subject = render(TAKE_SUBJECT_SQL, schema)
-        self.take_held = render(TAKE_HELD_SQL, schema)
+        self.take_parked = render(TAKE_HELD_SQL, schema)
         self.drop_unneeded_keyless = render(DROP_UNNEEDED_KEYLESS_SQL, schema)
         self.verdicts = render(VERDICTS_SQL, schema)
         self.set_verdicts = render(SET_VERDICTS_SQL, schema)
@@ -235,7 +235,7 @@ Header = tuple[str, bytes]
 
 
 @dataclass(frozen=True, slots=True)
-class HeldRecord:
+class ParkedRecord:
     """A record as a parked subject holds it (`first_offset`: the subject's; None: a keyless record kept
     for every keyed subject of its partition)."""
 
@@ -277,9 +277,9 @@ def encode_headers(headers: Sequence[tuple[str, bytes]]) -> bytes:
     return ormsgpack.packb([[k, v] for k, v in headers])
 
 
-def _held(topic: str, partition: int, row: Mapping[str, Any]) -> HeldRecord:
+def _held(topic: str, partition: int, row: Mapping[str, Any]) -> ParkedRecord:
     headers = tuple((k, v) for k, v in ormsgpack.unpackb(row["record_headers"]))
-    return HeldRecord(
+    return ParkedRecord(
         topic, partition, row["offset"], row["first_offset"], row["record_key"], row["record_value"], headers,
         row["record_timestamp"],
     )  # fmt: skip
@@ -311,7 +311,7 @@ async def subjects(conn: asyncpg.Connection, sql: ParkedStatements) -> list[Park
 
 
 async def park(
-    conn: asyncpg.Connection, sql: ParkedStatements, new: Sequence[ParkedSubject], held: Sequence[HeldRecord]
+    conn: asyncpg.Connection, sql: ParkedStatements, new: Sequence[ParkedSubject], held: Sequence[ParkedRecord]
 ) -> None:
     """Record new parked subjects, and the records they hold or keep (in the caller's transaction)."""
     if new:
@@ -333,7 +333,7 @@ async def park(
         )
     if held:
         await conn.execute(
-            sql.insert_held,
+            sql.insert_parked,
             [h.topic for h in held],
             [h.partition for h in held],
             [h.offset for h in held],
@@ -345,26 +345,26 @@ async def park(
         )
 
 
-async def held_positions(
+async def parked_positions(
     conn: asyncpg.Connection, sql: ParkedStatements, positions: Collection[Position]
 ) -> set[Position]:
     """Which of `positions` hold a record a parked subject holds."""
     if not positions:
         return set()
-    rows = await conn.fetch(sql.held_positions, *_positions(positions))
+    rows = await conn.fetch(sql.parked_positions, *_positions(positions))
     return {(r["topic"], r["partition"], r["offset"]) for r in rows}
 
 
 async def take(
     conn: asyncpg.Connection, sql: ParkedStatements, position: Position
-) -> tuple[ParkedSubject, list[HeldRecord]] | None:
+) -> tuple[ParkedSubject, list[ParkedRecord]] | None:
     """Delete the subject parked at `position` and its records, in the caller's transaction: the subject and
     its records, with the keyless records kept since its first, in log order (None: none is parked there)."""
     row = await conn.fetchrow(sql.take_subject, *position)
     if row is None:
         return None
     topic, partition, first = position
-    rows = await conn.fetch(sql.take_held, topic, partition, first)
+    rows = await conn.fetch(sql.take_parked, topic, partition, first)
     return _subject(row), [_held(topic, partition, r) for r in rows]
 
 

@@ -7,7 +7,7 @@ In order, inside the transaction:
    is cut before the first event over the budget (the first always fits) and the rest is `deferred`;
    a reassembled event that opened with a fresh key bound to no subject yet cuts its partition there:
    the key store is not asked inside the transaction, so the key is bound before the next batch
-   (`projection/binding.py`), which fetches the event again;
+   (`opening/binding.py`), which fetches the event again;
 3. hold the records of parked subjects, and park the subject of a record no version of this projector
    can apply (`projection/parking.py`: an event from a newer graphledger, a copy barrier beyond the
    log); skip the records of erased subjects (their key is gone, or an erasure before them in the batch
@@ -48,9 +48,22 @@ from graphledger.events import envelope
 from graphledger.events.checkpoint import RunsDelete, ThreadCopy
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
+from graphledger.log.records import LogRecord
+from graphledger.opening import chunks
+from graphledger.opening.records import (
+    Chunk,
+    Classified,
+    DeadLetter,
+    Decoded,
+    Erased,
+    TooNew,
+    erasure_at,
+    header_type,
+    unwrapped,
+)
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.lookup import DataKeyCache
-from graphledger_server.log import parked
+from graphledger_server.log import key_filter, parked
 from graphledger_server.log.offsets import (
     OffsetStatements,
     TopicPartition,
@@ -60,37 +73,23 @@ from graphledger_server.log.offsets import (
     notify_applied,
 )
 from graphledger_server.log.parked import Cause, ParkedStatements, ParkedSubject, Position, subject_name
-from graphledger_server.projection import chunks as chunk_store
-from graphledger_server.projection import erasure, key_filter
-from graphledger_server.projection.admission import admitted
-from graphledger_server.projection.binding import bind_opened, unbound
-from graphledger_server.projection.checkpoints import CheckpointProjection, TimedCheckpointEvent
+from graphledger_server.opening import chunk_table as chunk_store
+from graphledger_server.opening.binding import unbound
+from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
+from graphledger_server.opening.opener import RecordOpener
+from graphledger_server.projection import erasure
+from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import record_dead_letters
 from graphledger_server.projection.parking import (
     Apply,
     Drop,
-    Hold,
     Park,
     Parking,
+    Pause,
     barrier_decision,
     dropped_reason,
     source_record,
     threads_named,
-)
-from graphledger_server.projection.records import (
-    Chunk,
-    Classified,
-    DeadLetter,
-    Decoded,
-    Erased,
-    SourceRecord,
-    TooNew,
-    classify,
-    decode_value,
-    erasure_at,
-    header_type,
-    key_name,
-    unwrapped,
 )
 from graphledger_server.projection.report import ApplyReport
 
@@ -114,7 +113,7 @@ class TopicProjection(Protocol):
         """The typed event of `env`, at its time (`envelope.append_time_ms`); raises `InvalidEventError`."""
         ...
 
-    def holds(self, event: Any) -> tuple[int, int] | None:
+    def requires(self, event: Any) -> tuple[int, int] | None:
         """`(partition, offset)` of this topic the projection must have applied before `event` applies
         (committed by an earlier batch), or None."""
         ...
@@ -132,7 +131,7 @@ class BatchResult:
     """The offsets written for the partitions this batch advanced."""
     parked: list[ParkedSubject] = field(default_factory=list)
     """Subjects this batch parked (their partitions moved on)."""
-    held_records: int = 0
+    parked_records: int = 0
     """Records of parked subjects this batch set aside (their first records included)."""
     applied: int = 0
     dead_letters: int = 0
@@ -146,8 +145,8 @@ class BatchResult:
     deferred: dict[TopicPartition, int] = field(default_factory=dict)
     """Partitions cut short to bound reassembly memory, or at a chunked event whose fresh key the next
     batch binds first: the offset to fetch again from."""
-    held: dict[TopicPartition, int] = field(default_factory=dict)
-    """Partitions held at an event whose requirement (`TopicProjection.holds`) no committed batch met
+    paused: dict[TopicPartition, int] = field(default_factory=dict)
+    """Partitions held at an event whose requirement (`TopicProjection.requires`) no committed batch met
     yet: the offset to fetch again from, after a pause."""
     forks: int = 0
     """Checkpoint puts whose parent was not their thread namespace's newest checkpoint."""
@@ -167,13 +166,13 @@ class _Resolved:
     erasures: set[str] = field(default_factory=set)
     """Subjects whose erasure a record of theirs applies in this batch (`_erase_at`)."""
     deferred: dict[TopicPartition, int] = field(default_factory=dict)
-    held: dict[TopicPartition, int] = field(default_factory=dict)
+    paused: dict[TopicPartition, int] = field(default_factory=dict)
     unbound: dict[TopicPartition, int] = field(default_factory=dict)
     """Partitions cut at a reassembled event that opened with a fresh key bound to no subject yet."""
 
     def cut(self, tp: TopicPartition) -> int | None:
         """Where the batch stops applying `tp` short of its records (None: it does not)."""
-        found = (self.deferred.get(tp), self.held.get(tp), self.unbound.get(tp))
+        found = (self.deferred.get(tp), self.paused.get(tp), self.unbound.get(tp))
         cuts = [offset for offset in found if offset is not None]
         return min(cuts) if cuts else None
 
@@ -194,7 +193,7 @@ def _is_copy(item: Classified) -> TypeGuard[Decoded]:
     )
 
 
-def _ref_of(record: SourceRecord) -> str:
+def _ref_of(record: LogRecord) -> str:
     """A thread event's subject reference: its record key."""
     return (record.key or b"").decode(errors="replace")
 
@@ -325,15 +324,14 @@ class BatchApplier:
         log_ends: LogEnds | None = None,
     ) -> None:
         self.schema = schema
-        self.keys = keys or DataKeyCache(None)
-        """The data keys sealed events open with (none: no sealed event opens)."""
-        self.clear_refused = clear_refused
-        """Encryption is on and the log has no clear era: events of a thread or namespace in the clear are
-        dead-lettered (`admission.in_the_clear`)."""
+        self.projections = dict(projections)
+        self.opener = RecordOpener(
+            keys or DataKeyCache(None), lambda topic: self.projections[topic].to_event, clear_refused=clear_refused
+        )
+        """Opens the batch's records (`opening/opener.py`), as the read API's read-through does."""
         self.reassembly_max_bytes = reassembly_max_bytes
         """Most bytes of stored chunks one batch loads to reassemble events; None: no bound."""
         self.group = consumer_group
-        self.projections = dict(projections)
         self.sink = dead_letter_sink
         self.log_ends = log_ends
         """Asked, after a batch's records were read, where its copy barriers' copies' partitions end (None:
@@ -355,19 +353,21 @@ class BatchApplier:
         self._to_bind: set[tuple[str, str]] = set()
         """Fresh keys reassembled events opened with inside a batch's transaction: bound by the next `classify`."""
 
-    async def classify(self, records: Sequence[SourceRecord]) -> list[Classified]:
-        """Decode, open and validate every record (outside the transaction), after fetching the data
-        keys their `gl-subject` and `gl-key` headers name; then bind the fresh keys records opened with
-        to their subjects (`projection/binding.py`)."""
+    @property
+    def keys(self) -> DataKeyCache:
+        """The data keys sealed events open with."""
+        return self.opener.keys
+
+    @keys.setter
+    def keys(self, keys: DataKeyCache) -> None:
+        self.opener.keys = keys
+
+    async def classify(self, records: Sequence[LogRecord]) -> list[Classified]:
+        """Open every record (outside the transaction: `RecordOpener.open`), after binding the fresh keys
+        events reassembled in an earlier transaction opened with; then learn what the batch's copies and
+        erasures need of the key store, and where its copy barriers' copies' partitions end."""
         await self._bind_pending()
-        await self.keys.load({name for r in records if (name := key_name(r)) is not None})
-
-        def classified_again(i: int) -> Classified:
-            record = records[i]
-            found = classify(record, self.projections[record.topic].to_event, self.keys.get)
-            return admitted(found, self.keys.owner, clear_refused=self.clear_refused)
-
-        classified = await bind_opened([classified_again(i) for i in range(len(records))], self.keys, classified_again)
+        classified = await self.opener.open(records)
         copies = {_ref_of(c.record) for c in classified if _is_copy(c)}
         self._source_erasures.update(await self.keys.thread_erasure_times(copies - self._source_erasures.keys()))
         await self._ask_about_erasures(classified)
@@ -379,7 +379,7 @@ class BatchApplier:
         barriers were read, so a copy acknowledged before a barrier was published lies below it."""
         wanted = set()
         for c in classified:
-            if isinstance(c, Decoded) and (required := self.projections[c.record.topic].holds(c.event)) is not None:
+            if isinstance(c, Decoded) and (required := self.projections[c.record.topic].requires(c.event)) is not None:
                 wanted.add((c.record.topic, required[0]))
         if not wanted or self.log_ends is None:
             return
@@ -427,7 +427,7 @@ class BatchApplier:
         return None
 
     async def apply(
-        self, conn: asyncpg.Connection, records: Sequence[SourceRecord], classified: Sequence[Classified] | None = None
+        self, conn: asyncpg.Connection, records: Sequence[LogRecord], classified: Sequence[Classified] | None = None
     ) -> BatchResult:
         """Apply `records` (per partition in offset order) in one transaction on `conn`."""
         if not records:
@@ -445,7 +445,7 @@ class BatchApplier:
                 log.info("%s; re-running the batch of %d records in the new schema", exc, len(records))
 
     async def _apply_or_isolate(
-        self, conn: asyncpg.Connection, records: Sequence[SourceRecord], classified: Sequence[Classified]
+        self, conn: asyncpg.Connection, records: Sequence[LogRecord], classified: Sequence[Classified]
     ) -> BatchResult:
         try:
             return await self._apply(conn, records, classified, isolate=False)
@@ -458,7 +458,7 @@ class BatchApplier:
     async def _apply(
         self,
         conn: asyncpg.Connection,
-        records: Sequence[SourceRecord],
+        records: Sequence[LogRecord],
         classified: Sequence[Classified],
         *,
         isolate: bool,
@@ -474,7 +474,7 @@ class BatchApplier:
             parking = await self._parking(conn, fresh)
             resolved = await self._resolve(conn, fresh, stored, parking)
             dead = await self._apply_resolved(conn, resolved, parking, result)
-            passed: list[SourceRecord] = []
+            passed: list[LogRecord] = []
             for record in records:
                 tp = (record.topic, record.partition)
                 cut = resolved.cut(tp)
@@ -489,10 +489,10 @@ class BatchApplier:
             if dead:
                 await self.sink(dead)
             result.deferred = resolved.fetch_again()
-            result.held = resolved.held
+            result.paused = resolved.paused
         return result
 
-    async def _record_keys_of(self, conn: asyncpg.Connection, passed: Sequence[SourceRecord]) -> None:
+    async def _record_keys_of(self, conn: asyncpg.Connection, passed: Sequence[LogRecord]) -> None:
         """Add the keys of the checkpoint records the offsets move past to the key filter, whatever became of
         the records (applied, parked, dead-lettered, skipped as erased): the filter says only which keys
         the log holds."""
@@ -519,10 +519,10 @@ class BatchApplier:
             report = await self._apply_events(conn, resolved.events)
         result.forks = report.forks
         await record_dead_letters(conn, self.schema, dead)
-        await parked.park(conn, self._parked, parking.new, parking.held)
+        await parked.park(conn, self._parked, parking.new, parking.parked_records)
         await parked.set_verdicts(conn, self._parked, parking.decided)
         result.parked = list(parking.new)
-        result.held_records = sum(1 for h in parking.held if h.first_offset is not None)
+        result.parked_records = sum(1 for h in parking.parked_records if h.first_offset is not None)
         result.applied = len(resolved.events) - (len(dead) - len(resolved.dead))
         result.dead_letters = len(dead)
         result.applied_by_type = Counter(getattr(d.event, "TYPE", None) for d in resolved.events)
@@ -544,11 +544,11 @@ class BatchApplier:
             record = c.record
             if isinstance(c, TooNew | Chunk):
                 candidates.add((record.topic, record.partition, record.offset))
-            elif isinstance(c, Decoded) and (needs := self.projections[record.topic].holds(c.event)) is not None:
+            elif isinstance(c, Decoded) and (needs := self.projections[record.topic].requires(c.event)) is not None:
                 candidates.add((record.topic, record.partition, record.offset))
                 required.add((record.topic, *needs))
         verdicts = await parked.verdicts(conn, self._parked, candidates)
-        held = await parked.held_positions(conn, self._parked, required)
+        held = await parked.parked_positions(conn, self._parked, required)
         return Parking(keyed, verdicts, frozenset(held), dict(self._ends), envelope.SCHEMA_VERSION, releasing)
 
     async def _resolve(
@@ -561,17 +561,17 @@ class BatchApplier:
         """Sort records into events, dead letters, parked and held records and partition holds, storing
         and reassembling chunks."""
         out = _Resolved()
-        committed = await self._committed_for_holds(conn, items, stored)
+        committed = await self._committed_for_requirements(conn, items, stored)
         # A parked subject's chunks are held as they came, not stored: its release reassembles them.
         indexed_chunks = [
-            (i, c) for i, c in enumerate(items) if isinstance(c, Chunk) and parking.holder(c.record) is None
+            (i, c) for i, c in enumerate(items) if isinstance(c, Chunk) and parking.parked_at(c.record) is None
         ]
-        completing: dict[int, chunk_store.ChunkKey] = {}
-        stored_parts: dict[chunk_store.ChunkKey, dict[int, bytes]] = {}
+        completing: dict[int, chunks.ChunkKey] = {}
+        stored_parts: dict[chunks.ChunkKey, dict[int, bytes]] = {}
         if indexed_chunks:
-            keys = {chunk_store.key_of(c) for _, c in indexed_chunks}
+            keys = {chunks.key_of(c) for _, c in indexed_chunks}
             stored_chunks, sizes = await chunk_store.stored_indexes(conn, self._chunks, keys)
-            completing = chunk_store.completions(indexed_chunks, stored_chunks)
+            completing = chunks.completions(indexed_chunks, stored_chunks)
             if not parking.releasing and (cut := self._reassembly_cut(completing, sizes)) is not None:
                 out.deferred = _first_offsets(items[cut:])
                 items = items[:cut]
@@ -580,30 +580,30 @@ class BatchApplier:
             with_stored = {k for k in completing.values() if k in stored_chunks}
             if with_stored:
                 stored_parts = await chunk_store.stored_data(conn, self._chunks, with_stored)
-        in_batch: dict[chunk_store.ChunkKey, dict[int, Chunk]] = {}
-        finished: set[chunk_store.ChunkKey] = set()
+        in_batch: dict[chunks.ChunkKey, dict[int, Chunk]] = {}
+        finished: set[chunks.ChunkKey] = set()
         for position, item in enumerate(items):
             record = item.record
             tp = (record.topic, record.partition)
-            if tp in out.held or tp in out.unbound:
+            if tp in out.paused or tp in out.unbound:
                 continue
-            holder = parking.holder(record)
+            holder = parking.parked_at(record)
             if holder is not None:
-                parking.hold(record, holder)
+                parking.set_aside(record, holder)
                 if not self._erases_its_subject(item):
                     continue
             elif record.key is None and parking.releasing and parking.parked_before(record):
                 continue  # a release: kept for the subject's next release, which it parked again for
             match item:
                 case Chunk():
-                    key = chunk_store.key_of(item)
+                    key = chunks.key_of(item)
                     if key in finished:
                         continue  # a duplicate of a chunk of an event already applied
                     if position not in completing:
                         in_batch.setdefault(key, {}).setdefault(item.ref.index, item)
                         continue
                     earlier = {i: c.record.value or b"" for i, c in in_batch.get(key, {}).items()}
-                    outcome = self._reassembled(item, key, {**stored_parts.get(key, {}), **earlier})
+                    outcome = self.opener.reassembled(item, {**stored_parts.get(key, {}), **earlier})
                     if (name := unbound(outcome, self.keys)) is not None:
                         # Its key is bound (or found another subject's) before the next batch, which
                         # reassembles it again from the chunks stored below.
@@ -635,21 +635,6 @@ class BatchApplier:
                 at = self._source_erasures.get(_ref_of(decoded.record))
                 if at is not None and timed.ts_ms < at:
                     out.events[i] = replace(decoded, event=replace(timed, source_erased_later=True))
-
-    def _reassembled(
-        self, last: Chunk, key: chunk_store.ChunkKey, parts: dict[int, bytes]
-    ) -> Decoded | DeadLetter | TooNew | Erased:
-        """The event whose `last` chunk completes it, with the `parts` stored and earlier in the batch."""
-        record = last.record
-        parts.setdefault(last.ref.index, record.value or b"")
-        value = chunk_store.assemble(parts, last.ref.count)
-        if value is None:
-            return DeadLetter(
-                record, f"chunks of event {key[2]} do not cover 0..{last.ref.count - 1}", None, None, key[2]
-            )
-        to_event = self.projections[record.topic].to_event
-        found = decode_value(record, value, to_event, self.keys.get, chunk_event_id=key[2])
-        return admitted(found, self.keys.owner, clear_refused=self.clear_refused)
 
     def _sort(
         self,
@@ -711,25 +696,25 @@ class BatchApplier:
             self.keys.erase(event.ref)  # the key store erased it before the event was published
         elif isinstance(event, TenantErase):
             self.keys.erase_tenant(event.tenant)
-        required = self.projections[record.topic].holds(decoded.event)
+        required = self.projections[record.topic].requires(decoded.event)
         if required is not None:
             topic, (partition, offset) = record.topic, required
             decision = barrier_decision(
                 required,
                 committed.get((topic, partition), 0),
                 parking.end(topic, partition),
-                (topic, partition, offset) in parking.copies_held,
+                (topic, partition, offset) in parking.copies_parked,
                 parking.verdict(record),
             )
             match decision:
                 case Apply():
                     pass
-                case Hold() if not parking.releasing:
+                case Pause() if not parking.releasing:
                     log.info("holding %s:%d at offset %d until %s:%d@%d has applied", topic, record.partition,
                              record.offset, topic, partition, offset)  # fmt: skip
-                    out.held[(topic, record.partition)] = record.offset
+                    out.paused[(topic, record.partition)] = record.offset
                     return
-                case Hold():  # a release cannot hold its partition: the subject waits for the copy instead
+                case Pause():  # a release cannot hold its partition: the subject waits for the copy instead
                     reason = f"{event.TYPE}: its copy at partition {partition} offset {offset} has not applied yet"
                     subject = parking.park(record, Cause.COPY_PARKED, reason, event_type=event.TYPE, waits_for=required)
                     _log_parked(subject)
@@ -817,14 +802,14 @@ class BatchApplier:
                     subject.cause, len(records), result.applied, result.dead_letters, again)  # fmt: skip
         return Released(subject, len(records), result)
 
-    async def _committed_for_holds(
+    async def _committed_for_requirements(
         self, conn: asyncpg.Connection, items: Sequence[Classified], stored: Mapping[TopicPartition, int]
     ) -> dict[TopicPartition, int]:
-        """The committed next offsets of the partitions the batch's events require (`holds`)."""
+        """The committed next offsets of the partitions the batch's events require (`requires`)."""
         wanted = set()
         for item in items:
             if isinstance(item, Decoded):
-                required = self.projections[item.record.topic].holds(item.event)
+                required = self.projections[item.record.topic].requires(item.event)
                 if required is not None:
                     wanted.add((item.record.topic, required[0]))
         committed = {tp: stored[tp] for tp in wanted if tp in stored}
@@ -834,7 +819,7 @@ class BatchApplier:
         return committed
 
     def _reassembly_cut(
-        self, completing: Mapping[int, chunk_store.ChunkKey], sizes: Mapping[chunk_store.ChunkKey, int]
+        self, completing: Mapping[int, chunks.ChunkKey], sizes: Mapping[chunks.ChunkKey, int]
     ) -> int | None:
         """The position of the first completing event whose stored chunks overrun the budget, if any."""
         if self.reassembly_max_bytes is None:

@@ -16,15 +16,12 @@ never parsed here.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
 import asyncpg
 
-from graphledger.errors import InvalidEventError
-from graphledger.events import checkpoint_event
 from graphledger.events.checkpoint import (
     CheckpointEvent,
     CheckpointPut,
@@ -38,32 +35,14 @@ from graphledger.events.checkpoint import (
 )
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import TenantErase, ThreadErase
-from graphledger.pg_text import json_text_problem, json_text_suspect
 from graphledger.tenancy import THREAD_SEPARATOR
+from graphledger_server.opening import checkpoint_events
+from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger_server.projection import erasure, prune
 from graphledger_server.projection.report import ApplyReport
 from graphledger_server.sql import render
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class TimedCheckpointEvent:
-    """A checkpoint event with its time (ms, `envelope.append_time_ms`): a thread's activity time."""
-
-    event: CheckpointEvent
-    ts_ms: int
-    source_erased_later: bool = False
-    """For a `thread.copy`: its source's erasure was recorded in the key store after the copy was
-    appended (`BatchApplier`), so the source held what the copy copied even if the projector, reaching
-    the source's records after its key was destroyed, holds none of it: the copy's lineage is kept."""
-    within_threads: tuple[str, ...] | None = None
-    """For a `runs.delete` applied again when a parked subject is released (`BatchApplier.release`): the
-    threads it may change (it changed the partition's others where it stands). None: every thread."""
-
-    @property
-    def TYPE(self) -> str:
-        return self.event.TYPE
 
 
 BatchItem = tuple[str, int, int, CheckpointEvent | TimedCheckpointEvent]
@@ -412,52 +391,6 @@ USING garbage g
 WHERE b.thread_id = g.thread_id AND b.checkpoint_ns = g.checkpoint_ns
   AND b.channel = g.channel AND b.version = g.version
 """
-
-
-# --- validation beyond the event schema: what Postgres would reject ---------------------------------
-
-# A JSON `\u0000` escape (not an escaped backslash followed by "u0000"): jsonb cannot hold NUL.
-_JSON_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
-_INT4 = range(-(2**31), 2**31)
-
-
-def to_checkpoint_event(env: Envelope) -> CheckpointEvent:
-    """The typed event, refusing what would make its batch's statements fail or what no read of it
-    could return (`InvalidEventError`).
-
-    Without this one bad event would fail the set-based statement of a whole batch; the projector
-    then falls back to applying events one by one to find it, which is correct but slow.
-    """
-    event = checkpoint_event(env)
-    match event:
-        case CheckpointPut():
-            for name, text in (("checkpoint", event.checkpoint_json), ("metadata", event.metadata_json)):
-                try:
-                    text.decode()
-                except UnicodeDecodeError as exc:
-                    raise InvalidEventError(f"{name} JSON is not UTF-8: {exc}") from None
-                if b"\x00" in text or (b"\\u0000" in text and _JSON_NUL.search(text)):
-                    raise InvalidEventError(f"{name} JSON contains \\u0000, which Postgres jsonb cannot store")
-                if json_text_suspect(text) and (problem := json_text_problem(text, f"{name} JSON")):
-                    raise InvalidEventError(problem)
-        case CheckpointWrites():
-            for w in event.writes:
-                if w.idx not in _INT4:
-                    raise InvalidEventError(f"write idx {w.idx} does not fit checkpoint_writes.idx (int4)")
-        case (
-            ThreadDelete()
-            | ThreadCopy()
-            | ThreadCopyBarrier()
-            | ThreadPrune()
-            | ThreadExpire()
-            | RunsDelete()
-            | ThreadErase()
-            | TenantErase()
-        ):
-            pass  # nothing in them that the schema's checks let through and Postgres would refuse
-        case _:
-            assert_never(event)
-    return event
 
 
 # --- plan -------------------------------------------------------------------------------------------
@@ -881,9 +814,9 @@ class CheckpointProjection:
         """Nothing to read: checkpoint events are checked against no schema state."""
 
     def to_event(self, env: Envelope, appended_ms: int) -> TimedCheckpointEvent:
-        return TimedCheckpointEvent(to_checkpoint_event(env), appended_ms)
+        return checkpoint_events.to_event(env, appended_ms)
 
-    def holds(self, event: TimedCheckpointEvent) -> tuple[int, int] | None:
+    def requires(self, event: TimedCheckpointEvent) -> tuple[int, int] | None:
         """A copy barrier applies once the copy's record (partition, offset of this topic) has: its stage
         is committed then (or there is none: the copy was dead-lettered or skipped as erased)."""
         match event.event:

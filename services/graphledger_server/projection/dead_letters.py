@@ -20,8 +20,8 @@ import ormsgpack
 from graphledger.events import envelope
 from graphledger.events.chunks import frame
 from graphledger.log.layout import PartitionCheckedProducer
+from graphledger.opening.records import DeadLetter, subject_ref, with_append_time
 from graphledger.settings import Settings
-from graphledger_server.projection.records import DeadLetter, subject_ref, with_append_time
 from graphledger_server.sql import render
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ import asyncpg
 from langgraph.checkpoint.postgres.base import MIGRATIONS as OFFICIAL_MIGRATIONS
 from langgraph.store.postgres.base import MIGRATIONS as OFFICIAL_STORE_MIGRATIONS
 
-from graphledger_server.projection.vector_index import VectorIndex, ensure_vector_index
+from graphledger_server.opening.vector_index import VectorIndex, ensure_vector_index
 from graphledger_server.sql import XACT_LOCK_SQL, check_schema, lock_key, render
 
 log = logging.getLogger(__name__)

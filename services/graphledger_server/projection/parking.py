@@ -33,9 +33,10 @@ from typing import Any, assert_never
 
 from graphledger.errors import InvalidEventError
 from graphledger.events import envelope
-from graphledger_server.log.parked import Cause, HeldRecord, ParkedSubject, Position, TopicPartition, Verdict
+from graphledger.log.records import LogRecord
+from graphledger.opening.records import header_type, subject_ref, unwrapped
+from graphledger_server.log.parked import Cause, ParkedRecord, ParkedSubject, Position, TopicPartition, Verdict
 from graphledger_server.projection.dead_letters import reason_text
-from graphledger_server.projection.records import SourceRecord, header_type, subject_ref, unwrapped
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +45,7 @@ class Apply:
 
 
 @dataclass(frozen=True, slots=True)
-class Hold:
+class Pause:
     """The barrier's copy lies within the log but has not applied yet: hold its partition here."""
 
 
@@ -64,21 +65,21 @@ class Drop:
     reason: str
 
 
-BarrierDecision = Apply | Hold | Park | Drop
+BarrierDecision = Apply | Pause | Park | Drop
 
 
 def barrier_decision(
     required: tuple[int, int],
     committed: int,
     end: int | None,
-    copy_held: bool,
+    copy_parked: bool,
     verdict: Verdict | None,
 ) -> BarrierDecision:
     """What a copy barrier requiring the copy record at `required` (partition, offset) does.
 
     `committed`: the projection's next offset on the copy's partition; `end`: where that partition's log
     ended when the broker was asked after the barrier was read (None: not known, so never beyond);
-    `copy_held`: a parked subject holds the copy's record; `verdict`: what was decided about the barrier."""
+    `copy_parked`: a parked subject holds the copy's record; `verdict`: what was decided about the barrier."""
     partition, offset = required
     match verdict:
         case Verdict.DROPPED:
@@ -89,7 +90,7 @@ def barrier_decision(
             pass
         case _:
             assert_never(verdict)
-    if copy_held:
+    if copy_parked:
         reason = (
             f"thread.copy.barrier: its copy's record at partition {partition} offset {offset} is held by a parked "
             "subject"
@@ -99,7 +100,7 @@ def barrier_decision(
         return Apply()
     if end is not None and offset >= end:
         return Park(Cause.BEYOND_LOG, _beyond(partition, offset))
-    return Hold()
+    return Pause()
 
 
 def _beyond(partition: int, offset: int) -> str:
@@ -116,7 +117,7 @@ def dropped_reason(reason: str) -> str:
     return f"dropped by an operator (`graphledger parked drop`): {reason}"
 
 
-def record_time_ms(record: SourceRecord) -> int | None:
+def record_time_ms(record: LogRecord) -> int | None:
     """The record's time in the log (`envelope.append_time_ms`), None when it carries none."""
     try:
         return envelope.append_time_ms(record.timestamp, record.headers)
@@ -124,15 +125,15 @@ def record_time_ms(record: SourceRecord) -> int | None:
         return None
 
 
-def held_record(record: SourceRecord, first_offset: int | None) -> HeldRecord:
-    return HeldRecord(
+def parked_record(record: LogRecord, first_offset: int | None) -> ParkedRecord:
+    return ParkedRecord(
         record.topic, record.partition, record.offset, first_offset, record.key, record.value, record.headers,
         record.timestamp,
     )  # fmt: skip
 
 
-def source_record(held: HeldRecord) -> SourceRecord:
-    return SourceRecord(held.topic, held.partition, held.offset, held.key, held.value, held.headers, held.timestamp)
+def source_record(held: ParkedRecord) -> LogRecord:
+    return LogRecord(held.topic, held.partition, held.offset, held.key, held.value, held.headers, held.timestamp)
 
 
 @dataclass(slots=True)
@@ -145,7 +146,7 @@ class Parking:
     keyed: dict[tuple[TopicPartition, bytes], int] = field(default_factory=dict)
     """`(partition, record key) -> first offset` of the keyed subjects parked now."""
     verdicts: Mapping[Position, Verdict] = field(default_factory=dict)
-    copies_held: frozenset[Position] = frozenset()
+    copies_parked: frozenset[Position] = frozenset()
     """Positions of copy records the batch's barriers require that parked subjects hold."""
     ends: Mapping[TopicPartition, int] = field(default_factory=dict)
     """Where partitions' logs ended, learned after the batch's records were read."""
@@ -154,28 +155,28 @@ class Parking:
     """A release's records, not a batch's: they are below their partition's offset, so nothing is cut or
     held at a partition's place, and the keyless ones among them are kept already."""
     new: list[ParkedSubject] = field(default_factory=list)
-    held: list[HeldRecord] = field(default_factory=list)
+    parked_records: list[ParkedRecord] = field(default_factory=list)
     decided: dict[Position, Verdict] = field(default_factory=dict)
     """Verdicts this batch reached, recorded with it."""
 
-    def holder(self, record: SourceRecord) -> int | None:
+    def parked_at(self, record: LogRecord) -> int | None:
         """The first offset of the parked subject `record` belongs to (None: its subject is not parked)."""
         if record.key is None:
             return None
         return self.keyed.get(((record.topic, record.partition), record.key))
 
-    def hold(self, record: SourceRecord, first_offset: int) -> None:
-        self.held.append(held_record(record, first_offset))
+    def set_aside(self, record: LogRecord, first_offset: int) -> None:
+        self.parked_records.append(parked_record(record, first_offset))
 
-    def keep_keyless(self, record: SourceRecord) -> None:
+    def keep_keyless(self, record: LogRecord) -> None:
         """Keep a keyless record that applies now, for the keyed subjects of its partition parked before it."""
         tp = (record.topic, record.partition)
         if not self.releasing and any(
             key_tp == tp and first < record.offset for (key_tp, _), first in self.keyed.items()
         ):
-            self.held.append(held_record(record, None))
+            self.parked_records.append(parked_record(record, None))
 
-    def parked_before(self, record: SourceRecord) -> bool:
+    def parked_before(self, record: LogRecord) -> bool:
         """Whether this batch parked a keyed subject of `record`'s partition at an earlier record (in a
         release: the released subject parked again, so the keyless records after that wait for it)."""
         return any(
@@ -185,7 +186,7 @@ class Parking:
             for s in self.new
         )
 
-    def verdict(self, record: SourceRecord) -> Verdict | None:
+    def verdict(self, record: LogRecord) -> Verdict | None:
         return self.verdicts.get((record.topic, record.partition, record.offset))
 
     def end(self, topic: str, partition: int) -> int | None:
@@ -193,7 +194,7 @@ class Parking:
 
     def park(
         self,
-        record: SourceRecord,
+        record: LogRecord,
         cause: Cause,
         reason: str,
         *,
@@ -210,7 +211,7 @@ class Parking:
         self.new.append(subject)
         if record.key is not None:
             self.keyed[((record.topic, record.partition), record.key)] = record.offset
-        self.held.append(held_record(record, record.offset))
+        self.parked_records.append(parked_record(record, record.offset))
         if cause is Cause.BEYOND_LOG:
             self.decided[(record.topic, record.partition, record.offset)] = Verdict.BEYOND_LOG
         return subject

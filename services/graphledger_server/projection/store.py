@@ -36,31 +36,23 @@ from typing import Any, assert_never
 import asyncpg
 
 from graphledger.erasure.subjects import LABEL_SEPARATOR, namespace_subject_depth
-from graphledger.errors import InvalidEventError
-from graphledger.events import store_event
-from graphledger.events.envelope import MAX_EPOCH_MS, Envelope
+from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase
 from graphledger.events.store import (
-    MAX_TTL_MINUTES,
     StoreDelete,
-    StoreEvent,
     StoreExpire,
     StorePut,
     StoreRefresh,
     Vector,
 )
 from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH
-from graphledger_server.projection import erasure
-from graphledger_server.projection.vector_index import (
-    COMPONENT_MAX,
+from graphledger_server.opening.store_events import StoreEvents, TimedStoreEvent, prefix_of
+from graphledger_server.opening.vector_index import (
     VectorIndex,
     load_extension_schema,
-    load_vector_index,
 )
+from graphledger_server.projection import erasure
 from graphledger_server.sql import render
-
-MAX_KEY_BYTES = 2_600
-"""prefix + key + field name: a btree index row (the primary keys) holds about 2,700 bytes."""
 
 # $1/$2 -> unnest(prefix, key) of the items whose last event is a delete (their vectors cascade).
 # $3..$8 -> unnest(prefix, key, value, ts_ms, created_ms, ttl_minutes) of the items whose last event is
@@ -158,23 +150,6 @@ DELETE FROM {schema}.store s
 WHERE s.prefix = ANY($1::text[]) OR s.prefix = ANY($2::text[])
    OR EXISTS (SELECT 1 FROM unnest($1::text[]) AS e(prefix) WHERE starts_with(s.prefix, e.prefix || '.'))
 """
-
-
-def prefix_of(namespace: Sequence[str]) -> str:
-    """The `store.prefix` of a namespace, as the official store writes it."""
-    return ".".join(namespace)
-
-
-@dataclass(frozen=True, slots=True)
-class TimedStoreEvent:
-    """A store event with its time (ms, `envelope.append_time_ms`), which becomes the item's timestamps."""
-
-    event: StoreEvent
-    ts_ms: int
-
-    @property
-    def TYPE(self) -> str:
-        return self.event.TYPE
 
 
 # --- plan -------------------------------------------------------------------------------------------
@@ -353,72 +328,30 @@ class StoreProjection:
         self.expire_sql = render(EXPIRE_SQL, schema)
         self.erase_prefixes_sql = render(ERASE_PREFIXES_SQL, schema)
         self.erasure = erasure.ErasureStatements(schema)
-        self.index: VectorIndex | None = None
+        self.events = StoreEvents(schema)
         self._replace_vectors_sql: str | None = None
-        self._prepared = False
 
     async def prepare(self, conn: asyncpg.Connection) -> None:
         """Read the vector table's shape (after `migrate`, before the first batch)."""
-        self.index = await load_vector_index(conn, self.schema)
+        await self.events.prepare(conn)
         if self.index is not None:
             ext = await load_extension_schema(conn)
             self._replace_vectors_sql = (
                 render(REPLACE_VECTORS_SQL, self.schema).replace("{ext}", ext).replace("{vector_type}",
                                                                                        self.index.vector_type)
             )  # fmt: skip
-        self._prepared = True
 
-    def holds(self, event: TimedStoreEvent) -> None:
+    @property
+    def index(self) -> VectorIndex | None:
+        """The shape of the schema's vector table (None: it has none), as `prepare` read it."""
+        return self.events.index
+
+    def requires(self, event: TimedStoreEvent) -> None:
         """A store event requires nothing of other partitions."""
         return None
 
     def to_event(self, env: Envelope, appended_ms: int) -> TimedStoreEvent:
-        """The typed event at its time, refusing what its batch's statements would fail on
-        (`InvalidEventError`)."""
-        if not self._prepared:
-            raise RuntimeError("StoreProjection.prepare() was not awaited before the first event")
-        event = store_event(env)
-        match event:
-            case NamespaceErase() | TenantErase():
-                return TimedStoreEvent(event, appended_ms)
-            case StorePut():
-                if event.created_ms is not None and event.created_ms > MAX_EPOCH_MS:
-                    raise InvalidEventError(f"created_ms {event.created_ms} is not a time between 1970 and 9999")
-                if event.ttl_minutes is not None and abs(event.ttl_minutes) > MAX_TTL_MINUTES:
-                    raise InvalidEventError(f"ttl_minutes {event.ttl_minutes} does not fit store.ttl_minutes (int4)")
-                self._check_vectors(event)
-                field_bytes = max((len(path.encode()) for path, _ in event.vectors or ()), default=0)
-            case StoreDelete() | StoreRefresh() | StoreExpire():
-                field_bytes = 0
-            case _:
-                assert_never(event)
-        prefix_bytes = len(prefix_of(event.namespace).encode()) + len(event.item_key.encode()) + field_bytes
-        if prefix_bytes > MAX_KEY_BYTES:
-            raise InvalidEventError(
-                f"namespace, key and field names take {prefix_bytes} bytes; at most {MAX_KEY_BYTES}"
-            )
-        return TimedStoreEvent(event, appended_ms)
-
-    def _check_vectors(self, event: StorePut) -> None:
-        if not event.vectors:
-            return  # null keeps the item's vectors, [] removes them: both fit any schema
-        dims = len(event.vectors[0][1])
-        index = self.index
-        if index is None:
-            raise InvalidEventError(
-                f"store.put carries {dims}-dim vectors, but schema {self.schema!r} has no vector table "
-                "(set GRAPHLEDGER_STORE_VECTOR_DIMS and migrate, or write with a KafkaStore without an index)"
-            )
-        if dims != index.dims:
-            raise InvalidEventError(
-                f"store.put carries {dims}-dim vectors, but store_vectors.embedding is {index.column_type} "
-                f"in schema {self.schema!r}: the writer's embedder does not match the projection's dims"
-            )
-        # Beyond the column's float width asyncpg cannot even send the batch.
-        limit = COMPONENT_MAX[index.vector_type]
-        for path, embedding in event.vectors:
-            if any(abs(x) > limit for x in embedding):
-                raise InvalidEventError(f"vector of {path!r} holds a value beyond {index.vector_type}'s ±{limit:g}")
+        return self.events.to_event(env, appended_ms)
 
     async def apply(self, conn: asyncpg.Connection, items: Sequence[tuple[str, int, int, TimedStoreEvent]]) -> None:
         """Apply a batch's store events inside the caller's transaction."""

@@ -14,8 +14,8 @@ import logging
 from graphledger.settings import Settings
 from graphledger_server import telemetry
 from graphledger_server.health.server import serving
+from graphledger_server.opening.vector_index import VectorIndex
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.vector_index import VectorIndex
 from graphledger_server.projector.worker import ProjectorWorker
 from graphledger_server.signals import stop_on_signals
 

@@ -19,16 +19,16 @@ import asyncpg
 
 from graphledger.errors import ParkedSubjectError
 from graphledger.log.tail import LogTail
+from graphledger.opening.records import DeadLetter
 from graphledger.settings import Settings
+from graphledger_server.keys.key_store import key_store_for
 from graphledger_server.keys.lookup import DataKeyCache
-from graphledger_server.keys.store import key_store_for
 from graphledger_server.log.clients import new_producer
 from graphledger_server.log.ends import log_ends
 from graphledger_server.log.parked import list_parked, parse_subject_name
 from graphledger_server.log.topics import source_topics
 from graphledger_server.projection.batch import BatchApplier, Released
 from graphledger_server.projection.dead_letters import produce_dead_letters
-from graphledger_server.projection.records import DeadLetter
 from graphledger_server.projector.worker import projections_for
 
 

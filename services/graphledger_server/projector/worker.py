@@ -31,13 +31,15 @@ from graphledger.errors import ParkedSubjectError
 from graphledger.events import envelope
 from graphledger.log.gaps import GapWatch
 from graphledger.log.layout import PartitionCheckedProducer
+from graphledger.log.records import LogRecord
 from graphledger.log.tail import LogTail
+from graphledger.opening.records import DeadLetter
 from graphledger.settings import Settings
 from graphledger.tasks import set_within
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.health.state import WorkerHealth, caught_up
+from graphledger_server.keys.key_store import key_store_for
 from graphledger_server.keys.lookup import DataKeyCache
-from graphledger_server.keys.store import key_store_for
 from graphledger_server.log import parked
 from graphledger_server.log.clients import new_consumer, new_producer
 from graphledger_server.log.ends import log_ends
@@ -47,7 +49,6 @@ from graphledger_server.projection.batch import BatchApplier, BatchResult, Topic
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import outstanding, produce_dead_letters
 from graphledger_server.projection.parking import releasable
-from graphledger_server.projection.records import DeadLetter, SourceRecord
 from graphledger_server.projection.store import StoreProjection
 from graphledger_server.projector.group_offsets import GroupOffsetMirror
 from graphledger_server.projector.log_guard import LogGuard
@@ -63,8 +64,8 @@ DEAD_LETTER_COUNT_INTERVAL_S = 30.0
 """How often the outstanding dead-letter gauge is recounted (`graphledger dlq replay` changes it)."""
 REVOKE_WAIT_S = 10.0
 """How long a rebalance waits for the in-flight batch before giving the partitions up anyway."""
-HOLD_RETRY_S = 0.05
-"""How long a partition held at an event waits before it is fetched again (`BatchResult.held`)."""
+PAUSE_RETRY_S = 0.05
+"""How long a partition held at an event waits before it is fetched again (`BatchResult.paused`)."""
 RESET_POLL_S = 1.0
 """How often a worker with stopped partitions looks for an operator's `graphledger offsets reset`."""
 PARKED_CHECK_S = 2.0
@@ -81,13 +82,6 @@ def projections_for(settings: Settings) -> dict[str, TopicProjection]:
 
 LOG_APPEND_TIME = 1
 """A record batch's timestamp type when the broker stamped it (`message.timestamp.type=LogAppendTime`)."""
-
-
-def _to_source(record: ConsumerRecord[bytes, bytes]) -> SourceRecord:
-    headers = tuple(record.headers or ())
-    return SourceRecord(
-        record.topic, record.partition, record.offset, record.key, record.value, headers, record.timestamp
-    )
 
 
 def _warn_of_create_time(record: ConsumerRecord[bytes, bytes], warned: set[str]) -> None:
@@ -162,7 +156,7 @@ class ProjectorWorker:
         self.gaps = GapWatch(on_gap=log_gap)
         """Offsets a fetch passed over (`log.gaps`): fetched again from the first, not skipped."""
         self._reset_checked = 0.0
-        self._held: dict[TopicPartition, float] = {}
+        self._paused: dict[TopicPartition, float] = {}
         """Partitions paused at an event that waits for another partition, and when to fetch them again."""
         self.batches = 0
         self.events = 0
@@ -288,7 +282,7 @@ class ProjectorWorker:
             return set()
         passed = await next_offsets(conn, self._offsets, self.settings.projector_group_id,
                                     {(t, p) for t, p, _ in waiting.values()})  # fmt: skip
-        held = await parked.held_positions(conn, self._parked, set(waiting.values()))
+        held = await parked.parked_positions(conn, self._parked, set(waiting.values()))
         return {s for s, (t, p, o) in waiting.items() if passed.get((t, p), 0) > o and (t, p, o) not in held}
 
     async def _release(self, subject: ParkedSubject) -> None:
@@ -319,7 +313,7 @@ class ProjectorWorker:
         self.guard.forget(partitions)
         for tp in partitions:
             self.gaps.forget(tp)
-            self._held.pop(tp, None)
+            self._paused.pop(tp, None)
         if self.group_offsets is not None:
             self.group_offsets.forget(partitions)
         self.telemetry.lost_log = frozenset((tp.topic, tp.partition) for tp in self.guard.stopped)
@@ -375,18 +369,18 @@ class ProjectorWorker:
 
     # -- batches -------------------------------------------------------------------------------------
 
-    async def next_batch(self, stop: asyncio.Event) -> list[SourceRecord]:
+    async def next_batch(self, stop: asyncio.Event) -> list[LogRecord]:
         """Records up to `batch_max_events` / `batch_max_bytes`, waiting at most `batch_max_wait_ms`
         after the first arrives. A partition cut short by the byte bound is sought back to its first
         record left out, so nothing is skipped."""
         assert self.consumer is not None
         s = self.settings
-        records: list[SourceRecord] = []
+        records: list[LogRecord] = []
         size = 0
         deadline: float | None = None
         full = False
         while not full and not stop.is_set():
-            self._resume_held()
+            self._resume_paused()
             if deadline is None:
                 timeout_ms = IDLE_POLL_MS
                 if self.guard.stopped and time.monotonic() - self._reset_checked >= RESET_POLL_S:
@@ -424,7 +418,7 @@ class ProjectorWorker:
                         self.consumer.seek(tp, expected)  # the offsets passed over are fetched again
                         break
                     _warn_of_create_time(message, self._create_time_topics)
-                    record = _to_source(message)
+                    record = LogRecord.consumed(message)
                     if full or (records and size + record.size > s.batch_max_bytes):
                         self.consumer.seek(tp, message.offset)
                         self.guard.positions[tp] = message.offset
@@ -439,7 +433,7 @@ class ProjectorWorker:
                 break
         return records
 
-    async def apply_with_retry(self, records: Sequence[SourceRecord], stop: asyncio.Event) -> BatchResult | None:
+    async def apply_with_retry(self, records: Sequence[LogRecord], stop: asyncio.Event) -> BatchResult | None:
         """Apply one batch, retrying retryable failures with a capped backoff; None if abandoned."""
         assert self.pool is not None
         classified = None  # once: a retry re-runs only the transaction
@@ -474,23 +468,23 @@ class ProjectorWorker:
             assert self.consumer is not None
             self.consumer.seek(TopicPartition(topic, partition), offset)  # the next batch starts there
             self.guard.positions[TopicPartition(topic, partition)] = offset
-        for (topic, partition), offset in result.held.items():
+        for (topic, partition), offset in result.paused.items():
             assert self.consumer is not None
             tp = TopicPartition(topic, partition)
             self.consumer.seek(tp, offset)
             self.guard.positions[tp] = offset
             self.consumer.pause(tp)
-            self._held[tp] = time.monotonic() + HOLD_RETRY_S
+            self._paused[tp] = time.monotonic() + PAUSE_RETRY_S
         log.debug("applied %d events (%d dead letters, %d skipped) in %.1f ms", result.applied,
                   result.dead_letters, result.skipped, (time.perf_counter() - started) * 1000)  # fmt: skip
         return result
 
-    def _resume_held(self) -> None:
+    def _resume_paused(self) -> None:
         """Fetch held partitions again once their pause is over (their requirement may be met by now)."""
         now = time.monotonic()
-        for tp, until in list(self._held.items()):
+        for tp, until in list(self._paused.items()):
             if until <= now:
-                del self._held[tp]
+                del self._paused[tp]
                 assert self.consumer is not None
                 if tp in self.consumer.assignment() and tp not in self.guard.stopped:
                     self.consumer.resume(tp)

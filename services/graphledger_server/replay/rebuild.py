@@ -30,21 +30,21 @@ from collections.abc import Sequence
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.structs import ConsumerRecord
 
 from graphledger.log.gaps import GapWatch
+from graphledger.log.records import LogRecord
 from graphledger.log.tail import LogTail
+from graphledger.opening.records import Classified, DeadLetter
 from graphledger.settings import Settings
 from graphledger.telemetry import names
 from graphledger_server.driver_errors import Verdict, verdict_of
+from graphledger_server.keys.key_store import key_store_for
 from graphledger_server.keys.lookup import DataKeyCache
-from graphledger_server.keys.store import key_store_for
 from graphledger_server.log.clients import new_consumer
 from graphledger_server.log.ends import log_ends
 from graphledger_server.log.offsets import OffsetStatements, stored_offsets
 from graphledger_server.log.topics import source_topics
 from graphledger_server.projection.batch import BatchApplier, BatchResult
-from graphledger_server.projection.records import Classified, DeadLetter, SourceRecord
 from graphledger_server.projector.worker import BACKOFF_INITIAL_S, projections_for
 from graphledger_server.telemetry import replay as telemetry
 
@@ -57,10 +57,6 @@ FILL_WAIT_MS = 50
 FETCH_BYTES = 8 * 1024 * 1024
 LANES = 2
 """Connections applying at once; measured on 2 cores, two keep Postgres busy while Python decodes."""
-
-
-def _to_source(m: ConsumerRecord[bytes, bytes]) -> SourceRecord:
-    return SourceRecord(m.topic, m.partition, m.offset, m.key, m.value, tuple(m.headers or ()), m.timestamp)
 
 
 async def _already_dead_lettered(letters: Sequence[DeadLetter]) -> None:
@@ -193,7 +189,7 @@ class Rebuilder:
             await self.flush()
             return 0
         classified = await self.applier.classify(records)
-        parts: dict[int, tuple[list[SourceRecord], list[Classified]]] = {}
+        parts: dict[int, tuple[list[LogRecord], list[Classified]]] = {}
         for record, c in zip(records, classified, strict=True):
             part = parts.setdefault(self._lanes[(record.topic, record.partition)], ([], []))
             part[0].append(record)
@@ -235,21 +231,21 @@ class Rebuilder:
         self._deferred.clear()
         return rewound
 
-    async def _apply_batch(self, records: list[SourceRecord], classified: list[Classified]) -> None:
+    async def _apply_batch(self, records: list[LogRecord], classified: list[Classified]) -> None:
         with telemetry.span("replay.apply", **{names.MESSAGING_BATCH_MESSAGE_COUNT: len(records)}):
             result = await self._apply(records, classified)
         self.records += len(records)
         self.positions.update(result.next_offsets)
         self._deferred.update(result.deferred)
-        self._deferred.update(result.held)  # fetched again at once: the other lane is applying meanwhile
+        self._deferred.update(result.paused)  # fetched again at once: the other lane is applying meanwhile
         self.parked += len(result.parked)
 
-    async def _fetch(self) -> list[SourceRecord]:
+    async def _fetch(self) -> list[LogRecord]:
         """Records below the caps, up to `replay_batch_max_events` / `batch_max_bytes`; a partition cut short
         by the byte bound is sought back to its first record left out."""
         assert self._consumer is not None
         most, most_bytes = self.settings.replay_batch_max_events, self.settings.batch_max_bytes
-        records: list[SourceRecord] = []
+        records: list[LogRecord] = []
         size = 0
         full = False
         deadline: float | None = None
@@ -269,7 +265,7 @@ class Rebuilder:
                     if m.offset > self._fetched[tp] and not self._gaps.may_pass(tp, self._fetched[tp], m.offset):
                         self._consumer.seek(partition, self._fetched[tp])  # passed over: fetched again
                         break
-                    record = _to_source(m)
+                    record = LogRecord.consumed(m)
                     if full or (records and size + record.size > most_bytes):
                         full = True
                         self._consumer.seek(partition, m.offset)  # the rest waits for the next batch
@@ -288,7 +284,7 @@ class Rebuilder:
                 break
         return records
 
-    async def _apply(self, records: list[SourceRecord], classified: list[Classified]) -> BatchResult:
+    async def _apply(self, records: list[LogRecord], classified: list[Classified]) -> BatchResult:
         assert self._pool is not None
         delay = BACKOFF_INITIAL_S
         while True:

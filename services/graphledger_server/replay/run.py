@@ -36,8 +36,8 @@ from graphledger_server.log.offsets import (
     offsets_table_exists,
 )
 from graphledger_server.log.parked import carry_verdicts
+from graphledger_server.opening.vector_index import load_vector_index
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.projection.vector_index import load_vector_index
 from graphledger_server.replay import indexes, schemas
 from graphledger_server.replay.checksums import TableCheck, compare
 from graphledger_server.replay.preflight import inspect_sources, refuse_losses

@@ -26,8 +26,8 @@ from graphledger_server import telemetry
 from graphledger_server.driver_errors import Verdict, is_database_error, verdict_of
 from graphledger_server.health.server import serving
 from graphledger_server.health.state import WorkerHealth
+from graphledger_server.keys.key_store import check_key_settings, key_store_for
 from graphledger_server.keys.source import StoreKeySource
-from graphledger_server.keys.store import check_key_settings, key_store_for
 from graphledger_server.signals import stop_on_signals
 from graphledger_server.sweeper.leader import AdvisoryLeader
 from graphledger_server.sweeper.sweep import Sweep, longest_step_s

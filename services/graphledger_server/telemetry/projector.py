@@ -38,9 +38,9 @@ from graphledger_server.telemetry import metrics
 from graphledger_server.telemetry.db import TracedConnection, db_namespace
 
 if TYPE_CHECKING:
+    from graphledger.log.records import LogRecord
     from graphledger.settings import Settings
     from graphledger_server.projection.batch import BatchResult
-    from graphledger_server.projection.records import SourceRecord
 
 _tracer = trace.get_tracer(names.PROJECTOR_SCOPE)
 
@@ -200,7 +200,7 @@ class ProjectorTelemetry:
     # -- batches ------------------------------------------------------------------------------------------
 
     @contextmanager
-    def batch(self, conn: Any, records: Sequence[SourceRecord]) -> Iterator[ObservedBatch]:
+    def batch(self, conn: Any, records: Sequence[LogRecord]) -> Iterator[ObservedBatch]:
         """The batch's consumer span, linked to its producers; apply on `.conn` and set `.result`.
 
         Statements on `.conn` get client spans under the batch span. On exit the span gets the
@@ -254,9 +254,7 @@ class ProjectorTelemetry:
                     span.set_attribute(names.BATCH_ISOLATED, True)
         self._record(records, result, elapsed, committed_ms)
 
-    def _record(
-        self, records: Sequence[SourceRecord], result: BatchResult, elapsed: float, committed_ms: float
-    ) -> None:
+    def _record(self, records: Sequence[LogRecord], result: BatchResult, elapsed: float, committed_ms: float) -> None:
         _batch_size.record(len(records))
         _apply_duration.record(elapsed)
         for topic, ts in _oldest_timestamps(records).items():
@@ -277,7 +275,7 @@ class ProjectorTelemetry:
             self._refresh()
 
 
-def _oldest_timestamps(records: Sequence[SourceRecord]) -> dict[str, int]:
+def _oldest_timestamps(records: Sequence[LogRecord]) -> dict[str, int]:
     """The smallest known record timestamp per topic (one pass; one topic is the common case)."""
     first = records[0].topic if records else ""
     if all(r.topic == first for r in records):
@@ -290,7 +288,7 @@ def _oldest_timestamps(records: Sequence[SourceRecord]) -> dict[str, int]:
     return oldest
 
 
-def _link_producers(span: Span, records: Sequence[SourceRecord]) -> None:
+def _link_producers(span: Span, records: Sequence[LogRecord]) -> None:
     """Link `span` to each distinct producer span of `records`, up to the SDK's link limit."""
     limit = _link_limit()
     seen: set[bytes] = set()

@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 from graphledger.erasure.sealing import SealedSubject
 from graphledger.erasure.subjects import LABEL_SEPARATOR, subject_of
 from graphledger.events.checkpoint import ThreadCopy
+from graphledger.opening.records import DeadLetter, Decoded, unwrapped
 from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH
 from graphledger.tenancy import THREAD_SEPARATOR
-from graphledger_server.projection.records import DeadLetter, Decoded, unwrapped
 
 Item = TypeVar("Item")
 

@@ -65,15 +65,15 @@ from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
 from graphledger.tenancy import check_tenant_name
 from graphledger_server.api.credentials import token_entries
-from graphledger_server.encrypt_log.copier import Copier, Sealing
-from graphledger_server.encrypt_log.report import TopicReport
-from graphledger_server.encrypt_log.source import Merge, SourceEvent
-from graphledger_server.encrypt_log.target import Copied
+from graphledger_server.keys.key_store import key_store_for
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.source import StoreKeySource
-from graphledger_server.keys.store import key_store_for
 from graphledger_server.log.clients import new_consumer, new_producer
 from graphledger_server.log.topics import ensure_topics, source_topics
+from graphledger_server.log_copy.copier import Copier, Sealing
+from graphledger_server.log_copy.report import TopicReport
+from graphledger_server.log_copy.source import Merge, SourceEvent
+from graphledger_server.log_copy.target import Copied
 from graphledger_server.replay.preflight import inspect_sources, refuse_losses
 
 log = logging.getLogger(__name__)

@@ -8,15 +8,13 @@ position of the chunk that completed it, and its chunk rows are deleted in the s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import asyncpg
 
-from graphledger_server.projection.records import Chunk, subject_ref
+from graphledger.opening.chunks import ChunkKey
+from graphledger.opening.records import Chunk, subject_ref
 from graphledger_server.sql import render
-
-ChunkKey = tuple[str, int, str]
-"""`(topic, partition, event_id)`: one chunked event on one partition."""
 
 # $1..$3 -> unnest(topic, partition, event_id) of the chunked events in a batch.
 STORED_INDEXES_SQL = """
@@ -57,42 +55,9 @@ class ChunkStatements:
         self.delete = render(DELETE_CHUNKS_SQL, schema)
 
 
-def key_of(chunk: Chunk) -> ChunkKey:
-    return (chunk.record.topic, chunk.record.partition, chunk.ref.event_id)
-
-
 def _key_columns(keys: Iterable[ChunkKey]) -> list[list[object]]:
     ordered = sorted(set(keys))
     return [[k[0] for k in ordered], [k[1] for k in ordered], [k[2] for k in ordered]]
-
-
-def completions(chunks: Sequence[tuple[int, Chunk]], stored: Mapping[ChunkKey, set[int]]) -> dict[int, ChunkKey]:
-    """Positions (of `chunks`' `(position, chunk)`) where an event's last missing chunk arrives. Pure.
-
-    An event completes when the distinct indexes stored and seen so far reach its count; chunks of
-    it seen later in the batch are duplicates.
-    """
-    have: dict[ChunkKey, set[int]] = {}
-    done: set[ChunkKey] = set()
-    found: dict[int, ChunkKey] = {}
-    for position, chunk in chunks:
-        key = key_of(chunk)
-        if key in done:
-            continue
-        indexes = have.setdefault(key, set(stored.get(key, ())))
-        indexes.add(chunk.ref.index)
-        if len(indexes) >= chunk.ref.count:
-            found[position] = key
-            done.add(key)
-    return found
-
-
-def assemble(parts: Mapping[int, bytes], count: int) -> bytes | None:
-    """The event's bytes from its chunks in index order; None when one is missing."""
-    try:
-        return b"".join(parts[i] for i in range(count))
-    except KeyError:
-        return None
 
 
 async def stored_indexes(

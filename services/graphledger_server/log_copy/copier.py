@@ -29,10 +29,10 @@ from graphledger.events.envelope import (
 )
 from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH, Settings
 from graphledger.tenancy import THREAD_SEPARATOR
-from graphledger_server.encrypt_log.report import TopicReport
-from graphledger_server.encrypt_log.source import Position, SourceEvent
-from graphledger_server.encrypt_log.target import HEADER_COPY_OF, Copied
 from graphledger_server.keys.lookup import DataKeyCache
+from graphledger_server.log_copy.report import TopicReport
+from graphledger_server.log_copy.source import Position, SourceEvent
+from graphledger_server.log_copy.target import HEADER_COPY_OF, Copied
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from graphledger.opening.records import Classified, opened_with
 from graphledger_server.keys.lookup import DataKeyCache
-from graphledger_server.projection.records import Classified, opened_with
 
 Item = TypeVar("Item", bound=Classified)
 

@@ -30,10 +30,10 @@ from graphledger.events.chunks import ChunkRef, parse_header
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, ThreadErase
 from graphledger.log.compressed_batches import UNREADABLE_HEADER
+from graphledger.log.records import Header, LogRecord
 
 log = logging.getLogger(__name__)
 
-Header = tuple[str, bytes]
 
 MAX_EVENT_ID_CHARS = 200
 """Longer chunk event ids are refused: they key `graphledger_chunks`, whose btree rows are bounded."""
@@ -41,30 +41,10 @@ MAX_EVENT_TYPE_CHARS = 200
 
 
 @dataclass(frozen=True, slots=True)
-class SourceRecord:
-    """One Kafka record: where it is in the log and what it carries."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[Header, ...] = ()
-    timestamp: int = -1
-    """The record's Kafka timestamp in ms (-1: none): the broker's append time on the source topics
-    (`message.timestamp.type=LogAppendTime`), so its event's time (`append_time_ms`); the
-    write-to-visible metric starts here too."""
-
-    @property
-    def size(self) -> int:
-        return len(self.value or b"") + len(self.key or b"")
-
-
-@dataclass(frozen=True, slots=True)
 class Decoded:
     """A valid event, ready to apply at its record's position."""
 
-    record: SourceRecord
+    record: LogRecord
     event: Any
     chunk_event_id: str | None = None
     """Set when the event was reassembled from chunks; `record` is then the chunk that completed it."""
@@ -84,7 +64,7 @@ class Decoded:
 class DeadLetter:
     """A record (or reassembled chunked event, `value`) that goes to the dead-letter topic."""
 
-    record: SourceRecord
+    record: LogRecord
     reason: str
     event_type: str | None
     value: bytes | None
@@ -100,7 +80,7 @@ class TooNew:
     """An event written by a newer graphledger (or claiming to be): it parks its subject
     (`projection/parking.py`) until a worker that reads its version, or an operator, releases it."""
 
-    record: SourceRecord
+    record: LogRecord
     reason: str
     version: int | None = None
     """The envelope version the event claims (None: not known)."""
@@ -118,7 +98,7 @@ class Erased:
     """A sealed event of an erased subject: never applied nor dead-lettered; the erasure it stands for
     is (`erasure_at`)."""
 
-    record: SourceRecord
+    record: LogRecord
     ref: str
     event_type: str | None
     kind: str | None = None
@@ -129,18 +109,20 @@ class Erased:
 class Chunk:
     """One chunk of an event larger than the broker's message limit."""
 
-    record: SourceRecord
+    record: LogRecord
     ref: ChunkRef
 
 
-Classified = Decoded | DeadLetter | TooNew | Erased | Chunk
+Opened = Decoded | DeadLetter | TooNew | Erased
+"""What a record (or a chunked event, put together) opens to."""
+Classified = Opened | Chunk
 
 ToEvent = Callable[[Envelope, int], Any]
 """Validates an envelope, at its time (`append_time_ms`), into a typed event of one topic; raises
 `InvalidEventError`."""
 
 
-def header_type(record: SourceRecord) -> str | None:
+def header_type(record: LogRecord) -> str | None:
     """The `gl-type` header, as text a dead-letter row can hold."""
     raw = envelope.header(record.headers, envelope.HEADER_TYPE)
     if raw is None:
@@ -171,13 +153,13 @@ def erasure_at(erased: Erased, to_event: ToEvent) -> Any | None:
         return None
 
 
-def subject_ref(record: SourceRecord) -> str | None:
+def subject_ref(record: LogRecord) -> str | None:
     """The subject a sealed event's record names in its `gl-subject` header (None: in the clear)."""
     raw = envelope.header(record.headers, envelope.HEADER_SUBJECT)
     return None if raw is None else raw[:MAX_EVENT_ID_CHARS].decode(errors="replace")
 
 
-def key_name(record: SourceRecord) -> tuple[str, str | None] | None:
+def key_name(record: LogRecord) -> tuple[str, str | None] | None:
     """The key a sealed event's record opens with: its subject, and the fresh key its `gl-key` header
     names (None: the subject's own); None for a record in the clear."""
     ref = subject_ref(record)
@@ -187,7 +169,7 @@ def key_name(record: SourceRecord) -> tuple[str, str | None] | None:
     return ref, None if raw is None else raw[:MAX_EVENT_ID_CHARS].decode(errors="replace")
 
 
-def with_append_time(record: SourceRecord) -> tuple[Header, ...]:
+def with_append_time(record: LogRecord) -> tuple[Header, ...]:
     """The record's headers with its event's time in `gl-appended-ms`, for a copy of it (a dead letter,
     and so a `dlq replay` of it, keeps the time of the event it copies); as they are when it has none."""
     try:
@@ -216,7 +198,7 @@ def unwrapped(event: Any) -> Any:
     return getattr(event, "event", event)
 
 
-def classify(record: SourceRecord, to_event: ToEvent, keys: KeyLookup = no_keys) -> Classified:
+def classify(record: LogRecord, to_event: ToEvent, keys: KeyLookup = no_keys) -> Classified:
     """What a record is, without touching the database (`keys`: the batch's data keys, fetched before)."""
     unreadable = envelope.header(record.headers, UNREADABLE_HEADER)
     if unreadable is not None:  # a compressed batch beyond the bound, in the consumer's answer
@@ -237,12 +219,12 @@ def classify(record: SourceRecord, to_event: ToEvent, keys: KeyLookup = no_keys)
 
 
 def decode_value(
-    record: SourceRecord,
+    record: LogRecord,
     value: bytes | None,
     to_event: ToEvent,
     keys: KeyLookup = no_keys,
     chunk_event_id: str | None = None,
-) -> Decoded | DeadLetter | TooNew | Erased:
+) -> Opened:
     """Decode, open (a sealed event) and validate an event's bytes (a record's value, or a reassembled
     chunked event, which takes the time of `record`, its last chunk)."""
     subject: SealedSubject | None = None

@@ -15,7 +15,7 @@ from graphledger.events.chunks import parse_header
 from graphledger.events.envelope import HEADER_CHUNK, HEADER_TYPE, header
 from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
-from graphledger_server.encrypt_log.source import FETCH_WAIT_MS, Position
+from graphledger_server.log_copy.source import FETCH_WAIT_MS, Position
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from graphledger_server.encrypt_log.source import Position
+from graphledger_server.log_copy.source import Position
 
 log = logging.getLogger(__name__)
 
