@@ -27,6 +27,7 @@ from graphledger.settings import Settings
 from graphledger_server.log.ends import log_ends
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
+from graphledger_server.projection.parked_release import release_parked
 from graphledger_server.projector.release import release
 from polling import WAIT_S, wait_for
 from projection_helpers import TOPIC, cid, put, record
@@ -122,17 +123,17 @@ async def test_a_newer_record_holds_its_subject_while_the_partition_moves_on_and
     assert await applier.parked_records() == [(1, 1), (3, 1)]
 
     # This version cannot apply it: released, it parks again, holding the same records.
-    again = await applier.batch.release(applier.conn, (TOPIC, 0, 1))
+    again = await release_parked(applier.batch, applier.conn, (TOPIC, 0, 1))
     assert [s.first_offset for s in again.result.parked] == [1] and again.records == 2
     assert await applier.parked_records() == [(1, 1), (3, 1)] and await applier.checkpoints("t") == [cid(1)]
 
     upgrade(monkeypatch, upgraded)
-    done = await applier.batch.release(applier.conn, (TOPIC, 0, 1))
+    done = await release_parked(applier.batch, applier.conn, (TOPIC, 0, 1))
     assert done.result.applied == 2 and not done.result.parked
     assert await applier.checkpoints("t") == [cid(1), cid(2), cid(3)]
     assert await applier.parked() == [] and await applier.parked_records() == []
     with pytest.raises(ParkedSubjectError, match=r"no subject is parked at test\.checkpoints:0@1"):
-        await applier.batch.release(applier.conn, (TOPIC, 0, 1))
+        await release_parked(applier.batch, applier.conn, (TOPIC, 0, 1))
     later = await applier.batch.apply(applier.conn, [record(put("t", 4, 3), 0, 5)])
     assert later.applied == 1 and await applier.checkpoints("t") == [cid(n) for n in (1, 2, 3, 4)]
 
@@ -142,7 +143,7 @@ async def test_a_drop_dead_letters_the_parking_record_applies_the_rest_and_a_rep
 ) -> None:
     log = [record(put("t", 1), 0, 0), newer(put("t", 99, 1), 0, 1), record(put("t", 2, 1), 0, 2)]
     await applier.batch.apply(applier.conn, log)
-    dropped = await applier.batch.release(applier.conn, (TOPIC, 0, 1), drop=True)
+    dropped = await release_parked(applier.batch, applier.conn, (TOPIC, 0, 1), drop=True)
     assert dropped.result.dead_letters == 1 and dropped.result.applied == 1
     assert [(letter.record.offset, "dropped by an operator" in letter.reason) for letter in applier.letters] == [
         (1, True)
@@ -183,7 +184,7 @@ async def test_a_failed_batch_parks_nothing_and_a_failed_release_keeps_every_rec
         assert len(done.parked) == 1 and done.parked_records == 2 and done.dead_letters == 1
         failing = True
         with pytest.raises(ConnectionError):
-            await batch.release(conn, (TOPIC, 0, 0), drop=True)  # its dead letter cannot be produced
+            await release_parked(batch, conn, (TOPIC, 0, 0), drop=True)  # its dead letter cannot be produced
         assert await conn.fetchval(f"SELECT count(*) FROM {schema}.graphledger_parked_subjects") == 1
         held = await conn.fetch(f'SELECT "offset" FROM {schema}.graphledger_held_records ORDER BY 1')
         assert [r["offset"] for r in held] == [0, 1]
@@ -211,7 +212,7 @@ async def test_a_runs_delete_while_a_thread_was_parked_reaches_its_released_reco
     )
     assert await applier.checkpoints("u") == [cid(2)]
     assert await applier.parked_records() == [(0, 0), (1, 0), (3, None), (5, 0)]
-    await applier.batch.release(applier.conn, (TOPIC, 0, 0), drop=True)
+    await release_parked(applier.batch, applier.conn, (TOPIC, 0, 0), drop=True)
     assert await applier.checkpoints("t") == [cid(3)]
     assert await applier.checkpoints("u") == [cid(2)]
     assert await applier.parked_records() == []

@@ -17,7 +17,7 @@ from graphledger.events.checkpoint import (
     ThreadPrune,
 )
 from graphledger_server.opening.checkpoint_events import to_checkpoint_event
-from graphledger_server.projection.checkpoints import (
+from graphledger_server.projection.checkpoint_plan import (
     ApplyCopy,
     DataRun,
     DeleteRuns,

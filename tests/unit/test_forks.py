@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graphledger_server.projection.checkpoints import Put, find_forks
+from graphledger_server.projection.checkpoint_plan import Put, find_forks
 
 
 def _put(cid: str, parent: str | None, thread: str = "t", ns: str = "", offset: int = 0) -> Put:

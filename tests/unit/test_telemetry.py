@@ -33,7 +33,7 @@ from graphledger.telemetry.client import redact_url
 from graphledger.telemetry.propagation import span_context_of, traceparent
 from graphledger_server.log import offsets
 from graphledger_server.opening import chunk_table
-from graphledger_server.projection import checkpoints, dead_letters, prune, store
+from graphledger_server.projection import checkpoint_sql, dead_letters, prune, store
 from graphledger_server.telemetry import api as api_telemetry
 from graphledger_server.telemetry import metrics as registry
 from graphledger_server.telemetry.db import db_namespace, summarize
@@ -187,7 +187,7 @@ def test_grafana_provisioning_loads_the_dashboard_folder() -> None:
 
 def _projection_statements() -> list[tuple[str, str]]:
     found = []
-    for module in (checkpoints, offsets, prune, chunk_table, dead_letters, store):
+    for module in (checkpoint_sql, offsets, prune, chunk_table, dead_letters, store):
         for name, value in vars(module).items():
             if name.endswith("_SQL") and isinstance(value, str):
                 found.append((f"{module.__name__}.{name}", value.replace("{schema}", "graphledger")))
@@ -203,7 +203,7 @@ def test_every_projection_statement_has_a_summary_of_operations_and_tables() -> 
         assert re.fullmatch(r"[A-Z]+( [a-z_]+| [A-Z]+)*", summary), (name, summary)
         assert "graphledger." not in summary and "$" not in summary, name
     rendered = dict(statements)
-    assert summarize(rendered["graphledger_server.projection.checkpoints.UPSERT_CHECKPOINTS_SQL"]) == (
+    assert summarize(rendered["graphledger_server.projection.checkpoint_sql.UPSERT_CHECKPOINTS_SQL"]) == (
         "INSERT checkpoints", "INSERT", "checkpoints"
     )  # fmt: skip
     assert summarize(rendered["graphledger_server.log.offsets.ADVANCE_OFFSETS_SQL"])[0] == "UPDATE graphledger_offsets"
@@ -211,7 +211,7 @@ def test_every_projection_statement_has_a_summary_of_operations_and_tables() -> 
     assert summarize(rendered["graphledger_server.log.offsets.LOCK_OFFSETS_SQL"])[0] == "SELECT graphledger_offsets"
     assert summarize(offsets.NOTIFY_APPLIED_SQL)[0] == "SELECT pg_notify"
     # CTE names (`freed`, `garbage`) are not tables:
-    gc_blobs = rendered["graphledger_server.projection.checkpoints.GC_BLOBS_SQL"]
+    gc_blobs = rendered["graphledger_server.projection.checkpoint_sql.GC_BLOBS_SQL"]
     assert summarize(gc_blobs)[0] == "SELECT checkpoints DELETE checkpoint_blobs"
 
 

@@ -4,12 +4,12 @@ A record names its fresh key in its `gl-key` header (and in its seal): anyone wh
 id, and anyone who can produce can name it beside another subject. Only a holder of the key can make a
 record that opens with it, since the seal's associated data binds the subject and the key id. So a
 reader binds a fresh key (`DataKeyCache.bind`) only to the subject of a record that opened with it
-(`records.opened_with`), once the records are decoded and outside any transaction (the key store may
+(`graphledger.opening.records.opened_with`), once the records are decoded and outside any transaction (the key store may
 share the reader's connection pool), and decodes again the records whose key turned out not to be
 theirs (bound meanwhile to another subject, or destroyed with an erased one): dead letters or erased
 records after all. The key store's first binding wins, so every reader (projector, replay, read API)
 decides the same. A chunked event opens only once reassembled, inside the projector's transaction:
-`BatchApplier` cuts its partition at such an event and binds its key before the next batch.
+`BatchApplier` cuts its partition at such an event, and `BatchOpener` binds its key before the next batch.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ class TimedCheckpointEvent:
     appended (`BatchApplier`), so the source held what the copy copied even if the projector, reaching
     the source's records after its key was destroyed, holds none of it: the copy's lineage is kept."""
     within_threads: tuple[str, ...] | None = None
-    """For a `runs.delete` applied again when a parked subject is released (`BatchApplier.release`): the
+    """For a `runs.delete` applied again when a parked subject is released (`projection/parked_release.py`): the
     threads it may change (it changed the partition's others where it stands). None: every thread."""
 
     @property

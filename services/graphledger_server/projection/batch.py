@@ -7,21 +7,21 @@ In order, inside the transaction:
    is cut before the first event over the budget (the first always fits) and the rest is `deferred`;
    a reassembled event that opened with a fresh key bound to no subject yet cuts its partition there:
    the key store is not asked inside the transaction, so the key is bound before the next batch
-   (`opening/binding.py`), which fetches the event again;
+   (`opening/batch_opener.py`), which fetches the event again;
 3. hold the records of parked subjects, and park the subject of a record no version of this projector
    can apply (`projection/parking.py`: an event from a newer graphledger, a copy barrier beyond the
    log); skip the records of erased subjects (their key is gone, or an erasure before them in the batch
    or in an earlier one applied), counting them; a record whose key the key store reports erased
-   applies its subject's erasure there (`records.erasure_at`);
+   applies its subject's erasure there (`opening.records.erasure_at`);
 4. apply the events, set-based, per topic projection, and record the subjects of sealed ones;
 5. record dead letters and parked subjects with the records they hold, advance the offsets past
    them, `NOTIFY graphledger_applied`;
 6. produce the dead letters to their topic (the sink waits for the broker's acknowledgement);
 then commit. A failure anywhere rolls all of it back, so the caller retries the same records.
 
-A release (`release`) runs steps 2 to 6 on the records a parked subject holds, in one transaction that
-takes them (with the offset row of their partition locked, as a batch of it would), so they apply once,
-in log order, or park again at the record that still cannot apply.
+A release of a parked subject (`parked_release.py`) runs steps 2 to 6 on the records it holds, in one
+transaction that takes them (with the offset row of their partition locked, as a batch of it would), so
+they apply once, in log order, or park again at the record that still cannot apply.
 
 If a replay switched the schema while the batch waited for its offset rows (`SchemaSwitchedError`),
 the transaction is rolled back and the batch re-run, so it lands in the schema now carrying the name.
@@ -38,14 +38,13 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeGuard, assert_never
+from typing import Any, Protocol, assert_never
 
 import asyncpg
 
 from graphledger.erasure.sealing import SealedSubject
-from graphledger.errors import ParkedSubjectError, SchemaSwitchedError
+from graphledger.errors import SchemaSwitchedError
 from graphledger.events import envelope
-from graphledger.events.checkpoint import RunsDelete, ThreadCopy
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger.log.records import LogRecord
@@ -72,10 +71,10 @@ from graphledger_server.log.offsets import (
     next_offsets,
     notify_applied,
 )
-from graphledger_server.log.parked import Cause, ParkedStatements, ParkedSubject, Position, subject_name
+from graphledger_server.log.parked import Cause, ParkedStatements, ParkedSubject, Position
 from graphledger_server.opening import chunk_table as chunk_store
+from graphledger_server.opening.batch_opener import BatchOpener, is_copy
 from graphledger_server.opening.binding import unbound
-from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger_server.opening.opener import RecordOpener
 from graphledger_server.projection import erasure
 from graphledger_server.projection.checkpoints import CheckpointProjection
@@ -88,8 +87,6 @@ from graphledger_server.projection.parking import (
     Pause,
     barrier_decision,
     dropped_reason,
-    source_record,
-    threads_named,
 )
 from graphledger_server.projection.report import ApplyReport
 
@@ -184,20 +181,6 @@ class _Resolved:
         return again
 
 
-def _is_copy(item: Classified) -> TypeGuard[Decoded]:
-    return (
-        isinstance(item, Decoded)
-        and isinstance(item.event, TimedCheckpointEvent)
-        and isinstance(item.event.event, ThreadCopy)
-        and bool(item.record.key)
-    )
-
-
-def _ref_of(record: LogRecord) -> str:
-    """A thread event's subject reference: its record key."""
-    return (record.key or b"").decode(errors="replace")
-
-
 def _log_parked(subject: ParkedSubject) -> None:
     log.warning(
         "parked subject %s (%s): %s; its records wait for `graphledger parked release|drop`, its partition moves on",
@@ -215,56 +198,6 @@ def _dropped_or(
         reason = dropped_reason(outcome.reason)
         return DeadLetter(record, reason, header_type(record), outcome.value, outcome.chunk_event_id)
     return outcome
-
-
-class _FreshKeysToBind(Exception):
-    """A released chunked event opened with a fresh key bound to no subject yet: bind it, then release again."""
-
-
-RELEASE_ROUNDS = 3
-"""Releases of one subject in a row that may each meet a fresh key to bind first."""
-
-
-@dataclass(frozen=True, slots=True)
-class Released:
-    """What a release did: the subject it took, how many records it held, and the transaction's result
-    (a subject parked again is among `result.parked`)."""
-
-    subject: ParkedSubject
-    records: int
-    result: BatchResult
-
-
-def _dropped(item: Decoded | DeadLetter | TooNew | Erased) -> DeadLetter:
-    """The first record of a subject an operator drops, as its dead letter."""
-    if isinstance(item, DeadLetter):
-        return replace(item, reason=dropped_reason(item.reason))
-    reason = dropped_reason(item.reason if isinstance(item, TooNew) else "the record that parked its subject")
-    event_type = header_type(item.record)
-    match item:
-        case Decoded():
-            return DeadLetter(
-                item.record, reason, event_type, item.value, item.chunk_event_id, item.subject, item.key_id
-            )
-        case TooNew():
-            return DeadLetter(item.record, reason, event_type, item.value, item.chunk_event_id)
-        case Erased():
-            return DeadLetter(item.record, reason, event_type, item.record.value)
-        case _:
-            assert_never(item)
-
-
-def _within(item: Classified, threads: tuple[str, ...]) -> Classified:
-    """A keyless `runs.delete` kept for a released subject changes only the threads its records name
-    (it applied to the partition's other threads where it stands)."""
-    if (
-        isinstance(item, Decoded)
-        and item.record.key is None
-        and isinstance(item.event, TimedCheckpointEvent)
-        and isinstance(item.event.event, RunsDelete)
-    ):
-        return replace(item, event=replace(item.event, within_threads=threads))
-    return item
 
 
 SCHEMA_SWITCH_RETRIES = 3
@@ -325,10 +258,11 @@ class BatchApplier:
     ) -> None:
         self.schema = schema
         self.projections = dict(projections)
-        self.opener = RecordOpener(
+        opener = RecordOpener(
             keys or DataKeyCache(None), lambda topic: self.projections[topic].to_event, clear_refused=clear_refused
         )
-        """Opens the batch's records (`opening/opener.py`), as the read API's read-through does."""
+        self.opening = BatchOpener(opener)
+        """Opens the batch's records (`opening/batch_opener.py`), as the read API's read-through does."""
         self.reassembly_max_bytes = reassembly_max_bytes
         """Most bytes of stored chunks one batch loads to reassemble events; None: no bound."""
         self.group = consumer_group
@@ -338,39 +272,27 @@ class BatchApplier:
         never asked, so no barrier is found beyond the log)."""
         self._ends: dict[TopicPartition, int] = {}
         """The greatest end each such partition's log was found at (a log only grows)."""
-        self._offsets = OffsetStatements(schema)
-        self._parked = ParkedStatements(schema)
+        self.offset_sql = OffsetStatements(schema)
+        self.parked_sql = ParkedStatements(schema)
         self._chunks = chunk_store.ChunkStatements(schema)
         self._erasure = erasure.ErasureStatements(schema)
         self._record_keys = key_filter.render_record(schema)
         self._filtered = frozenset(t for t, p in self.projections.items() if isinstance(p, CheckpointProjection))
         """The topics whose record keys go into the key filter: the checkpoint topic."""
-        self._source_erasures: dict[str, int] = {}
-        """When each erased source of a copy met in `classify` was erased (ms); once erased, always."""
-        self._recorded_erasures: tuple[set[str], set[str]] | None = (set(), set())
-        """The subject references and tenants of erasure events met in `classify` that the key store
-        recorded as erased (once erased, always); None: no key store to ask, every erasure applies."""
-        self._to_bind: set[tuple[str, str]] = set()
-        """Fresh keys reassembled events opened with inside a batch's transaction: bound by the next `classify`."""
 
     @property
     def keys(self) -> DataKeyCache:
         """The data keys sealed events open with."""
-        return self.opener.keys
+        return self.opening.opener.keys
 
     @keys.setter
     def keys(self, keys: DataKeyCache) -> None:
-        self.opener.keys = keys
+        self.opening.opener.keys = keys
 
     async def classify(self, records: Sequence[LogRecord]) -> list[Classified]:
-        """Open every record (outside the transaction: `RecordOpener.open`), after binding the fresh keys
-        events reassembled in an earlier transaction opened with; then learn what the batch's copies and
-        erasures need of the key store, and where its copy barriers' copies' partitions end."""
-        await self._bind_pending()
-        classified = await self.opener.open(records)
-        copies = {_ref_of(c.record) for c in classified if _is_copy(c)}
-        self._source_erasures.update(await self.keys.thread_erasure_times(copies - self._source_erasures.keys()))
-        await self._ask_about_erasures(classified)
+        """Open every record outside the transaction (`BatchOpener.open`), then learn where the batch's copy
+        barriers' copies' partitions end."""
+        classified = await self.opening.open(records)
         await self._learn_ends(classified)
         return classified
 
@@ -385,46 +307,6 @@ class BatchApplier:
             return
         for tp, end in (await self.log_ends(wanted)).items():
             self._ends[tp] = max(end, self._ends.get(tp, end))
-
-    async def _bind_pending(self) -> None:
-        """Bind the fresh keys reassembled events opened with inside an earlier transaction."""
-        if self._to_bind:
-            binding = set(self._to_bind)  # a replay lane's batch may add to it meanwhile
-            await self.keys.bind(binding)
-            self._to_bind -= binding
-
-    async def _ask_about_erasures(self, classified: Sequence[Classified]) -> None:
-        """Learn which erasure events of the batch the key store recorded. An eraser records the erasure
-        (and destroys the keys) before it publishes the event, so a genuine one is always recorded by the
-        time the projector reads it; one that is not was forged by a producer."""
-        if self._recorded_erasures is None:
-            return
-        refs, tenants = self._recorded_erasures
-        events = [unwrapped(c.event) for c in classified if isinstance(c, Decoded)]
-        asked_refs = {e.ref for e in events if isinstance(e, ThreadErase | NamespaceErase)} - refs
-        asked_tenants = {e.tenant for e in events if isinstance(e, TenantErase)} - tenants
-        if not asked_refs and not asked_tenants:
-            return
-        recorded = await self.keys.recorded_erasures(asked_refs, asked_tenants)
-        if recorded is None:
-            self._recorded_erasures = None
-            return
-        refs.update(recorded[0])
-        tenants.update(recorded[1])
-
-    def _unrecorded_erasure(self, event: Any) -> str | None:
-        """Why an erasure event may not apply (None: it may, or it is no erasure): the key store does not
-        record it."""
-        if self._recorded_erasures is None:
-            return None
-        refs, tenants = self._recorded_erasures
-        if isinstance(event, TenantErase) and event.tenant not in tenants:
-            return f"{event.TYPE}: the key store records no erasure of that tenant (erasers erase its keys first)"
-        if isinstance(event, ThreadErase | NamespaceErase) and event.ref not in refs:
-            return (
-                f"{event.TYPE}: the key store records no erasure of subject {event.ref} (erasers erase its key first)"
-            )
-        return None
 
     async def apply(
         self, conn: asyncpg.Connection, records: Sequence[LogRecord], classified: Sequence[Classified] | None = None
@@ -465,15 +347,15 @@ class BatchApplier:
     ) -> BatchResult:
         result = BatchResult(isolated=isolate)
         async with conn.transaction():
-            stored = await lock_offsets(conn, self._offsets, self.group, {(r.topic, r.partition) for r in records})
+            stored = await lock_offsets(conn, self.offset_sql, self.group, {(r.topic, r.partition) for r in records})
             _warn_of_gaps(classified, stored)
             fresh = _fresh(classified, stored)
             result.skipped = len(classified) - len(fresh)
             if result.skipped:
                 log.info("skipped %d records applied before (stored offsets %s)", result.skipped, stored)
-            parking = await self._parking(conn, fresh)
-            resolved = await self._resolve(conn, fresh, stored, parking)
-            dead = await self._apply_resolved(conn, resolved, parking, result)
+            parking = await self.parking_for(conn, fresh)
+            resolved = await self.resolve(conn, fresh, stored, parking)
+            dead = await self.apply_resolved(conn, resolved, parking, result)
             passed: list[LogRecord] = []
             for record in records:
                 tp = (record.topic, record.partition)
@@ -484,7 +366,7 @@ class BatchApplier:
                     result.next_offsets[tp] = max(result.next_offsets.get(tp, 0), record.offset + 1)
                     passed.append(record)
             await self._record_keys_of(conn, passed)
-            await advance_offsets(conn, self._offsets, self.group, result.next_offsets)
+            await advance_offsets(conn, self.offset_sql, self.group, result.next_offsets)
             await notify_applied(conn, self.schema)
             if dead:
                 await self.sink(dead)
@@ -501,7 +383,7 @@ class BatchApplier:
             if keys:
                 await key_filter.record(conn, self._record_keys, topic, keys)
 
-    async def _apply_resolved(
+    async def apply_resolved(
         self, conn: asyncpg.Connection, resolved: _Resolved, parking: Parking, result: BatchResult
     ) -> list[DeadLetter]:
         """Apply what `_resolve` sorted (events, dead letters, parked subjects and the records they hold)
@@ -519,8 +401,8 @@ class BatchApplier:
             report = await self._apply_events(conn, resolved.events)
         result.forks = report.forks
         await record_dead_letters(conn, self.schema, dead)
-        await parked.park(conn, self._parked, parking.new, parking.parked_records)
-        await parked.set_verdicts(conn, self._parked, parking.decided)
+        await parked.park(conn, self.parked_sql, parking.new, parking.parked_records)
+        await parked.set_verdicts(conn, self.parked_sql, parking.decided)
         result.parked = list(parking.new)
         result.parked_records = sum(1 for h in parking.parked_records if h.first_offset is not None)
         result.applied = len(resolved.events) - (len(dead) - len(resolved.dead))
@@ -531,13 +413,13 @@ class BatchApplier:
         result.erased_by_type = Counter(e.event_type for e in resolved.erased)
         return dead
 
-    async def _parking(
+    async def parking_for(
         self, conn: asyncpg.Connection, items: Sequence[Classified], *, releasing: bool = False
     ) -> Parking:
         """What the batch's records need to know of parking: the subjects of their partitions parked now,
         the verdicts on the records that may park, and which copies its barriers require are held."""
         tps = {(c.record.topic, c.record.partition) for c in items}
-        keyed = await parked.keyed_of_partitions(conn, self._parked, tps)
+        keyed = await parked.keyed_of_partitions(conn, self.parked_sql, tps)
         candidates: set[Position] = set()
         required: set[Position] = set()
         for c in items:
@@ -547,11 +429,11 @@ class BatchApplier:
             elif isinstance(c, Decoded) and (needs := self.projections[record.topic].requires(c.event)) is not None:
                 candidates.add((record.topic, record.partition, record.offset))
                 required.add((record.topic, *needs))
-        verdicts = await parked.verdicts(conn, self._parked, candidates)
-        held = await parked.parked_positions(conn, self._parked, required)
+        verdicts = await parked.verdicts(conn, self.parked_sql, candidates)
+        held = await parked.parked_positions(conn, self.parked_sql, required)
         return Parking(keyed, verdicts, frozenset(held), dict(self._ends), envelope.SCHEMA_VERSION, releasing)
 
-    async def _resolve(
+    async def resolve(
         self,
         conn: asyncpg.Connection,
         items: Sequence[Classified],
@@ -603,11 +485,11 @@ class BatchApplier:
                         in_batch.setdefault(key, {}).setdefault(item.ref.index, item)
                         continue
                     earlier = {i: c.record.value or b"" for i, c in in_batch.get(key, {}).items()}
-                    outcome = self.opener.reassembled(item, {**stored_parts.get(key, {}), **earlier})
+                    outcome = self.opening.opener.reassembled(item, {**stored_parts.get(key, {}), **earlier})
                     if (name := unbound(outcome, self.keys)) is not None:
                         # Its key is bound (or found another subject's) before the next batch, which
                         # reassembles it again from the chunks stored below.
-                        self._to_bind.add(name)
+                        self.opening.bind_later(name)
                         out.unbound[tp] = record.offset
                         continue
                     outcome = _dropped_or(outcome, parking)
@@ -630,9 +512,9 @@ class BatchApplier:
         (`TimedCheckpointEvent.source_erased_later`, from `classify`): the source's records before it may
         have been skipped as erased, yet the copy copied them, and an erasure of the source erases the copy."""
         for i, decoded in enumerate(out.events):
-            if _is_copy(decoded):
+            if is_copy(decoded):
                 timed = decoded.event
-                at = self._source_erasures.get(_ref_of(decoded.record))
+                at = self.opening.source_erased_at(decoded)
                 if at is not None and timed.ts_ms < at:
                     out.events[i] = replace(decoded, event=replace(timed, source_erased_later=True))
 
@@ -665,7 +547,7 @@ class BatchApplier:
         if not isinstance(item, Decoded):
             return False
         event = unwrapped(item.event)
-        return isinstance(event, ThreadErase | NamespaceErase) and self._unrecorded_erasure(event) is None
+        return isinstance(event, ThreadErase | NamespaceErase) and self.opening.unrecorded_erasure(event) is None
 
     def _erase_at(self, out: _Resolved, erased: Erased) -> None:
         """Apply the erasure a record of an erased subject stands for at that record (`erasure_at`),
@@ -689,7 +571,7 @@ class BatchApplier:
             out.erased.append(Erased(record, decoded.subject.ref, getattr(decoded.event, "TYPE", None)))
             return
         event = unwrapped(decoded.event)
-        if (forged := self._unrecorded_erasure(event)) is not None:
+        if (forged := self.opening.unrecorded_erasure(event)) is not None:
             out.dead.append(DeadLetter(record, forged, event.TYPE, decoded.value, decoded.chunk_event_id))
             return
         if isinstance(event, ThreadErase | NamespaceErase):
@@ -734,74 +616,6 @@ class BatchApplier:
         if record.key is None and decoded.chunk_event_id is None:
             parking.keep_keyless(record)
 
-    async def release(self, conn: asyncpg.Connection, position: Position, *, drop: bool = False) -> Released:
-        """Apply the records the subject parked at `position` (its first record's) holds, in log order, in one
-        transaction that takes them: they apply once, or the subject parks again at the first record that
-        still cannot apply, holding it and the rest. The keyless records kept since its first apply to it
-        in their place (`runs.delete` only to the threads its records name). `drop`: the first record is
-        dead-lettered instead, and that verdict recorded, so no later reader (a rebuild) parks it again.
-        Raises `ParkedSubjectError` when no subject is parked there."""
-        for attempt in range(1, RELEASE_ROUNDS + 1):
-            await self._bind_pending()
-            try:
-                return await self._release_or_isolate(conn, position, drop)
-            except _FreshKeysToBind:
-                if attempt == RELEASE_ROUNDS:
-                    raise ParkedSubjectError(
-                        f"{subject_name(*position)}: its records opened with fresh keys bound to no subject yet "
-                        f"{RELEASE_ROUNDS} times in a row; release it again"
-                    ) from None
-        raise AssertionError("unreachable")
-
-    async def _release_or_isolate(self, conn: asyncpg.Connection, position: Position, drop: bool) -> Released:
-        try:
-            return await self._release(conn, position, drop, isolate=False)
-        except Exception as exc:
-            if verdict_of(exc) is not Verdict.REJECT:
-                raise
-            log.warning("Postgres rejected data released from %s (%s); applying one by one", subject_name(*position),
-                        type(exc).__name__)  # fmt: skip
-            return await self._release(conn, position, drop, isolate=True)
-
-    async def _release(self, conn: asyncpg.Connection, position: Position, drop: bool, *, isolate: bool) -> Released:
-        topic, partition, _ = position
-        result = BatchResult(isolated=isolate)
-        async with conn.transaction():
-            # The partition's offset row, as a batch of it locks it: no batch holds a record for the subject
-            # while it is taken, and two releases of it take it once.
-            stored = await lock_offsets(conn, self._offsets, self.group, {(topic, partition)})
-            taken = await parked.take(conn, self._parked, position)
-            if taken is None:
-                raise ParkedSubjectError(
-                    f"no subject is parked at {subject_name(*position)}: released or dropped already, or never parked"
-                )
-            subject, held = taken
-            records = [source_record(h) for h in held]
-            classified = await self.classify(records)
-            first_record = classified[0] if classified else None
-            if drop and first_record is not None and not isinstance(first_record, Chunk):
-                classified[0] = _dropped(first_record)  # a chunked one is dropped at its verdict, reassembled
-            threads = threads_named(c.event for c in classified if isinstance(c, Decoded) and c.record.key is not None)
-            parking = await self._parking(conn, classified, releasing=True)
-            if drop:
-                parking.verdicts = {**parking.verdicts, position: parked.Verdict.DROPPED}
-                parking.decided[position] = parked.Verdict.DROPPED
-            elif subject.cause is Cause.BEYOND_LOG:  # decided afresh, from where the log ends now
-                await parked.forget_verdict(conn, self._parked, position, parked.Verdict.BEYOND_LOG)
-                parking.verdicts = {p: v for p, v in parking.verdicts.items() if p != position}
-            resolved = await self._resolve(conn, [_within(c, threads) for c in classified], stored, parking)
-            if resolved.unbound:
-                raise _FreshKeysToBind()
-            dead = await self._apply_resolved(conn, resolved, parking, result)
-            await parked.drop_unneeded_keyless(conn, self._parked, (topic, partition))
-            await notify_applied(conn, self.schema)
-            if dead:
-                await self.sink(dead)
-        again = "; parked again at " + ", ".join(s.name for s in result.parked) if result.parked else ""
-        log.warning("released subject %s (%s): %d records, %d applied, %d dead letters%s", subject.name,
-                    subject.cause, len(records), result.applied, result.dead_letters, again)  # fmt: skip
-        return Released(subject, len(records), result)
-
     async def _committed_for_requirements(
         self, conn: asyncpg.Connection, items: Sequence[Classified], stored: Mapping[TopicPartition, int]
     ) -> dict[TopicPartition, int]:
@@ -815,7 +629,7 @@ class BatchApplier:
         committed = {tp: stored[tp] for tp in wanted if tp in stored}
         missing = wanted - committed.keys()
         if missing:
-            committed.update(await next_offsets(conn, self._offsets, self.group, missing))
+            committed.update(await next_offsets(conn, self.offset_sql, self.group, missing))
         return committed
 
     def _reassembly_cut(

@@ -1,6 +1,6 @@
 """An operator's look at parked subjects, and their release or drop (`graphledger parked`).
 
-A release runs the projector's own batch applier in this process (`BatchApplier.release`): it takes the
+A release runs the projector's own batch applier in this process (`projection/parked_release.py`): it takes the
 subject's held records in one transaction that locks their partition's offset row, as a batch of that
 partition does, and applies them with this process's code, so a release after an upgrade applies what an
 older projector could not. A drop dead-letters the record that parked the subject (`graphledger dlq`
@@ -27,8 +27,9 @@ from graphledger_server.log.clients import new_producer
 from graphledger_server.log.ends import log_ends
 from graphledger_server.log.parked import list_parked, parse_subject_name
 from graphledger_server.log.topics import source_topics
-from graphledger_server.projection.batch import BatchApplier, Released
+from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.dead_letters import produce_dead_letters
+from graphledger_server.projection.parked_release import Released, release_parked
 from graphledger_server.projector.worker import projections_for
 
 
@@ -60,7 +61,7 @@ async def release(settings: Settings, names: Sequence[str], *, drop: bool) -> li
         for name, position in positions:
             try:
                 async with pool.acquire() as conn:
-                    outcomes.append(Outcome(name, await applier.release(conn, position, drop=drop)))
+                    outcomes.append(Outcome(name, await release_parked(applier, conn, position, drop=drop)))
             except ParkedSubjectError as exc:
                 outcomes.append(Outcome(name, None, exc))
     return outcomes

@@ -48,6 +48,7 @@ from graphledger_server.log.parked import Cause, ParkedStatements, ParkedSubject
 from graphledger_server.projection.batch import BatchApplier, BatchResult, TopicProjection
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import outstanding, produce_dead_letters
+from graphledger_server.projection.parked_release import release_parked
 from graphledger_server.projection.parking import releasable
 from graphledger_server.projection.store import StoreProjection
 from graphledger_server.projector.group_offsets import GroupOffsetMirror
@@ -289,7 +290,7 @@ class ProjectorWorker:
         assert self.pool is not None
         try:
             async with self.batch_lock, self.pool.acquire() as conn:
-                await self.applier.release(conn, (subject.topic, subject.partition, subject.first_offset))
+                await release_parked(self.applier, conn, (subject.topic, subject.partition, subject.first_offset))
         except ParkedSubjectError:
             pass  # an operator released or dropped it meanwhile
         except Exception as exc:
