@@ -344,22 +344,9 @@ class ClientRuntime:
 
 
 def _thread_of(event: Event) -> str | None:
-    """The thread an event is a record of, as the caller names it (the event is not scoped yet)."""
-    match event:
-        case (
-            checkpoint.CheckpointPut()
-            | checkpoint.CheckpointWrites()
-            | checkpoint.ThreadDelete()
-            | checkpoint.ThreadPrune()
-            | checkpoint.ThreadExpire()
-        ):
-            return event.thread_id
-        case checkpoint.ThreadCopy():
-            return event.source_thread_id
-        case checkpoint.ThreadCopyBarrier():
-            return event.target_thread_id
-        case _:
-            return None  # store events, runs.delete (every partition) and erasures are no thread's records
+    """The thread an event is a record of, as the caller names it (the event is not scoped yet): a checkpoint
+    event's key. Store events, `runs.delete` (every partition) and erasures are no thread's records."""
+    return event.key if isinstance(event, checkpoint.ThreadEvent) else None
 
 
 class ClientLifecycle:

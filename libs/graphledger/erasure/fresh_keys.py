@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from graphledger.erasure.sealing import Cipher
+from graphledger.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class FreshKeyPool:
         """The fewest keys a request asks for: the pool refills when at least this many are missing."""
         self._keys: deque[tuple[str, Cipher]] = deque()
         self._refill: asyncio.Task[None] | None = None
-        self._retry_s = RETRY_MIN_S
+        self._backoff = Backoff(RETRY_MIN_S, RETRY_MAX_S)
         self._next_try = 0.0
 
     def __len__(self) -> int:
@@ -91,14 +92,13 @@ class FreshKeyPool:
             try:
                 fresh = await self._source.fresh_keys(self._tenant, wanted)
             except Exception as exc:  # the read API or the key store away: writes fetch their own keys meanwhile
-                if self._retry_s == RETRY_MIN_S:
+                if not self._backoff.failures:
                     log.warning(
                         "no fresh data keys from the read API (%s); retrying, new subjects fetch their own", exc
                     )
-                self._next_try = self._clock() + self._retry_s
-                self._retry_s = min(self._retry_s * 2, RETRY_MAX_S)
+                self._next_try = self._clock() + self._backoff.delay()
                 return
             self._keys.extend(fresh)
-            self._retry_s = RETRY_MIN_S
+            self._backoff.reset()
             if not fresh:
                 return

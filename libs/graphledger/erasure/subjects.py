@@ -25,7 +25,6 @@ from typing import Literal, assert_never
 
 from graphledger.events import Event, checkpoint, erasure, store
 from graphledger.events.store import KEY_SEPARATOR, NAMESPACE_SEPARATOR
-from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH
 
 SubjectKind = Literal["thread", "namespace"]
 
@@ -99,11 +98,10 @@ def record_key(hash_key: bytes, event: Event) -> str | None:
             return item_record_key(hash_key, event.namespace, event.item_key)
         case erasure.ThreadErase() | erasure.NamespaceErase() | erasure.TenantErase():
             return event.key
-        case checkpoint.ThreadCopy():
-            return thread_record_key(hash_key, event.source_thread_id)  # after the source's writes
-        case _:
-            subject = subject_of(event, "", DEFAULT_ERASURE_NAMESPACE_DEPTH)  # a thread's: no depth applies
-            return None if subject is None else thread_record_key(hash_key, subject.name)
+        case checkpoint.RunsDelete():
+            return None
+        case _:  # a thread's records, by its key (a copy's: the source's, after the source's writes)
+            return thread_record_key(hash_key, event.key)
 
 
 def thread_record_key(hash_key: bytes, stored_thread_id: str) -> str:

@@ -217,6 +217,11 @@ CheckpointEvent = (
     | TenantErase
 )
 
+ThreadEvent = (
+    CheckpointPut | CheckpointWrites | ThreadDelete | ThreadCopy | ThreadCopyBarrier | ThreadPrune | ThreadExpire
+)
+"""The events that are one thread's records: keyed by it (`key`), so they keep their order on its partition."""
+
 CHECKPOINT_EVENT_TYPES: dict[str, type[CheckpointEvent]] = {
     cls.TYPE: cls
     for cls in (

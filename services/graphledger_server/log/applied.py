@@ -23,6 +23,7 @@ import logging
 
 import asyncpg
 
+from graphledger.retry import Backoff
 from graphledger.tasks import cancel_and_wait, set_within
 from graphledger.wire import Token
 from graphledger_server.driver_errors import is_database_error
@@ -115,7 +116,7 @@ class AppliedOffsets:
         return self.missing(token)
 
     async def _watch(self) -> None:
-        backoff = RECONNECT_MIN_S
+        backoff = Backoff(RECONNECT_MIN_S, RECONNECT_MAX_S)
         while True:
             try:
                 conn = await asyncpg.connect(self._dsn, server_settings={"application_name": APPLICATION_NAME})
@@ -127,7 +128,7 @@ class AppliedOffsets:
                     await self._refresh(conn)
                     self.listening.set()
                     self.unreachable = None
-                    backoff = RECONNECT_MIN_S
+                    backoff.reset()
                     await self._listen(conn)
                 finally:
                     with contextlib.suppress(Exception):
@@ -139,10 +140,10 @@ class AppliedOffsets:
                     raise
                 self.listening.clear()
                 self.unreachable = type(exc).__name__
-                log.warning("applied-offsets watcher failed (%s); reconnecting in %.1fs", exc, backoff)
+                delay = backoff.delay()
+                log.warning("applied-offsets watcher failed (%s); reconnecting in %.1fs", exc, delay)
                 self._retry_now.clear()
-                await set_within(self._retry_now, backoff)
-                backoff = min(backoff * 2, RECONNECT_MAX_S)
+                await set_within(self._retry_now, delay)
 
     def _notified(self, conn: object, pid: int, channel: str, payload: str) -> None:
         # The payload is the schema the projector applied to; another schema's batch (a replay

@@ -33,6 +33,7 @@ from typing import Any, assert_never
 
 from graphledger.errors import InvalidEventError
 from graphledger.events import envelope
+from graphledger.events.checkpoint import ThreadCopy, ThreadEvent
 from graphledger.log.records import LogRecord
 from graphledger.opening.records import header_type, subject_ref, unwrapped
 from graphledger_server.log.parked import Cause, ParkedRecord, ParkedSubject, Position, TopicPartition, Verdict
@@ -236,11 +237,9 @@ def releasable(subject: ParkedSubject, schema_version: int, copy_applied: bool) 
 def threads_named(events: Iterable[Any]) -> tuple[str, ...]:
     """The threads a released subject's events name: what a `runs.delete` kept for it may change."""
     named: dict[str, None] = {}
-    for event in events:
-        thread_id = getattr(unwrapped(event), "thread_id", None)
-        if isinstance(thread_id, str):
-            named[thread_id] = None
-        target = getattr(unwrapped(event), "target_thread_id", None)
-        if isinstance(target, str):
-            named[target] = None
+    for event in map(unwrapped, events):
+        if isinstance(event, ThreadEvent):
+            named[event.key] = None
+        if isinstance(event, ThreadCopy):
+            named[event.target_thread_id] = None
     return tuple(named)

@@ -33,7 +33,8 @@ from graphledger.log.gaps import GapWatch
 from graphledger.log.layout import PartitionCheckedProducer
 from graphledger.log.records import LogRecord
 from graphledger.log.tail import LogTail
-from graphledger.opening.records import DeadLetter
+from graphledger.opening.records import Classified, DeadLetter
+from graphledger.retry import Backoff, retried
 from graphledger.settings import Settings
 from graphledger.tasks import set_within
 from graphledger_server.driver_errors import Verdict, verdict_of
@@ -322,16 +323,17 @@ class ProjectorWorker:
     async def _retried(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
         """`attempt()`, again with capped backoff while it fails for a passing reason (`verdict_of`: a broker
         or Postgres away) and the worker is not stopping: a rebalance listener that raised would stop it."""
-        delay = BACKOFF_INITIAL_S
-        while True:
-            try:
-                return await attempt()
-            except Exception as exc:
-                if verdict_of(exc) is not Verdict.RETRY or self._stop.is_set():
-                    raise
-                log.warning("cannot %s (%s); retrying in %.1fs", what, exc, delay)
-                await set_within(self._stop, delay)
-                delay = min(delay * 2, self.settings.projector_retry_max_s)
+
+        def told(exc: Exception, delay: float) -> None:
+            log.warning("cannot %s (%s); retrying in %.1fs", what, exc, delay)
+
+        return await retried(
+            attempt,
+            Backoff(BACKOFF_INITIAL_S, self.settings.projector_retry_max_s),
+            retry_if=lambda exc: verdict_of(exc) is Verdict.RETRY and not self._stop.is_set(),
+            on_retry=told,
+            wait=lambda delay: set_within(self._stop, delay),
+        )
 
     async def seek_to_stored(self, assigned: set[TopicPartition]) -> None:
         """Seek each assigned partition to its stored next offset, or to the beginning without one."""
@@ -435,32 +437,45 @@ class ProjectorWorker:
         return records
 
     async def apply_with_retry(self, records: Sequence[LogRecord], stop: asyncio.Event) -> BatchResult | None:
-        """Apply one batch, retrying retryable failures with a capped backoff; None if abandoned."""
+        """Apply one batch, retrying retryable failures with a capped backoff; None if abandoned on stop."""
         assert self.pool is not None
-        classified = None  # once: a retry re-runs only the transaction
-        delay = BACKOFF_INITIAL_S
-        while True:
-            try:
-                if classified is None:
-                    classified = await self.applier.classify(records)  # the key store may be down
-                async with self.batch_lock, self.pool.acquire() as conn:
-                    started = time.perf_counter()
-                    with self.telemetry.batch(conn, records) as observed:  # spans, metrics
-                        result = observed.result = await self.applier.apply(observed.conn, records, classified)
-                break
-            except Exception as exc:
-                if verdict_of(exc) is not Verdict.RETRY:
-                    raise
-                self.health.progressed()
-                self.health.set_not_ready(f"a batch keeps failing: {type(exc).__name__}")
-                if stop.is_set():
-                    log.warning("abandoning a batch of %d records on stop after: %s", len(records), exc)
-                    return None
-                log.warning("batch of %d records failed (%s: %s); retrying in %.1fs", len(records),
-                            type(exc).__name__, exc, delay)  # fmt: skip
-                await self.pool.expire_connections()  # the retry gets a fresh connection, not a broken one
-                await set_within(stop, delay)
-                delay = min(delay * 2, self.settings.projector_retry_max_s)
+        pool = self.pool
+        classified: list[Classified] | None = None  # once: a retry re-runs only the transaction
+        started = time.perf_counter()
+
+        async def attempt() -> BatchResult:
+            nonlocal classified, started
+            if classified is None:
+                classified = await self.applier.classify(records)  # the key store may be down
+            async with self.batch_lock, pool.acquire() as conn:
+                started = time.perf_counter()
+                with self.telemetry.batch(conn, records) as observed:  # spans, metrics
+                    result: BatchResult = await self.applier.apply(observed.conn, records, classified)
+                    observed.result = result
+            return result
+
+        async def failed(exc: Exception, delay: float) -> None:
+            self.health.progressed()
+            self.health.set_not_ready(f"a batch keeps failing: {type(exc).__name__}")
+            log.warning("batch of %d records failed (%s: %s); retrying in %.1fs", len(records),
+                        type(exc).__name__, exc, delay)  # fmt: skip
+            await pool.expire_connections()  # the retry gets a fresh connection, not a broken one
+
+        try:
+            result = await retried(
+                attempt,
+                Backoff(BACKOFF_INITIAL_S, self.settings.projector_retry_max_s),
+                retry_if=lambda exc: verdict_of(exc) is Verdict.RETRY and not stop.is_set(),
+                on_retry=failed,
+                wait=lambda delay: set_within(stop, delay),
+            )
+        except Exception as exc:
+            if verdict_of(exc) is not Verdict.RETRY:
+                raise
+            self.health.progressed()
+            self.health.set_not_ready(f"a batch keeps failing: {type(exc).__name__}")
+            log.warning("abandoning a batch of %d records on stop after: %s", len(records), exc)
+            return None
         self.health.progressed()
         self.health.set_ready()
         self.batches += 1

@@ -35,6 +35,7 @@ from graphledger.log.gaps import GapWatch
 from graphledger.log.records import LogRecord
 from graphledger.log.tail import LogTail
 from graphledger.opening.records import Classified, DeadLetter
+from graphledger.retry import Backoff, retried
 from graphledger.settings import Settings
 from graphledger.telemetry import names
 from graphledger_server.driver_errors import Verdict, verdict_of
@@ -285,15 +286,20 @@ class Rebuilder:
         return records
 
     async def _apply(self, records: list[LogRecord], classified: list[Classified]) -> BatchResult:
-        assert self._pool is not None
-        delay = BACKOFF_INITIAL_S
-        while True:
-            try:
-                async with self._pool.acquire() as conn:
-                    return await self.applier.apply(conn, records, classified)
-            except Exception as exc:
-                if verdict_of(exc) is not Verdict.RETRY:
-                    raise
-                log.warning("rebuild batch of %d records failed (%s); retrying in %.1fs", len(records), exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.projector_retry_max_s)
+        pool = self._pool
+        assert pool is not None
+
+        async def attempt() -> BatchResult:
+            async with pool.acquire() as conn:
+                result: BatchResult = await self.applier.apply(conn, records, classified)
+                return result
+
+        def told(exc: Exception, delay: float) -> None:
+            log.warning("rebuild batch of %d records failed (%s); retrying in %.1fs", len(records), exc, delay)
+
+        return await retried(
+            attempt,
+            Backoff(BACKOFF_INITIAL_S, self.settings.projector_retry_max_s),
+            retry_if=lambda exc: verdict_of(exc) is Verdict.RETRY,
+            on_retry=told,
+        )
