@@ -43,11 +43,12 @@ from typing import Any
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from graphledger.events.envelope import HEADER_TYPE, header
 from graphledger.settings import Settings
 from graphledger_server.devstack.stack import DevStack
+from kafka_clients import raw_consumer
 from model_check import History, Outcome, Report
 from model_ops import EVERY_THREAD_KINDS, READ_KINDS, RUN_IDS, Fault, Generator, Op, Script, pack
 
@@ -321,7 +322,7 @@ async def _erase_records(
     agents' records show, then until the topic has been quiet for a second (tansu's ListOffsets can
     answer short of the end)."""
     threads = {key.encode(): thread for thread, key in keys.items()}
-    consumer = AIOKafkaConsumer(**settings.kafka_client_options(), enable_auto_commit=False)  # type: ignore[arg-type]
+    consumer = raw_consumer(settings)
     await consumer.start()
     try:
         topic = settings.checkpoint_topic
