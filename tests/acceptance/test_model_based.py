@@ -10,7 +10,7 @@ and no parked subject (every operation is valid: a record set aside is a write l
 
 Behaviours that find a graphledger bug already reported are left out by default (`KNOWN_BUGS`, each
 with the bug it finds; `GRAPHLEDGER_MODEL_KNOWN_BUGS=1` puts them back), so that the rest of the model
-keeps being exercised; `tests/acceptance/test_model_findings.py` reproduces each bug on its own.
+keeps being exercised; `tests/acceptance/test_model_rules.py` reduces each such behaviour to a few operations.
 
 GRAPHLEDGER_MODEL_SEED replays a seed (the same operations; the interleaving is the machine's),
 GRAPHLEDGER_MODEL_OPS sets the number of operations (600 here, 10,000 in `make soak`),

@@ -1108,7 +1108,7 @@ def test_an_unknown_kind_is_not_skipped() -> None:
         ("tests/readyz-test.yaml", '"apiTls" "ca"', '"apiTls" "server"', "api-tls", "must not mount the read API's"),
     ],
 )
-def test_the_checks_catch_a_regression(broken_chart, template, old, new, check, expected) -> None:
+def test_each_check_flags_a_template_broken_where_it_checks(broken_chart, template, old, new, check, expected) -> None:
     chart = broken_chart(template, old, new)
     values = merge(load_values("secure"), {"topics": {"ensure": {"enabled": True}}})
     problems = ALL_CHECKS[check](manifests(render(values, chart)))
