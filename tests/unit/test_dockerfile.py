@@ -233,7 +233,7 @@ def test_the_build_context_holds_what_the_builder_copies_and_nothing_else() -> N
     for kept_out in (
         ".git/config",
         ".venv/bin/python",
-        "tests/unit/test_chart.py",
+        "tests/unit/test_chart_render.py",
         ".env",
         "charts/graphledger/values.yaml",
     ):
