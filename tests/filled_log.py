@@ -4,10 +4,9 @@ in conftest.py): every partition of the checkpoint and store topics holds `FILLE
 
 from __future__ import annotations
 
-from aiokafka import AIOKafkaProducer
-
 from graphledger.settings import Settings
 from graphledger_server.log.topics import ensure_topics
+from kafka_clients import raw_producer
 
 FILLER_RECORDS = 10
 FILLER_KEY = b"filler"
@@ -15,7 +14,7 @@ FILLER_KEY = b"filler"
 
 async def fill_topics(settings: Settings) -> None:
     await ensure_topics(settings)
-    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False)  # type: ignore[arg-type]
+    producer = raw_producer(settings)
     await producer.start()
     try:
         for topic in (settings.checkpoint_topic, settings.store_topic):

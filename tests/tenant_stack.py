@@ -25,6 +25,7 @@ from graphledger import KafkaSaver
 from graphledger.settings import Settings
 from graphledger.tenancy import hash_token, scoped_thread
 from graphledger_server.devstack.stack import CLIENT_FIELDS, DevStack, settings_to_env
+from kafka_clients import raw_producer
 
 TENANTS = ("acme", "beta")
 COMMAND_TIMEOUT_S = 180
@@ -111,7 +112,7 @@ async def victim_thread(stack: TenantStack, name: str) -> AsyncIterator[Victim]:
     thread = f"{name}-{uuid.uuid4().hex[:8]}"
     settings = stack.dev.settings
     pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=1)
-    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+    producer = raw_producer(settings)
     await producer.start()
     config: dict[str, Any] = {"configurable": {"thread_id": thread}}
     try:

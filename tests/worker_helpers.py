@@ -17,6 +17,7 @@ from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import CheckpointEvent
 from graphledger.settings import Settings
 from graphledger_server.projector.main import run_projector
+from kafka_clients import raw_producer
 from polling import WAIT_S
 
 
@@ -34,7 +35,7 @@ async def running_projector(settings: Settings) -> AsyncIterator[asyncio.Task[No
 
 @contextlib.asynccontextmanager
 async def producer_for(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
-    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+    producer = raw_producer(settings)
     await producer.start()
     try:
         yield producer

@@ -32,7 +32,7 @@ def test_schema_fuzz_finds_no_server_error(stack: Any) -> None:
         def check(case: Any) -> None:
             # A consistency token ahead of the projection is a retryable 503 by design (a read never
             # answers staler, docs/architecture.md "Consistency"), after a 10 s wait: tested in
-            # integration/test_read_api.py, left out of the fuzz.
+            # integration/read_api/test_read_api_consistency.py, left out of the fuzz.
             (case.headers or {}).pop(CONSISTENCY_HEADER, None)
             case.call_and_validate(checks=[not_a_server_error])
 

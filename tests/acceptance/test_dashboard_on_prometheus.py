@@ -26,7 +26,6 @@ from typing import Any
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from graphledger import KafkaSaver, KafkaStore
 from graphledger.embeddings import HashEmbedder
@@ -36,6 +35,7 @@ from graphledger.settings import Settings
 from graphledger_server.devstack.demo import build_graph
 from graphledger_server.devstack.ports import free_port_block, wait_until
 from graphledger_server.devstack.stack import DevStack
+from kafka_clients import raw_producer
 from projection_helpers import put
 from prometheus_server import PrometheusServer
 
@@ -81,7 +81,7 @@ def _targets_up(server: PrometheusServer, count: int) -> bool:
 async def _produce(settings: Settings) -> None:
     """A record that cannot be decoded (dead-lettered), then an event from a newer graphledger on
     partition 1 (which parks its subject)."""
-    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False)  # type: ignore[arg-type]
+    producer = raw_producer(settings)
     await producer.start()
     try:
         headers = [("gl-type", b"checkpoint.put"), ("gl-version", b"1")]

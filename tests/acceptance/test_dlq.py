@@ -13,7 +13,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 
 from graphledger.events import envelope, to_envelope
 from graphledger.settings import Settings
@@ -23,6 +23,7 @@ from graphledger_server.dlq.republish import HEADER_REPLAY_OF
 from graphledger_server.projection.dead_letters import outstanding
 from graphledger_server.projector.main import run_projector
 from graphledger_server.telemetry.projector import _observe_dead_letters
+from kafka_clients import raw_consumer, raw_producer
 from polling import wait_for
 from projection_helpers import put as checkpoint_put
 from store_helpers import put as store_put
@@ -65,7 +66,7 @@ async def graphledger(settings: Settings, *args: str) -> tuple[int, str, str]:
 
 async def _replayed_records(settings: Settings, topic: str) -> list[Any]:
     """Every record of `topic` carrying the replay header (reads each partition to its high watermark)."""
-    consumer = AIOKafkaConsumer(**settings.kafka_client_options(), enable_auto_commit=False)  # type: ignore[arg-type]
+    consumer = raw_consumer(settings)
     await consumer.start()
     try:
         partitions = [TopicPartition(topic, p) for p in range(settings.topic_partitions)]
@@ -86,7 +87,7 @@ async def test_dead_letters_are_listed_shown_fixed_and_replayed_once(
     settings: Settings, db: asyncpg.Connection, projector: None, tmp_path: Path
 ) -> None:
     schema = settings.postgres_schema
-    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+    producer = raw_producer(settings)
     await producer.start()
     try:
         wrong_dims = store_put(("docs",), "d1", {"text": "hello"}, {"text": [0.1, 0.2, 0.3]})

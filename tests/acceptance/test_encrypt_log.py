@@ -27,7 +27,7 @@ from typing import Annotated, Any
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.partitioner import murmur2
 from aiokafka.structs import ConsumerRecord
 from langgraph.graph import END, START, StateGraph
@@ -53,6 +53,7 @@ from graphledger_server.opening.vector_index import VectorIndex
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projector.main import run_projector
 from graphledger_server.replay.checksums import table_sum
+from kafka_clients import raw_consumer
 from polling import wait_for
 from sealed_events import unsealed
 
@@ -193,7 +194,7 @@ async def _records(settings: Settings, topic: str) -> list[ConsumerRecord[bytes,
     ends = {tp: end for tp, end in (await _ends(settings, topic)).items() if end}
     if not ends:
         return []
-    consumer = AIOKafkaConsumer(**settings.kafka_client_options(), group_id=None, enable_auto_commit=False)  # type: ignore[arg-type]
+    consumer = raw_consumer(settings)
     await consumer.start()
     found: list[ConsumerRecord[bytes, bytes]] = []
     try:

@@ -16,13 +16,13 @@ from typing import Annotated, Any
 
 import psycopg
 import pytest
-from aiokafka import AIOKafkaConsumer
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
 from graphledger import KafkaSaver
+from kafka_clients import raw_consumer
 
 SECRET = "SENTINEL-secret-channel-7f3a"  # a plain str channel: inlined in plain text by PostgresSaver
 NOTE = "SENTINEL-note-write-91c2"  # a task's write to a reducer channel
@@ -68,9 +68,7 @@ async def _records(settings: Any, key: bytes) -> list[Any]:
     """Every raw record of the checkpoint topic, read until the thread's last event (record `key`) has
     been seen (tansu's end offsets are unreliable, so the stop is: the thread's records seen, then a
     quiet poll)."""
-    consumer = AIOKafkaConsumer(
-        settings.checkpoint_topic, **settings.kafka_client_options(), auto_offset_reset="earliest", group_id=None
-    )
+    consumer = raw_consumer(settings, settings.checkpoint_topic, auto_offset_reset="earliest")
     await consumer.start()
     records: list[Any] = []
     deadline = time.monotonic() + 60

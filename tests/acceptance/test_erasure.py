@@ -24,7 +24,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 
 from agent_pods import AgentPod
 from graphledger import KafkaSaver, KafkaStore
@@ -41,6 +41,7 @@ from graphledger.settings import Settings
 from graphledger.tenancy import scoped_namespace, scoped_thread
 from graphledger_server.keys.key_store import Erasure, key_store_for
 from graphledger_server.keys.source import StoreKeySource
+from kafka_clients import raw_consumer, raw_producer
 from polling import wait_for
 from projection_helpers import cid
 from projection_helpers import put as projection_put
@@ -71,7 +72,7 @@ async def kafka_records(settings: Settings) -> list[tuple[bytes | None, bytes | 
     """Every record of every topic of the deployment (checkpoints, store, dead letters), from offset 0
     up to the high watermark each partition's fetch reports (tansu's listed end offsets run low)."""
     topics = (settings.checkpoint_topic, settings.store_topic, settings.dead_letter_topic)
-    consumer = AIOKafkaConsumer(**settings.kafka_client_options(), enable_auto_commit=False)
+    consumer = raw_consumer(settings)
     await consumer.start()
     try:
         partitions = [
@@ -204,7 +205,7 @@ async def seal_and_send(
     reference: a bad event becomes a dead letter; with `only_first_chunk`, a large one leaves a stored
     chunk that never completes."""
     pool = await asyncpg.create_pool(erasable.dev.settings.postgres_dsn, min_size=1, max_size=1)
-    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+    producer = raw_producer(settings)
     await producer.start()
     try:
         key_store = key_store_for(erasable.dev.settings, pool)
@@ -496,7 +497,7 @@ async def test_a_forged_erasure_is_dead_lettered_and_erases_nothing(erasable: Te
     settings = erasable.dev.settings
     pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=1)
     schema = settings.postgres_schema
-    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+    producer = raw_producer(settings)
     await producer.start()
     try:
         async with KafkaSaver(erasable.client("acme")) as saver:

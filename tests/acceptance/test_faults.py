@@ -25,8 +25,6 @@ from typing import Any, TypedDict
 import asyncpg
 import httpx
 import pytest
-from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
 
@@ -40,6 +38,7 @@ from graphledger_server.devstack.ports import free_port, wait_until
 from graphledger_server.devstack.stack import DevStack, settings_to_env
 from graphledger_server.log.topics import ensure_topics
 from graphledger_server.projection.migrate import migrate
+from kafka_clients import raw_admin, raw_producer
 from projection_helpers import put
 
 WAIT_S = 180.0
@@ -521,7 +520,7 @@ class Projectors:
 
 def group_members(settings: Settings) -> tuple[str, int]:
     async def describe() -> tuple[str, int]:
-        admin = AIOKafkaAdminClient(**settings.kafka_client_options())  # type: ignore[arg-type]
+        admin = raw_admin(settings)
         await admin.start()
         try:
             for response in await admin.describe_consumer_groups([settings.projector_group_id]):
@@ -563,7 +562,7 @@ class Load:
             raise self.error
 
     async def _run(self) -> None:
-        producer = AIOKafkaProducer(**self.settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+        producer = raw_producer(self.settings)
         await producer.start()
         try:
             i = 0

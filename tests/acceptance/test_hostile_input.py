@@ -24,7 +24,6 @@ import orjson
 import ormsgpack
 import psycopg
 import pytest
-from aiokafka import AIOKafkaProducer
 from hypothesis import example, given
 from hypothesis import strategies as st
 from langgraph.checkpoint.base import empty_checkpoint
@@ -52,6 +51,7 @@ from hostile import (
     texts,
     zstd_bomb,
 )
+from kafka_clients import raw_producer
 from polling import wait_until
 from projection_helpers import put
 from thread_partitions import threads_on_partition
@@ -259,7 +259,7 @@ async def _sealed_records(
 
 
 async def _produce(settings: Any, records: list[Record], partition: int) -> list[int]:
-    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")
+    producer = raw_producer(settings)
     await producer.start()
     try:
         offsets = []

@@ -10,7 +10,7 @@ and no parked subject (every operation is valid: a record set aside is a write l
 
 Behaviours that find a graphledger bug already reported are left out by default (`KNOWN_BUGS`, each
 with the bug it finds; `GRAPHLEDGER_MODEL_KNOWN_BUGS=1` puts them back), so that the rest of the model
-keeps being exercised; `tests/acceptance/test_model_findings.py` reproduces each bug on its own.
+keeps being exercised; `tests/acceptance/test_model_rules.py` reduces each such behaviour to a few operations.
 
 GRAPHLEDGER_MODEL_SEED replays a seed (the same operations; the interleaving is the machine's),
 GRAPHLEDGER_MODEL_OPS sets the number of operations (600 here, 10,000 in `make soak`),
@@ -43,11 +43,12 @@ from typing import Any
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from graphledger.events.envelope import HEADER_TYPE, header
 from graphledger.settings import Settings
 from graphledger_server.devstack.stack import DevStack
+from kafka_clients import raw_consumer
 from model_check import History, Outcome, Report
 from model_ops import EVERY_THREAD_KINDS, READ_KINDS, RUN_IDS, Fault, Generator, Op, Script, pack
 
@@ -321,7 +322,7 @@ async def _erase_records(
     agents' records show, then until the topic has been quiet for a second (tansu's ListOffsets can
     answer short of the end)."""
     threads = {key.encode(): thread for thread, key in keys.items()}
-    consumer = AIOKafkaConsumer(**settings.kafka_client_options(), enable_auto_commit=False)  # type: ignore[arg-type]
+    consumer = raw_consumer(settings)
     await consumer.start()
     try:
         topic = settings.checkpoint_topic

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from aiokafka import AIOKafkaProducer
 from langgraph.checkpoint.postgres import PostgresSaver
 
 from dev_process import clean_env, log_tail, read_env_file, settings_of, start_dev, stop, wait_ready
@@ -44,6 +43,7 @@ from graphledger_server.cli import build_parser
 from graphledger_server.devstack.demo import INPUT, build_graph
 from graphledger_server.devstack.ports import free_port, wait_until
 from graphledger_server.sweeper.main import START_MESSAGE
+from kafka_clients import raw_producer
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's bin: `graphledger`, `python`
@@ -337,7 +337,7 @@ def test_parked_listed_released_and_dropped(terminal: Terminal) -> None:
 
 async def _produce(settings: Settings, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]) -> str:
     """Publish a record to the checkpoint topic as any producer can; its position as `topic:partition@offset`."""
-    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+    producer = raw_producer(settings)
     await producer.start()
     try:
         sent = await producer.send_and_wait(settings.checkpoint_topic, value, key=key, headers=headers)

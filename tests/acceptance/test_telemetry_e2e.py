@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import ormsgpack
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -44,6 +44,7 @@ from graphledger_server.devstack.demo import build_graph
 from graphledger_server.devstack.ports import free_port_block, wait_until
 from graphledger_server.devstack.stack import DevStack
 from graphledger_server.telemetry import metrics as registry
+from kafka_clients import raw_consumer, raw_producer
 from otlp_receiver import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, Link, OtlpReceiver, ReceivedSpan
 from telemetry_helpers import AGENT_SERVICE, gated, sdk_tracer_provider
 
@@ -106,7 +107,7 @@ async def _produce_malformed(settings: Settings) -> None:
         "checkpoint": b"{}", "metadata": b"{}", "blobs": [["channel", BAD_RECORD_SENTINEL.encode()]],
     }  # fmt: skip
     value = ormsgpack.packb({"v": 1, "type": "checkpoint.put", "id": str(uuid.uuid4()), "ts": 0, "p": payload})
-    producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False)  # type: ignore[arg-type]
+    producer = raw_producer(settings)
     await producer.start()
     try:
         headers = [("gl-type", b"checkpoint.put"), ("gl-version", b"1")]
@@ -279,7 +280,7 @@ def _total(series: dict[str, list[tuple[dict[str, str], float]]], name: str, **l
 
 async def _records_by_type(settings: Settings) -> Counter[str]:
     """Every record in the checkpoint and store topics, counted by `gl-type`: what was produced."""
-    consumer = AIOKafkaConsumer(**settings.kafka_client_options(), enable_auto_commit=False)  # type: ignore[arg-type]
+    consumer = raw_consumer(settings)
     await consumer.start()
     try:
         partitions = [

@@ -1,6 +1,6 @@
 """The checkpoint projection's set-based apply on real Postgres: merging, operations, copies, prune (plain
 and delta) against the official prune, thread expiry. Applying twice, order, isolation and replay are the
-projection contract every projection runs (`test_projection_contract.py`); planning alone is a unit test.
+projection contract every projection runs (`tests/projection_contract.py`); planning alone is a unit test.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from graphledger_server.projection.migrate import migrate
 from graphledger_server.projection.store import StoreProjection
 from graphledger_server.projector.main import run_projector
 from graphledger_server.telemetry.projector import _observe_parked
+from kafka_clients import raw_producer
 from polling import wait_for
 from projection_helpers import put
 from v1_events import CHECKPOINT_ID, CHECKPOINT_TOPIC, PRODUCED_MS, STORE_TOPIC, VECTOR_DIMS, fixture
@@ -106,7 +107,7 @@ async def settings(ready_settings: Callable[..., Awaitable[Settings]]) -> Settin
 
 @pytest.fixture
 async def producer(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
-    p = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+    p = raw_producer(settings)
     await p.start()
     yield p
     await p.stop()

@@ -14,11 +14,11 @@ import time
 from collections.abc import Awaitable, Callable
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import TopicPartition
 
 from graphledger.settings import Settings
 from graphledger_server.log.reset import reset_offset
+from kafka_clients import raw_admin, raw_consumer
 from polling import wait_for
 from projection_helpers import put
 from worker_helpers import producer_for, publish, running_projector
@@ -56,7 +56,7 @@ async def _stored_at(settings: Settings, tp: TopicPartition, offset: int) -> boo
 
 async def _committed_in_kafka(settings: Settings) -> dict[TopicPartition, int]:
     """What `kafka-consumer-groups --describe` shows as CURRENT-OFFSET (OffsetFetch for the group)."""
-    admin = AIOKafkaAdminClient(**settings.kafka_client_options())  # type: ignore[arg-type]
+    admin = raw_admin(settings)
     await admin.start()
     try:
         # Partitions named: tansu answers OffsetFetch for "every partition" with a body aiokafka cannot read.
@@ -71,7 +71,7 @@ async def _committed_in_kafka(settings: Settings) -> dict[TopicPartition, int]:
 async def _kafka_lag(settings: Settings) -> int:
     """The group's lag as Kafka's tools compute it: log end offset minus committed offset, summed."""
     committed = await _committed_in_kafka(settings)
-    consumer = AIOKafkaConsumer(**settings.kafka_client_options(), enable_auto_commit=False)  # type: ignore[arg-type]
+    consumer = raw_consumer(settings)
     await consumer.start()
     try:
         ends = await consumer.end_offsets(_partitions(settings))

@@ -19,7 +19,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import CheckpointEvent, ThreadCopy, ThreadDelete, ThreadPrune
@@ -36,6 +36,7 @@ from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import outgoing_records
 from graphledger_server.projector.main import run_projector
+from kafka_clients import raw_consumer, raw_producer
 from polling import wait_for
 from projection_helpers import TOPIC, cid, put, record, writes
 
@@ -49,12 +50,7 @@ async def settings(ready_settings: Callable[..., Awaitable[Settings]]) -> Settin
 
 @pytest.fixture
 async def producer(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
-    p = AIOKafkaProducer(
-        **settings.kafka_client_options(),  # type: ignore[arg-type]
-        enable_idempotence=False,
-        acks="all",
-        max_request_size=settings.max_message_bytes + 64 * 1024,
-    )
+    p = raw_producer(settings, max_request_size=settings.max_message_bytes + 64 * 1024)
     await p.start()
     yield p
     await p.stop()
@@ -183,7 +179,7 @@ async def test_a_50mb_checkpoint_round_trips_in_chunks_across_a_restart(
 
 
 async def _consume_all(settings: Settings, topic: str, n: int) -> list[Any]:
-    consumer = AIOKafkaConsumer(topic, **settings.kafka_client_options(), auto_offset_reset="earliest")  # type: ignore[arg-type]
+    consumer = raw_consumer(settings, topic, auto_offset_reset="earliest")
     await consumer.start()
     got: list[Any] = []
     try:

@@ -14,7 +14,6 @@ from typing import Any
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from graphledger.events import envelope, to_envelope
 from graphledger.events.chunks import ChunkRef, split
@@ -24,6 +23,7 @@ from graphledger.settings import Settings
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projector.main import run_projector
+from kafka_clients import raw_producer
 from polling import wait_for
 from projection_helpers import TOPIC, put, record
 
@@ -109,12 +109,7 @@ async def test_the_worker_fetches_deferred_records_again(
 ) -> None:
     caplog.set_level(logging.INFO, logger="graphledger_server.projection.batch")
     events = _chunked(["a", "b", "c"])
-    producer = AIOKafkaProducer(
-        **settings.kafka_client_options(),  # type: ignore[arg-type]
-        enable_idempotence=False,
-        acks="all",
-        max_request_size=CHUNK_BYTES + 64 * 1024,
-    )
+    producer = raw_producer(settings, max_request_size=CHUNK_BYTES + 64 * 1024)
     await producer.start()
     try:
         for round_ in range(3):  # interleaved: the last chunks of all three arrive together

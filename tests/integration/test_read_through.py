@@ -19,7 +19,6 @@ from typing import Annotated, Any, TypedDict
 import httpx
 import ormsgpack
 import pytest
-from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import START, StateGraph
@@ -36,6 +35,7 @@ from graphledger_server.api.main import server as api_server
 from graphledger_server.devstack.ports import free_port
 from graphledger_server.log.clients import new_consumer
 from graphledger_server.projector.main import run_projector
+from kafka_clients import raw_producer
 from polling import WAIT_S, wait_for
 from projection_helpers import put
 
@@ -317,7 +317,7 @@ async def test_a_parked_thread_is_refused_by_name_and_no_other_read_waits_for_it
         forged = to_envelope(put("x", 1))
         too_new = Envelope(forged.type, forged.event_id, forged.produced_ms, forged.payload, version=99)
         beyond = to_envelope(ThreadCopyBarrier(copied, 0, 2**62))
-        producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+        producer = raw_producer(settings)
         await producer.start()
         try:
             parked = []
@@ -366,7 +366,7 @@ async def test_a_parked_store_item_is_refused_by_name_and_a_search_answers(setti
         await store.aput(("users", "u1"), "profile", {"name": "ada"})
         key = await _only_record_key(settings, settings.store_topic)
         too_new = Envelope("store.put", envelope.new_event_id(), 0, {}, version=99)
-        producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+        producer = raw_producer(settings)
         await producer.start()
         try:
             value, headers = envelope.encode(too_new), envelope.headers_for(too_new)

@@ -15,8 +15,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 from langgraph.checkpoint.base import empty_checkpoint
 
 from graphledger import KafkaSaver, KafkaStore
@@ -40,6 +39,7 @@ from graphledger_server.projector.release import release
 from graphledger_server.replay import schemas
 from graphledger_server.replay.indexes import secondary_indexes
 from graphledger_server.replay.run import run_replay
+from kafka_clients import raw_admin, raw_producer
 from polling import wait_for
 from projection_helpers import TOPIC, cid, count, put, record
 
@@ -270,7 +270,7 @@ async def test_a_replay_parks_what_the_live_projection_parked_and_drops_what_an_
     async with live_stack(settings), KafkaSaver(settings) as saver:
         threads = {name: await _put_checkpoint(saver, name, 0, None) for name in ("parked", "dropped", "copied")}
         keys = {name: saver._runtime.record_key_of_thread(name) for name in threads}
-        producer = AIOKafkaProducer(**settings.kafka_client_options(), enable_idempotence=False, acks="all")  # type: ignore[arg-type]
+        producer = raw_producer(settings)
         await producer.start()
         conn = await asyncpg.connect(settings.postgres_dsn)
         try:
@@ -370,7 +370,7 @@ async def test_refuses_finite_retention_unless_loss_is_accepted(
     make_settings: Callable[..., Settings], monkeypatch: Any
 ) -> None:
     s = make_settings()
-    admin = AIOKafkaAdminClient(**s.kafka_client_options())  # type: ignore[arg-type]
+    admin = raw_admin(s)
     await admin.start()
     try:
         await admin.create_topics([NewTopic(s.checkpoint_topic, 2, 1, topic_configs={"retention.ms": "3600000"})])

@@ -15,7 +15,6 @@ from typing import Any
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from graphledger.events import envelope, to_envelope
 from graphledger.events.chunks import ChunkRef, split
@@ -26,6 +25,7 @@ from graphledger_server.projection.batch import BatchResult
 from graphledger_server.projector.main import run_projector
 from graphledger_server.replay.rebuild import Rebuilder
 from graphledger_server.replay.run import run_replay
+from kafka_clients import raw_producer
 from polling import wait_for
 from projection_helpers import put
 
@@ -91,12 +91,7 @@ async def test_a_rebuild_with_deferred_partitions_equals_the_live_schema(
         part_blobs, part_log = _interleaved_log(partition)
         blobs.update(part_blobs)
         produced.extend(part_log)
-    producer = AIOKafkaProducer(
-        **settings.kafka_client_options(),  # type: ignore[arg-type]
-        enable_idempotence=False,
-        acks="all",
-        max_request_size=CHUNK_BYTES + 64 * 1024,
-    )
+    producer = raw_producer(settings, max_request_size=CHUNK_BYTES + 64 * 1024)
     await producer.start()
     try:
         for partition, key, value, headers in produced:

@@ -19,8 +19,7 @@ from typing import Annotated, Any
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 from aiokafka.structs import TopicPartition
 from langgraph.channels import DeltaChannel
 from langgraph.graph import START, StateGraph
@@ -46,6 +45,7 @@ from graphledger_server.log.topics import (
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.projector.main import run_projector
 from graphledger_server.sweeper.main import SweeperRunner
+from kafka_clients import raw_admin, raw_consumer
 from projection_helpers import migrated
 from sealed_events import unsealed
 from store_helpers import Applier, dump, put, record
@@ -208,7 +208,7 @@ async def _topic_events(live: Live, topic: str) -> list[Envelope]:
         f"SELECT partition, next_offset FROM {live.schema}.graphledger_offsets WHERE topic = $1", topic
     )
     ends = {r["partition"]: r["next_offset"] for r in rows}
-    consumer = AIOKafkaConsumer(**live.settings.kafka_client_options(), enable_auto_commit=False)
+    consumer = raw_consumer(live.settings)
     await consumer.start()
     try:
         wanted = [TopicPartition(topic, p) for p, end in ends.items() if end > 0]
@@ -389,7 +389,7 @@ async def test_topics_ensure_stamps_the_source_topics_with_the_brokers_clock(
 ) -> None:
     settings = make_settings()
     await ensure_topics(settings)
-    admin = AIOKafkaAdminClient(**settings.kafka_client_options())  # type: ignore[arg-type]
+    admin = raw_admin(settings)
     await admin.start()
     try:
         for topic in source_topics(settings):

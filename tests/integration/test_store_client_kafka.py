@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from graphledger import KafkaStore
@@ -20,6 +19,7 @@ from graphledger.events.envelope import decode
 from graphledger.events.store import StorePut
 from graphledger.settings import Settings
 from graphledger_server.log.topics import ensure_topics
+from kafka_clients import raw_consumer
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ async def store(settings: Settings) -> AsyncIterator[KafkaStore]:
 
 async def _end_offsets(settings: Settings) -> dict[int, int]:
     """End offset of every store-topic partition."""
-    consumer = AIOKafkaConsumer(**settings.kafka_client_options())
+    consumer = raw_consumer(settings)
     await consumer.start()
     try:
         partitions = [TopicPartition(settings.store_topic, p) for p in range(settings.topic_partitions)]
@@ -51,7 +51,7 @@ async def _end_offsets(settings: Settings) -> dict[int, int]:
 async def _events_since(settings: Settings, before: dict[int, int]) -> list[tuple[int, str, Any]]:
     """(partition, Kafka key, decoded event) of every record published after `before`."""
     after = await _end_offsets(settings)
-    consumer = AIOKafkaConsumer(**settings.kafka_client_options(), enable_auto_commit=False)
+    consumer = raw_consumer(settings)
     await consumer.start()
     try:
         wanted = {TopicPartition(settings.store_topic, p): end for p, end in after.items() if end > before[p]}

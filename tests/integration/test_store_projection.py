@@ -2,7 +2,7 @@
 
 Batches go through the projector's `BatchApplier` (offsets, dead letters, the isolation fallback)
 without a broker; applying twice, order, isolation and replay are the projection contract
-(`test_projection_contract.py`); the projector's consumer loop is covered by `test_projector.py` and,
+(`tests/projection_contract.py`); the projector's consumer loop is covered by `test_projector.py` and,
 for the store topic, by `acceptance/test_store_e2e.py`.
 """
 

@@ -233,7 +233,7 @@ def test_the_build_context_holds_what_the_builder_copies_and_nothing_else() -> N
     for kept_out in (
         ".git/config",
         ".venv/bin/python",
-        "tests/unit/test_chart.py",
+        "tests/unit/test_chart_render.py",
         ".env",
         "charts/graphledger/values.yaml",
     ):
@@ -291,7 +291,7 @@ REGRESSIONS = {
 
 
 @pytest.mark.parametrize("case", sorted(REGRESSIONS))
-def test_a_regressed_dockerfile_is_flagged(case: str, tmp_path: Path) -> None:
+def test_a_dockerfile_breaking_the_policy_is_flagged_naming_the_rule(case: str, tmp_path: Path) -> None:
     old, new, rule, policy = REGRESSIONS[case]
     text = regress(old, new)
     if rule is not None:

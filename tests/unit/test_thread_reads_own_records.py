@@ -1,11 +1,11 @@
-"""A bug the model-based test found (`tests/acceptance/test_model_based.py`, `reads_racing_own_writes`),
-reduced to `ThreadReads` with a read API answering by hand: a read folded this process's own records
-acknowledged while the read API answered onto that answer, although the answer reflects the log only
-below its end, and another process's record may lie between.
+"""`ThreadReads` with a read API answering by hand: a read never folds onto the read API's answer this
+process's own records acknowledged while the read API answered. The answer reflects the log only below
+its end, and another process's record may lie between (the model-based test's `reads_racing_own_writes`,
+`tests/acceptance/test_model_based.py`, races the same in processes).
 
-In the test's runs the wrong answers were of two kinds: a checkpoint or writes of its own without another
-process's delete, put or writes before them in the log (no log prefix answers that), and
-`thread.Underivable` raised to the caller when the own record could not be folded at all.
+Folded anyway, an own record would give a checkpoint or writes of its own without another process's
+delete, put or writes before them in the log (no log prefix answers that), or raise `thread.Underivable`
+to the caller when it cannot be folded at all.
 """
 
 from __future__ import annotations

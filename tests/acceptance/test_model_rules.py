@@ -1,13 +1,13 @@
-"""The graphledger bugs the model-based test found (`test_model_based.py`, `KNOWN_BUGS`), each reduced to a
-few operations on the dev stack: what the writer (or any reader) answers against what the reference
-(`model_reference.py`, the official saver's rules) and the projection answer. Each is marked `xfail`
-until fixed: a strict one turns the suite red once the bug is gone, so that its mark and its entry in
-`KNOWN_BUGS` are removed together.
+"""Rules the model-based test checks (`test_model_based.py`), each reduced to a few operations on the dev
+stack: what the writer (or any reader) answers against what the reference (`model_reference.py`, the
+official saver's rules) and the projection answer. A rule that needs a race forces it: threads picked
+on the partitions it needs (`thread_partitions.py`), the projector frozen or held at one event.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -21,13 +21,15 @@ from graphledger.events.checkpoint import ThreadCopyBarrier
 from graphledger.settings import Settings
 from graphledger_server.devstack.stack import DevStack
 from model_reference import ReferenceSaver
+from polling import wait_for
+from thread_partitions import threads_on_partition
 
 pytestmark = pytest.mark.slow
 
 PADDING = 3000
 """Records put ahead on one partition so that the projector applies another partition first."""
-ATTEMPTS = 4
-"""Tries of a race that needs the two threads on different partitions, fetched in one order."""
+COPY_SLACK = 16
+"""Records another writer may put on the source's partition between its last put and the copy."""
 
 
 def _checkpoint(cid: str, values: dict[str, Any] | None = None, versions: dict[str, str] | None = None) -> Any:
@@ -210,64 +212,62 @@ async def test_a_put_holding_inline_a_version_a_copy_brought_reads_the_copied_bl
 async def test_a_copy_follows_the_targets_prune_acknowledged_before_it(stack: DevStack) -> None:
     """The projector applies the copy's record before the target's prune, every time: a barrier on the
     target's partition ahead of the prune holds that partition until the source's has passed the copy.
+    The source and the target are on different partitions, so that the projector may reach either first.
 
     The barrier is published ahead of its copy, which no writer does (parking.py: a barrier naming a
     position beyond the log parks its subject), so the projector is frozen until the log holds it."""
     topic = stack.settings.checkpoint_topic
-    for _ in range(ATTEMPTS):
-        source, target, reference = _thread(), _thread(), ReferenceSaver()
-        async with KafkaSaver(stack.settings) as writer:
-            positions = _positions(writer)
+    reference = ReferenceSaver()
+    async with KafkaSaver(stack.settings) as writer:
+        (source,) = await threads_on_partition(writer, 0, label="source")
+        (target,) = await threads_on_partition(writer, 1, label="target")
+        positions = _positions(writer)
+        for saver in (writer, reference):
+            await saver.aput(_config(source), _checkpoint("1"), {}, {})
+            await saver.aput(_config(source, "1"), _checkpoint("2"), {}, {})
+            await saver.aput(_config(target), _checkpoint("3"), {}, {})
+        (source_partition, last), (target_partition, _) = positions[1], positions[2]
+        assert (source_partition, target_partition) == (0, 1), positions
+        past_copy = last + 1 + COPY_SLACK  # the copy lands at last + 1 unless other writers came between
+        with stack.projector_frozen():
+            await writer._runtime.apublish(topic, ThreadCopyBarrier(target, source_partition, past_copy))
             for saver in (writer, reference):
-                await saver.aput(_config(source), _checkpoint("1"), {}, {})
-                await saver.aput(_config(source, "1"), _checkpoint("2"), {}, {})
-                await saver.aput(_config(target), _checkpoint("3"), {}, {})
-            (source_partition, last), (target_partition, _) = positions[1], positions[2]
-            if source_partition == target_partition:
-                continue
-            past_copy = last + 3  # the copy lands at last + 1 unless another writer of the partition came between
-            with stack.projector_frozen():
-                await writer._runtime.apublish(topic, ThreadCopyBarrier(target, source_partition, past_copy))
-                for saver in (writer, reference):
-                    await saver.aprune([target])
-                for saver in (writer, reference):
-                    await saver.acopy_thread(source, target)
-                copy = positions[-2]
-                assert copy[0] == source_partition
-                i = 0
-                while positions[-1][0] != source_partition or positions[-1][1] < past_copy:
-                    await writer.aput_writes(_config(source, "2"), [("x", i)], f"t{i}")  # after the copy: not copied
-                    i += 1
-            if copy[1] >= past_copy:
-                continue
-        async with KafkaSaver(stack.settings) as reader:
-            assert await _ids(reader, _config(target)) == await _ids(reference, _config(target)) == ["3", "2", "1"]
-        return
-    pytest.skip("the source and the target shared a partition in every attempt")
+                await saver.aprune([target])
+            for saver in (writer, reference):
+                await saver.acopy_thread(source, target)
+            copy = positions[-2]
+            assert copy[0] == source_partition
+            assert copy[1] < past_copy, f"{copy[1] - last - 1} records of other writers came before the copy"
+            i = 0
+            while positions[-1][0] != source_partition or positions[-1][1] < past_copy:
+                await writer.aput_writes(_config(source, "2"), [("x", i)], f"t{i}")  # after the copy: not copied
+                i += 1
+    async with KafkaSaver(stack.settings) as reader:
+        assert await _ids(reader, _config(target)) == await _ids(reference, _config(target)) == ["3", "2", "1"]
 
 
 async def test_delete_for_runs_reaches_a_copied_thread_at_its_own_partition(stack: DevStack) -> None:
-    for _ in range(ATTEMPTS):
-        source, target, reference = _thread(), _thread(), ReferenceSaver()
-        run = f"run-{uuid.uuid4().hex[:8]}"
-        async with KafkaSaver(stack.settings) as writer:
-            positions = _positions(writer)
+    reference = ReferenceSaver()
+    run = f"run-{uuid.uuid4().hex[:8]}"
+    async with KafkaSaver(stack.settings) as writer:
+        (source,) = await threads_on_partition(writer, 0, label="source")
+        (target,) = await threads_on_partition(writer, 1, label="target")
+        positions = _positions(writer)
+        for saver in (writer, reference):
+            await saver.aput(_config(source), _checkpoint("1"), {"run_id": run}, {})
+            await saver.aput(_config(target), _checkpoint("0"), {"run_id": "another"}, {})
+            await saver.acopy_thread(source, target)
+        assert (positions[0][0], positions[1][0]) == (0, 1), positions
+        await _projection(stack, _config(target))  # the copy applied
+        with stack.projector_frozen():
+            # Records ahead on the source's partition: the projector reaches its runs.delete last.
+            await asyncio.gather(
+                *(writer.aput_writes(_config(source, "1"), [("x", i)], f"t{i}") for i in range(PADDING))
+            )
             for saver in (writer, reference):
-                await saver.aput(_config(source), _checkpoint("1"), {"run_id": run}, {})
-                await saver.aput(_config(target), _checkpoint("0"), {"run_id": "another"}, {})
-                await saver.acopy_thread(source, target)
-            if positions[0][0] == positions[1][0]:
-                continue
-            await _projection(stack, _config(target))  # the copy applied
-            with stack.projector_frozen():
-                # Records ahead on the source's partition: the projector reaches its runs.delete last.
-                await asyncio.gather(
-                    *(writer.aput_writes(_config(source, "1"), [("x", i)], f"t{i}") for i in range(PADDING))
-                )
-                for saver in (writer, reference):
-                    await saver.adelete_for_runs([run])
-        async with KafkaSaver(stack.settings) as reader:
-            assert await _ids(reader, _config(target)) == await _ids(reference, _config(target)) == ["0"]
+                await saver.adelete_for_runs([run])
+    async with KafkaSaver(stack.settings) as reader:
+        assert await _ids(reader, _config(target)) == await _ids(reference, _config(target)) == ["0"]
 
 
 async def test_erasing_a_thread_again_spares_threads_copied_from_it_after_its_erasure(stack: DevStack) -> None:
@@ -309,51 +309,58 @@ async def _applied(stack: DevStack, partition: int) -> int:
 
 
 async def _until_past(stack: DevStack, partition: int, offset: int) -> None:
-    """Poll the projection's offset every 2 ms (a wider poll lets the projector apply the next erasure too)."""
-    for _ in range(10_000):
-        if await _applied(stack, partition) > offset:
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError(f"the projection did not pass offset {offset} of partition {partition} in 20 s")
+    """Wait until the projection has applied the checkpoint topic's `partition` past `offset`."""
+
+    async def past() -> bool:
+        return await _applied(stack, partition) > offset
+
+    await wait_for(past, f"the projection past offset {offset} of partition {partition}")
 
 
 async def test_an_erase_asked_again_after_erasure_incomplete_erases_copies_of_copies(
     short_deadline_stack: DevStack,
 ) -> None:
-    """The race this needs (the projector stopped between applying the source's erasure and the copy's) is
-    tried up to ATTEMPTS times; the test is skipped if it never happened."""
+    """An erase whose copy's erasure the projector does not apply within the read API's deadline fails,
+    naming the copy (`erasure_incomplete`); asked again once the projector applied it, it erases the copy's
+    own copies too. The projector is held at exactly the copy's erasure: the test holds a lock on the
+    copy's checkpoint rows, which that erasure deletes and nothing before it touches."""
     stack = short_deadline_stack
-    for _ in range(ATTEMPTS):
-        source, copy, copy_of_copy = _thread(), _thread(), _thread()
-        async with KafkaSaver(stack.settings) as writer:
-            positions = _positions(writer)
-            await writer.aput(_config(source), _checkpoint("1"), {}, {})
-            await writer.acopy_thread(source, copy)
-            await writer.acopy_thread(copy, copy_of_copy)  # it holds the source's checkpoint too
-            partition = positions[0][0]
-            last = max(offset for p, offset in positions if p == partition)
-        await _projection(stack, _config(copy_of_copy))
-        async with KafkaSaver(stack.settings) as eraser:
-            erasing = asyncio.create_task(eraser.aerase_thread(source))
-            # The source's erasure lands right after its last record; once it is applied the eraser erases
-            # the copy, whose erasure the projector, stopped now, cannot apply in time: erasure_incomplete.
-            await _until_past(stack, partition, last + 1)
-            with stack.projector_frozen():
-                try:
-                    await erasing
-                except GraphledgerError as exc:
-                    incomplete = copy in str(exc)
-                else:
-                    incomplete = False
-            if not incomplete:
-                continue
-            await _projection(stack, _config(copy))  # later, once the copy's erasure is applied
+    settings = stack.settings
+    source, copy, copy_of_copy = _thread(), _thread(), _thread()
+    async with KafkaSaver(settings) as writer:
+        await writer.aput(_config(source), _checkpoint("1"), {}, {})
+        await writer.acopy_thread(source, copy)
+        await writer.acopy_thread(copy, copy_of_copy)  # it holds the source's checkpoint too
+    conn = await asyncpg.connect(settings.postgres_dsn)
+
+    async def projected(thread: str) -> bool:
+        rows = f"SELECT count(*) FROM {settings.postgres_schema}.checkpoints WHERE thread_id = $1"
+        return await conn.fetchval(rows, thread) > 0
+
+    async def copy_erased() -> bool:
+        return not await projected(copy)
+
+    try:
+        for thread in (copy, copy_of_copy):
+            await wait_for(functools.partial(projected, thread), f"the copy {thread} projected")
+        async with KafkaSaver(settings) as eraser:
+            async with conn.transaction():
+                held = await conn.fetch(
+                    f"SELECT 1 FROM {settings.postgres_schema}.checkpoints WHERE thread_id = $1 FOR UPDATE", copy
+                )
+                assert held
+                # The source's erasure applies; the eraser then erases the copy, whose erasure the
+                # projector cannot apply while the rows are held: erasure_incomplete after 2 s.
+                with pytest.raises(GraphledgerError, match=r"erasure_incomplete|erase it again") as raised:
+                    await eraser.aerase_thread(source)
+                assert copy in str(raised.value)
+            await wait_for(copy_erased, f"the erasure of the copy {copy} applied")
             await eraser.aerase_thread(source)  # asked again, as the error says
-        async with KafkaSaver(stack.settings) as reader:
-            assert await _ids(reader, _config(copy)) == []
-            assert "1" not in await _ids(reader, _config(copy_of_copy))  # the source's checkpoint is still there
-        return
-    pytest.skip("the projector never stopped between the two erasures")
+    finally:
+        await conn.close()
+    async with KafkaSaver(settings) as reader:
+        assert await _ids(reader, _config(copy)) == []
+        assert "1" not in await _ids(reader, _config(copy_of_copy))  # the source's checkpoint, copied twice
 
 
 async def test_erasing_a_thread_erases_a_copy_the_projector_reached_only_after_the_key_was_destroyed(

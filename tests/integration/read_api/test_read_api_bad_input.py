@@ -1,0 +1,64 @@
+"""Bad input to the read API: a body that fails validation is a 422 naming the field, an undecodable
+body is refused, unknown paths and methods answer in the error format.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from graphledger.wire import JSON, MSGPACK
+from read_api_helpers import DELTA, GET, LIST, Api, answer, call
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        (GET, {}, "thread_id"),
+        (GET, {"thread_id": ""}, "thread_id"),
+        (GET, {"thread_id": "a\x00b"}, "thread_id"),
+        (GET, {"thread_id": 7}, "thread_id"),
+        (GET, {"thread_id": "t", "checkpoint_ns": "a\x00"}, "checkpoint_ns"),
+        (GET, {"thread_id": "t", "fliter": {}}, "fliter"),
+        (GET, ["thread_id"], "body"),
+        (LIST, {"limit": -1}, "limit"),
+        (LIST, {"limit": "5"}, "limit"),
+        (LIST, {"filter": {"user": "a\x00"}}, "filter"),
+        (LIST, {"filter": {"a\x00": 1}}, "filter"),
+        (LIST, {"checkpoint_ns": ""}, "thread_id"),
+        (DELTA, {"thread_id": "t"}, "channels"),
+        (DELTA, {"thread_id": "t", "channels": "items"}, "channels"),
+    ],
+)
+@pytest.mark.parametrize("fmt", ["msgpack", "json"])
+async def test_bad_bodies_are_a_422_naming_the_field(api: Api, path: str, body: Any, field: str, fmt: str) -> None:
+    response = await call(api.client, path, body, fmt)
+    assert response.status_code == 422, response.text
+    error = answer(response)
+    assert error["error"] == "invalid_request" and error["retryable"] is False
+    assert field in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("content", "content_type", "status"),
+    [
+        (b"{not json", JSON, 400),
+        (b"\xc1", MSGPACK, 400),
+        (b"", JSON, 422),
+        (b"thread_id=t", "application/x-www-form-urlencoded", 415),
+        (orjson.dumps({"thread_id": "t" * 2_000_000}), JSON, 413),
+    ],
+)
+async def test_undecodable_bodies_are_refused(api: Api, content: bytes, content_type: str, status: int) -> None:
+    response = await api.client.post(GET, content=content, headers={"Content-Type": content_type})
+    assert response.status_code == status
+    assert set(response.json()) == {"error", "message", "retryable"}
+
+
+async def test_unknown_paths_and_methods_use_the_error_format(api: Api) -> None:
+    missing = await api.client.post("/v1/checkpoints/nope", headers={"Accept": MSGPACK})
+    assert missing.status_code == 404 and answer(missing)["error"] == "not_found"
+    wrong_method = await api.client.get(GET)
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"] == "method_not_allowed"
