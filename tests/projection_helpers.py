@@ -3,6 +3,8 @@ projector tests."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -27,6 +29,7 @@ from graphledger.events.checkpoint import (
     Write,
 )
 from graphledger.log.records import LogRecord
+from graphledger.ownership import NO_CHECKPOINT, Intent
 from graphledger.settings import Settings
 from graphledger_server.opening.vector_index import VectorIndex
 from graphledger_server.projection.migrate import migrate
@@ -132,6 +135,16 @@ def writes(
     )
 
 
+def protected(
+    event: CheckpointPut | CheckpointWrites, expects: int | None, operations: int = 0
+) -> CheckpointPut | CheckpointWrites:
+    """`event` with its writer's intent: it read the thread at `operations` and expects checkpoint `expects`
+    of its namespace (None: none). Names travel in clear, as a writer without a hashing key sends them."""
+    expected = NO_CHECKPOINT if expects is None else cid(expects).encode()
+    intent = Intent(event.checkpoint_ns.encode() or b"-", event.checkpoint_id.encode(), expected, operations)
+    return dataclasses.replace(event, intent=intent.header())
+
+
 def items(events: Sequence[CheckpointEvent], partition: int = 0, first_offset: int = 0) -> list[Item]:
     """`events` at consecutive offsets of one partition of `TOPIC`."""
     return [(TOPIC, partition, first_offset + i, e) for i, e in enumerate(events)]
@@ -229,6 +242,24 @@ def record(event: CheckpointEvent, partition: int, offset: int, topic: str = TOP
     key = event.key.encode() if event.key is not None else None
     headers = tuple(envelope.headers_for(env))
     return LogRecord(topic, partition, offset, key, envelope.encode(env), headers, env.produced_ms)
+
+
+RULE_ORDER = {
+    "graphledger_thread_ledgers": "thread_id",
+    "graphledger_thread_leads": "thread_id, checkpoint_ns",
+    "graphledger_refusals": 'topic, partition, "offset"',
+}
+"""The one-writer rule's state and verdicts (`graphledger.ownership`), apart from the threads' rows: its
+counts are exactly-once through the offset rows, as copies and prunes are, not idempotent."""
+
+
+async def rule_dump(conn: asyncpg.Connection, schema: str) -> dict[str, list[tuple[Any, ...]]]:
+    """The rule's rows (`RULE_ORDER`), ordered, without the time a refusal was recorded."""
+    out = {}
+    for table, order in RULE_ORDER.items():
+        rows = await conn.fetch(f"SELECT * FROM {schema}.{table} ORDER BY {order}")
+        out[table] = [tuple(v for k, v in r.items() if k != "recorded_at") for r in rows]
+    return out
 
 
 async def dump(conn: asyncpg.Connection, schema: str) -> dict[str, list[tuple[Any, ...]]]:

@@ -14,7 +14,8 @@ Event = CheckpointEvent | StoreEvent
 
 
 def to_envelope(event: Event) -> Envelope:
-    return new_envelope(event.TYPE, event.to_payload())
+    """The event's envelope; a protected write's intent goes in its `gl-intent` header too."""
+    return new_envelope(event.TYPE, event.to_payload(), getattr(event, "intent", None))
 
 
 def checkpoint_event(envelope: Envelope) -> CheckpointEvent:

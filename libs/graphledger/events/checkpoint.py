@@ -62,6 +62,9 @@ class CheckpointPut(EventPayload):
     new_channels: tuple[str, ...] | None = field(default=None, metadata=wire(omitted=True))
     """The channels whose version this put made (LangGraph's `new_versions`): a version of another
     channel names a blob an earlier put stored. None in events written before it was recorded."""
+    intent: bytes | None = field(default=None, metadata=wire(omitted=True))
+    """What its writer read (`graphledger.ownership.Intent`, as its `gl-intent` header carries it): None for
+    a put its writer made without reading the thread, which counts whatever came before (invariant 10)."""
 
     @property
     def key(self) -> str:
@@ -85,6 +88,8 @@ class CheckpointWrites(EventPayload):
     task_path: str
     upsert: bool
     writes: tuple[Write, ...]
+    intent: bytes | None = field(default=None, metadata=wire(omitted=True))
+    """What its writer read (`graphledger.ownership.Intent`), as on a put; None: they count as they come."""
 
     @property
     def key(self) -> str:

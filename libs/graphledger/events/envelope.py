@@ -28,9 +28,15 @@ import ormsgpack
 
 from graphledger.errors import InvalidEventError, UnknownEventVersionError
 
-SCHEMA_VERSION = 3
-"""3: a `thread.copy` lands at its barrier, on the target's partition; 2: a payload may be sealed with its
-subject's data key (`graphledger.erasure.sealing`); 1: in the clear."""
+SCHEMA_VERSION = 4
+"""4: a put or writes may carry its writer's intent (`graphledger.ownership`), which a projector reading at
+most version 3 would not heed, so it parks them instead; 3: a `thread.copy` lands at its barrier, on the
+target's partition; 2: a payload may be sealed with its subject's data key (`graphledger.erasure.sealing`);
+1: in the clear."""
+INTENT_VERSION = 4
+"""The first version whose puts and writes may carry an intent; events without one are written as 3."""
+PLAIN_VERSION = 3
+"""The version of every event that carries no intent: what a projector of version 3 still applies."""
 STAGED_COPIES_VERSION = 3
 """The first version whose `thread.copy` lands at its barrier: one written before lands at its record."""
 
@@ -46,6 +52,8 @@ HEADER_KEY = "gl-key"
 """On an event sealed with a fresh key a writer bound to its subject (`erasure/fresh_keys.py`): the key's id."""
 SEALED_PAYLOAD = "sealed"
 """The one key of a sealed payload (`graphledger.erasure.sealing`)."""
+HEADER_INTENT = "gl-intent"
+"""On a protected put's or writes' records: its writer's intent (`graphledger.ownership`), in clear."""
 HEADER_TRACEPARENT = "traceparent"
 HEADER_APPENDED = "gl-appended-ms"
 """On a copy's records (`encrypt-log`, `import`, `dlq replay`): the time, in ms since the epoch, of the
@@ -67,8 +75,17 @@ def _copies_at_record_v2(event_type: str, payload: dict[str, Any]) -> dict[str, 
     return payload
 
 
+def _without_intent_v3(event_type: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """A version 3 payload is a version 4 payload without an intent."""
+    return payload
+
+
 # version -> function turning a payload of that version into one of version + 1.
-UPCASTERS: dict[int, Callable[[str, dict[str, Any]], dict[str, Any]]] = {1: _unsealed_v1, 2: _copies_at_record_v2}
+UPCASTERS: dict[int, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
+    1: _unsealed_v1,
+    2: _copies_at_record_v2,
+    3: _without_intent_v3,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,15 +98,23 @@ class Envelope:
     """The writer's clock, kept for the record: no projection reads it (`append_time_ms`)."""
     payload: dict[str, Any]
     version: int = SCHEMA_VERSION
+    """The version it is read as (`SCHEMA_VERSION` once decoded: upcast from the one it was written in)."""
     appended_ms: int | None = None
     """Set on a copy of an event: its first append's time, which `headers_for` writes in `gl-appended-ms`.
     Not part of the value; None on a decoded envelope (the record's headers carry it)."""
     written_version: int = SCHEMA_VERSION
     """The version its producer wrote (`version` is the one it was upcast to): what an event meant then."""
+    intent: bytes | None = None
+    """A protected put's or writes' intent (`graphledger.ownership.Intent.header`), which `headers_for`
+    writes in `gl-intent`, in clear even when the payload is sealed. Not part of the value: the payload
+    carries it too; None on a decoded envelope (the record's headers carry it)."""
 
 
-def new_envelope(event_type: str, payload: dict[str, Any]) -> Envelope:
-    return Envelope(event_type, new_event_id(), int(time.time() * 1000), payload)
+def new_envelope(event_type: str, payload: dict[str, Any], intent: bytes | None = None) -> Envelope:
+    """A new event's envelope, of the lowest version that says what it carries: an intent needs
+    `INTENT_VERSION`, so a projector of version 3 still applies every event without one."""
+    version = INTENT_VERSION if intent is not None else PLAIN_VERSION
+    return Envelope(event_type, new_event_id(), int(time.time() * 1000), payload, version, None, version, intent)
 
 
 def new_event_id() -> str:
@@ -117,6 +142,8 @@ def headers_for(envelope: Envelope, traceparent: str | None = None) -> list[tupl
         headers.append((HEADER_SUBJECT, ref.encode()))
         if isinstance(key_id := sealed.get("kid"), str):
             headers.append((HEADER_KEY, key_id.encode()))
+    if envelope.intent is not None:
+        headers.append((HEADER_INTENT, envelope.intent))
     if envelope.appended_ms is not None:
         headers.append((HEADER_APPENDED, str(envelope.appended_ms).encode()))
     if traceparent:

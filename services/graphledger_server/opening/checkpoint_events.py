@@ -22,6 +22,7 @@ from graphledger.events.checkpoint import (
 )
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import TenantErase, ThreadErase
+from graphledger.ownership import Intent
 from graphledger.pg_text import json_text_problem, json_text_suspect
 
 
@@ -59,6 +60,8 @@ def to_checkpoint_event(env: Envelope) -> CheckpointEvent:
     event = checkpoint_event(env)
     match event:
         case CheckpointPut():
+            if event.intent is not None:
+                Intent.parse(event.intent)
             for name, text in (("checkpoint", event.checkpoint_json), ("metadata", event.metadata_json)):
                 try:
                     text.decode()
@@ -69,6 +72,8 @@ def to_checkpoint_event(env: Envelope) -> CheckpointEvent:
                 if json_text_suspect(text) and (problem := json_text_problem(text, f"{name} JSON")):
                     raise InvalidEventError(problem)
         case CheckpointWrites():
+            if event.intent is not None:
+                Intent.parse(event.intent)
             for w in event.writes:
                 if w.idx not in _INT4:
                     raise InvalidEventError(f"write idx {w.idx} does not fit checkpoint_writes.idx (int4)")

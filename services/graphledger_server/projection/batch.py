@@ -146,7 +146,11 @@ class BatchResult:
     """Partitions held at an event whose requirement (`TopicProjection.requires`) no committed batch met
     yet: the offset to fetch again from, after a pause."""
     forks: int = 0
-    """Checkpoint puts whose parent was not their thread namespace's newest checkpoint."""
+    """Checkpoint puts made without an intent whose parent was not their thread namespace's newest checkpoint."""
+    branches: int = 0
+    """Counted protected puts whose parent was not the newest: branches their writers asked for."""
+    refusals: Counter[str] = field(default_factory=Counter)
+    """Puts and writes the one-writer rule refused (`graphledger.ownership`), by cause."""
     erased_by_type: Counter[str | None] = field(default_factory=Counter)
     """Records of erased subjects, skipped, by event type."""
 
@@ -399,7 +403,7 @@ class BatchApplier:
             opened = (subject for subject in subjects if subject is not None)
             await erasure.record_subjects(conn, self._erasure, opened)
             report = await self._apply_events(conn, resolved.events)
-        result.forks = report.forks
+        result.forks, result.branches, result.refusals = report.forks, report.branches, report.refusals
         await record_dead_letters(conn, self.schema, dead)
         await parked.park(conn, self.parked_sql, parking.new, parking.parked_records)
         await parked.set_verdicts(conn, self.parked_sql, parking.decided)

@@ -10,10 +10,13 @@ target (`ApplyCopy`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
+import orjson
+
+from graphledger import ownership
 from graphledger.events.checkpoint import (
     CheckpointEvent,
     CheckpointPut,
@@ -22,10 +25,13 @@ from graphledger.events.checkpoint import (
     ThreadCopy,
     ThreadCopyBarrier,
     ThreadDelete,
+    ThreadEvent,
     ThreadExpire,
     ThreadPrune,
 )
 from graphledger.events.erasure import TenantErase, ThreadErase
+from graphledger.folds.thread import run_id_text
+from graphledger.ownership import Counted, Intent, Ledger, Refused
 from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
 
 BatchItem = tuple[str, int, int, CheckpointEvent | TimedCheckpointEvent]
@@ -64,14 +70,38 @@ class Put:
     topic: str
     partition: int
     offset: int
+    protected: bool = False
+    """Its writer's intent came with it (`graphledger.ownership`): a fork it makes is a branch it asked for."""
 
 
 @dataclass(frozen=True, slots=True)
 class Fork:
-    """A put whose parent was not the namespace's newest checkpoint when it applied."""
+    """A put whose parent was not the namespace's newest checkpoint when it applied: a `branch` its writer
+    asked for (a protected put, which the rule counted), or a `fork` by a writer outside the rule."""
 
     put: Put
     newest_checkpoint_id: str
+
+    @property
+    def kind(self) -> str:
+        return "branch" if self.put.protected else "fork"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A put or writes the rule refused (`graphledger.ownership`): never applied."""
+
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    event_type: str
+    reason: str
+    cause: str
+    """`ownership.SUPERSEDED` or `ownership.THREAD_CHANGED`."""
+    superseded_by: bytes | None
+    topic: str
+    partition: int
+    offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +160,9 @@ class DeleteRuns:
     partition: int
     within_threads: tuple[str, ...] | None = None
     """Only these threads (`TimedCheckpointEvent.within_threads`); None: every thread of the partition."""
+    planned_threads: tuple[str, ...] = ()
+    """The batch's threads on the partition, whose ledgers the plan keeps (`Plan.ledgers`): the others' are
+    changed where they are stored."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +213,10 @@ class _RunBuilder:
     def put(self, topic: str, partition: int, offset: int, e: CheckpointPut, ts_ms: int | None) -> None:
         self.events += 1
         thread_id, ns = e.thread_id, e.checkpoint_ns
-        self.puts.append(Put(thread_id, ns, e.checkpoint_id, e.parent_checkpoint_id, topic, partition, offset))
+        protected = e.intent is not None
+        self.puts.append(
+            Put(thread_id, ns, e.checkpoint_id, e.parent_checkpoint_id, topic, partition, offset, protected)
+        )
         self.touch(thread_id, topic, partition, ts_ms)
         key = (thread_id, ns, e.checkpoint_id)
         row = self.checkpoints.get(key)
@@ -212,6 +248,12 @@ class _RunBuilder:
                 # The upsert replaces channel, type and blob; task_path stays the first insert's.
                 row[6], row[7], row[8], row[9] = w.channel, w.type, w.data, True
 
+    def drop_writes_of(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> None:
+        """Leave out the run's writes of a checkpoint whose put the rule refused (its writer's, by then)."""
+        if (thread_id, checkpoint_ns, checkpoint_id) in self.checkpoints:
+            return  # put and counted earlier in the run: a refused copy of it takes nothing away
+        self.writes = {k: row for k, row in self.writes.items() if k[:3] != (thread_id, checkpoint_ns, checkpoint_id)}
+
     def build(self) -> DataRun:
         inserts = [r[:9] for r in self.writes.values() if not r[9]]
         upserts = [r[:9] for r in self.writes.values() if r[9]]
@@ -232,11 +274,39 @@ def columns(rows: Any, width: int) -> list[list[Any]]:
     return cols or [[] for _ in range(width)]
 
 
-def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
-    """Cut a batch into set-based data runs and ordered barrier operations. Pure."""
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A batch cut into steps, with what the rule decided (`graphledger.ownership`)."""
+
+    steps: list[Step]
+    refusals: list[Refusal]
+    ledgers: dict[str, Ledger[str]]
+    """The rule's state after the batch of each thread it changed (written back after the steps)."""
+    partitions: dict[str, int]
+    """The partition each thread the batch names is on (a thread's records share one)."""
+
+
+def plan_batch(items: Sequence[BatchItem], ledgers: Mapping[str, Ledger[str]] | None = None) -> Plan:
+    """Cut a batch into set-based data runs and ordered barrier operations, deciding by the rule which puts
+    and writes count from `ledgers` (each thread's state before the batch; missing: none known, no
+    operations and every namespace open). Pure."""
     steps: list[Step] = []
     run: _RunBuilder | None = None
     deletes: list[str] = []
+    before = dict(ledgers or {})
+    now: dict[str, Ledger[str]] = {}
+    refusals: list[Refusal] = []
+    partitions = {thread_id: p for _, p, _, item in items if (thread_id := thread_of(item)) is not None}
+
+    def ledger(thread_id: str) -> Ledger[str]:
+        return now.get(thread_id) or before.get(thread_id) or Ledger()
+
+    def operation(thread_id: str) -> None:
+        now[thread_id] = ownership.operation(ledger(thread_id))
+
+    def refuse(event: CheckpointPut | CheckpointWrites, refused: Refused, at: tuple[str, int, int]) -> None:
+        names = (event.thread_id, event.checkpoint_ns, event.checkpoint_id, event.TYPE)
+        refusals.append(Refusal(*names, refused.reason, refused.cause, refused.superseded_by, *at))
 
     def flush() -> None:
         nonlocal run
@@ -275,12 +345,33 @@ def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
                 # The batch applier held it until the copy had applied (staged). Keyed by the target, it
                 # travels on the target's partition: the copy lands among the target's records, in order.
                 target, at = event.target_thread_id, (event.source_partition, event.source_offset)
+                operation(target)
                 barrier(ApplyCopy(target, topic, partition, *at, ts_ms))
             case CheckpointPut():
-                data_run().put(topic, partition, offset, event, ts_ms)
+                intent = _intent(event.intent)
+                run_id = _run_of(event) if intent is not None else None
+                after, verdict = ownership.put(ledger(event.thread_id), event.checkpoint_ns, intent, run_id)
+                match verdict:
+                    case Counted():
+                        now[event.thread_id] = after
+                        data_run().put(topic, partition, offset, event, ts_ms)
+                    case Refused():
+                        refuse(event, verdict, (topic, partition, offset))
+                        if run is not None:
+                            run.drop_writes_of(event.thread_id, event.checkpoint_ns, event.checkpoint_id)
+                    case _:
+                        assert_never(verdict)
             case CheckpointWrites():
-                data_run().put_writes(topic, partition, event, ts_ms)
+                verdict = ownership.writes(ledger(event.thread_id), event.checkpoint_ns, _intent(event.intent))
+                match verdict:
+                    case Counted():
+                        data_run().put_writes(topic, partition, event, ts_ms)
+                    case Refused():
+                        refuse(event, verdict, (topic, partition, offset))
+                    case _:
+                        assert_never(verdict)
             case ThreadDelete() | ThreadPrune(strategy="delete"):
+                operation(event.thread_id)
                 delete(event.thread_id)
             case ThreadPrune():
                 barrier(PruneKeepLatest(event.thread_id, topic, partition, event.keep))
@@ -289,13 +380,21 @@ def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
                 erased_later = isinstance(item, TimedCheckpointEvent) and item.source_erased_later
                 barrier(StageCopy(source, target, topic, partition, offset, ts_ms, erased_later))
                 if event.at_record:  # written before copies landed at their barrier: it lands here, as then
+                    operation(target)
                     barrier(ApplyCopy(target, topic, partition, partition, offset, ts_ms))
             case ThreadExpire():
+                operation(event.thread_id)  # whether or not the thread was idle: its writers cannot tell
                 barrier(ExpireThread(event.thread_id, event.idle_before_ms))
             case RunsDelete():
                 within = item.within_threads if isinstance(item, TimedCheckpointEvent) else None
                 changes = event.run_ids and (within is None or within)
-                barrier(DeleteRuns(event.run_ids, topic, partition, within) if changes else None)
+                for thread_id in (
+                    t for t, p in partitions.items() if p == partition and (within is None or t in within)
+                ):
+                    if (runs_deleted := ownership.runs_deleted(ledger(thread_id), event.run_ids)) != ledger(thread_id):
+                        now[thread_id] = runs_deleted
+                batch_threads = tuple(t for t, p in partitions.items() if p == partition)
+                barrier(DeleteRuns(event.run_ids, topic, partition, within, batch_threads) if changes else None)
             case ThreadErase():
                 barrier(EraseThread(event.ref))
             case TenantErase():
@@ -303,7 +402,26 @@ def plan_batch(items: Sequence[BatchItem]) -> list[Step]:
             case _:
                 assert_never(event)
     flush()
-    return steps
+    changed = {thread_id: state for thread_id, state in now.items() if state != before.get(thread_id, Ledger())}
+    return Plan(steps, refusals, changed, partitions)
+
+
+def _intent(raw: bytes | None) -> Intent | None:
+    """The intent a validated event carries (`opening/checkpoint_events.py` parsed it once already)."""
+    return None if raw is None else Intent.parse(raw)
+
+
+def _run_of(event: CheckpointPut) -> str | None:
+    """The put's metadata `run_id` as `runs.delete` matches it (`metadata ->> 'run_id'`); None: none, or
+    one whose text the fold does not reproduce (`folds.thread.run_id_text`), never matched."""
+    run = run_id_text(orjson.loads(event.metadata_json).get("run_id"))
+    return run if isinstance(run, str) else None
+
+
+def thread_of(item: CheckpointEvent | TimedCheckpointEvent) -> str | None:
+    """The thread whose records carry the event (`key`), None for one of every thread or of none."""
+    event = item.event if isinstance(item, TimedCheckpointEvent) else item
+    return event.key if isinstance(event, ThreadEvent) else None
 
 
 def find_forks(puts: Sequence[Put], newest: dict[tuple[str, str], str | None]) -> list[Fork]:

@@ -103,19 +103,92 @@ FROM unnest($1::text[], $2::text[]) AS u(thread_id, checkpoint_ns)
 """
 
 # After the run applied: one row per fork, with the put's metadata source.
-# $1..$8 -> unnest(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, newest_checkpoint_id,
-# topic, partition, offset).
+# $1..$9 -> unnest(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, newest_checkpoint_id,
+# topic, partition, offset, kind: `branch` for a protected put, `fork` for one without an intent).
 INSERT_FORKS_SQL = """
 INSERT INTO {schema}.graphledger_forks
     (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, newest_checkpoint_id, source, topic,
-     partition, "offset")
+     partition, "offset", kind)
 SELECT u.thread_id, u.checkpoint_ns, u.checkpoint_id, u.parent_checkpoint_id, u.newest, c.metadata ->> 'source',
-       u.topic, u.partition, u."offset"
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[], $8::bigint[])
-    AS u(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, newest, topic, partition, "offset")
+       u.topic, u.partition, u."offset", u.kind
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[], $8::bigint[],
+            $9::text[])
+    AS u(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, newest, topic, partition, "offset", kind)
 LEFT JOIN {schema}.checkpoints c
     ON c.thread_id = u.thread_id AND c.checkpoint_ns = u.checkpoint_ns AND c.checkpoint_id = u.checkpoint_id
 ON CONFLICT (topic, partition, "offset") DO NOTHING
+"""
+
+# --- one writer per thread (graphledger.ownership) -----------------------------------------------
+
+# The rule's state of the batch's threads before it: each thread's operation count (null: none recorded)
+# and one row per lead (null namespace: none). $1 -> thread ids.
+THREAD_LEDGERS_SQL = """
+SELECT u.thread_id, g.operations, l.checkpoint_ns, l.lead, l.lead_run
+FROM unnest($1::text[]) AS u(thread_id)
+LEFT JOIN {schema}.graphledger_thread_ledgers g ON g.thread_id = u.thread_id
+LEFT JOIN {schema}.graphledger_thread_leads l ON l.thread_id = u.thread_id
+"""
+
+# The rule's state after the batch of the threads it changed, in one statement: their operation counts,
+# their leads replaced by the ones listed (a lead not listed is open). $1/$2 -> unnest(thread_id, operations);
+# $3..$6 -> unnest(thread_id, checkpoint_ns, lead, lead_run) of the leads they have now.
+WRITE_LEDGERS_SQL = """
+WITH ops AS (
+    INSERT INTO {schema}.graphledger_thread_ledgers AS g (thread_id, operations)
+    SELECT * FROM unnest($1::text[], $2::bigint[])
+    ON CONFLICT (thread_id) DO UPDATE SET operations = EXCLUDED.operations
+    WHERE g.operations IS DISTINCT FROM EXCLUDED.operations
+), opened AS (
+    DELETE FROM {schema}.graphledger_thread_leads l
+    WHERE l.thread_id = ANY($1::text[])
+      AND (l.thread_id, l.checkpoint_ns) NOT IN (SELECT * FROM unnest($3::text[], $4::text[]))
+)
+INSERT INTO {schema}.graphledger_thread_leads AS l (thread_id, checkpoint_ns, lead, lead_run)
+SELECT * FROM unnest($3::text[], $4::text[], $5::bytea[], $6::text[])
+ON CONFLICT (thread_id, checkpoint_ns) DO UPDATE SET lead = EXCLUDED.lead, lead_run = EXCLUDED.lead_run
+WHERE (l.lead, l.lead_run) IS DISTINCT FROM (EXCLUDED.lead, EXCLUDED.lead_run)
+"""
+
+# runs.delete, one partition's copy, for the threads of the partition the batch does not plan (`planned`):
+# a lead of a listed run opens its namespace, and counts an operation of its thread. $1 -> run ids,
+# $2 topic, $3 partition, $4 -> thread ids it may change (null: every one), $5 -> the batch's threads.
+OPEN_DELETED_RUNS_SQL = """
+WITH opened AS (
+    DELETE FROM {schema}.graphledger_thread_leads l
+    USING {schema}.graphledger_thread_partitions tp
+    WHERE tp.topic = $2::text AND tp.partition = $3::int AND l.thread_id = tp.thread_id
+      AND l.lead_run = ANY($1::text[])
+      AND ($4::text[] IS NULL OR l.thread_id = ANY($4::text[]))
+      AND l.thread_id <> ALL($5::text[])
+    RETURNING l.thread_id
+)
+INSERT INTO {schema}.graphledger_thread_ledgers AS g (thread_id, operations)
+SELECT DISTINCT thread_id, 1 FROM opened
+ON CONFLICT (thread_id) DO UPDATE SET operations = g.operations + 1
+"""
+
+# The puts and writes the rule refused, by position. $1..$9 -> unnest(topic, partition, offset, thread_id,
+# checkpoint_ns, checkpoint_id, event_type, reason, superseded_by).
+INSERT_REFUSALS_SQL = """
+INSERT INTO {schema}.graphledger_refusals
+    (topic, partition, "offset", thread_id, checkpoint_ns, checkpoint_id, event_type, reason, superseded_by)
+SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[],
+                     $8::text[], $9::bytea[])
+ON CONFLICT (topic, partition, "offset") DO NOTHING
+"""
+
+# The writes of refused puts' checkpoints that counted before their put (applied in an earlier run or
+# batch), unless the checkpoint counted after all (a copy of a counted put refused on a retry). $1..$3 ->
+# unnest(thread_id, checkpoint_ns, checkpoint_id).
+DROP_REFUSED_WRITES_SQL = """
+DELETE FROM {schema}.checkpoint_writes w
+USING unnest($1::text[], $2::text[], $3::text[]) AS u(thread_id, checkpoint_ns, checkpoint_id)
+WHERE w.thread_id = u.thread_id AND w.checkpoint_ns = u.checkpoint_ns AND w.checkpoint_id = u.checkpoint_id
+  AND NOT EXISTS (
+      SELECT 1 FROM {schema}.checkpoints c
+      WHERE c.thread_id = u.thread_id AND c.checkpoint_ns = u.checkpoint_ns AND c.checkpoint_id = u.checkpoint_id
+  )
 """
 
 # --- operations -------------------------------------------------------------------------------------
@@ -254,6 +327,9 @@ WITH c AS (DELETE FROM {schema}.checkpoints WHERE thread_id = ANY($1::text[])),
      w AS (DELETE FROM {schema}.checkpoint_writes WHERE thread_id = ANY($1::text[])),
      p AS (DELETE FROM {schema}.graphledger_thread_partitions WHERE thread_id = ANY($1::text[])),
      f AS (DELETE FROM {schema}.graphledger_forks WHERE thread_id = ANY($1::text[])),
+     g AS (DELETE FROM {schema}.graphledger_thread_ledgers WHERE thread_id = ANY($1::text[])),
+     ld AS (DELETE FROM {schema}.graphledger_thread_leads WHERE thread_id = ANY($1::text[])),
+     r AS (DELETE FROM {schema}.graphledger_refusals WHERE thread_id = ANY($1::text[])),
      l AS (
          INSERT INTO {schema}.graphledger_thread_copies (source_thread_id, target_thread_id)
          SELECT s.source_thread_id, t.target_thread_id
@@ -273,7 +349,10 @@ WITH c AS (DELETE FROM {schema}.checkpoints WHERE starts_with(thread_id, $1::tex
      b AS (DELETE FROM {schema}.checkpoint_blobs WHERE starts_with(thread_id, $1::text)),
      w AS (DELETE FROM {schema}.checkpoint_writes WHERE starts_with(thread_id, $1::text)),
      p AS (DELETE FROM {schema}.graphledger_thread_partitions WHERE starts_with(thread_id, $1::text)),
-     f AS (DELETE FROM {schema}.graphledger_forks WHERE starts_with(thread_id, $1::text))
+     f AS (DELETE FROM {schema}.graphledger_forks WHERE starts_with(thread_id, $1::text)),
+     g AS (DELETE FROM {schema}.graphledger_thread_ledgers WHERE starts_with(thread_id, $1::text)),
+     ld AS (DELETE FROM {schema}.graphledger_thread_leads WHERE starts_with(thread_id, $1::text)),
+     r AS (DELETE FROM {schema}.graphledger_refusals WHERE starts_with(thread_id, $1::text))
 DELETE FROM {schema}.graphledger_thread_copies
 WHERE starts_with(source_thread_id, $1::text) OR starts_with(target_thread_id, $1::text)
 """
@@ -378,4 +457,9 @@ class CheckpointStatements:
         self.gc_blobs = render(GC_BLOBS_SQL, schema)
         self.newest_checkpoints = render(NEWEST_CHECKPOINTS_SQL, schema)
         self.insert_forks = render(INSERT_FORKS_SQL, schema)
+        self.thread_ledgers = render(THREAD_LEDGERS_SQL, schema)
+        self.write_ledgers = render(WRITE_LEDGERS_SQL, schema)
+        self.open_deleted_runs = render(OPEN_DELETED_RUNS_SQL, schema)
+        self.insert_refusals = render(INSERT_REFUSALS_SQL, schema)
+        self.drop_refused_writes = render(DROP_REFUSED_WRITES_SQL, schema)
         self.prune = prune.PruneStatements(schema)

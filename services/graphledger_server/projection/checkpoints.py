@@ -8,13 +8,15 @@ order (`checkpoint_plan.py`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from typing import assert_never
 
 import asyncpg
 
-from graphledger.events.checkpoint import ThreadCopyBarrier
+from graphledger.events.checkpoint import CheckpointPut, ThreadCopyBarrier
 from graphledger.events.envelope import Envelope
+from graphledger.ownership import Ledger
 from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.opening import checkpoint_events
 from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
@@ -29,17 +31,20 @@ from graphledger_server.projection.checkpoint_plan import (
     EraseThread,
     ExpireThread,
     Fork,
+    Plan,
     PruneKeepLatest,
     StageCopy,
     Step,
     columns,
     find_forks,
     plan_batch,
+    thread_of,
 )
 from graphledger_server.projection.checkpoint_sql import CheckpointStatements
 from graphledger_server.projection.report import ApplyReport
 
 log = logging.getLogger(__name__)
+PUT = CheckpointPut.TYPE
 
 
 async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps: Sequence[Step]) -> list[Fork]:
@@ -78,7 +83,9 @@ async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps
                     await conn.execute(sql.delete_threads, [step.thread_id])
             case DeleteRuns():
                 within = None if step.within_threads is None else list(step.within_threads)
-                rows = await conn.fetch(sql.delete_runs, list(step.run_ids), step.topic, step.partition, within)
+                runs, at = list(step.run_ids), (step.topic, step.partition)
+                await conn.execute(sql.open_deleted_runs, runs, *at, within, list(step.planned_threads))
+                rows = await conn.fetch(sql.delete_runs, runs, *at, within)
                 await gc_blobs(conn, sql, [tuple(r) for r in rows])
             case EraseThread():
                 names = await erasure.names_of(conn, sql.erasure, "thread", [step.ref])
@@ -115,11 +122,54 @@ async def _apply_run(conn: asyncpg.Connection, sql: CheckpointStatements, run: D
     if forks:
         rows = [
             (f.put.thread_id, f.put.checkpoint_ns, f.put.checkpoint_id, f.put.parent_checkpoint_id,
-             f.newest_checkpoint_id, f.put.topic, f.put.partition, f.put.offset)
+             f.newest_checkpoint_id, f.put.topic, f.put.partition, f.put.offset, f.kind)
             for f in forks
         ]  # fmt: skip
-        await conn.execute(sql.insert_forks, *columns(rows, 8))
+        await conn.execute(sql.insert_forks, *columns(rows, 9))
     return forks
+
+
+async def read_ledgers(
+    conn: asyncpg.Connection, sql: CheckpointStatements, threads: Iterable[str]
+) -> dict[str, Ledger[str]]:
+    """The rule's state of `threads` as the projection holds it (a thread it knows nothing of is missing)."""
+    operations: dict[str, int] = {}
+    leads: dict[str, dict[str, bytes]] = {}
+    runs: dict[str, dict[str, object]] = {}
+    for row in await conn.fetch(sql.thread_ledgers, list(threads)):
+        thread_id = row["thread_id"]
+        if row["operations"] is not None:
+            operations[thread_id] = row["operations"]
+        if row["checkpoint_ns"] is not None:
+            leads.setdefault(thread_id, {})[row["checkpoint_ns"]] = bytes(row["lead"])
+            runs.setdefault(thread_id, {})[row["checkpoint_ns"]] = row["lead_run"]
+    known = operations.keys() | leads.keys()
+    return {t: Ledger(operations.get(t, 0), leads.get(t, {}), runs.get(t, {})) for t in known}
+
+
+async def write_verdicts(conn: asyncpg.Connection, sql: CheckpointStatements, plan: Plan) -> None:
+    """What the rule decided, after the plan's steps: the refusals, the writes of refused puts that
+    counted before their put, and the ledgers the batch changed."""
+    if plan.refusals:
+        rows = [
+            (r.topic, r.partition, r.offset, r.thread_id, r.checkpoint_ns, r.checkpoint_id, r.event_type, r.reason,
+             r.superseded_by)
+            for r in plan.refusals
+        ]  # fmt: skip
+        await conn.execute(sql.insert_refusals, *columns(rows, 9))
+        puts = {
+            (r.thread_id, r.checkpoint_ns, r.checkpoint_id) for r in plan.refusals if r.event_type == CheckpointPut.TYPE
+        }
+        if puts:
+            await conn.execute(sql.drop_refused_writes, *columns(sorted(puts), 3))
+    if plan.ledgers:
+        ops = [(thread_id, ledger.operations) for thread_id, ledger in plan.ledgers.items()]
+        leads = [
+            (thread_id, ns, lead, run if isinstance(run := ledger.lead_runs.get(ns), str) else None)
+            for thread_id, ledger in plan.ledgers.items()
+            for ns, lead in ledger.leads.items()
+        ]
+        await conn.execute(sql.write_ledgers, *columns(ops, 2), *columns(leads, 4))
 
 
 async def gc_blobs(
@@ -152,13 +202,28 @@ class CheckpointProjection:
                 return None
 
     async def apply(self, conn: asyncpg.Connection, items: Sequence[BatchItem]) -> ApplyReport:
-        forks = await apply_steps(conn, self.sql, plan_batch(items))
+        threads = {thread_id for _, _, _, item in items if (thread_id := thread_of(item)) is not None}
+        plan = plan_batch(items, await read_ledgers(conn, self.sql, threads) if threads else {})
+        forks = await apply_steps(conn, self.sql, plan.steps)
+        await write_verdicts(conn, self.sql, plan)
+        for r in plan.refusals:
+            log.warning(
+                "refused %s on thread %r namespace %r, checkpoint %s (%s:%d@%d): %s",
+                r.event_type, r.thread_id, r.checkpoint_ns, r.checkpoint_id, r.topic, r.partition, r.offset, r.reason,
+            )  # fmt: skip
         for f in forks:
             p = f.put
+            why = (
+                "a branch its writer asked for" if f.kind == "branch" else "a writer outside the rule, or a direct put"
+            )
             log.warning(
-                "fork on thread %r namespace %r: checkpoint %s has parent %s, but the newest checkpoint was %s "
-                "(%s:%d@%d); two writers on one thread, or a branch from an older checkpoint",
-                p.thread_id, p.checkpoint_ns, p.checkpoint_id, p.parent_checkpoint_id, f.newest_checkpoint_id,
-                p.topic, p.partition, p.offset,
+                "%s on thread %r namespace %r: checkpoint %s has parent %s, but the newest checkpoint was %s "
+                "(%s:%d@%d): %s",
+                f.kind, p.thread_id, p.checkpoint_ns, p.checkpoint_id, p.parent_checkpoint_id, f.newest_checkpoint_id,
+                p.topic, p.partition, p.offset, why,
             )  # fmt: skip
-        return ApplyReport(forks=len(forks))
+        return ApplyReport(
+            forks=sum(1 for f in forks if f.kind == "fork"),
+            branches=sum(1 for f in forks if f.kind == "branch"),
+            refusals=Counter(r.cause for r in plan.refusals),
+        )

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
 class ApplyReport:
     forks: int = 0
-    """Checkpoint puts whose parent was not their thread namespace's newest checkpoint."""
+    """Checkpoint puts made without an intent whose parent was not their thread namespace's newest checkpoint."""
+    branches: int = 0
+    """Counted protected puts whose parent was not the newest: branches their writers asked for."""
+    refusals: Counter[str] = field(default_factory=Counter)
+    """Puts and writes the rule refused (`graphledger.ownership`), by cause."""
 
     def __add__(self, other: ApplyReport | None) -> ApplyReport:
-        return self if other is None else ApplyReport(self.forks + other.forks)
+        if other is None:
+            return self
+        return ApplyReport(self.forks + other.forks, self.branches + other.branches, self.refusals + other.refusals)

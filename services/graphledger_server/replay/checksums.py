@@ -21,6 +21,8 @@ TABLES = (
     "store",
     "store_vectors",
     "graphledger_thread_partitions",
+    "graphledger_thread_ledgers",
+    "graphledger_thread_leads",
     "graphledger_thread_copies",
     "graphledger_subjects",
     "graphledger_copy_stages",
@@ -30,8 +32,9 @@ TABLES = (
     "graphledger_parked_subjects",
     "graphledger_held_records",
 )
-"""Every table a projection event writes, and the parked subjects with the records they hold (chunks, dead
-letters and verdicts are bookkeeping, not projection)."""
+"""Every table a projection event writes, the one-writer rule's state (its ledgers and leads: a rebuild
+decides the next writes as the live schema would), and the parked subjects with the records they hold
+(chunks, dead letters, verdicts, forks and refusals are bookkeeping, not projection)."""
 
 EXISTS_SQL = "SELECT to_regclass($1::text) IS NOT NULL"
 CHECKSUM_SQL = """

@@ -168,9 +168,21 @@ PROJECTOR_FORKS = MetricSpec(
     "graphledger.projector.forks",
     "counter",
     "{checkpoint}",
-    "Checkpoint puts whose parent was not their thread namespace's newest checkpoint when applied: two "
-    "writers on one thread, or a branch from an older checkpoint (`graphledger forks list`).",
+    "Checkpoint puts whose parent was not their thread namespace's newest checkpoint when applied, by kind: "
+    "`branch`, one its writer asked for (time travel, a copy of an older checkpoint); `fork`, one made without "
+    "an intent, by a writer outside the one-writer rule (`graphledger forks list`).",
     names.PROJECTOR_SCOPE,
+    (names.GRAPHLEDGER_FORK_KIND,),
+)
+PROJECTOR_WRITES_REFUSED = MetricSpec(
+    "graphledger.projector.writes_refused",
+    "counter",
+    "{record}",
+    'Puts and writes the one-writer rule refused (docs/architecture.md, "One writer per thread"), by cause: '
+    "`superseded` (another writer's put led the thread first) or `thread_changed` (an operation came after the "
+    "writer's read). Never applied; the writer's run fails with ThreadWriteRefusedError.",
+    names.PROJECTOR_SCOPE,
+    (names.GRAPHLEDGER_REFUSAL_CAUSE,),
 )
 PROJECTOR_ERASED_RECORDS = MetricSpec(
     "graphledger.projector.erased_records",
@@ -338,6 +350,7 @@ REGISTRY: tuple[MetricSpec, ...] = (
     PROJECTOR_EVENTS_DEAD_LETTERED,
     PROJECTOR_EVENTS_SKIPPED,
     PROJECTOR_FORKS,
+    PROJECTOR_WRITES_REFUSED,
     PROJECTOR_ERASED_RECORDS,
     PROJECTOR_LOG_GAPS,
     PROJECTOR_BATCH_FAILURES,

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from graphledger import ownership
 from graphledger.events.checkpoint import CHECKPOINT_EVENT_TYPES
 from graphledger.events.envelope import HEADER_TRACEPARENT, header
 from graphledger.events.store import STORE_EVENT_TYPES
@@ -60,6 +61,7 @@ _dead_lettered = metrics.instrument(metrics.PROJECTOR_EVENTS_DEAD_LETTERED)
 _skipped = metrics.instrument(metrics.PROJECTOR_EVENTS_SKIPPED)
 _failures = metrics.instrument(metrics.PROJECTOR_BATCH_FAILURES)
 _forks = metrics.instrument(metrics.PROJECTOR_FORKS)
+_refused = metrics.instrument(metrics.PROJECTOR_WRITES_REFUSED)
 _erased = metrics.instrument(metrics.PROJECTOR_ERASED_RECORDS)
 _offset_commit_failures = metrics.instrument(metrics.PROJECTOR_OFFSET_COMMIT_FAILURES)
 _log_gaps = metrics.instrument(metrics.PROJECTOR_LOG_GAPS)
@@ -166,7 +168,10 @@ class ProjectorTelemetry:
         self._consumer: Any = None
         _workers.add(self)
         _skipped.add(0)  # reported from the start, so a panel or alert on redeliveries has a series before one
-        _forks.add(0)  # likewise for forks
+        for kind in ("fork", "branch"):  # likewise for forks and branches
+            _forks.add(0, {names.GRAPHLEDGER_FORK_KIND: kind})
+        for cause in (ownership.SUPERSEDED, ownership.THREAD_CHANGED):  # and for refusals
+            _refused.add(0, {names.GRAPHLEDGER_REFUSAL_CAUSE: cause})
         metrics.observe(metrics.PROJECTOR_LAG, _observe_lag)
         metrics.observe(metrics.PROJECTOR_PARTITIONS_STOPPED, _observe_stopped)
         metrics.observe(metrics.DEAD_LETTERS_OUTSTANDING, _observe_dead_letters)
@@ -267,7 +272,11 @@ class ProjectorTelemetry:
         if result.skipped:
             _skipped.add(result.skipped)
         if result.forks:
-            _forks.add(result.forks)
+            _forks.add(result.forks, {names.GRAPHLEDGER_FORK_KIND: "fork"})
+        if result.branches:
+            _forks.add(result.branches, {names.GRAPHLEDGER_FORK_KIND: "branch"})
+        for cause, count in result.refusals.items():
+            _refused.add(count, {names.GRAPHLEDGER_REFUSAL_CAUSE: cause})
         for event_type, count in result.erased_by_type.items():
             _erased.add(count, {names.EVENT_TYPE: event_type_label(event_type)})
         if result.next_offsets:
