@@ -103,6 +103,24 @@ class SubjectErasedError(GraphledgerError):
     """The thread, store namespace or tenant was erased: nothing more can be read or written for it."""
 
 
+class ThreadWriteRefusedError(GraphledgerError):
+    """A write of this run was refused: another writer superseded the thread as this run read it, or the
+    thread changed since (docs/architecture.md, "One writer per thread"). Nothing more of the run counts:
+    read the thread again and retry the turn from its head."""
+
+    def __init__(self, thread_id: str, checkpoint_ns: str, reason: str, superseded_by: str | None = None) -> None:
+        where = f"thread {thread_id!r}" + (f" namespace {checkpoint_ns!r}" if checkpoint_ns else "")
+        by = f" (superseded by checkpoint {superseded_by})" if superseded_by else ""
+        super().__init__(
+            f"{where}: this run's write was refused: {reason}{by}. The run cannot continue; read the thread "
+            "again and retry the turn from its head"
+        )
+        self.thread_id = thread_id
+        self.checkpoint_ns = checkpoint_ns
+        self.reason = reason
+        self.superseded_by = superseded_by
+
+
 # -- services ------------------------------------------------------------------------------------------
 
 

@@ -138,6 +138,14 @@ class Settings(BaseSettings):
     )
 
     # Erasure (docs/security.md): user content sealed with per-subject data keys held outside the log.
+    write_ownership: Literal["refuse", "record"] = Field(
+        "refuse",
+        description="One writer per thread (docs/architecture.md): `refuse` sends, with each write of a LangGraph "
+        "run, what the run read of the thread, and the log refuses a write whose thread changed since (a "
+        "superseded or concurrent writer: ThreadWriteRefusedError, as the Agent Server's `reject`); `record` sends "
+        "none, so every write counts as with the official savers, and the projector records forks. Only the "
+        "writer reads it: projector, read API and replay apply the rule to every write that carries an intent.",
+    )
     encrypt_events: bool = Field(
         True,
         description="Seal every event's user content with its subject's data key and hash identifiers in record "

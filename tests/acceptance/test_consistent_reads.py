@@ -234,7 +234,7 @@ def test_two_writers_on_one_thread_are_counted_as_a_fork(stack: DevStack, pods: 
             timeout=60,
         )
         assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
+        return json.loads(done.stdout)["forks"]
 
     wait_until(lambda: bool(forks()), 60, "the projector to record the fork")
     # The second writer's first checkpoint in log order forked from the head it read: m1's newest, or

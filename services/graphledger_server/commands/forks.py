@@ -1,8 +1,10 @@
-"""`graphledger forks list`: the forks the projector found, newest first.
+"""`graphledger forks list`: what the projector found writing a thread off its newest checkpoint, newest first.
 
-A fork is a checkpoint put whose parent was not its thread namespace's newest checkpoint when the
-projector applied it (`graphledger_forks`): two processes writing one thread at once, or a branch a
-user asked for (`source` `update`/`fork`, or a run started from an older checkpoint).
+Three kinds (docs/architecture.md, "One writer per thread"): `refused`, a put or writes of a superseded or
+concurrent writer, which the one-writer rule did not apply (`graphledger_refusals`); `branch`, a counted put
+whose parent was not the newest, asked for by its writer (time travel, `update_state` on an older
+checkpoint); `fork`, a put made without an intent off the newest (a writer outside the rule: an older client,
+`GRAPHLEDGER_WRITE_OWNERSHIP=record`, a direct put).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ def register(commands: Any) -> None:
     """Register `forks` and its subcommand on the `graphledger` parser."""
     forks = commands.add_parser(
         "forks",
-        help="list the forks the projector found (two writers on one thread, or branches)",
-        description="Checkpoint puts whose parent was not their thread namespace's newest checkpoint when "
-        "applied. Reads GRAPHLEDGER_POSTGRES_DSN/_SCHEMA.",
+        help="list refused writes, branches and forks (writers off their thread's newest checkpoint)",
+        description="Puts and writes the one-writer rule refused, and checkpoint puts whose parent was not "
+        "their thread namespace's newest checkpoint when applied (branches asked for, forks by writers outside "
+        "the rule). Reads GRAPHLEDGER_POSTGRES_DSN/_SCHEMA.",
     )
     sub = forks.add_subparsers(dest="forks_command", required=True, metavar="COMMAND")
     listing = sub.add_parser("list", help="newest first")
@@ -32,28 +35,40 @@ def register(commands: Any) -> None:
 
 
 def _run_list(args: argparse.Namespace, settings: Settings) -> int:
-    rows = asyncio.run(_forks(settings, args.thread, args.limit))
+    refused, forks = asyncio.run(_forks(settings, args.thread, args.limit))
     if args.json:
-        print(json.dumps(rows, indent=2))
-    elif not rows:
+        print(json.dumps({"refused": refused, "forks": forks}, indent=2))
+        return 0
+    if not refused and not forks:
         print("forks: none")
-    else:
-        print(f"{'ID':>6}  {'RECORDED (UTC)':<19}  {'THREAD':<24}  {'SOURCE':<6}  CHECKPOINT <- PARENT (NEWEST WAS)")
-        for r in rows:
+        return 0
+    if refused:
+        print(f"{'KIND':<8}  {'RECORDED (UTC)':<19}  {'THREAD':<24}  {'EVENT':<17}  CHECKPOINT: WHY")
+        for r in refused:
             print(
-                f"{r['id']:>6}  {r['recorded_at'][:19]:<19}  {r['thread_id'][:24]:<24}  {r['source'] or '?':<6}  "
+                f"{'refused':<8}  {r['recorded_at'][:19]:<19}  {r['thread_id'][:24]:<24}  {r['event_type']:<17}  "
+                f"{r['checkpoint_id']}: {r['reason']}"
+            )
+    if forks:
+        print(f"{'KIND':<8}  {'RECORDED (UTC)':<19}  {'THREAD':<24}  {'SOURCE':<6}  CHECKPOINT <- PARENT (NEWEST WAS)")
+        for r in forks:
+            print(
+                f"{r['kind']:<8}  {r['recorded_at'][:19]:<19}  {r['thread_id'][:24]:<24}  {r['source'] or '?':<6}  "
                 f"{r['checkpoint_id']} <- {r['parent_checkpoint_id']} ({r['newest_checkpoint_id']})"
             )
     return 0
 
 
-async def _forks(settings: Settings, thread_id: str | None, limit: int) -> list[dict[str, Any]]:
+async def _forks(
+    settings: Settings, thread_id: str | None, limit: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     import asyncpg
 
     from graphledger_server.projection import forks
 
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
-        return await forks.list_forks(conn, settings.postgres_schema, thread_id, limit)
+        refused = await forks.list_refusals(conn, settings.postgres_schema, thread_id, limit)
+        return refused, await forks.list_forks(conn, settings.postgres_schema, thread_id, limit)
     finally:
         await conn.close()

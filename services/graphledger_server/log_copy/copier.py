@@ -199,6 +199,9 @@ class Copier:
         tenant = tenant_of(event.event, self._sealing.tenants)
         if isinstance(event.event, ThreadCopyBarrier):
             return Outgoing(None, envelope, None, [], sealed=True, tenant=tenant)  # sealed once re-pointed
+        # A protected write's intent goes in the copy's clear header as in the original's (a copied log
+        # must refuse what the original refused: graphledger.ownership).
+        envelope = dataclasses.replace(envelope, intent=getattr(event.event, "intent", None))
         try:
             key, sealed = await self._sealing.sealer.seal(event.event, tenant, envelope)
         except SubjectErasedError:

@@ -1,5 +1,6 @@
-"""Reading `graphledger_forks`, the checkpoint puts the projector found forking their thread
-(`checkpoints.py` records them as it applies a batch)."""
+"""Reading `graphledger_forks` and `graphledger_refusals`: the checkpoint puts the projector found branching
+or forking their thread, and the puts and writes the one-writer rule refused (`checkpoints.py` records both
+as it applies a batch)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from graphledger_server.sql import render
 
 # $1 thread id or null, $2 limit.
 LIST_FORKS_SQL = """
-SELECT id, thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, newest_checkpoint_id, source,
+SELECT id, kind, thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, newest_checkpoint_id, source,
        topic, partition, "offset", recorded_at
 FROM {schema}.graphledger_forks
 WHERE $1::text IS NULL OR thread_id = $1::text
@@ -19,10 +20,27 @@ ORDER BY id DESC
 LIMIT $2::int
 """
 
+# $1 thread id or null, $2 limit.
+LIST_REFUSALS_SQL = """
+SELECT thread_id, checkpoint_ns, checkpoint_id, event_type, reason, topic, partition, "offset", recorded_at
+FROM {schema}.graphledger_refusals
+WHERE $1::text IS NULL OR thread_id = $1::text
+ORDER BY recorded_at DESC, topic, partition, "offset" DESC
+LIMIT $2::int
+"""
+
 
 async def list_forks(
     conn: asyncpg.Connection, schema: str, thread_id: str | None = None, limit: int = 100
 ) -> list[dict[str, Any]]:
-    """The forks recorded, newest first (of one thread when given), `recorded_at` in ISO 8601."""
+    """The forks and branches recorded, newest first (of one thread when given), `recorded_at` in ISO 8601."""
     rows = await conn.fetch(render(LIST_FORKS_SQL, schema), thread_id, limit)
+    return [{**dict(r), "recorded_at": r["recorded_at"].isoformat()} for r in rows]
+
+
+async def list_refusals(
+    conn: asyncpg.Connection, schema: str, thread_id: str | None = None, limit: int = 100
+) -> list[dict[str, Any]]:
+    """The refused puts and writes recorded, newest first (of one thread when given)."""
+    rows = await conn.fetch(render(LIST_REFUSALS_SQL, schema), thread_id, limit)
     return [{**dict(r), "recorded_at": r["recorded_at"].isoformat()} for r in rows]
