@@ -4,7 +4,6 @@ projector tests."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
