@@ -50,10 +50,10 @@ from graphledger.events.store import StoreExpire, StoreRefresh
 from graphledger.folds import store_item, thread
 from graphledger.log.records import LogRecord
 from graphledger.opening.records import DeadLetter
-from graphledger_server.api.checkpoints import BLOB_CEILINGS_SQL, THREAD_NAMESPACES_SQL, TenantSaver, wire_tuple
-from graphledger_server.api.passthrough import PassThroughSerde
-from graphledger_server.api.read_through import thread_events
-from graphledger_server.api.store_sql import item_rows_statement
+from graphledger_server.api.consistency.read_through import thread_events
+from graphledger_server.api.reads.checkpoint_sql import BLOB_CEILINGS_SQL, THREAD_NAMESPACES_SQL
+from graphledger_server.api.reads.saver import PassThroughSerde, TenantSaver, wire_tuple
+from graphledger_server.api.reads.store_sql import item_rows_statement
 from graphledger_server.api.tenant import Tenant
 from graphledger_server.log.offsets import OffsetStatements, group_offsets
 from graphledger_server.opening.vector_index import VectorIndex

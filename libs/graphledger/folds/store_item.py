@@ -1,7 +1,7 @@
 """The fold of one store item's events into what a store `get` answers, as the store projection applies them.
 
 The read API answers a get at the log's end from the projection's row and the item's records the
-projector has not applied yet (`graphledger_server/api/store_through.py`); this is the projection's
+projector has not applied yet (`graphledger_server/api/reads/store_through.py`); this is the projection's
 effect on one item (`projection/store.py`), written once in Python and checked against the SQL by the
 projection contract suite:
 - a put replaces value, `updated_at` (its time) and the TTL (`expires_at` = its time + `ttl_minutes`,

@@ -216,7 +216,7 @@ def version_counter(version: str) -> int | None:
     """The counter of a version in LangGraph's form, 32 zero-padded digits before an optional random
     tiebreak (`"00..07.0.42"`, as `get_next_version` of the official savers and this one makes them);
     None for any other form. Versions of that form sort by their counters in any collation, so the
-    projection finds a channel's highest with one index probe (`api/checkpoints.py`); a version of
+    projection finds a channel's highest with one index probe (`api/reads/checkpoint_sql.py`); a version of
     another form never equals one of that form."""
     head = version[:COUNTER_DIGITS]
     if len(head) < COUNTER_DIGITS or not (head.isascii() and head.isdigit()):

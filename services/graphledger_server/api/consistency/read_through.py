@@ -61,7 +61,7 @@ from graphledger.opening.records import (
     unwrapped,
 )
 from graphledger.tenancy import THREAD_SEPARATOR
-from graphledger_server.api.unprojected import Unprojected
+from graphledger_server.api.consistency.unprojected import Unprojected
 from graphledger_server.opening.opener import RecordOpener
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,11 @@
 """Store gets at the log's end: the projection's rows and the items' unprojected records, folded.
 
-A get whose item has records the projection has not applied (`read_barrier.Settled.tail`) reads the
-item's row (expired or not) and the projection's applied offsets in one repeatable-read snapshot, then
-folds the item's records since (`graphledger.folds.store_item`), decoded as the projector decodes them
-(`read_through.TailEvents`, with the store projection's own validation, `opening/store_events.py`). A get the
-fold cannot answer (a namespace's erasure among the records, or records no longer all held) is
-`WAIT`: it waits for the projection, as every store search and listing does.
+A get whose item has records the projection has not applied (`consistency/read_barrier.Settled.tail`)
+reads the item's row (expired or not) and the projection's applied offsets in one repeatable-read
+snapshot, then folds the item's records since (`graphledger.folds.store_item`), decoded as the projector
+decodes them (`consistency/read_through.TailEvents`, with the store projection's own validation,
+`opening/store_events.py`). A get the fold cannot answer (a namespace's erasure among the records, or
+records no longer all held) is `WAIT`: it waits for the projection, as every store search and listing does.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from graphledger.events.erasure import NamespaceErase, TenantErase
 from graphledger.events.store import StoreDelete, StoreExpire, StorePut, StoreRefresh
 from graphledger.folds import store_item, thread
 from graphledger.settings import Settings
-from graphledger_server.api import store_sql
-from graphledger_server.api.read_barrier import Settled
-from graphledger_server.api.read_through import TailEvents
+from graphledger_server.api.consistency.read_barrier import Settled
+from graphledger_server.api.consistency.read_through import TailEvents
+from graphledger_server.api.reads import store_sql
 from graphledger_server.api.store_models import GetOp
 from graphledger_server.log.offsets import OffsetStatements, next_offsets
 from graphledger_server.opening.store_events import StoreEvents

@@ -29,9 +29,9 @@ from typing import Any, assert_never
 
 import asyncpg
 
-from graphledger_server.api import store_sql
 from graphledger_server.api.errors import ApiError, unavailable
-from graphledger_server.api.scope_verdicts import ScopeVerdicts, scope_key
+from graphledger_server.api.reads import store_sql
+from graphledger_server.api.reads.scope_verdicts import ScopeVerdicts, scope_key
 from graphledger_server.api.store_models import GetOp, ListNamespacesOp, SearchOp
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.opening.vector_index import VectorIndex, load_extension_schema, load_vector_index
