@@ -24,6 +24,7 @@ from psycopg import AsyncConnection
 
 from graphledger.erasure.sealing import ERASED
 from graphledger.folds import thread
+from graphledger.tasks import drop_speculative
 from graphledger.wire import Token, typed
 from graphledger_server.api.consistency.read_barrier import KeyedRead, OwnWrites, Settled
 from graphledger_server.api.consistency.read_through import KeptView, thread_events_to_fold
@@ -68,12 +69,13 @@ class CheckpointReads:
         base = await self._newest_base_started(body)
         # A thread the read API holds no view of is often a new one, whose answer (none) says whether it was
         # erased: the projection's answer brings that too, in the same statement.
-        erased = asyncio.create_task(self._erased_in(base, body.thread_id)) if base is not None else None
+        erased = None
+        if base is not None:
+            erased = asyncio.create_task(self._erased_in(base, body.thread_id), name="a get's erasure check")
         try:
             return await self._get(body, own, cached, base, erased)
         finally:
-            await _cancelled(base)
-            await _cancelled(erased)
+            await drop_speculative(log, base, erased)
 
     async def _get(
         self,
@@ -140,7 +142,8 @@ class CheckpointReads:
         partition = await state.barrier.partition_of(state.settings.checkpoint_topic, key)
         if state.views.usable(key, None, partition) is not None:
             return None
-        return asyncio.create_task(self._newest_base(stored, body.checkpoint_ns, partition, key))
+        newest = self._newest_base(stored, body.checkpoint_ns, partition, key)
+        return asyncio.create_task(newest, name="a get's read of the projection's newest checkpoint")
 
     async def _get_through(
         self,
@@ -435,14 +438,6 @@ def _fold(view: thread.View, events: Sequence[Any]) -> thread.View:
     for event in events:
         view = thread.apply(view, event)
     return view
-
-
-async def _cancelled(task: asyncio.Task[Any] | None) -> None:
-    if task is not None and not task.done():
-        task.cancel()
-    if task is not None:
-        with contextlib.suppress(BaseException):
-            await task
 
 
 def _later_writes_of(held: thread.Namespace) -> dict[str, list[list[Any]]] | None:

@@ -11,9 +11,10 @@ consistency token, the caller's own writes). The statements run on `StoreReader`
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 from typing import Any
 
+from graphledger.tasks import drop_speculative
 from graphledger.wire import Token
 from graphledger_server.api.consistency.read_barrier import KeyedRead, Settled
 from graphledger_server.api.reads.store_through import WAIT, items_through
@@ -21,6 +22,8 @@ from graphledger_server.api.state import ApiState
 from graphledger_server.api.store_models import GetOp
 from graphledger_server.api.tenant import StoreOp
 from graphledger_server.telemetry import api as telemetry
+
+log = logging.getLogger(__name__)
 
 
 class StoreBatchReads:
@@ -60,18 +63,20 @@ class StoreBatchReads:
         since = await state.barrier.positions(topic)
         # Nothing awaited between reading the positions and starting the ops: they see at least that much.
         searches: list[tuple[str, float]] = []
-        early = None if state.offsets.missing(token) else asyncio.create_task(state.store_reader.run(ops, searches))
+        early = None
+        if not state.offsets.missing(token):
+            early = asyncio.create_task(state.store_reader.run(ops, searches), name="a store batch read ahead")
         try:
             at_end = await state.barrier.before_topic(topic, token, tenant=self._tenant, since=since)
         except BaseException:
-            await _finished(early)
+            await drop_speculative(log, early, cancel=False)
             raise
         if early is not None:
             if at_end:
                 answer = await early
                 telemetry.store_searches(searches)
                 return answer
-            await _finished(early)
+            await drop_speculative(log, early, cancel=False)
         return await state.store_reader.run(ops)
 
     async def _results(self, ops: list[StoreOp], through: dict[int, Settled]) -> list[Any]:
@@ -97,10 +102,3 @@ class StoreBatchReads:
             for i, found in zip(plain, await state.store_reader.run([ops[i] for i in plain]), strict=True):
                 results[i] = found
         return results
-
-
-async def _finished(task: asyncio.Task[Any] | None) -> None:
-    """Let a read that is no longer needed finish (cancelling a statement costs Postgres more), unheard."""
-    if task is not None:
-        with contextlib.suppress(Exception):
-            await task
