@@ -7,8 +7,8 @@ snapshot's `through` (from past the process's own records there, which their off
 every record of the thread there is its own, the snapshot is the answer (no HTTP, no Postgres).
 Otherwise, or when it holds no view of what is asked, the read API answers (it waits for, or folds,
 every record the client does not name as its own) and the client folds its named records onto that
-answer. When the fold cannot derive the answer, the client asks once more
-naming nothing, and the read API then waits for every record of the thread.
+answer. When the fold cannot derive the answer (`thread.Underivable`), the
+client asks once more naming nothing, and the read API then waits for every record of the thread.
 
 A thread the process does not hold is most often a new one. Its read is answered here too when the log
 proves it new: its key is not in its partition's key filter (`key_filters.py`), and no record from the
@@ -27,7 +27,7 @@ from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationF
 
 from graphledger.client.key_filters import KeyFilters
 from graphledger.client.threads import Held, HeldThreads
-from graphledger.errors import LogUnavailableError
+from graphledger.errors import LogUnavailableError, ReadApiError
 from graphledger.folds import thread
 from graphledger.log.records import Tail
 from graphledger.log.tail import LogTail
@@ -85,14 +85,10 @@ class ThreadReads:
         if held is not None and held.view.erased:
             return None
         if held is not None and held.local:
-            try:
-                answer = held.view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, checkpoint_id)
-            except thread.Underivable:
-                pass
-            else:
-                if await self._unchanged_since(thread_id, held):
-                    self.answered["held"] += 1
-                    return answer
+            answer = held.view.answer(thread_id, checkpoint_ns, checkpoint_id)
+            if not isinstance(answer, thread.Underivable) and await self._unchanged_since(thread_id, held):
+                self.answered["held"] += 1
+                return answer
         self.answered["read_api"] += 1
         return await self._from_api(thread_id, checkpoint_ns, checkpoint_id, held)
 
@@ -108,11 +104,8 @@ class ThreadReads:
         ns = _namespace(held, checkpoint_ns)
         current = ns is not None and held is not None and held.local and await self._unchanged_since(thread_id, held)
         if current and ns is not None:
-            try:
-                answer = ns.delta_history(checkpoint_id, channels)
-            except thread.Underivable:
-                pass
-            else:
+            answer = ns.delta_history(checkpoint_id, channels)
+            if not isinstance(answer, thread.Underivable):
                 self.answered["held"] += 1
                 return answer
         self.answered["read_api"] += 1
@@ -202,11 +195,16 @@ class ThreadReads:
             if held.local and checkpoint_id is None and self._log_tail() is None:
                 headers[CACHED_THROUGH_HEADER] = str(held.through)  # the read API looks at the log instead
         answer = await self._read(GET_PATH, body, headers or None)
-        try:
-            return self._answered(thread_id, checkpoint_ns, checkpoint_id, held if headers else None, answer)
-        except thread.Underivable:
+        answered = self._answered(thread_id, checkpoint_ns, checkpoint_id, held if headers else None, answer)
+        if isinstance(answered, thread.Underivable):
+            # The named records do not fold onto the answer: one naming nothing holds them all.
             answer = await self._read(GET_PATH, body, None)
-            return self._answered(thread_id, checkpoint_ns, checkpoint_id, None, answer)
+            answered = self._answered(thread_id, checkpoint_ns, checkpoint_id, None, answer)
+        if isinstance(answered, thread.Underivable):
+            raise ReadApiError(
+                200, "bad_response", f"{GET_PATH} answered what the client cannot read: {answered.reason}"
+            )
+        return answered
 
     def _answered(
         self,
@@ -215,9 +213,9 @@ class ThreadReads:
         checkpoint_id: str | None,
         named: Held | None,
         answer: dict[str, Any],
-    ) -> dict[str, Any] | None:
-        """The read API's `answer` with the named own records it lacks folded in; holds the thread when
-        the answer is of its newest checkpoint. Raises `thread.Underivable`."""
+    ) -> dict[str, Any] | thread.Underivable | None:
+        """The read API's `answer` with the named own records it lacks folded in (unless they do not fold
+        onto it); holds the thread when the answer is of its newest checkpoint."""
         if answer.get("erased"):
             self._on_erased(thread_id)
             self._threads.erased(thread_id)
@@ -227,7 +225,7 @@ class ThreadReads:
             named = None  # named on another partition: the read API heeded none of them
         if answer.get("current") and named is not None:
             self._threads.advance(thread_id, named, end)
-            return named.view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, checkpoint_id)
+            return named.view.answer(thread_id, checkpoint_ns, checkpoint_id)
         # Naming nothing, the answer holds every record of the thread below the log's end.
         applied = answer.get("own_writes_from", end) if named is not None else end
         if checkpoint_id is not None:
@@ -237,17 +235,15 @@ class ThreadReads:
         view = thread.from_answer(checkpoint_ns, answer["tuple"], answer.get("namespaces"), later, ceilings)
         # Too many writes of newer checkpoints to send: the answer stands, the thread is not held.
         view = self._threads.install(thread_id, named, partition, view, applied, end, hold=later is not None)
-        return view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, None)
+        return view.answer(thread_id, checkpoint_ns, None)
 
 
 def _namespace(held: Held | None, checkpoint_ns: str) -> thread.Namespace | None:
     """The namespace as held (None: not held)."""
     if held is None:
         return None
-    try:
-        return held.view.namespace(checkpoint_ns)
-    except thread.Underivable:
-        return None
+    ns = held.view.namespace(checkpoint_ns)
+    return None if isinstance(ns, thread.Underivable) else ns
 
 
 def _older(
@@ -257,10 +253,10 @@ def _older(
     checkpoint_ns: str,
     checkpoint_id: str,
     applied: int,
-) -> dict[str, Any] | None:
+) -> dict[str, Any] | thread.Underivable | None:
     """The answer for one checkpoint (not the thread's newest), with the named own records the read API's
     answer lacks applied as the projection applies them to it (`thread.apply_to_checkpoint`)."""
     view = thread.from_answer(checkpoint_ns, tuple_)
     for _, event in named.own_since(applied) if named is not None else ():
         view = thread.apply_to_checkpoint(view, event, checkpoint_ns, checkpoint_id)
-    return view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, checkpoint_id)
+    return view.answer(thread_id, checkpoint_ns, checkpoint_id)

@@ -11,7 +11,7 @@ projection contract suite:
 - a refresh restarts a live item's TTL at its time, never shortening it;
 - an expire removes the item only if it is still expired at the sweeper's decision time;
 - a tenant's erasure removes every item of the tenant; a namespace's erasure needs the erasure's names
-  (rows only the projection holds): `Underivable`.
+  (rows only the projection holds): it is `Underivable`, a result the reader matches.
 Vectors are not part of a get. Times are the events' append times (`envelope.append_time_ms`), as the
 projection takes them.
 """
@@ -72,9 +72,9 @@ def _minutes(ttl: float) -> timedelta:
     return timedelta(microseconds=round(ttl * 60_000_000))
 
 
-def apply(item: Item | None, event: StoreEvent, ts_ms: int) -> Item | None:
+def apply(item: Item | None, event: StoreEvent, ts_ms: int) -> Item | Underivable | None:
     """The item after the projection applies `event` (an event of its key, or a keyless erasure),
-    produced at `ts_ms`; None: no row. Raises `Underivable`."""
+    produced at `ts_ms`; None: no row."""
     match event:
         case StorePut():
             at = at_ms(ts_ms)
@@ -108,6 +108,6 @@ def apply(item: Item | None, event: StoreEvent, ts_ms: int) -> Item | None:
                 return None
             return item
         case NamespaceErase():
-            raise Underivable("a namespace's erasure names its namespaces only in the projection")
+            return Underivable("a namespace's erasure names its namespaces only in the projection")
         case _:
             assert_never(event)

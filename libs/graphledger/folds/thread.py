@@ -11,7 +11,8 @@ Python. One fold, written down once, with the projection's rules:
 - `thread.delete` and prune `delete` empty the thread; `runs.delete` leaves a namespace whose newest
   checkpoint it does not name as it is;
 - an erasure ends the thread for good: nothing after it counts.
-Whatever needs rows the view does not hold raises `Underivable`, and the reader asks the read API:
+Whatever needs rows the view does not hold is `Underivable`, a result the reader matches, and it asks the
+read API instead:
 a put whose channel values come from a checkpoint the view never saw (a fork from an older
 checkpoint, a version it does not call new that a blob row may hold: `Namespace.ceilings`), a copy
 onto the thread, an expiry (it depends on the thread's activity time), a prune `keep_latest` (it
@@ -55,8 +56,12 @@ from graphledger.jsonb import jsonb_value
 from graphledger.wire import typed
 
 
-class Underivable(Exception):
-    """The view cannot answer as the projection would: ask the read API."""
+@dataclass(frozen=True, slots=True)
+class Underivable:
+    """The view cannot answer as the projection would: ask the read API (which waits for the projection)."""
+
+    reason: str
+    """Why, as the logs and the errors that name it say it."""
 
 
 NO_BLOB: Final = "no-blob"
@@ -147,19 +152,19 @@ class Namespace:
     size: int
     """Roughly the bytes it holds."""
 
-    def delta_history(self, checkpoint_id: str | None, channels: Iterable[str]) -> dict[str, Any]:
+    def delta_history(self, checkpoint_id: str | None, channels: Iterable[str]) -> dict[str, Any] | Underivable:
         """`get_delta_channel_history` of the newest checkpoint (or `checkpoint_id`, which must be it),
-        in the read API's wire form; raises `Underivable`."""
+        in the read API's wire form."""
         newest = self.newest
         if newest is None:
             return {channel: {"writes": []} for channel in channels}
         if checkpoint_id is not None and checkpoint_id != newest.checkpoint_id:
-            raise Underivable(f"the history of checkpoint {checkpoint_id} is not held")
+            return Underivable(f"the history of checkpoint {checkpoint_id} is not held")
         answer: dict[str, Any] = {}
         for channel in channels:
             known = self.history.get(channel) if self.history is not None else None
             if known is None and not (self.history is not None and self.history_complete):
-                raise Underivable(f"the history of channel {channel!r} is not held")
+                return Underivable(f"the history of channel {channel!r} is not held")
             seed, writes = known if known is not None else (None, ())
             entry: dict[str, Any] = {"writes": [list(w) for w in writes]}
             if seed is not None:
@@ -167,13 +172,16 @@ class Namespace:
             answer[channel] = entry
         return answer
 
-    def answer(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> dict[str, Any] | None:
-        """The read API's tuple for the newest checkpoint or for `checkpoint_id` (which must be it)."""
+    def answer(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> dict[str, Any] | Underivable | None:
+        """The read API's tuple for the newest checkpoint or for `checkpoint_id` (which must be it); None: no
+        checkpoint."""
         newest = self.newest
         if newest is None:
             return None
         if checkpoint_id is not None and checkpoint_id != newest.checkpoint_id:
-            raise Underivable(f"checkpoint {checkpoint_id} is older than the newest held")
+            return Underivable(f"checkpoint {checkpoint_id} is older than the newest held")
         wire = newest.wire(thread_id, checkpoint_ns, self.blobs)
         wire["pending_writes"] = [list(row) for row in self.writes.get(newest.checkpoint_id, ())]
         return wire
@@ -273,14 +281,24 @@ class View:
     erased: bool
     size: int
 
-    def namespace(self, checkpoint_ns: str) -> Namespace:
-        """The namespace's view; raises `Underivable` when it is not held."""
+    def namespace(self, checkpoint_ns: str) -> Namespace | Underivable:
+        """The namespace's view, unless it is not held."""
         if self.erased:
             return EMPTY
         held = self.namespaces.get(checkpoint_ns, EMPTY if self.complete else None)
         if held is None:
-            raise Underivable(f"namespace {checkpoint_ns!r} is not held")
+            return Underivable(f"namespace {checkpoint_ns!r} is not held")
         return held
+
+    def answer(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> dict[str, Any] | Underivable | None:
+        """The read API's tuple for the namespace's newest checkpoint, or for `checkpoint_id` (which must be
+        it); None: no checkpoint."""
+        held = self.namespace(checkpoint_ns)
+        if isinstance(held, Underivable):
+            return held
+        return held.answer(thread_id, checkpoint_ns, checkpoint_id)
 
 
 def view(namespaces: dict[str, Namespace | None], complete: bool, *, erased: bool = False) -> View:
@@ -401,27 +419,25 @@ def apply(held: View, event: CheckpointEvent) -> View:
             assert_never(event)
 
 
-def _in_namespace(held: View, checkpoint_ns: str, change: Callable[[Namespace], Namespace]) -> View:
+def _in_namespace(held: View, checkpoint_ns: str, change: Callable[[Namespace], Namespace | Underivable]) -> View:
     ns = held.namespaces.get(checkpoint_ns, EMPTY if held.complete else None)
     if ns is None:
         return held  # not held: it stays so
-    try:
-        changed: Namespace | None = change(ns)
-    except Underivable:
-        changed = None
+    changed = change(ns)
     namespaces = {name: other for name, other in held.namespaces.items() if name != checkpoint_ns}
-    namespaces[checkpoint_ns] = changed  # last: the most recently changed
+    # last: the most recently changed; one the change cannot derive is no longer held
+    namespaces[checkpoint_ns] = None if isinstance(changed, Underivable) else changed
     return view(namespaces, held.complete)
 
 
-def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
+def _put(ns: Namespace, event: CheckpointPut) -> Namespace | Underivable:
     newest = ns.newest
     if newest is not None and event.checkpoint_id < newest.checkpoint_id:
         # Not the newest: a read of the newest is unchanged, unless this put stores a value at a channel
         # version the newest names and the view holds no blob row of (puts of two writers can reach the
         # log out of order: the projection's answer of the newest then lacked the value this put brings).
         if _stores_missing_blob(ns, newest, event):
-            raise Underivable("an older checkpoint's put stores a value at a version the newest names")
+            return Underivable("an older checkpoint's put stores a value at a version the newest names")
         ceilings = _raised(ns.ceilings, event)
         if ceilings is ns.ceilings:
             return ns
@@ -429,7 +445,7 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
     checkpoint = orjson.loads(event.checkpoint_json)
     legacy = not isinstance(checkpoint.get("v"), int) or checkpoint["v"] < 4
     if legacy and event.parent_checkpoint_id and _sends_of(ns, event.parent_checkpoint_id):
-        raise Underivable("a checkpoint before format 4 is read with its parent's pending sends")
+        return Underivable("a checkpoint before format 4 is read with its parent's pending sends")
     versions = {channel: str(v) for channel, v in (checkpoint.get("channel_versions") or {}).items()}
     inline = checkpoint.get("channel_values") or {}
     repeated = newest is not None and event.checkpoint_id == newest.checkpoint_id
@@ -447,7 +463,7 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
         elif blob is not None:
             if known is None and _maybe_stored(ns.ceilings, channel, version):
                 # The row another put may have stored there stays, and the view does not hold it.
-                raise Underivable(f"a blob row of channel {channel!r} at version {version} may be stored already")
+                return Underivable(f"a blob row of channel {channel!r} at version {version} may be stored already")
             blobs[key] = typed(blob.type, blob.data or b"") if blob.type != "empty" else EMPTY_BLOB
         elif known is not None:
             blobs[key] = known
@@ -465,7 +481,7 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
             # sibling's), or none: only the projection knows which, whatever the put holds inline.
             blobs[key] = NO_BLOB
         else:
-            raise Underivable(f"the value of channel {channel!r} at version {version} is not held")
+            return Underivable(f"the value of channel {channel!r} at version {version} is not held")
     stored = {
         channel: _jsonb_inline(value) for channel, value in inline.items() if value is not None and value is not True
     }
@@ -548,12 +564,12 @@ def _sends_of(ns: Namespace, parent_id: str) -> bool:
     return any(row[1] == TASKS for row in ns.writes.get(parent_id, ()))
 
 
-def _writes(ns: Namespace, event: CheckpointWrites) -> Namespace:
+def _writes(ns: Namespace, event: CheckpointWrites) -> Namespace | Underivable:
     cid = event.checkpoint_id
     newest = ns.newest
     if newest is not None and cid < newest.checkpoint_id:
         if newest.legacy and cid == newest.parent_id and any(w.channel == TASKS for w in event.writes):
-            raise Underivable("a pending send of the parent of a checkpoint before format 4 changes its read")
+            return Underivable("a pending send of the parent of a checkpoint before format 4 changes its read")
         if cid == newest.parent_id and ns.history is not None:
             # A late write of the parent is in the newest's DeltaChannel history: no longer held.
             late = {w.channel for w in event.writes}
@@ -572,7 +588,7 @@ def _writes(ns: Namespace, event: CheckpointWrites) -> Namespace:
     ordered = tuple(sorted(rows.values(), key=lambda r: writes_sort_key(r[3], r[0], r[4])))
     writes = {**ns.writes, cid: ordered}
     if len(writes) > MAX_PENDING_CHECKPOINTS + 1:
-        raise Underivable(f"writes of more than {MAX_PENDING_CHECKPOINTS} checkpoints wait for their puts")
+        return Underivable(f"writes of more than {MAX_PENDING_CHECKPOINTS} checkpoints wait for their puts")
     return namespace(ns.newest, writes, ns.blobs, ns.history, ns.history_complete, ns.ceilings)
 
 
@@ -625,9 +641,8 @@ def apply_to_checkpoint(held: View, event: CheckpointEvent, checkpoint_ns: str, 
     and holds no blob row of) makes it not held."""
     if held.erased:
         return held
-    try:
-        ns = held.namespace(checkpoint_ns)
-    except Underivable:
+    ns = held.namespace(checkpoint_ns)
+    if isinstance(ns, Underivable):
         return held
     row = ns.newest
     match event:
@@ -660,12 +675,14 @@ def apply_to_checkpoint(held: View, event: CheckpointEvent, checkpoint_ns: str, 
             assert_never(event)
 
 
-def fold_to_checkpoint(newest: View, events: Iterable[CheckpointEvent], checkpoint_ns: str, checkpoint_id: str) -> View:
+def fold_to_checkpoint(
+    newest: View, events: Iterable[CheckpointEvent], checkpoint_ns: str, checkpoint_id: str
+) -> View | Underivable:
     """The view of one checkpoint that `newest` (a view of its thread, as of before `events`) does not
     hold, after `events`: they fold into `newest` until the checkpoint is its namespace's newest, and
     from then on only what changes it does (`apply_to_checkpoint`). A checkpoint never put has no
     answer; one put without becoming the newest (an older id), or put while the namespace was not held,
-    raises `Underivable`."""
+    is `Underivable`."""
     held, one = newest, None
     lost = put = False
     for event in events:
@@ -678,15 +695,15 @@ def fold_to_checkpoint(newest: View, events: Iterable[CheckpointEvent], checkpoi
         ):
             put = True
         held = apply(held, event)
-        try:
-            row = held.namespace(checkpoint_ns).newest
-        except Underivable:
+        ns = held.namespace(checkpoint_ns)
+        if isinstance(ns, Underivable):
             lost = True
             continue
+        row = ns.newest
         if row is not None and row.checkpoint_id == checkpoint_id:
             one = held
     if one is not None:
         return one
     if lost or put:
-        raise Underivable(f"checkpoint {checkpoint_id} was never the newest held")
+        return Underivable(f"checkpoint {checkpoint_id} was never the newest held")
     return view({checkpoint_ns: NOT_FOUND}, False)

@@ -14,7 +14,6 @@ saver (`saver.py`); the statements beside its own are in `checkpoint_sql.py`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -27,7 +26,7 @@ from graphledger.folds import thread
 from graphledger.tasks import drop_speculative
 from graphledger.wire import Token, typed
 from graphledger_server.api.consistency.read_barrier import KeyedRead, OwnWrites, Settled
-from graphledger_server.api.consistency.read_through import KeptView, thread_events_to_fold
+from graphledger_server.api.consistency.read_through import KeptView, ThreadEvent, thread_events_to_fold
 from graphledger_server.api.db import snapshot
 from graphledger_server.api.errors import ApiError
 from graphledger_server.api.models import DeltaHistoryRequest, GetRequest, ListRequest
@@ -46,6 +45,10 @@ from graphledger_server.api.tenant import Tenant
 from graphledger_server.log.offsets import snapshot_offset
 
 log = logging.getLogger(__name__)
+
+EARLY_WRITES = "the projection holds writes of a checkpoint newer than the namespace's newest, before their put"
+"""Why a get waits that the fold cannot start from the projection's answer: a put of that checkpoint among
+the thread's unprojected records comes with writes the fold does not know."""
 
 Base = tuple[int, dict[str, Any] | None, list[str] | None, dict[str, int], bool]
 """The projection's applied offset on a thread's partition, the answer of a namespace's newest checkpoint,
@@ -82,7 +85,7 @@ class CheckpointReads:
         body: GetRequest,
         own: OwnWrites | None,
         cached: int | None,
-        base: asyncio.Task[Base | None] | None,
+        base: asyncio.Task[Base | thread.Underivable] | None,
         erased_started: asyncio.Task[bool] | None,
     ) -> dict[str, Any]:
         state, tenant = self._state, self._tenant
@@ -97,13 +100,14 @@ class CheckpointReads:
             return answer
         if settled.tail is not None and (body.checkpoint_id is None or settled.need is not None):
             folded = await self._get_through(body, settled, base, erased_started)
-            if folded is not None:
+            if not isinstance(folded, thread.Underivable):
                 # The answer holds every record of the thread below `log_end` (the projection may have
                 # applied past the end the read learned), the client's named ones too.
                 if heeded:
                     answer["own_writes_from"] = folded["log_end"]
                 answer.update(folded)
                 return answer
+            log.debug("a get of thread %r waits for the projection: %s", body.thread_id, folded.reason)
             settled = await state.barrier.wait(settled, state.settings.checkpoint_topic, tenant=tenant.name)
         if heeded:
             answer["own_writes_from"] = settled.applied
@@ -131,7 +135,7 @@ class CheckpointReads:
                 answer["namespaces"] = namespaces
         return answer
 
-    async def _newest_base_started(self, body: GetRequest) -> asyncio.Task[Base | None] | None:
+    async def _newest_base_started(self, body: GetRequest) -> asyncio.Task[Base | thread.Underivable] | None:
         """For a get of the newest checkpoint, the projection's answer, read while the read learns where the
         log ends (the two round trips overlap), unless a view the read API kept of the thread will do."""
         state = self._state
@@ -149,12 +153,12 @@ class CheckpointReads:
         self,
         body: GetRequest,
         settled: Settled,
-        started: asyncio.Task[Base | None] | None,
+        started: asyncio.Task[Base | thread.Underivable] | None,
         erased_started: asyncio.Task[bool] | None,
-    ) -> dict[str, Any] | None:
+    ) -> dict[str, Any] | thread.Underivable:
         """The get's answer at the log's end: a view of the thread the read API kept, or the projection's
-        answer in a snapshot at its applied offset, with the thread's records since folded in (None: the
-        fold cannot, and the read waits).
+        answer in a snapshot at its applied offset, with the thread's records since folded in (unless the
+        fold cannot: the read then waits).
 
         A get by id of a checkpoint the projection does not hold yet folds from the newest checkpoint the
         projection holds, through the records, to the one asked for (`thread.fold_to_checkpoint`)."""
@@ -163,25 +167,21 @@ class CheckpointReads:
         stored = self._tenant.thread(body.thread_id)
         ns, checkpoint_id = body.checkpoint_ns, body.checkpoint_id
         key = await state.record_key_of_thread(self._tenant.name, stored)
-        through = settled.end
-        try:
-            if checkpoint_id is None:
-                found = await self._newest_view(body, settled, key, started)
-                if found is None:
-                    return None
-                view, through = found
-            else:
-                found = await self._one_view(body, settled)
-                if found is None:
-                    return None
-                view, through = found
-            if view.erased:
-                return {"tuple": None, "erased": True, "log_end": through}
-            held = view.namespace(ns)
-            answered = held.answer(body.thread_id, ns, checkpoint_id)
-        except thread.Underivable as exc:
-            log.debug("a get of thread %r waits for the projection: %s", body.thread_id, exc)
-            return None
+        if checkpoint_id is None:
+            found = await self._newest_view(body, settled, key, started)
+        else:
+            found = await self._one_view(body, settled)
+        if isinstance(found, thread.Underivable):
+            return found
+        view, through = found
+        if view.erased:
+            return {"tuple": None, "erased": True, "log_end": through}
+        held = view.namespace(ns)
+        if isinstance(held, thread.Underivable):
+            return held
+        answered = held.answer(body.thread_id, ns, checkpoint_id)
+        if isinstance(answered, thread.Underivable):
+            return answered
         if checkpoint_id is None:
             state.views.keep(key, KeptView(settled.partition, through, view))
         folded: dict[str, Any] = {"tuple": answered, "log_end": through}
@@ -198,37 +198,40 @@ class CheckpointReads:
         return folded
 
     async def _newest_view(
-        self, body: GetRequest, settled: Settled, key: bytes, started: asyncio.Task[Base | None] | None
-    ) -> tuple[thread.View, int] | None:
+        self, body: GetRequest, settled: Settled, key: bytes, started: asyncio.Task[Base | thread.Underivable] | None
+    ) -> tuple[thread.View, int] | thread.Underivable:
         """The thread's view at the log's end (or later: as of the offset returned with it), able to answer
         the namespace's newest checkpoint: from the view kept of it, else from the projection (`started`, or
-        read now); raises `thread.Underivable`."""
+        read now)."""
         state = self._state
         assert settled.tail is not None and state.views is not None
         stored, ns = self._tenant.thread(body.thread_id), body.checkpoint_ns
         kept = state.views.usable(key, settled.tail, settled.partition)
         if kept is not None:
-            with contextlib.suppress(thread.Underivable):
-                view = _fold(kept.view, await self._thread_events(settled, stored, kept.through))
-                view.namespace(ns).answer(body.thread_id, ns, None)  # raises when it does not hold the namespace
-                return view, settled.end
+            events = await self._thread_events(settled, stored, kept.through)
+            if not isinstance(events, thread.Underivable):
+                view = _fold(kept.view, events)
+                if not isinstance(view.namespace(ns), thread.Underivable):
+                    return view, settled.end
         for _ in range(2):
             if started is None:
                 started = asyncio.create_task(self._newest_base(stored, ns, settled.partition, key))
             based = await started
-            if based is None:
-                return None
+            if isinstance(based, thread.Underivable):
+                return based
             applied, base, namespaces, ceilings, _ = based
             if applied >= settled.tail.start:
                 events = await self._thread_events(settled, stored, applied)
+                if isinstance(events, thread.Underivable):
+                    return events
                 view = thread.from_answer(ns, base, namespaces, ceilings=ceilings)
                 return _fold(view, events), max(applied, settled.end)
             started = None  # the projection moved on while the read began: read it again
-        return None
+        return thread.Underivable("the projection moved on twice while the read began")
 
-    async def _one_view(self, body: GetRequest, settled: Settled) -> tuple[thread.View, int] | None:
+    async def _one_view(self, body: GetRequest, settled: Settled) -> tuple[thread.View, int] | thread.Underivable:
         """The view of one checkpoint (a get by id) at the log's end (or later: as of the offset returned with
-        it); raises `thread.Underivable`."""
+        it)."""
         tenant = self._tenant
         stored, ns, checkpoint_id = tenant.thread(body.thread_id), body.checkpoint_ns, body.checkpoint_id
         assert checkpoint_id is not None
@@ -242,22 +245,25 @@ class CheckpointReads:
                 found = await saver.aget_tuple(newest_config)
                 newest = wire_tuple(found, tenant) if found else None
                 if await _early_writes(conn, stored, ns, newest):
-                    return None
+                    return thread.Underivable(EARLY_WRITES)
                 namespaces, ceilings = await _namespaces_and_ceilings_on(conn, stored, ns)
         events = await self._thread_events(settled, stored, applied)
+        if isinstance(events, thread.Underivable):
+            return events
         through = max(applied, settled.end)
         if base is None:
             start = thread.from_answer(ns, newest, namespaces, ceilings=ceilings)
-            return thread.fold_to_checkpoint(start, events, ns, checkpoint_id), through
+            one = thread.fold_to_checkpoint(start, events, ns, checkpoint_id)
+            return one if isinstance(one, thread.Underivable) else (one, through)
         view = thread.from_answer(ns, base)
         for event in events:
             view = thread.apply_to_checkpoint(view, event, ns, checkpoint_id)
         return view, through
 
-    async def _newest_base(self, stored: str, ns: str, partition: int, key: bytes) -> Base | None:
+    async def _newest_base(self, stored: str, ns: str, partition: int, key: bytes) -> Base | thread.Underivable:
         """The applied offset, the newest checkpoint's answer, the namespaces, the blob ceilings and whether
-        the thread (its record `key`) was erased, in one snapshot (None: the projection holds writes before
-        their put, or a checkpoint before format 4: the read waits)."""
+        the thread (its record `key`) was erased, in one snapshot; unless the projection holds writes before
+        their put, or a checkpoint before format 4, which the fold cannot start from."""
         state = self._state
         settings = state.settings
         params = {
@@ -275,12 +281,13 @@ class CheckpointReads:
             row: dict[str, Any] = await cursor.fetchone()
         if row["early"]:
             log.info("thread %r has writes before their put in the projection: the read waits", stored)
-            return None
+            return thread.Underivable(EARLY_WRITES)
         namespaces = _listed(row["namespaces"])
         if row["checkpoint_id"] is None:
             return row["applied"], None, namespaces, row["ceilings"], row["erased"]
         if row["checkpoint"]["v"] < 4 and row["parent_checkpoint_id"]:
-            return None  # read with its parent's pending sends: a second statement, so a second snapshot
+            # Read with its parent's pending sends: a second statement, so a second snapshot.
+            return thread.Underivable("a checkpoint before format 4 is read with its parent's pending sends")
         found = await self._saver()._load_checkpoint_tuple(row)
         return row["applied"], wire_tuple(found, self._tenant), namespaces, row["ceilings"], row["erased"]
 
@@ -312,10 +319,10 @@ class CheckpointReads:
         """`_erased`, asked when the read began (`started`) or now."""
         return await (started if started is not None else self._erased(thread_id))
 
-    async def _erased_in(self, base: asyncio.Task[Base | None], thread_id: str) -> bool:
+    async def _erased_in(self, base: asyncio.Task[Base | thread.Underivable], thread_id: str) -> bool:
         """`_erased`, as the projection's snapshot `base` read it (asked on its own when `base` has none)."""
         based = await asyncio.shield(base)
-        return based[4] if based is not None else await self._erased(thread_id)
+        return based[4] if not isinstance(based, thread.Underivable) else await self._erased(thread_id)
 
     async def _erased(self, thread_id: str) -> bool:
         """Whether the thread was erased (the client then refuses its writes at once)."""
@@ -363,17 +370,20 @@ class CheckpointReads:
         settled = await self._settle_thread(tenant.thread(body.thread_id), through=True)
         if settled.tail is not None and settled.need is not None:
             folded = await self._history_through(body, settled)
-            if folded is not None:
+            if not isinstance(folded, thread.Underivable):
                 return {"history": folded}
+            log.debug("a DeltaChannel history of thread %r waits for the projection: %s", body.thread_id, folded.reason)
             await state.barrier.wait(settled, state.settings.checkpoint_topic, tenant=tenant.name)
         history = await self._saver().aget_delta_channel_history(
             config=body.config(tenant.thread), channels=body.channels
         )
         return {"history": _history(history)}
 
-    async def _history_through(self, body: DeltaHistoryRequest, settled: Settled) -> dict[str, Any] | None:
+    async def _history_through(
+        self, body: DeltaHistoryRequest, settled: Settled
+    ) -> dict[str, Any] | thread.Underivable:
         """The DeltaChannel history at the log's end: the projection's newest checkpoint and its history in a
-        snapshot at its applied offset, the thread's records since folded in (None: the fold cannot)."""
+        snapshot at its applied offset, the thread's records since folded in (unless the fold cannot)."""
         tenant = self._tenant
         stored = tenant.thread(body.thread_id)
         ns = body.checkpoint_ns
@@ -392,16 +402,16 @@ class CheckpointReads:
                     channels=body.channels,
                 )
                 answered = _history(history)
-        try:
-            events = await self._thread_events(settled, stored, applied)
-            start = thread.from_answer(ns, base, ceilings=ceilings)
-            if base is not None:
-                held = thread.with_history(start.namespace(ns), base["config"]["checkpoint_id"], answered)
-                start = thread.view({ns: held}, False)
-            return _fold(start, events).namespace(ns).delta_history(body.checkpoint_id, body.channels)
-        except thread.Underivable as exc:
-            log.debug("a DeltaChannel history of thread %r waits for the projection: %s", body.thread_id, exc)
-            return None
+        events = await self._thread_events(settled, stored, applied)
+        if isinstance(events, thread.Underivable):
+            return events
+        held = thread.namespace_of(base, ceilings=ceilings)
+        if base is not None:
+            held = thread.with_history(held, base["config"]["checkpoint_id"], answered)
+        folded = _fold(thread.view({ns: held}, False), events).namespace(ns)
+        if isinstance(folded, thread.Underivable):
+            return folded
+        return folded.delta_history(body.checkpoint_id, body.channels)
 
     # -- shared -------------------------------------------------------------------------------------
 
@@ -423,18 +433,22 @@ class CheckpointReads:
         settings = self._state.settings
         return await snapshot_offset(conn, settings.projector_group_id, settings.checkpoint_topic, partition)
 
-    async def _thread_events(self, settled: Settled, stored_thread_id: str, since: int) -> list[Any]:
-        """The thread's events among its unprojected records at or after `since`; raises `thread.Underivable`."""
+    async def _thread_events(
+        self, settled: Settled, stored_thread_id: str, since: int
+    ) -> list[ThreadEvent] | thread.Underivable:
+        """The thread's events among its unprojected records at or after `since`."""
         state = self._state
         assert settled.tail is not None and state.tail_events is not None
         if since < settled.tail.start:
-            raise thread.Underivable(f"records from {since} on are no longer all held")
+            return thread.Underivable(f"records from {since} on are no longer all held")
         key = await state.record_key_of_thread(self._tenant.name, stored_thread_id)
         events = await state.tail_events.events(settled.tail, since)
+        if isinstance(events, thread.Underivable):
+            return events
         return thread_events_to_fold(events, stored_thread_id, key.decode())
 
 
-def _fold(view: thread.View, events: Sequence[Any]) -> thread.View:
+def _fold(view: thread.View, events: Sequence[ThreadEvent]) -> thread.View:
     for event in events:
         view = thread.apply(view, event)
     return view

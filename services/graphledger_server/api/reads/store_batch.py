@@ -14,10 +14,11 @@ import asyncio
 import logging
 from typing import Any
 
+from graphledger.folds import thread
 from graphledger.tasks import drop_speculative
 from graphledger.wire import Token
 from graphledger_server.api.consistency.read_barrier import KeyedRead, Settled
-from graphledger_server.api.reads.store_through import WAIT, items_through
+from graphledger_server.api.reads.store_through import items_through
 from graphledger_server.api.state import ApiState
 from graphledger_server.api.store_models import GetOp
 from graphledger_server.api.tenant import StoreOp
@@ -92,7 +93,7 @@ class StoreBatchReads:
             ]  # `through` holds gets only
             folded = await items_through(state.settings, state.store_pool, state.tail_events, state.store_events, gets)
             for (i, settled), found in zip(through.items(), folded, strict=True):
-                if found is WAIT:
+                if isinstance(found, thread.Underivable):
                     await state.barrier.wait(settled, state.settings.store_topic, tenant=self._tenant)
                     plain.append(i)
                 else:
