@@ -343,7 +343,7 @@ async def test_the_index_path_equals_brute_force_on_small_data(projection: str) 
                 }
             )
             (got,) = await reader.run([op])
-            assert_ranking(got, brute_force(query, prefix, flt), offset)
+            assert_ranking([item.to_wire() for item in got], brute_force(query, prefix, flt), offset)
             # The index statement alone, where it yields a full page, with the planner kept on the
             # HNSW index (on a table this small it would rather sort every row, which is exact anyway).
             async with pool.acquire() as conn, conn.transaction():

@@ -25,6 +25,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
 
+from graphledger.answers import ChannelHistory, DeltaHistoryAnswer, GetAnswer, Holding
 from graphledger.client.key_filters import KeyFilters
 from graphledger.client.threads import Held, HeldThreads
 from graphledger.errors import LogUnavailableError, ReadApiError
@@ -94,13 +95,13 @@ class ThreadReads:
 
     async def history(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, channels: list[str]
-    ) -> dict[str, Any]:
-        """`get_delta_channel_history` in the read API's wire form: from what the process holds when the
-        log allows, else the read API's, which the process then holds (when its view is current)."""
+    ) -> dict[str, ChannelHistory]:
+        """`get_delta_channel_history` as the read API answers it: from what the process holds when the log
+        allows, else the read API's, which the process then holds (when its view is current)."""
         await self._threads.settled(thread_id)
         held = self._threads.get(thread_id)
         if (held is not None and held.view.erased) or (held is None and await self._proved_new(thread_id)):
-            return {channel: {"writes": []} for channel in channels}
+            return {channel: ChannelHistory([]) for channel in channels}
         ns = _namespace(held, checkpoint_ns)
         current = ns is not None and held is not None and held.local and await self._unchanged_since(thread_id, held)
         if current and ns is not None:
@@ -115,11 +116,10 @@ class ThreadReads:
         if held is not None and newest is not None and checkpoint_id in (None, newest):
             # The view is current: ask for its newest checkpoint by id, and hold the answer.
             by_id = {**body, "checkpoint_id": newest}
-            answered: dict[str, Any] = (await self._read(DELTA_PATH, by_id, None))["history"]
+            answered = DeltaHistoryAnswer.from_wire(await self._read(DELTA_PATH, by_id, None)).history
             self._threads.learn_history(thread_id, held, checkpoint_ns, newest, answered)
             return answered
-        history: dict[str, Any] = (await self._read(DELTA_PATH, body, None))["history"]
-        return history
+        return DeltaHistoryAnswer.from_wire(await self._read(DELTA_PATH, body, None)).history
 
     async def _proved_new(self, thread_id: str) -> bool:
         """Whether the log held no record of the thread when this read began (its key is in neither its
@@ -194,11 +194,11 @@ class ThreadReads:
             headers[OWN_WRITES_HEADER] = f"{held.partition}:{','.join(map(str, sorted(named)))}"
             if held.local and checkpoint_id is None and self._log_tail() is None:
                 headers[CACHED_THROUGH_HEADER] = str(held.through)  # the read API looks at the log instead
-        answer = await self._read(GET_PATH, body, headers or None)
+        answer = GetAnswer.from_wire(await self._read(GET_PATH, body, headers or None))
         answered = self._answered(thread_id, checkpoint_ns, checkpoint_id, held if headers else None, answer)
         if isinstance(answered, thread.Underivable):
             # The named records do not fold onto the answer: one naming nothing holds them all.
-            answer = await self._read(GET_PATH, body, None)
+            answer = GetAnswer.from_wire(await self._read(GET_PATH, body, None))
             answered = self._answered(thread_id, checkpoint_ns, checkpoint_id, None, answer)
         if isinstance(answered, thread.Underivable):
             raise ReadApiError(
@@ -212,27 +212,27 @@ class ThreadReads:
         checkpoint_ns: str,
         checkpoint_id: str | None,
         named: Held | None,
-        answer: dict[str, Any],
+        answer: GetAnswer,
     ) -> dict[str, Any] | thread.Underivable | None:
         """The read API's `answer` with the named own records it lacks folded in (unless they do not fold
         onto it); holds the thread when the answer is of its newest checkpoint."""
-        if answer.get("erased"):
+        if answer.erased:
             self._on_erased(thread_id)
             self._threads.erased(thread_id)
             return None
-        partition, end = answer["log_partition"], answer["log_end"]
+        partition, end = answer.log_partition, answer.log_end
         if named is not None and named.partition != partition:
             named = None  # named on another partition: the read API heeded none of them
-        if answer.get("current") and named is not None:
+        if answer.current and named is not None:
             self._threads.advance(thread_id, named, end)
             return named.view.answer(thread_id, checkpoint_ns, checkpoint_id)
         # Naming nothing, the answer holds every record of the thread below the log's end.
-        applied = answer.get("own_writes_from", end) if named is not None else end
+        applied = answer.own_writes_from if named is not None and answer.own_writes_from is not None else end
         if checkpoint_id is not None:
-            return _older(named, answer["tuple"], thread_id, checkpoint_ns, checkpoint_id, applied)
-        later = answer.get("later_writes", {})
-        ceilings = answer.get("blob_ceilings")
-        view = thread.from_answer(checkpoint_ns, answer["tuple"], answer.get("namespaces"), later, ceilings)
+            return _older(named, answer.tuple, thread_id, checkpoint_ns, checkpoint_id, applied)
+        holding = answer.holding if answer.holding is not None else Holding({})
+        later, ceilings = holding.later_writes, holding.blob_ceilings
+        view = thread.from_answer(checkpoint_ns, answer.tuple, holding.namespaces, later, ceilings)
         # Too many writes of newer checkpoints to send: the answer stands, the thread is not held.
         view = self._threads.install(thread_id, named, partition, view, applied, end, hold=later is not None)
         return view.answer(thread_id, checkpoint_ns, None)

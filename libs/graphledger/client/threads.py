@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from graphledger.answers import ChannelHistory
 from graphledger.events.checkpoint import CheckpointEvent, CheckpointPut, CheckpointWrites
 from graphledger.folds import thread
 from graphledger.folds.views import ViewLru
@@ -250,7 +251,12 @@ class HeldThreads:
         return view
 
     def learn_history(
-        self, thread_id: str, snapshot: Held, checkpoint_ns: str, checkpoint_id: str, answered: dict[str, Any]
+        self,
+        thread_id: str,
+        snapshot: Held,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        answered: Mapping[str, ChannelHistory],
     ) -> None:
         """The read API's DeltaChannel history of the namespace's newest checkpoint, held from now on if
         the thread is still held as the snapshot was."""

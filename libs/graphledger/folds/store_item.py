@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, assert_never
 
+from graphledger.answers import ItemAnswer
 from graphledger.events.erasure import NamespaceErase, TenantErase
 from graphledger.events.store import StoreDelete, StoreEvent, StoreExpire, StorePut, StoreRefresh
 from graphledger.folds.thread import Underivable
@@ -50,16 +51,16 @@ class Item:
         """Whether a read at `now` returns it (one past its TTL is hidden until the sweeper deletes it)."""
         return self.expires_at is None or self.expires_at > now
 
-    def answer(self) -> dict[str, Any]:
+    def answer(self) -> ItemAnswer:
         """The read API's item: its namespace as labels, timestamps in ISO 8601."""
-        return {
-            "namespace": self.prefix.split(PREFIX_SEPARATOR),
-            "key": self.key,
-            "value": self.value,
-            "created_at": self.created_at.isoformat(),
-            "updated_at": self.updated_at.isoformat(),
-            "expires_at": None if self.expires_at is None else self.expires_at.isoformat(),
-        }
+        return ItemAnswer(
+            self.prefix.split(PREFIX_SEPARATOR),
+            self.key,
+            self.value,
+            self.created_at.isoformat(),
+            self.updated_at.isoformat(),
+            None if self.expires_at is None else self.expires_at.isoformat(),
+        )
 
 
 def at_ms(ms: int) -> datetime:

@@ -40,6 +40,7 @@ import ormsgpack
 from langgraph.checkpoint.base import writes_sort_key
 from langgraph.checkpoint.serde.types import TASKS
 
+from graphledger.answers import ChannelHistory
 from graphledger.events.checkpoint import (
     CheckpointEvent,
     CheckpointPut,
@@ -152,24 +153,23 @@ class Namespace:
     size: int
     """Roughly the bytes it holds."""
 
-    def delta_history(self, checkpoint_id: str | None, channels: Iterable[str]) -> dict[str, Any] | Underivable:
-        """`get_delta_channel_history` of the newest checkpoint (or `checkpoint_id`, which must be it),
-        in the read API's wire form."""
+    def delta_history(
+        self, checkpoint_id: str | None, channels: Iterable[str]
+    ) -> dict[str, ChannelHistory] | Underivable:
+        """`get_delta_channel_history` of the newest checkpoint (or `checkpoint_id`, which must be it), as
+        the read API answers it."""
         newest = self.newest
         if newest is None:
-            return {channel: {"writes": []} for channel in channels}
+            return {channel: ChannelHistory([]) for channel in channels}
         if checkpoint_id is not None and checkpoint_id != newest.checkpoint_id:
             return Underivable(f"the history of checkpoint {checkpoint_id} is not held")
-        answer: dict[str, Any] = {}
+        answer: dict[str, ChannelHistory] = {}
         for channel in channels:
             known = self.history.get(channel) if self.history is not None else None
             if known is None and not (self.history is not None and self.history_complete):
                 return Underivable(f"the history of channel {channel!r} is not held")
             seed, writes = known if known is not None else (None, ())
-            entry: dict[str, Any] = {"writes": [list(w) for w in writes]}
-            if seed is not None:
-                entry["seed"] = seed
-            answer[channel] = entry
+            answer[channel] = ChannelHistory([list(w) for w in writes], seed)
         return answer
 
     def answer(
@@ -373,14 +373,13 @@ def namespace_of(
     return namespace(row, {**later, cid: writes} if writes else later, blobs, ceilings=ceilings)
 
 
-def with_history(ns: Namespace, checkpoint_id: str, answered: Mapping[str, Any]) -> Namespace:
+def with_history(ns: Namespace, checkpoint_id: str, answered: Mapping[str, ChannelHistory]) -> Namespace:
     """`ns` knowing the read API's DeltaChannel history of its newest checkpoint for some channels."""
     if ns.newest is None or ns.newest.checkpoint_id != checkpoint_id:
         return ns
     history = dict(ns.history or {})
     for channel, entry in answered.items():
-        writes = tuple((w[0], w[1], w[2]) for w in entry.get("writes") or ())
-        history[channel] = (entry.get("seed"), writes)
+        history[channel] = (entry.seed, tuple((w[0], w[1], w[2]) for w in entry.writes))
     complete = ns.history is not None and ns.history_complete
     return namespace(ns.newest, ns.writes, ns.blobs, history, complete, ns.ceilings)
 

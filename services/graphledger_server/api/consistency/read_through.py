@@ -187,16 +187,12 @@ class TailEvents:
             return thread.Underivable(f"the key store did not answer: {type(exc).__name__}")
 
 
-ThreadEvent = CheckpointEvent | ThreadErase | TenantErase
-"""An event a thread's fold applies."""
-
-
 def thread_events(
     events: Sequence[tuple[int, Any]], stored_thread_id: str, ref: str
-) -> list[ThreadEvent] | thread.Underivable:
+) -> list[CheckpointEvent] | thread.Underivable:
     """The events among a thread key's records that concern the thread: a record keyed like it but
     naming another thread (a hash collision, a hostile producer) changes another thread's rows."""
-    mine: list[ThreadEvent] = []
+    mine: list[CheckpointEvent] = []
     for _, timed in events:
         event = unwrapped(timed)
         match event:
@@ -223,7 +219,7 @@ def thread_events(
 
 def thread_events_to_fold(
     events: Sequence[tuple[int, Any]], stored_thread_id: str, ref: str
-) -> list[ThreadEvent] | thread.Underivable:
+) -> list[CheckpointEvent] | thread.Underivable:
     """`thread_events`, for a read: an erasure among them makes the read wait for the projection, which
     applies it only once the key store recorded it (the fold trusts the erasures it is given)."""
     mine = thread_events(events, stored_thread_id, ref)

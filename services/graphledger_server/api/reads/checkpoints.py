@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import DeltaChannelHistory
 from psycopg import AsyncConnection
 
+from graphledger.answers import ChannelHistory, DeltaHistoryAnswer, GetAnswer, Holding, ListAnswer, WireWrite
 from graphledger.erasure.sealing import ERASED
+from graphledger.events.checkpoint import CheckpointEvent
 from graphledger.folds import thread
 from graphledger.tasks import drop_speculative
 from graphledger.wire import Token, typed
 from graphledger_server.api.consistency.read_barrier import KeyedRead, OwnWrites, Settled
-from graphledger_server.api.consistency.read_through import KeptView, ThreadEvent, thread_events_to_fold
+from graphledger_server.api.consistency.read_through import KeptView, thread_events_to_fold
 from graphledger_server.api.db import snapshot
 from graphledger_server.api.errors import ApiError
 from graphledger_server.api.models import DeltaHistoryRequest, GetRequest, ListRequest
@@ -45,6 +49,9 @@ from graphledger_server.api.tenant import Tenant
 from graphledger_server.log.offsets import snapshot_offset
 
 log = logging.getLogger(__name__)
+
+LaterWrites = dict[str, list[WireWrite]]
+"""The pending writes of checkpoints whose puts are still to come, by checkpoint id (`Holding.later_writes`)."""
 
 EARLY_WRITES = "the projection holds writes of a checkpoint newer than the namespace's newest, before their put"
 """Why a get waits that the fold cannot start from the projection's answer: a put of that checkpoint among
@@ -66,7 +73,7 @@ class CheckpointReads:
 
     # -- get ----------------------------------------------------------------------------------------
 
-    async def get_tuple(self, body: GetRequest, own: OwnWrites | None, cached: int | None) -> dict[str, Any]:
+    async def get_tuple(self, body: GetRequest, own: OwnWrites | None, cached: int | None) -> GetAnswer:
         """`AsyncPostgresSaver.aget_tuple`, with what a client holding the thread needs besides (`own`: the
         client's records it adds itself; `cached`: the offset it holds the newest checkpoint as of)."""
         base = await self._newest_base_started(body)
@@ -87,32 +94,25 @@ class CheckpointReads:
         cached: int | None,
         base: asyncio.Task[Base | thread.Underivable] | None,
         erased_started: asyncio.Task[bool] | None,
-    ) -> dict[str, Any]:
+    ) -> GetAnswer:
         state, tenant = self._state, self._tenant
         stored = tenant.thread(body.thread_id)
         settled = await self._settle_thread(stored, own, cached, through=True)
-        answer: dict[str, Any] = {"log_partition": settled.partition, "log_end": settled.end}
-        heeded = own is not None and own.partition == settled.partition  # else the client's records were not
+        partition, end = settled.partition, settled.end
+        heeded = own is not None and own.partition == partition  # else the client's records were not
         if settled.current:
-            if heeded:
-                answer["own_writes_from"] = settled.applied
-            answer.update(tuple=None, current=True)
-            return answer
+            return GetAnswer(partition, end, None, own_writes_from=settled.applied if heeded else None, current=True)
         if settled.tail is not None and (body.checkpoint_id is None or settled.need is not None):
             folded = await self._get_through(body, settled, base, erased_started)
             if not isinstance(folded, thread.Underivable):
                 # The answer holds every record of the thread below `log_end` (the projection may have
                 # applied past the end the read learned), the client's named ones too.
-                if heeded:
-                    answer["own_writes_from"] = folded["log_end"]
-                answer.update(folded)
-                return answer
+                return replace(folded, own_writes_from=folded.log_end) if heeded else folded
             log.debug("a get of thread %r waits for the projection: %s", body.thread_id, folded.reason)
             settled = await state.barrier.wait(settled, state.settings.checkpoint_topic, tenant=tenant.name)
-        if heeded:
-            answer["own_writes_from"] = settled.applied
+        own_writes_from = settled.applied if heeded else None
         found = await self._saver().aget_tuple(body.config(tenant.thread))
-        answer["tuple"] = wire_tuple(found, tenant) if found else None
+        answered = wire_tuple(found, tenant) if found else None
         if body.checkpoint_id is None:
             # What a client holding the thread from this answer needs besides, each on a connection of its
             # own: the thread's namespaces, and the writes of checkpoints newer than the answer's (their
@@ -126,14 +126,8 @@ class CheckpointReads:
         else:
             namespaces, later, ceilings = None, None, None
             erased = found is None and await self._erased_of(body.thread_id, erased_started)
-        if erased:
-            answer["erased"] = True
-        elif body.checkpoint_id is None:
-            answer["later_writes"] = later
-            answer["blob_ceilings"] = ceilings
-            if namespaces is not None:
-                answer["namespaces"] = namespaces
-        return answer
+        holding = Holding(later, ceilings, namespaces) if body.checkpoint_id is None and not erased else None
+        return GetAnswer(partition, end, answered, own_writes_from=own_writes_from, erased=erased, holding=holding)
 
     async def _newest_base_started(self, body: GetRequest) -> asyncio.Task[Base | thread.Underivable] | None:
         """For a get of the newest checkpoint, the projection's answer, read while the read learns where the
@@ -155,7 +149,7 @@ class CheckpointReads:
         settled: Settled,
         started: asyncio.Task[Base | thread.Underivable] | None,
         erased_started: asyncio.Task[bool] | None,
-    ) -> dict[str, Any] | thread.Underivable:
+    ) -> GetAnswer | thread.Underivable:
         """The get's answer at the log's end: a view of the thread the read API kept, or the projection's
         answer in a snapshot at its applied offset, with the thread's records since folded in (unless the
         fold cannot: the read then waits).
@@ -175,7 +169,7 @@ class CheckpointReads:
             return found
         view, through = found
         if view.erased:
-            return {"tuple": None, "erased": True, "log_end": through}
+            return GetAnswer(settled.partition, through, None, erased=True)
         held = view.namespace(ns)
         if isinstance(held, thread.Underivable):
             return held
@@ -184,18 +178,16 @@ class CheckpointReads:
             return answered
         if checkpoint_id is None:
             state.views.keep(key, KeptView(settled.partition, through, view))
-        folded: dict[str, Any] = {"tuple": answered, "log_end": through}
         if answered is None and await self._erased_of(body.thread_id, erased_started):
-            folded["erased"] = True
-        elif checkpoint_id is None:
-            folded["later_writes"] = _later_writes_of(held)
-            if held.ceilings is not None:
-                folded["blob_ceilings"] = dict(held.ceilings)
-            if view.complete:
-                folded["namespaces"] = sorted(
-                    n for n, kept in view.namespaces.items() if kept is None or kept.newest or kept.writes
-                )
-        return folded
+            return GetAnswer(settled.partition, through, None, erased=True)
+        if checkpoint_id is not None:
+            return GetAnswer(settled.partition, through, answered)
+        ceilings = dict(held.ceilings) if held.ceilings is not None else None
+        namespaces = None
+        if view.complete:
+            namespaces = sorted(n for n, kept in view.namespaces.items() if kept is None or kept.newest or kept.writes)
+        holding = Holding(_later_writes_of(held), ceilings, namespaces)
+        return GetAnswer(settled.partition, through, answered, holding=holding)
 
     async def _newest_view(
         self, body: GetRequest, settled: Settled, key: bytes, started: asyncio.Task[Base | thread.Underivable] | None
@@ -291,7 +283,7 @@ class CheckpointReads:
         found = await self._saver()._load_checkpoint_tuple(row)
         return row["applied"], wire_tuple(found, self._tenant), namespaces, row["ceilings"], row["erased"]
 
-    async def _later_writes(self, stored_thread_id: str, checkpoint_ns: str, newest: str) -> Any:
+    async def _later_writes(self, stored_thread_id: str, checkpoint_ns: str, newest: str) -> LaterWrites | None:
         """The pending writes of the namespace's checkpoints newer than `newest`, the answer's (None: more
         than `MAX_LATER_WRITES` rows, which the client then does not hold), by checkpoint id."""
         params = {"thread": stored_thread_id, "ns": checkpoint_ns, "newest": newest, "most": MAX_LATER_WRITES + 1}
@@ -299,7 +291,7 @@ class CheckpointReads:
             rows = await (await conn.execute(LATER_WRITES_SQL, params, binary=True)).fetchall()
         if len(rows) > MAX_LATER_WRITES:
             return None
-        later: dict[str, list[Any]] = {}
+        later: LaterWrites = {}
         for row in rows:
             later.setdefault(row["checkpoint_id"], []).append(
                 [row["task_id"], row["channel"], typed(row["type"], row["blob"]), row["task_path"], row["idx"]]
@@ -335,7 +327,7 @@ class CheckpointReads:
 
     # -- list ---------------------------------------------------------------------------------------
 
-    async def list_tuples(self, body: ListRequest) -> dict[str, Any]:
+    async def list_tuples(self, body: ListRequest) -> ListAnswer:
         """`AsyncPostgresSaver.alist`, newest first; at most `api_max_result_items` (more: 413, page with
         `limit` and `before_checkpoint_id`)."""
         state, tenant = self._state, self._tenant
@@ -360,28 +352,28 @@ class CheckpointReads:
                 f"more than {cap} checkpoints match (GRAPHLEDGER_API_MAX_RESULT_ITEMS); "
                 "page with limit and before_checkpoint_id",
             )
-        return {"tuples": [wire_tuple(t, tenant) for t in found]}
+        return ListAnswer([wire_tuple(t, tenant) for t in found])
 
     # -- DeltaChannel history -----------------------------------------------------------------------
 
-    async def delta_history(self, body: DeltaHistoryRequest) -> dict[str, Any]:
+    async def delta_history(self, body: DeltaHistoryRequest) -> DeltaHistoryAnswer:
         """`AsyncPostgresSaver.aget_delta_channel_history`."""
         state, tenant = self._state, self._tenant
         settled = await self._settle_thread(tenant.thread(body.thread_id), through=True)
         if settled.tail is not None and settled.need is not None:
             folded = await self._history_through(body, settled)
             if not isinstance(folded, thread.Underivable):
-                return {"history": folded}
+                return DeltaHistoryAnswer(folded)
             log.debug("a DeltaChannel history of thread %r waits for the projection: %s", body.thread_id, folded.reason)
             await state.barrier.wait(settled, state.settings.checkpoint_topic, tenant=tenant.name)
         history = await self._saver().aget_delta_channel_history(
             config=body.config(tenant.thread), channels=body.channels
         )
-        return {"history": _history(history)}
+        return DeltaHistoryAnswer(_history(history))
 
     async def _history_through(
         self, body: DeltaHistoryRequest, settled: Settled
-    ) -> dict[str, Any] | thread.Underivable:
+    ) -> dict[str, ChannelHistory] | thread.Underivable:
         """The DeltaChannel history at the log's end: the projection's newest checkpoint and its history in a
         snapshot at its applied offset, the thread's records since folded in (unless the fold cannot)."""
         tenant = self._tenant
@@ -393,7 +385,7 @@ class CheckpointReads:
             saver = self._saver(conn)
             found = await saver.aget_tuple(newest_config)
             base = wire_tuple(found, tenant) if found else None
-            answered: dict[str, Any] = {}
+            answered: dict[str, ChannelHistory] = {}
             ceilings = await _ceilings_on(conn, stored, ns)
             if base is not None:
                 at_newest = {**newest_config["configurable"], "checkpoint_id": base["config"]["checkpoint_id"]}
@@ -435,7 +427,7 @@ class CheckpointReads:
 
     async def _thread_events(
         self, settled: Settled, stored_thread_id: str, since: int
-    ) -> list[ThreadEvent] | thread.Underivable:
+    ) -> list[CheckpointEvent] | thread.Underivable:
         """The thread's events among its unprojected records at or after `since`."""
         state = self._state
         assert settled.tail is not None and state.tail_events is not None
@@ -448,13 +440,13 @@ class CheckpointReads:
         return thread_events_to_fold(events, stored_thread_id, key.decode())
 
 
-def _fold(view: thread.View, events: Sequence[ThreadEvent]) -> thread.View:
+def _fold(view: thread.View, events: Sequence[CheckpointEvent]) -> thread.View:
     for event in events:
         view = thread.apply(view, event)
     return view
 
 
-def _later_writes_of(held: thread.Namespace) -> dict[str, list[list[Any]]] | None:
+def _later_writes_of(held: thread.Namespace) -> LaterWrites | None:
     """`later_writes` of a folded namespace: the writes of checkpoints newer than its newest, which
     reached the log before their put (None: more than `MAX_LATER_WRITES`, as from the projection)."""
     newest = held.newest.checkpoint_id if held.newest is not None else ""
@@ -494,10 +486,12 @@ def _listed(names: list[str]) -> list[str] | None:
     return names if len(names) <= MAX_NAMESPACES else None
 
 
-def _history(history: Any) -> dict[str, Any]:
-    answer: dict[str, Any] = {}
-    for channel, entry in history.items():
-        answer[channel] = {"writes": [[task_id, ch, to_wire(v)] for task_id, ch, v in entry["writes"]]}
-        if "seed" in entry:
-            answer[channel]["seed"] = to_wire(entry["seed"])
-    return answer
+def _history(history: Mapping[str, DeltaChannelHistory]) -> dict[str, ChannelHistory]:
+    """The official saver's DeltaChannel history, as the read API answers it."""
+    return {
+        channel: ChannelHistory(
+            [[task_id, ch, to_wire(v)] for task_id, ch, v in entry["writes"]],
+            to_wire(entry["seed"]) if "seed" in entry else None,
+        )
+        for channel, entry in history.items()
+    }

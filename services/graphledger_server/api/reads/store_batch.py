@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
+from graphledger.answers import StoreResult
 from graphledger.folds import thread
 from graphledger.tasks import drop_speculative
 from graphledger.wire import Token
@@ -35,7 +35,7 @@ class StoreBatchReads:
         self._tenant = tenant
         self._token = token
 
-    async def read(self, ops: list[StoreOp], *, own_writes: bool) -> list[Any]:
+    async def read(self, ops: list[StoreOp], *, own_writes: bool) -> list[StoreResult]:
         """The ops' results, each reflecting what it must (the module docstring); `own_writes`: searches and
         listings reflect only the consistency token."""
         state, tenant = self._state, self._tenant
@@ -52,7 +52,7 @@ class StoreBatchReads:
         through = {i: settled[read] for i, read in gets.items() if settled[read].need is not None}
         return await self._results(ops, through)
 
-    async def _read_at_topic_end(self, ops: list[StoreOp]) -> list[Any]:
+    async def _read_at_topic_end(self, ops: list[StoreOp]) -> list[StoreResult]:
         """Ops that wait for the end of every store partition (a search or listing, and the gets beside it).
 
         They run on the projection while the log's end is fetched, the two round trips overlapping: if the
@@ -80,11 +80,11 @@ class StoreBatchReads:
             await drop_speculative(log, early, cancel=False)
         return await state.store_reader.run(ops)
 
-    async def _results(self, ops: list[StoreOp], through: dict[int, Settled]) -> list[Any]:
+    async def _results(self, ops: list[StoreOp], through: dict[int, Settled]) -> list[StoreResult]:
         """The ops' results: the projection's, and for the gets in `through` the folded item (or, when the fold
         cannot answer, the projection's once it applied the item's records)."""
         state = self._state
-        results: list[Any] = [None] * len(ops)
+        results: list[StoreResult] = [None] * len(ops)
         plain = [i for i in range(len(ops)) if i not in through]
         if through:
             assert state.tail_events is not None and state.store_events is not None
@@ -100,6 +100,6 @@ class StoreBatchReads:
                     results[i] = found
         if plain:
             plain.sort()
-            for i, found in zip(plain, await state.store_reader.run([ops[i] for i in plain]), strict=True):
-                results[i] = found
+            for i, result in zip(plain, await state.store_reader.run([ops[i] for i in plain]), strict=True):
+                results[i] = result
         return results

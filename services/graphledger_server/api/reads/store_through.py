@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, assert_never
+from typing import assert_never
 
 import asyncpg
 
+from graphledger.answers import ItemAnswer
 from graphledger.events.erasure import NamespaceErase, TenantErase
 from graphledger.events.store import StoreDelete, StoreExpire, StorePut, StoreRefresh
 from graphledger.folds import store_item, thread
@@ -37,7 +38,7 @@ async def items_through(
     tail_events: TailEvents,
     events: StoreEvents,
     gets: Sequence[tuple[GetOp, Settled]],
-) -> list[dict[str, Any] | thread.Underivable | None]:
+) -> list[ItemAnswer | thread.Underivable | None]:
     """Each get's item at the log's end (the read API's answer; None: none), or why the fold cannot answer it."""
     if not events.prepared:
         async with pool.acquire() as conn:
@@ -49,7 +50,7 @@ async def items_through(
         applied = await next_offsets(conn, OffsetStatements(schema), settings.projector_group_id, partitions)
         sql, args = store_sql.item_rows_statement(schema, list(dict.fromkeys(items)))
         rows = {(row["prefix"], row["key"]): row for row in await conn.fetch(sql, *args)}
-    answers: list[dict[str, Any] | thread.Underivable | None] = []
+    answers: list[ItemAnswer | thread.Underivable | None] = []
     for (op, settled), item in zip(gets, items, strict=True):
         row = rows[item]
         found = await _folded(tail_events, op, settled, applied.get((topic, settled.partition), 0), row)

@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
+from graphledger.answers import DeltaHistoryAnswer, GetAnswer, ListAnswer
 from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
@@ -78,8 +79,8 @@ def _reads(request: Request) -> CheckpointReads:
     return CheckpointReads(api_state(request), tenant_of(request), token_of(request.headers.get(CONSISTENCY_HEADER)))
 
 
-def _answer(request: Request, body: dict[str, Any]) -> Response:
-    return respond(request, body, max_bytes=api_state(request).settings.api_max_response_bytes)
+def _answer(request: Request, answer: GetAnswer | ListAnswer | DeltaHistoryAnswer) -> Response:
+    return respond(request, answer.to_wire(), max_bytes=api_state(request).settings.api_max_response_bytes)
 
 
 @router.post("/get", **_doc(GetRequest, GetResponse))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
+from graphledger.answers import StoreBatchAnswer
 from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES, SEARCH_CONSISTENCY_HEADER
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
@@ -74,16 +75,16 @@ async def store_batch(request: Request) -> Response:
         )
     reads = StoreBatchReads(state, tenant.name, token)
     results = await reads.read(ops, own_writes=level == OWN_WRITES)
-    for i, (op, result) in enumerate(zip(ops, results, strict=True)):
-        if not isinstance(op, GetOp) and len(result) > cap:
+    for i, result in enumerate(results):
+        if isinstance(result, list) and len(result) > cap:
             raise ApiError(
                 413,
                 "result_too_large",
                 f"ops.{i} matches more than {cap} results (GRAPHLEDGER_API_MAX_RESULT_ITEMS); "
                 "page with limit and offset",
             )
-    answer = {"results": tenant.store_results(ops, results)}
-    return respond(request, answer, max_bytes=state.settings.api_max_response_bytes)
+    answer = StoreBatchAnswer(tenant.store_results(ops, results))
+    return respond(request, answer.to_wire(), max_bytes=state.settings.api_max_response_bytes)
 
 
 def _capped(op: StoreOp, cap: int) -> StoreOp:
