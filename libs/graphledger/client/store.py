@@ -407,7 +407,8 @@ class _LoopBatcher:
         return future
 
     def _flush(self) -> None:
-        items = [item for item in self._pending if not item[0].done()]  # skip cancelled callers
+        # A cancelled caller's op is left out.
+        items = [(future, op, prepared) for future, op, prepared in self._pending if not future.done()]
         self._pending = []
         if items:
             task = self._loop.create_task(self._run(items))

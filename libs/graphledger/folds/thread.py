@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, assert_never
+from typing import Any, Final, NamedTuple, assert_never
 
 import orjson
 import ormsgpack
@@ -70,11 +70,41 @@ NO_BLOB: Final = "no-blob"
 EMPTY_BLOB: Final = "empty-blob"
 """A blob row of type `empty`: the version has a row, and no value."""
 
-WriteRow = tuple[str, str, dict[str, Any], str, int]
-"""`(task_id, channel, wire value, task_path, idx)`: one row of `checkpoint_writes`."""
-History = tuple[Any, tuple[tuple[str, str, Any], ...]]
-"""One channel's DeltaChannel history: its seed (wire form; None: none) and its writes
-`(task_id, channel, wire value)`, oldest first."""
+
+class WriteRow(NamedTuple):
+    """One row of `checkpoint_writes`: a pending write, as the read API answers it (`list(row)`)."""
+
+    task_id: str
+    channel: str
+    value: dict[str, Any]
+    """Wire form."""
+    task_path: str
+    idx: int
+
+
+def _in_saver_order(rows: Iterable[WriteRow]) -> tuple[WriteRow, ...]:
+    """`rows` as the official saver sorts a checkpoint's writes: by task path, task id, index."""
+    return tuple(sorted(rows, key=lambda row: writes_sort_key(row.task_path, row.task_id, row.idx)))
+
+
+class HistoryWrite(NamedTuple):
+    """One write a DeltaChannel's history replays, as the read API answers it (`list(write)`)."""
+
+    task_id: str
+    channel: str
+    value: Any
+    """Wire form."""
+
+
+class History(NamedTuple):
+    """One channel's DeltaChannel history."""
+
+    seed: Any
+    """The value its replay starts from (wire form; None: none)."""
+    writes: tuple[HistoryWrite, ...]
+    """Oldest first."""
+
+
 MAX_HISTORY_WRITES = 256
 """Most writes a view holds of one channel's history; a channel with more is no longer held (a
 channel that never stores a value, such as a branch trigger, would otherwise grow for ever)."""
@@ -168,8 +198,8 @@ class Namespace:
             known = self.history.get(channel) if self.history is not None else None
             if known is None and not (self.history is not None and self.history_complete):
                 return Underivable(f"the history of channel {channel!r} is not held")
-            seed, writes = known if known is not None else (None, ())
-            answer[channel] = ChannelHistory([list(w) for w in writes], seed)
+            known = known if known is not None else History(None, ())
+            answer[channel] = ChannelHistory([list(write) for write in known.writes], known.seed)
         return answer
 
     def answer(
@@ -201,9 +231,9 @@ def namespace(
     elif newest is not None and newest.answer is not None:
         size += 500 + sum(_wire_size(v) for v in newest.answer["checkpoint"]["channel_values"].values())
     size += sum(_wire_size(v) for v in blobs.values())
-    size += sum(_wire_size(row[2]) + 64 for rows in writes.values() for row in rows)
+    size += sum(_wire_size(row.value) + 64 for rows in writes.values() for row in rows)
     if history:
-        size += sum(_wire_size(w[2]) + 48 for _, ws in history.values() for w in ws)
+        size += sum(_wire_size(write.value) + 48 for known in history.values() for write in known.writes)
     return Namespace(newest, writes, blobs, history, history_complete, ceilings, size)
 
 
@@ -339,10 +369,7 @@ def namespace_of(
     ceilings: Mapping[str, int] | None = None,
 ) -> Namespace:
     """A namespace whose newest checkpoint is the read API's `answer` (a get of the newest)."""
-    later = {
-        cid: tuple(sorted((_write_row(w) for w in rows), key=lambda r: writes_sort_key(r[3], r[0], r[4])))
-        for cid, rows in (later_writes or {}).items()
-    }
+    later = {cid: _in_saver_order(_write_row(w) for w in rows) for cid, rows in (later_writes or {}).items()}
     if answer is None:
         return namespace(None, later, {}, {}, True, ceilings)
     checkpoint = answer["checkpoint"]
@@ -379,14 +406,16 @@ def with_history(ns: Namespace, checkpoint_id: str, answered: Mapping[str, Chann
         return ns
     history = dict(ns.history or {})
     for channel, entry in answered.items():
-        history[channel] = (entry.seed, tuple((w[0], w[1], w[2]) for w in entry.writes))
+        writes = tuple(HistoryWrite(task_id, ch, value) for task_id, ch, value, *_ in entry.writes)
+        history[channel] = History(entry.seed, writes)
     complete = ns.history is not None and ns.history_complete
     return namespace(ns.newest, ns.writes, ns.blobs, history, complete, ns.ceilings)
 
 
 def _write_row(raw: Any) -> WriteRow:
+    """A pending write of a read API answer (`[task_id, channel, value, task_path, idx]`)."""
     task_id, channel, value, task_path, idx = raw
-    return (task_id, channel, value, task_path, int(idx))
+    return WriteRow(task_id, channel, value, task_path, int(idx))
 
 
 def apply(held: View, event: CheckpointEvent) -> View:
@@ -535,21 +564,21 @@ def _child_history(ns: Namespace, parent_id: str | None) -> tuple[dict[str, Hist
         return ({}, True) if parent_id is None and ns.history_complete else (None, False)
     if parent.checkpoint_id != parent_id or ns.history is None:
         return None, False
-    written: dict[str, list[tuple[str, str, Any]]] = {}
-    for task_id, channel, value, _, _ in ns.writes.get(parent.checkpoint_id, ()):
-        written.setdefault(channel, []).append((task_id, channel, value))
+    written: dict[str, list[HistoryWrite]] = {}
+    for row in ns.writes.get(parent.checkpoint_id, ()):
+        written.setdefault(row.channel, []).append(HistoryWrite(row.task_id, row.channel, row.value))
     complete = ns.history_complete
     history: dict[str, History] = {}
     for channel in {*ns.history, *parent.stored, *written}:
         own = tuple(written.get(channel, ()))
         if channel in parent.stored:
-            history[channel] = (parent.stored[channel], own)
+            history[channel] = History(parent.stored[channel], own)
         elif channel in ns.history:
-            seed, earlier = ns.history[channel]
-            history[channel] = (seed, earlier + own)
+            known = ns.history[channel]
+            history[channel] = History(known.seed, known.writes + own)
         elif complete:
-            history[channel] = (None, own)
-        if len(history.get(channel, (None, ()))[1]) > MAX_HISTORY_WRITES:
+            history[channel] = History(None, own)
+        if channel in history and len(history[channel].writes) > MAX_HISTORY_WRITES:
             del history[channel]
             complete = False
     return history, complete
@@ -560,7 +589,7 @@ def _sends_of(ns: Namespace, parent_id: str) -> bool:
     sends (writes to `TASKS`): unknown unless the parent is the newest held."""
     if ns.newest is None or ns.newest.checkpoint_id != parent_id:
         return True
-    return any(row[1] == TASKS for row in ns.writes.get(parent_id, ()))
+    return any(row.channel == TASKS for row in ns.writes.get(parent_id, ()))
 
 
 def _writes(ns: Namespace, event: CheckpointWrites) -> Namespace | Underivable:
@@ -575,17 +604,16 @@ def _writes(ns: Namespace, event: CheckpointWrites) -> Namespace | Underivable:
             history = {channel: h for channel, h in ns.history.items() if channel not in late}
             return namespace(newest, ns.writes, ns.blobs, history, False, ns.ceilings)
         return ns  # writes of an older checkpoint: no read of the newest shows them
-    rows = {(row[0], row[4]): row for row in ns.writes.get(cid, ())}
+    rows = {(row.task_id, row.idx): row for row in ns.writes.get(cid, ())}
     for write in event.writes:
         key = (event.task_id, write.idx)
-        row: WriteRow = (event.task_id, write.channel, typed(write.type, write.data), event.task_path, write.idx)
+        row = WriteRow(event.task_id, write.channel, typed(write.type, write.data), event.task_path, write.idx)
         held = rows.get(key)
         if held is None:
             rows[key] = row
         elif event.upsert:  # the row keeps its task path; channel, type and value are replaced
-            rows[key] = (row[0], row[1], row[2], held[3], row[4])
-    ordered = tuple(sorted(rows.values(), key=lambda r: writes_sort_key(r[3], r[0], r[4])))
-    writes = {**ns.writes, cid: ordered}
+            rows[key] = row._replace(task_path=held.task_path)
+    writes = {**ns.writes, cid: _in_saver_order(rows.values())}
     if len(writes) > MAX_PENDING_CHECKPOINTS + 1:
         return Underivable(f"writes of more than {MAX_PENDING_CHECKPOINTS} checkpoints wait for their puts")
     return namespace(ns.newest, writes, ns.blobs, ns.history, ns.history_complete, ns.ceilings)

@@ -17,13 +17,21 @@ import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import DeltaChannelHistory
 from psycopg import AsyncConnection
 
-from graphledger.answers import ChannelHistory, DeltaHistoryAnswer, GetAnswer, Holding, ListAnswer, WireWrite
+from graphledger.answers import (
+    ChannelHistory,
+    DeltaHistoryAnswer,
+    GetAnswer,
+    Holding,
+    ListAnswer,
+    WireTuple,
+    WireWrite,
+)
 from graphledger.erasure.sealing import ERASED
 from graphledger.events.checkpoint import CheckpointEvent
 from graphledger.folds import thread
@@ -57,10 +65,21 @@ EARLY_WRITES = "the projection holds writes of a checkpoint newer than the names
 """Why a get waits that the fold cannot start from the projection's answer: a put of that checkpoint among
 the thread's unprojected records comes with writes the fold does not know."""
 
-Base = tuple[int, dict[str, Any] | None, list[str] | None, dict[str, int], bool]
-"""The projection's applied offset on a thread's partition, the answer of a namespace's newest checkpoint,
-the thread's namespaces (None: too many), the namespace's blob ceilings and whether the key store records
-the thread as erased, as of one snapshot."""
+
+class Base(NamedTuple):
+    """What a get of a namespace's newest checkpoint folds the thread's unprojected records onto: the
+    projection as of one snapshot (`THROUGH_NEWEST_SQL`)."""
+
+    applied: int
+    """The projection's applied offset on the thread's partition."""
+    answer: WireTuple | None
+    """The namespace's newest checkpoint (None: none)."""
+    namespaces: list[str] | None
+    """The thread's namespaces (None: too many)."""
+    ceilings: dict[str, int]
+    """The namespace's blob ceilings."""
+    erased: bool
+    """Whether the key store records the thread as erased."""
 
 
 class CheckpointReads:
@@ -211,13 +230,12 @@ class CheckpointReads:
             based = await started
             if isinstance(based, thread.Underivable):
                 return based
-            applied, base, namespaces, ceilings, _ = based
-            if applied >= settled.tail.start:
-                events = await self._thread_events(settled, stored, applied)
+            if based.applied >= settled.tail.start:
+                events = await self._thread_events(settled, stored, based.applied)
                 if isinstance(events, thread.Underivable):
                     return events
-                view = thread.from_answer(ns, base, namespaces, ceilings=ceilings)
-                return _fold(view, events), max(applied, settled.end)
+                view = thread.from_answer(ns, based.answer, based.namespaces, ceilings=based.ceilings)
+                return _fold(view, events), max(based.applied, settled.end)
             started = None  # the projection moved on while the read began: read it again
         return thread.Underivable("the projection moved on twice while the read began")
 
@@ -276,12 +294,12 @@ class CheckpointReads:
             return thread.Underivable(EARLY_WRITES)
         namespaces = _listed(row["namespaces"])
         if row["checkpoint_id"] is None:
-            return row["applied"], None, namespaces, row["ceilings"], row["erased"]
+            return Base(row["applied"], None, namespaces, row["ceilings"], row["erased"])
         if row["checkpoint"]["v"] < 4 and row["parent_checkpoint_id"]:
             # Read with its parent's pending sends: a second statement, so a second snapshot.
             return thread.Underivable("a checkpoint before format 4 is read with its parent's pending sends")
         found = await self._saver()._load_checkpoint_tuple(row)
-        return row["applied"], wire_tuple(found, self._tenant), namespaces, row["ceilings"], row["erased"]
+        return Base(row["applied"], wire_tuple(found, self._tenant), namespaces, row["ceilings"], row["erased"])
 
     async def _later_writes(self, stored_thread_id: str, checkpoint_ns: str, newest: str) -> LaterWrites | None:
         """The pending writes of the namespace's checkpoints newer than `newest`, the answer's (None: more
@@ -314,7 +332,7 @@ class CheckpointReads:
     async def _erased_in(self, base: asyncio.Task[Base | thread.Underivable], thread_id: str) -> bool:
         """`_erased`, as the projection's snapshot `base` read it (asked on its own when `base` has none)."""
         based = await asyncio.shield(base)
-        return based[4] if not isinstance(based, thread.Underivable) else await self._erased(thread_id)
+        return based.erased if isinstance(based, Base) else await self._erased(thread_id)
 
     async def _erased(self, thread_id: str) -> bool:
         """Whether the thread was erased (the client then refuses its writes at once)."""

@@ -53,6 +53,18 @@ def to_wire(value: Any) -> dict[str, Any]:
     return inline(value)
 
 
+class SavedWrite(NamedTuple):
+    """One of the pending writes the official saver's statements select with a checkpoint, each column as
+    bytes (`AsyncPostgresSaver.SELECT_SQL`)."""
+
+    task_id: bytes
+    channel: bytes
+    type: bytes
+    blob: bytes
+    task_path: bytes
+    idx: bytes
+
+
 class TenantSaver(AsyncPostgresSaver):
     """The official saver, with every list narrowed to the threads of one tenant."""
 
@@ -63,12 +75,13 @@ class TenantSaver(AsyncPostgresSaver):
     def _load_writes(self, writes: Any) -> list[Any]:
         """The official order and values, keeping each write's task path and index: a client adding its
         own writes to an answer merges them by `(task_id, idx)` and sorts them as the saver does."""
+        saved = [SavedWrite(*write) for write in writes or []]
+        saved.sort(key=lambda w: writes_sort_key(w.task_path.decode(), w.task_id.decode(), int(w.idx)))
         return [
-            (tid.decode(), channel.decode(), self.serde.loads_typed((t.decode(), v)), path.decode(), int(idx))
-            for tid, channel, t, v, path, idx in sorted(
-                writes or [], key=lambda w: writes_sort_key(w[4].decode(), w[0].decode(), int(w[5]))
-            )
-        ]
+            (w.task_id.decode(), w.channel.decode(), self.serde.loads_typed((w.type.decode(), w.blob)),
+             w.task_path.decode(), int(w.idx))
+            for w in saved
+        ]  # fmt: skip
 
     def _search_where(self, config: Any, filter: Any, before: Any = None) -> tuple[str, list[Any]]:
         where, params = super()._search_where(config, filter, before)
