@@ -45,8 +45,8 @@ def folded(*events: Any, start: thread.View = thread.NEW) -> thread.View:
     return view
 
 
-def newest(view: thread.View, ns: str = "", cid: str | None = None) -> dict[str, Any] | None:
-    return view.namespace(ns).answer("t", ns, cid)
+def newest(view: thread.View, ns: str = "", cid: str | None = None) -> dict[str, Any] | thread.Underivable | None:
+    return view.answer("t", ns, cid)
 
 
 def values(wire: dict[str, Any]) -> dict[str, Any]:

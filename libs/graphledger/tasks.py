@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 
@@ -19,6 +20,28 @@ async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
         caller = asyncio.current_task()
         if caller is not None and caller.cancelling():
             raise
+
+
+async def drop_speculative(log: logging.Logger, *tasks: asyncio.Task[Any] | None, cancel: bool = True) -> None:
+    """End `tasks`, begun ahead of need and needed no more: cancel them (unless not `cancel`: a statement let
+    finish costs Postgres less than one cancelled) and return once they have ended. What they ended with is
+    not raised, so an answered read stays answered: a failure is logged. A cancellation of the caller while
+    it waits is raised, and cancels the tasks; `asyncio.wait` keeps it apart from the tasks' own."""
+    started = [task for task in tasks if task is not None]
+    if not started:
+        return
+    if cancel:
+        for task in started:
+            task.cancel()
+    try:
+        await asyncio.wait(started)
+    except asyncio.CancelledError:
+        for task in started:
+            task.cancel()
+        raise
+    for task in started:
+        if not task.cancelled() and (failure := task.exception()) is not None:
+            log.warning("%s, begun ahead of need, failed: %r", task.get_name(), failure)
 
 
 async def set_within(event: asyncio.Event, timeout_s: float) -> None:

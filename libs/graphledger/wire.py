@@ -2,7 +2,8 @@
 
 A channel value or pending write is either typed bytes made by the agent's serde, `{"t": type, "b":
 bytes}`, or a primitive the checkpoint stores inline in its jsonb, `{"v": value}`. Bodies are msgpack
-(`application/msgpack`, bytes native) or JSON (`application/json`, bytes as base64 strings).
+(`application/msgpack`, bytes native) or JSON (`application/json`, bytes as base64 strings). The answers
+that carry them are the types of `answers.py`.
 """
 
 from __future__ import annotations

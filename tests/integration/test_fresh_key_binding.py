@@ -24,8 +24,8 @@ from graphledger.events.checkpoint import CheckpointEvent
 from graphledger.events.chunks import frame
 from graphledger.log.records import LogRecord, Tail
 from graphledger.opening.records import DeadLetter, unwrapped
-from graphledger_server.api.read_through import TailEvents
-from graphledger_server.api.unprojected import Unprojected
+from graphledger_server.api.consistency.read_through import TailEvents
+from graphledger_server.api.consistency.unprojected import Unprojected
 from graphledger_server.keys.key_store import KeyStore
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.ring import KeyRing

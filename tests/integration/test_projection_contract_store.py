@@ -22,7 +22,7 @@ from graphledger.events.erasure import TenantErase
 from graphledger.events.store import StoreExpire, StoreRefresh
 from graphledger.folds import store_item
 from graphledger.log.records import LogRecord
-from graphledger_server.api.store_sql import item_rows_statement
+from graphledger_server.api.reads.store_sql import item_rows_statement
 from graphledger_server.opening.vector_index import VectorIndex
 from graphledger_server.projection.batch import TopicProjection
 from graphledger_server.projection.migrate import migrate

@@ -30,7 +30,7 @@ from graphledger.events.checkpoint import ThreadCopyBarrier
 from graphledger.events.envelope import Envelope
 from graphledger.settings import Settings
 from graphledger.wire import MSGPACK
-from graphledger_server.api import unprojected
+from graphledger_server.api.consistency import unprojected
 from graphledger_server.api.main import server as api_server
 from graphledger_server.devstack.ports import free_port
 from graphledger_server.log.clients import new_consumer

@@ -31,11 +31,11 @@ from langgraph.store.memory import _compare_values
 from graphledger.embeddings import HashEmbedder
 from graphledger.settings import Settings
 from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK
-from graphledger_server.api import store_sql
 from graphledger_server.api.app import create_app
 from graphledger_server.api.db import open_store_pool
+from graphledger_server.api.reads import store_sql
+from graphledger_server.api.reads.store_reader import StoreReader
 from graphledger_server.api.store_models import SearchOp
-from graphledger_server.api.store_reader import StoreReader
 from graphledger_server.opening.vector_index import VectorIndex
 from graphledger_server.projection.migrate import migrate
 from store_helpers import Applier, delete, put, record
@@ -343,7 +343,7 @@ async def test_the_index_path_equals_brute_force_on_small_data(projection: str) 
                 }
             )
             (got,) = await reader.run([op])
-            assert_ranking(got, brute_force(query, prefix, flt), offset)
+            assert_ranking([item.to_wire() for item in got], brute_force(query, prefix, flt), offset)
             # The index statement alone, where it yields a full page, with the planner kept on the
             # HNSW index (on a table this small it would rather sort every row, which is exact anyway).
             async with pool.acquire() as conn, conn.transaction():

@@ -130,6 +130,7 @@ def test_every_setting_has_a_way_into_the_chart() -> None:
         f"{PREFIX}CLIENT_LOG_READS",
         f"{PREFIX}CLIENT_THREAD_MEMORY_BYTES",
         f"{PREFIX}CLIENT_FRESH_KEYS",
+        f"{PREFIX}WRITE_OWNERSHIP",
     }
     assert allowed <= SETTING_VARIABLES, f"stale names in values.schema.json config: {allowed - SETTING_VARIABLES}"
     assert not allowed & (own_value | SECRET_VARIABLES)

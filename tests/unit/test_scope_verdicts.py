@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graphledger_server.api.scope_verdicts import ScopeVerdicts, scope_key
+from graphledger_server.api.reads.scope_verdicts import ScopeVerdicts, scope_key
 from manual_clock import ManualClock
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from graphledger_server.api.store_reader import INDEX_CANDIDATES_PER_ITEM, _per_item
+from graphledger_server.api.reads.store_reader import INDEX_CANDIDATES_PER_ITEM, _per_item
 
 
 @pytest.mark.parametrize(

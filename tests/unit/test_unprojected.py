@@ -14,8 +14,8 @@ from graphledger.events.erasure import ThreadErase
 from graphledger.folds import thread
 from graphledger.log.records import Tail
 from graphledger.log.tail import LogRecord, Page
-from graphledger_server.api.read_through import KeptView, TailEvents, ThreadViews
-from graphledger_server.api.unprojected import Unprojected
+from graphledger_server.api.consistency.read_through import KeptView, TailEvents, ThreadViews
+from graphledger_server.api.consistency.unprojected import Unprojected
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.opening.opener import RecordOpener
 from graphledger_server.projection.checkpoints import CheckpointProjection

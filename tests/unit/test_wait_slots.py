@@ -7,7 +7,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from graphledger_server.api.wait_slots import WaitSlots, WaitSlotsFull
+from graphledger_server.api.consistency.wait_slots import WaitSlots, WaitSlotsFull
 
 
 def fill(slots: WaitSlots, tenant: str, stack: ExitStack) -> int:

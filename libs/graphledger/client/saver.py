@@ -31,6 +31,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
+from graphledger.answers import ListAnswer
 from graphledger.client.runtime import ClientLifecycle, ClientRuntime
 from graphledger.client.values import (
     decode_delta_history,
@@ -183,8 +184,8 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         body = _list_body(config, filter, before, limit)
-        answer = self._runtime.read("/v1/checkpoints/list", body)
-        for raw in answer["tuples"]:
+        answer = ListAnswer.from_wire(self._runtime.read("/v1/checkpoints/list", body))
+        for raw in answer.tuples:
             yield decode_tuple(raw, self.serde)  # type: ignore[misc]  # a listed tuple is never None
 
     async def alist(
@@ -196,8 +197,8 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         body = _list_body(config, filter, before, limit)
-        answer = await self._runtime.aread("/v1/checkpoints/list", body)
-        for raw in answer["tuples"]:
+        answer = ListAnswer.from_wire(await self._runtime.aread("/v1/checkpoints/list", body))
+        for raw in answer.tuples:
             yield decode_tuple(raw, self.serde)  # type: ignore[misc]  # a listed tuple is never None
 
     def get_delta_channel_history(

@@ -50,6 +50,7 @@ from langgraph.store.base import (
 )
 from langgraph.store.base.batch import _dedupe_ops
 
+from graphledger.answers import ItemAnswer, StoreBatchAnswer
 from graphledger.client.refresh import RefreshCoalescer, Target
 from graphledger.client.runtime import ClientLifecycle, ClientRuntime
 from graphledger.client.store_values import (
@@ -58,8 +59,9 @@ from graphledger.client.store_values import (
     PreparedRead,
     PreparedWrite,
     TokenizedField,
-    decode_results,
+    decode_result,
     prepare,
+    read_answer,
     tokenized_fields,
 )
 from graphledger.errors import InvalidInputError
@@ -144,9 +146,11 @@ class KafkaStore(ClientLifecycle, BaseStore):
         plan = _Plan(prepared)
         vectors, queries = self._embed(plan.texts, plan.queries)
         answer = (
-            self._runtime.read(STORE_BATCH_PATH, plan.read_body(queries), self._read_headers()) if plan.reads else None
-        )
-        results = plan.results(answer)  # a malformed answer fails before anything is published
+            plan.answered(self._runtime.read(STORE_BATCH_PATH, plan.read_body(queries), self._read_headers()))
+            if plan.reads
+            else None
+        )  # a malformed answer fails before anything is published
+        results = plan.results(answer)
         events = [*plan.events(vectors), *self._refresh_events(plan, answer)]
         self._runtime.publish_many(self.settings.store_topic, events)
         return results
@@ -158,7 +162,7 @@ class KafkaStore(ClientLifecycle, BaseStore):
         plan = _Plan(prepared)
         vectors, queries = await self._aembed(plan.texts, plan.queries)
         answer = (
-            await self._runtime.aread(STORE_BATCH_PATH, plan.read_body(queries), self._read_headers())
+            plan.answered(await self._runtime.aread(STORE_BATCH_PATH, plan.read_body(queries), self._read_headers()))
             if plan.reads
             else None
         )
@@ -167,10 +171,10 @@ class KafkaStore(ClientLifecycle, BaseStore):
         await self._runtime.apublish_many(self.settings.store_topic, events)
         return results
 
-    def _refresh_events(self, plan: _Plan, answer: Any) -> list[StoreRefresh]:
+    def _refresh_events(self, plan: _Plan, answer: StoreBatchAnswer | None) -> list[StoreRefresh]:
         """`store.refresh` for the items with a TTL the batch's `refresh_ttl` reads returned, coalesced;
         an item the batch also writes needs none (a put restarts its TTL, a delete leaves nothing)."""
-        if not plan.reads:
+        if answer is None:
             return []
         written = {(w.namespace, w.key) for w in plan.writes}
         found = (t for t in plan.refreshed(answer) if t not in written)
@@ -348,20 +352,28 @@ class _Plan:
     def events(self, vectors: dict[str, tuple[float, ...]]) -> list[StorePut | StoreDelete]:
         return [w.event(vectors) for w in self.writes]
 
-    def refreshed(self, answer: Any) -> list[Target]:
-        """The items with a TTL (an `expires_at`) returned by reads with `refresh_ttl`, in order; the
-        answer was checked by `results` already. Items without a TTL have nothing to refresh."""
+    def answered(self, answer: Any) -> StoreBatchAnswer:
+        """The read API's answer to the reads; a malformed one is a `ReadApiError`."""
+        return read_answer(self.reads, answer)
+
+    def refreshed(self, answer: StoreBatchAnswer) -> list[Target]:
+        """The items with a TTL (an `expires_at`) returned by reads with `refresh_ttl`, in order. Items
+        without a TTL have nothing to refresh."""
         out: list[Target] = []
-        for read, raw in zip(self.reads, answer["results"], strict=True):
-            if not read.refresh or not raw or read.kind == "list_namespaces":
+        for read, result in zip(self.reads, answer.results, strict=True):
+            if not read.refresh:
                 continue
-            for item in raw if isinstance(raw, list) else [raw]:
-                if isinstance(item, dict) and item.get("expires_at") is not None:
-                    out.append((tuple(item["namespace"]), item["key"]))
+            items = [result] if isinstance(result, ItemAnswer) else result or ()
+            out.extend(
+                (tuple(item.namespace), item.key)
+                for item in items
+                if isinstance(item, ItemAnswer) and item.expires_at is not None
+            )
         return out
 
-    def results(self, answer: Any) -> list[Result]:
-        decoded = iter(decode_results(self.reads, answer) if self.reads else ())
+    def results(self, answer: StoreBatchAnswer | None) -> list[Result]:
+        answered = zip(self.reads, answer.results, strict=True) if answer is not None else ()
+        decoded = iter([decode_result(read.kind, result) for read, result in answered])
         results: list[Result] = []
         for p in self.prepared:
             if isinstance(p, PreparedRead):
@@ -395,7 +407,8 @@ class _LoopBatcher:
         return future
 
     def _flush(self) -> None:
-        items = [item for item in self._pending if not item[0].done()]  # skip cancelled callers
+        # A cancelled caller's op is left out.
+        items = [(future, op, prepared) for future, op, prepared in self._pending if not future.done()]
         self._pending = []
         if items:
             task = self._loop.create_task(self._run(items))

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, assert_never, cast
 
 from langgraph.store.base import (
     GetOp,
@@ -33,6 +33,7 @@ from langgraph.store.base import (
 from langgraph.store.base import _validate_namespace as validate_namespace
 from langgraph.store.base import _validate_namespace_labels as validate_namespace_labels
 
+from graphledger.answers import ItemAnswer, SearchItemAnswer, StoreBatchAnswer, StoreResult
 from graphledger.errors import InvalidInputError, ReadApiError
 from graphledger.events.store import MAX_TTL_MINUTES, StoreDelete, StorePut, Vector
 from graphledger.pg_text import index_key_problem, json_problem, unstorable
@@ -278,41 +279,45 @@ def _timestamp(value: Any) -> datetime:
     return value if isinstance(value, datetime) else datetime.fromisoformat(value)
 
 
-def decode_item(raw: dict[str, Any] | None) -> Item | None:
-    if raw is None:
-        return None
+def decode_item(answered: ItemAnswer) -> Item:
     return Item(
-        value=raw["value"],
-        key=raw["key"],
-        namespace=tuple(raw["namespace"]),
-        created_at=_timestamp(raw["created_at"]),
-        updated_at=_timestamp(raw["updated_at"]),
+        value=answered.value,
+        key=answered.key,
+        namespace=tuple(answered.namespace),
+        created_at=_timestamp(answered.created_at),
+        updated_at=_timestamp(answered.updated_at),
     )
 
 
-def decode_search_item(raw: dict[str, Any]) -> SearchItem:
-    score = raw.get("score")
+def decode_search_item(answered: SearchItemAnswer) -> SearchItem:
+    score = answered.score
     return SearchItem(
-        namespace=tuple(raw["namespace"]),
-        key=raw["key"],
-        value=raw["value"],
-        created_at=_timestamp(raw["created_at"]),
-        updated_at=_timestamp(raw["updated_at"]),
+        namespace=tuple(answered.namespace),
+        key=answered.key,
+        value=answered.value,
+        created_at=_timestamp(answered.created_at),
+        updated_at=_timestamp(answered.updated_at),
         score=None if score is None else float(score),
     )
 
 
-def decode_result(kind: str, raw: Any) -> Result:
-    if kind == "get":
-        return decode_item(raw)
-    if kind == "search":
-        return [decode_search_item(r) for r in raw]
-    return [tuple(ns) for ns in raw]
+def decode_result(kind: str, result: StoreResult) -> Result:
+    """LangGraph's result of an op of `kind` from the read API's (`StoreBatchAnswer` parsed it by kind)."""
+    match result:
+        case None:
+            return None
+        case ItemAnswer():
+            return decode_item(result)
+        case list() if kind == "search":
+            return [decode_search_item(item) for item in cast(list[SearchItemAnswer], result)]
+        case list():
+            return [tuple(labels) for labels in cast(list[list[str]], result)]
+        case _:
+            assert_never(result)
 
 
-def decode_results(reads: Sequence[PreparedRead], answer: Any) -> list[Result]:
-    results = answer.get("results") if isinstance(answer, dict) else None
-    if not isinstance(results, list) or len(results) != len(reads):
-        got = len(results) if isinstance(results, list) else type(results).__name__
-        raise ReadApiError(200, "bad_response", f"/v1/store/batch answered {got} results for {len(reads)} ops")
-    return [decode_result(read.kind, raw) for read, raw in zip(reads, results, strict=True)]
+def read_answer(reads: Sequence[PreparedRead], answer: Any) -> StoreBatchAnswer:
+    """The read API's answer to `reads`, parsed; a malformed one is a `ReadApiError`."""
+    if not isinstance(answer, dict):
+        raise ReadApiError(200, "bad_response", f"/v1/store/batch answered {type(answer).__name__}")
+    return StoreBatchAnswer.from_wire(answer, [read.kind for read in reads])

@@ -7,8 +7,8 @@ snapshot's `through` (from past the process's own records there, which their off
 every record of the thread there is its own, the snapshot is the answer (no HTTP, no Postgres).
 Otherwise, or when it holds no view of what is asked, the read API answers (it waits for, or folds,
 every record the client does not name as its own) and the client folds its named records onto that
-answer. When the fold cannot derive the answer, the client asks once more
-naming nothing, and the read API then waits for every record of the thread.
+answer. When the fold cannot derive the answer (`thread.Underivable`), the
+client asks once more naming nothing, and the read API then waits for every record of the thread.
 
 A thread the process does not hold is most often a new one. Its read is answered here too when the log
 proves it new: its key is not in its partition's key filter (`key_filters.py`), and no record from the
@@ -25,9 +25,10 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
 
+from graphledger.answers import ChannelHistory, DeltaHistoryAnswer, GetAnswer, Holding
 from graphledger.client.key_filters import KeyFilters
 from graphledger.client.threads import Held, HeldThreads
-from graphledger.errors import LogUnavailableError
+from graphledger.errors import LogUnavailableError, ReadApiError
 from graphledger.folds import thread
 from graphledger.log.records import Tail
 from graphledger.log.tail import LogTail
@@ -85,34 +86,27 @@ class ThreadReads:
         if held is not None and held.view.erased:
             return None
         if held is not None and held.local:
-            try:
-                answer = held.view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, checkpoint_id)
-            except thread.Underivable:
-                pass
-            else:
-                if await self._unchanged_since(thread_id, held):
-                    self.answered["held"] += 1
-                    return answer
+            answer = held.view.answer(thread_id, checkpoint_ns, checkpoint_id)
+            if not isinstance(answer, thread.Underivable) and await self._unchanged_since(thread_id, held):
+                self.answered["held"] += 1
+                return answer
         self.answered["read_api"] += 1
         return await self._from_api(thread_id, checkpoint_ns, checkpoint_id, held)
 
     async def history(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, channels: list[str]
-    ) -> dict[str, Any]:
-        """`get_delta_channel_history` in the read API's wire form: from what the process holds when the
-        log allows, else the read API's, which the process then holds (when its view is current)."""
+    ) -> dict[str, ChannelHistory]:
+        """`get_delta_channel_history` as the read API answers it: from what the process holds when the log
+        allows, else the read API's, which the process then holds (when its view is current)."""
         await self._threads.settled(thread_id)
         held = self._threads.get(thread_id)
         if (held is not None and held.view.erased) or (held is None and await self._proved_new(thread_id)):
-            return {channel: {"writes": []} for channel in channels}
+            return {channel: ChannelHistory([]) for channel in channels}
         ns = _namespace(held, checkpoint_ns)
         current = ns is not None and held is not None and held.local and await self._unchanged_since(thread_id, held)
         if current and ns is not None:
-            try:
-                answer = ns.delta_history(checkpoint_id, channels)
-            except thread.Underivable:
-                pass
-            else:
+            answer = ns.delta_history(checkpoint_id, channels)
+            if not isinstance(answer, thread.Underivable):
                 self.answered["held"] += 1
                 return answer
         self.answered["read_api"] += 1
@@ -122,11 +116,10 @@ class ThreadReads:
         if held is not None and newest is not None and checkpoint_id in (None, newest):
             # The view is current: ask for its newest checkpoint by id, and hold the answer.
             by_id = {**body, "checkpoint_id": newest}
-            answered: dict[str, Any] = (await self._read(DELTA_PATH, by_id, None))["history"]
+            answered = DeltaHistoryAnswer.from_wire(await self._read(DELTA_PATH, by_id, None)).history
             self._threads.learn_history(thread_id, held, checkpoint_ns, newest, answered)
             return answered
-        history: dict[str, Any] = (await self._read(DELTA_PATH, body, None))["history"]
-        return history
+        return DeltaHistoryAnswer.from_wire(await self._read(DELTA_PATH, body, None)).history
 
     async def _proved_new(self, thread_id: str) -> bool:
         """Whether the log held no record of the thread when this read began (its key is in neither its
@@ -201,12 +194,17 @@ class ThreadReads:
             headers[OWN_WRITES_HEADER] = f"{held.partition}:{','.join(map(str, sorted(named)))}"
             if held.local and checkpoint_id is None and self._log_tail() is None:
                 headers[CACHED_THROUGH_HEADER] = str(held.through)  # the read API looks at the log instead
-        answer = await self._read(GET_PATH, body, headers or None)
-        try:
-            return self._answered(thread_id, checkpoint_ns, checkpoint_id, held if headers else None, answer)
-        except thread.Underivable:
-            answer = await self._read(GET_PATH, body, None)
-            return self._answered(thread_id, checkpoint_ns, checkpoint_id, None, answer)
+        answer = GetAnswer.from_wire(await self._read(GET_PATH, body, headers or None))
+        answered = self._answered(thread_id, checkpoint_ns, checkpoint_id, held if headers else None, answer)
+        if isinstance(answered, thread.Underivable):
+            # The named records do not fold onto the answer: one naming nothing holds them all.
+            answer = GetAnswer.from_wire(await self._read(GET_PATH, body, None))
+            answered = self._answered(thread_id, checkpoint_ns, checkpoint_id, None, answer)
+        if isinstance(answered, thread.Underivable):
+            raise ReadApiError(
+                200, "bad_response", f"{GET_PATH} answered what the client cannot read: {answered.reason}"
+            )
+        return answered
 
     def _answered(
         self,
@@ -214,40 +212,38 @@ class ThreadReads:
         checkpoint_ns: str,
         checkpoint_id: str | None,
         named: Held | None,
-        answer: dict[str, Any],
-    ) -> dict[str, Any] | None:
-        """The read API's `answer` with the named own records it lacks folded in; holds the thread when
-        the answer is of its newest checkpoint. Raises `thread.Underivable`."""
-        if answer.get("erased"):
+        answer: GetAnswer,
+    ) -> dict[str, Any] | thread.Underivable | None:
+        """The read API's `answer` with the named own records it lacks folded in (unless they do not fold
+        onto it); holds the thread when the answer is of its newest checkpoint."""
+        if answer.erased:
             self._on_erased(thread_id)
             self._threads.erased(thread_id)
             return None
-        partition, end = answer["log_partition"], answer["log_end"]
+        partition, end = answer.log_partition, answer.log_end
         if named is not None and named.partition != partition:
             named = None  # named on another partition: the read API heeded none of them
-        if answer.get("current") and named is not None:
+        if answer.current and named is not None:
             self._threads.advance(thread_id, named, end)
-            return named.view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, checkpoint_id)
+            return named.view.answer(thread_id, checkpoint_ns, checkpoint_id)
         # Naming nothing, the answer holds every record of the thread below the log's end.
-        applied = answer.get("own_writes_from", end) if named is not None else end
+        applied = answer.own_writes_from if named is not None and answer.own_writes_from is not None else end
         if checkpoint_id is not None:
-            return _older(named, answer["tuple"], thread_id, checkpoint_ns, checkpoint_id, applied)
-        later = answer.get("later_writes", {})
-        ceilings = answer.get("blob_ceilings")
-        view = thread.from_answer(checkpoint_ns, answer["tuple"], answer.get("namespaces"), later, ceilings)
+            return _older(named, answer.tuple, thread_id, checkpoint_ns, checkpoint_id, applied)
+        holding = answer.holding if answer.holding is not None else Holding({})
+        later, ceilings = holding.later_writes, holding.blob_ceilings
+        view = thread.from_answer(checkpoint_ns, answer.tuple, holding.namespaces, later, ceilings)
         # Too many writes of newer checkpoints to send: the answer stands, the thread is not held.
         view = self._threads.install(thread_id, named, partition, view, applied, end, hold=later is not None)
-        return view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, None)
+        return view.answer(thread_id, checkpoint_ns, None)
 
 
 def _namespace(held: Held | None, checkpoint_ns: str) -> thread.Namespace | None:
     """The namespace as held (None: not held)."""
     if held is None:
         return None
-    try:
-        return held.view.namespace(checkpoint_ns)
-    except thread.Underivable:
-        return None
+    ns = held.view.namespace(checkpoint_ns)
+    return None if isinstance(ns, thread.Underivable) else ns
 
 
 def _older(
@@ -257,10 +253,10 @@ def _older(
     checkpoint_ns: str,
     checkpoint_id: str,
     applied: int,
-) -> dict[str, Any] | None:
+) -> dict[str, Any] | thread.Underivable | None:
     """The answer for one checkpoint (not the thread's newest), with the named own records the read API's
     answer lacks applied as the projection applies them to it (`thread.apply_to_checkpoint`)."""
     view = thread.from_answer(checkpoint_ns, tuple_)
     for _, event in named.own_since(applied) if named is not None else ():
         view = thread.apply_to_checkpoint(view, event, checkpoint_ns, checkpoint_id)
-    return view.namespace(checkpoint_ns).answer(thread_id, checkpoint_ns, checkpoint_id)
+    return view.answer(thread_id, checkpoint_ns, checkpoint_id)

@@ -28,8 +28,9 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import NamedTuple
 
+from graphledger.answers import ChannelHistory
 from graphledger.events.checkpoint import CheckpointEvent, CheckpointPut, CheckpointWrites
 from graphledger.folds import thread
 from graphledger.folds.views import ViewLru
@@ -44,8 +45,27 @@ MAX_NAMED_RECORDS = 256
 _OWN_RECORD_BYTES = 64
 """What one own record counts against the bound besides its event's values."""
 
-Own = tuple[tuple[int, ...], CheckpointEvent]
-"""One own event: the offsets of its records (more than one when chunked) and the event."""
+
+class Own(NamedTuple):
+    """One of this process's own events of a thread, acknowledged."""
+
+    offsets: tuple[int, ...]
+    """Its records' offsets (more than one when chunked)."""
+    event: CheckpointEvent
+
+    @property
+    def last(self) -> int:
+        """The offset of its last record, where the event is complete in the log."""
+        return self.offsets[-1]
+
+
+@dataclass(slots=True)
+class _Sending:
+    """A thread's events on their way to the log: how many, and what a read waiting for them awaits."""
+
+    count: int = 0
+    settled: asyncio.Future[None] | None = None
+
 
 _epochs = itertools.count(1)
 
@@ -81,7 +101,7 @@ class Held:
         return offsets if len(offsets) <= MAX_NAMED_RECORDS else None
 
     def own_since(self, offset: int) -> list[Own]:
-        return [own for own in self.own if own[0][-1] >= offset]
+        return [own for own in self.own if own.last >= offset]
 
 
 class HeldThreads:
@@ -92,8 +112,8 @@ class HeldThreads:
         self._recent: dict[int, OrderedDict[int, str | None]] = {}
         """Per partition, this process's latest records, of every thread: offset -> thread (None: a
         record of every thread, `runs.delete`)."""
-        self._sending: dict[str, list[Any]] = {}
-        """Per thread, this process's events sent and not acknowledged yet: `[count, future | None]`."""
+        self._sending: dict[str, _Sending] = {}
+        """Per thread, this process's events sent and not acknowledged yet."""
 
     def __len__(self) -> int:
         return len(self._threads)
@@ -112,16 +132,15 @@ class HeldThreads:
 
     def sending(self, thread_id: str) -> None:
         """An event of the thread goes to the log; `sent` once it is acknowledged or failed."""
-        entry = self._sending.setdefault(thread_id, [0, None])
-        entry[0] += 1
+        self._sending.setdefault(thread_id, _Sending()).count += 1
 
     def sent(self, thread_id: str) -> None:
         entry = self._sending[thread_id]
-        entry[0] -= 1
-        if not entry[0]:
+        entry.count -= 1
+        if not entry.count:
             del self._sending[thread_id]
-            if entry[1] is not None and not entry[1].done():
-                entry[1].set_result(None)
+            if entry.settled is not None and not entry.settled.done():
+                entry.settled.set_result(None)
 
     async def settled(self, thread_id: str) -> None:
         """Return once none of this process's events of the thread is on its way to the log: a read waits
@@ -129,9 +148,9 @@ class HeldThreads:
         entry = self._sending.get(thread_id)
         if entry is None:
             return
-        if entry[1] is None:
-            entry[1] = asyncio.get_running_loop().create_future()
-        await asyncio.shield(entry[1])
+        if entry.settled is None:
+            entry.settled = asyncio.get_running_loop().create_future()
+        await asyncio.shield(entry.settled)
 
     def get(self, thread_id: str) -> Held | None:
         """The thread's snapshot, marked as recently used."""
@@ -183,7 +202,7 @@ class HeldThreads:
         """This process's event of the thread, acknowledged at `offsets` of `partition`."""
         self._remember(partition, offsets, thread_id)
         held = self._threads.peek(thread_id)
-        own: Own = (offsets, event)
+        own = Own(offsets, event)
         if held is None or held.partition != partition:
             view = thread.apply(thread.UNKNOWN, event)
             # A delete or an erasure leaves nothing of what came before: the view is then whole.
@@ -204,7 +223,7 @@ class HeldThreads:
         self._remember(partition, (offset,), None)
         for thread_id, held in self._threads.items():
             if held.partition == partition:
-                own = (*held.own, ((offset,), event))
+                own = (*held.own, Own((offset,), event))
                 entry = _held(held.epoch, partition, held.through, thread.apply(held.view, event), own)
                 self._put(thread_id, entry, touch=False)
 
@@ -235,13 +254,13 @@ class HeldThreads:
         held = self._threads.peek(thread_id)
         current = held if held is not None and held.partition == partition else None
         named = snapshot.own if snapshot is not None and snapshot.partition == partition else ()
-        mine = [own for own in (named if current is None else _merged(named, current.own)) if own[0][-1] >= applied]
+        mine = [own for own in (named if current is None else _merged(named, current.own)) if own.last >= applied]
         view = answer
-        for _, event in (own for own in mine if own[0][-1] < end):
+        for _, event in (own for own in mine if own.last < end):
             view = thread.apply(view, event)
         if not hold or (snapshot is not None and (current is None or current.epoch != snapshot.epoch)):
             return view  # forgotten or held anew meanwhile: keep what is held
-        beyond = [own for own in mine if own[0][-1] >= end]
+        beyond = [own for own in mine if own.last >= end]
         kept = view
         for _, event in beyond:
             kept = thread.apply(kept, event)
@@ -250,7 +269,12 @@ class HeldThreads:
         return view
 
     def learn_history(
-        self, thread_id: str, snapshot: Held, checkpoint_ns: str, checkpoint_id: str, answered: dict[str, Any]
+        self,
+        thread_id: str,
+        snapshot: Held,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        answered: Mapping[str, ChannelHistory],
     ) -> None:
         """The read API's DeltaChannel history of the namespace's newest checkpoint, held from now on if
         the thread is still held as the snapshot was."""
@@ -292,7 +316,7 @@ def _held(
 
 def _merged(first: Iterable[Own], second: Iterable[Own]) -> list[Own]:
     """Own records of both, once each, in log order."""
-    by_offset = {own[0][-1]: own for own in (*first, *second)}
+    by_offset = {own.last: own for own in (*first, *second)}
     return [by_offset[offset] for offset in sorted(by_offset)]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from collections.abc import Mapping
 from typing import Any, cast
 
 import orjson
@@ -13,6 +14,7 @@ from langgraph.checkpoint.base import Checkpoint, CheckpointTuple, DeltaChannelH
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
+from graphledger.answers import ChannelHistory
 from graphledger.errors import InvalidInputError
 from graphledger.pg_text import (
     MAX_INDEX_KEY_BYTES,
@@ -167,13 +169,13 @@ def _parent(config: dict[str, Any] | None) -> RunnableConfig | None:
     return cast(RunnableConfig, config if "configurable" in config else {"configurable": config})
 
 
-def decode_delta_history(raw: dict[str, Any], serde: SerializerProtocol) -> dict[str, DeltaChannelHistory]:
+def decode_delta_history(
+    answered: Mapping[str, ChannelHistory], serde: SerializerProtocol
+) -> dict[str, DeltaChannelHistory]:
     history: dict[str, DeltaChannelHistory] = {}
-    for channel, entry in raw.items():
-        decoded: DeltaChannelHistory = {
-            "writes": [(task_id, ch, _value(v, serde)) for task_id, ch, v in entry.get("writes", [])]
-        }
-        if "seed" in entry:
-            decoded["seed"] = _value(entry["seed"], serde)
+    for channel, entry in answered.items():
+        decoded: DeltaChannelHistory = {"writes": [(task_id, ch, _value(v, serde)) for task_id, ch, v in entry.writes]}
+        if entry.seed is not None:
+            decoded["seed"] = _value(entry.seed, serde)
         history[channel] = decoded
     return history

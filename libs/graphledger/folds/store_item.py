@@ -1,7 +1,7 @@
 """The fold of one store item's events into what a store `get` answers, as the store projection applies them.
 
 The read API answers a get at the log's end from the projection's row and the item's records the
-projector has not applied yet (`graphledger_server/api/store_through.py`); this is the projection's
+projector has not applied yet (`graphledger_server/api/reads/store_through.py`); this is the projection's
 effect on one item (`projection/store.py`), written once in Python and checked against the SQL by the
 projection contract suite:
 - a put replaces value, `updated_at` (its time) and the TTL (`expires_at` = its time + `ttl_minutes`,
@@ -11,7 +11,7 @@ projection contract suite:
 - a refresh restarts a live item's TTL at its time, never shortening it;
 - an expire removes the item only if it is still expired at the sweeper's decision time;
 - a tenant's erasure removes every item of the tenant; a namespace's erasure needs the erasure's names
-  (rows only the projection holds): `Underivable`.
+  (rows only the projection holds): it is `Underivable`, a result the reader matches.
 Vectors are not part of a get. Times are the events' append times (`envelope.append_time_ms`), as the
 projection takes them.
 """
@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, assert_never
 
+from graphledger.answers import ItemAnswer
 from graphledger.events.erasure import NamespaceErase, TenantErase
 from graphledger.events.store import StoreDelete, StoreEvent, StoreExpire, StorePut, StoreRefresh
 from graphledger.folds.thread import Underivable
@@ -50,16 +51,16 @@ class Item:
         """Whether a read at `now` returns it (one past its TTL is hidden until the sweeper deletes it)."""
         return self.expires_at is None or self.expires_at > now
 
-    def answer(self) -> dict[str, Any]:
+    def answer(self) -> ItemAnswer:
         """The read API's item: its namespace as labels, timestamps in ISO 8601."""
-        return {
-            "namespace": self.prefix.split(PREFIX_SEPARATOR),
-            "key": self.key,
-            "value": self.value,
-            "created_at": self.created_at.isoformat(),
-            "updated_at": self.updated_at.isoformat(),
-            "expires_at": None if self.expires_at is None else self.expires_at.isoformat(),
-        }
+        return ItemAnswer(
+            self.prefix.split(PREFIX_SEPARATOR),
+            self.key,
+            self.value,
+            self.created_at.isoformat(),
+            self.updated_at.isoformat(),
+            None if self.expires_at is None else self.expires_at.isoformat(),
+        )
 
 
 def at_ms(ms: int) -> datetime:
@@ -72,9 +73,9 @@ def _minutes(ttl: float) -> timedelta:
     return timedelta(microseconds=round(ttl * 60_000_000))
 
 
-def apply(item: Item | None, event: StoreEvent, ts_ms: int) -> Item | None:
+def apply(item: Item | None, event: StoreEvent, ts_ms: int) -> Item | Underivable | None:
     """The item after the projection applies `event` (an event of its key, or a keyless erasure),
-    produced at `ts_ms`; None: no row. Raises `Underivable`."""
+    produced at `ts_ms`; None: no row."""
     match event:
         case StorePut():
             at = at_ms(ts_ms)
@@ -108,6 +109,6 @@ def apply(item: Item | None, event: StoreEvent, ts_ms: int) -> Item | None:
                 return None
             return item
         case NamespaceErase():
-            raise Underivable("a namespace's erasure names its namespaces only in the projection")
+            return Underivable("a namespace's erasure names its namespaces only in the projection")
         case _:
             assert_never(event)

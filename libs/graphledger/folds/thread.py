@@ -11,7 +11,8 @@ Python. One fold, written down once, with the projection's rules:
 - `thread.delete` and prune `delete` empty the thread; `runs.delete` leaves a namespace whose newest
   checkpoint it does not name as it is;
 - an erasure ends the thread for good: nothing after it counts.
-Whatever needs rows the view does not hold raises `Underivable`, and the reader asks the read API:
+Whatever needs rows the view does not hold is `Underivable`, a result the reader matches, and it asks the
+read API instead:
 a put whose channel values come from a checkpoint the view never saw (a fork from an older
 checkpoint, a version it does not call new that a blob row may hold: `Namespace.ceilings`), a copy
 onto the thread, an expiry (it depends on the thread's activity time), a prune `keep_latest` (it
@@ -32,13 +33,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, assert_never
+from typing import Any, Final, NamedTuple, assert_never
 
 import orjson
 import ormsgpack
 from langgraph.checkpoint.base import writes_sort_key
 from langgraph.checkpoint.serde.types import TASKS
 
+from graphledger.answers import ChannelHistory
 from graphledger.events.checkpoint import (
     CheckpointEvent,
     CheckpointPut,
@@ -55,8 +57,12 @@ from graphledger.jsonb import jsonb_value
 from graphledger.wire import typed
 
 
-class Underivable(Exception):
-    """The view cannot answer as the projection would: ask the read API."""
+@dataclass(frozen=True, slots=True)
+class Underivable:
+    """The view cannot answer as the projection would: ask the read API (which waits for the projection)."""
+
+    reason: str
+    """Why, as the logs and the errors that name it say it."""
 
 
 NO_BLOB: Final = "no-blob"
@@ -64,11 +70,41 @@ NO_BLOB: Final = "no-blob"
 EMPTY_BLOB: Final = "empty-blob"
 """A blob row of type `empty`: the version has a row, and no value."""
 
-WriteRow = tuple[str, str, dict[str, Any], str, int]
-"""`(task_id, channel, wire value, task_path, idx)`: one row of `checkpoint_writes`."""
-History = tuple[Any, tuple[tuple[str, str, Any], ...]]
-"""One channel's DeltaChannel history: its seed (wire form; None: none) and its writes
-`(task_id, channel, wire value)`, oldest first."""
+
+class WriteRow(NamedTuple):
+    """One row of `checkpoint_writes`: a pending write, as the read API answers it (`list(row)`)."""
+
+    task_id: str
+    channel: str
+    value: dict[str, Any]
+    """Wire form."""
+    task_path: str
+    idx: int
+
+
+def _in_saver_order(rows: Iterable[WriteRow]) -> tuple[WriteRow, ...]:
+    """`rows` as the official saver sorts a checkpoint's writes: by task path, task id, index."""
+    return tuple(sorted(rows, key=lambda row: writes_sort_key(row.task_path, row.task_id, row.idx)))
+
+
+class HistoryWrite(NamedTuple):
+    """One write a DeltaChannel's history replays, as the read API answers it (`list(write)`)."""
+
+    task_id: str
+    channel: str
+    value: Any
+    """Wire form."""
+
+
+class History(NamedTuple):
+    """One channel's DeltaChannel history."""
+
+    seed: Any
+    """The value its replay starts from (wire form; None: none)."""
+    writes: tuple[HistoryWrite, ...]
+    """Oldest first."""
+
+
 MAX_HISTORY_WRITES = 256
 """Most writes a view holds of one channel's history; a channel with more is no longer held (a
 channel that never stores a value, such as a branch trigger, would otherwise grow for ever)."""
@@ -147,33 +183,35 @@ class Namespace:
     size: int
     """Roughly the bytes it holds."""
 
-    def delta_history(self, checkpoint_id: str | None, channels: Iterable[str]) -> dict[str, Any]:
-        """`get_delta_channel_history` of the newest checkpoint (or `checkpoint_id`, which must be it),
-        in the read API's wire form; raises `Underivable`."""
+    def delta_history(
+        self, checkpoint_id: str | None, channels: Iterable[str]
+    ) -> dict[str, ChannelHistory] | Underivable:
+        """`get_delta_channel_history` of the newest checkpoint (or `checkpoint_id`, which must be it), as
+        the read API answers it."""
         newest = self.newest
         if newest is None:
-            return {channel: {"writes": []} for channel in channels}
+            return {channel: ChannelHistory([]) for channel in channels}
         if checkpoint_id is not None and checkpoint_id != newest.checkpoint_id:
-            raise Underivable(f"the history of checkpoint {checkpoint_id} is not held")
-        answer: dict[str, Any] = {}
+            return Underivable(f"the history of checkpoint {checkpoint_id} is not held")
+        answer: dict[str, ChannelHistory] = {}
         for channel in channels:
             known = self.history.get(channel) if self.history is not None else None
             if known is None and not (self.history is not None and self.history_complete):
-                raise Underivable(f"the history of channel {channel!r} is not held")
-            seed, writes = known if known is not None else (None, ())
-            entry: dict[str, Any] = {"writes": [list(w) for w in writes]}
-            if seed is not None:
-                entry["seed"] = seed
-            answer[channel] = entry
+                return Underivable(f"the history of channel {channel!r} is not held")
+            known = known if known is not None else History(None, ())
+            answer[channel] = ChannelHistory([list(write) for write in known.writes], known.seed)
         return answer
 
-    def answer(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> dict[str, Any] | None:
-        """The read API's tuple for the newest checkpoint or for `checkpoint_id` (which must be it)."""
+    def answer(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> dict[str, Any] | Underivable | None:
+        """The read API's tuple for the newest checkpoint or for `checkpoint_id` (which must be it); None: no
+        checkpoint."""
         newest = self.newest
         if newest is None:
             return None
         if checkpoint_id is not None and checkpoint_id != newest.checkpoint_id:
-            raise Underivable(f"checkpoint {checkpoint_id} is older than the newest held")
+            return Underivable(f"checkpoint {checkpoint_id} is older than the newest held")
         wire = newest.wire(thread_id, checkpoint_ns, self.blobs)
         wire["pending_writes"] = [list(row) for row in self.writes.get(newest.checkpoint_id, ())]
         return wire
@@ -193,9 +231,9 @@ def namespace(
     elif newest is not None and newest.answer is not None:
         size += 500 + sum(_wire_size(v) for v in newest.answer["checkpoint"]["channel_values"].values())
     size += sum(_wire_size(v) for v in blobs.values())
-    size += sum(_wire_size(row[2]) + 64 for rows in writes.values() for row in rows)
+    size += sum(_wire_size(row.value) + 64 for rows in writes.values() for row in rows)
     if history:
-        size += sum(_wire_size(w[2]) + 48 for _, ws in history.values() for w in ws)
+        size += sum(_wire_size(write.value) + 48 for known in history.values() for write in known.writes)
     return Namespace(newest, writes, blobs, history, history_complete, ceilings, size)
 
 
@@ -216,7 +254,7 @@ def version_counter(version: str) -> int | None:
     """The counter of a version in LangGraph's form, 32 zero-padded digits before an optional random
     tiebreak (`"00..07.0.42"`, as `get_next_version` of the official savers and this one makes them);
     None for any other form. Versions of that form sort by their counters in any collation, so the
-    projection finds a channel's highest with one index probe (`api/checkpoints.py`); a version of
+    projection finds a channel's highest with one index probe (`api/reads/checkpoint_sql.py`); a version of
     another form never equals one of that form."""
     head = version[:COUNTER_DIGITS]
     if len(head) < COUNTER_DIGITS or not (head.isascii() and head.isdigit()):
@@ -273,14 +311,24 @@ class View:
     erased: bool
     size: int
 
-    def namespace(self, checkpoint_ns: str) -> Namespace:
-        """The namespace's view; raises `Underivable` when it is not held."""
+    def namespace(self, checkpoint_ns: str) -> Namespace | Underivable:
+        """The namespace's view, unless it is not held."""
         if self.erased:
             return EMPTY
         held = self.namespaces.get(checkpoint_ns, EMPTY if self.complete else None)
         if held is None:
-            raise Underivable(f"namespace {checkpoint_ns!r} is not held")
+            return Underivable(f"namespace {checkpoint_ns!r} is not held")
         return held
+
+    def answer(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> dict[str, Any] | Underivable | None:
+        """The read API's tuple for the namespace's newest checkpoint, or for `checkpoint_id` (which must be
+        it); None: no checkpoint."""
+        held = self.namespace(checkpoint_ns)
+        if isinstance(held, Underivable):
+            return held
+        return held.answer(thread_id, checkpoint_ns, checkpoint_id)
 
 
 def view(namespaces: dict[str, Namespace | None], complete: bool, *, erased: bool = False) -> View:
@@ -321,10 +369,7 @@ def namespace_of(
     ceilings: Mapping[str, int] | None = None,
 ) -> Namespace:
     """A namespace whose newest checkpoint is the read API's `answer` (a get of the newest)."""
-    later = {
-        cid: tuple(sorted((_write_row(w) for w in rows), key=lambda r: writes_sort_key(r[3], r[0], r[4])))
-        for cid, rows in (later_writes or {}).items()
-    }
+    later = {cid: _in_saver_order(_write_row(w) for w in rows) for cid, rows in (later_writes or {}).items()}
     if answer is None:
         return namespace(None, later, {}, {}, True, ceilings)
     checkpoint = answer["checkpoint"]
@@ -355,21 +400,22 @@ def namespace_of(
     return namespace(row, {**later, cid: writes} if writes else later, blobs, ceilings=ceilings)
 
 
-def with_history(ns: Namespace, checkpoint_id: str, answered: Mapping[str, Any]) -> Namespace:
+def with_history(ns: Namespace, checkpoint_id: str, answered: Mapping[str, ChannelHistory]) -> Namespace:
     """`ns` knowing the read API's DeltaChannel history of its newest checkpoint for some channels."""
     if ns.newest is None or ns.newest.checkpoint_id != checkpoint_id:
         return ns
     history = dict(ns.history or {})
     for channel, entry in answered.items():
-        writes = tuple((w[0], w[1], w[2]) for w in entry.get("writes") or ())
-        history[channel] = (entry.get("seed"), writes)
+        writes = tuple(HistoryWrite(task_id, ch, value) for task_id, ch, value, *_ in entry.writes)
+        history[channel] = History(entry.seed, writes)
     complete = ns.history is not None and ns.history_complete
     return namespace(ns.newest, ns.writes, ns.blobs, history, complete, ns.ceilings)
 
 
 def _write_row(raw: Any) -> WriteRow:
+    """A pending write of a read API answer (`[task_id, channel, value, task_path, idx]`)."""
     task_id, channel, value, task_path, idx = raw
-    return (task_id, channel, value, task_path, int(idx))
+    return WriteRow(task_id, channel, value, task_path, int(idx))
 
 
 def apply(held: View, event: CheckpointEvent) -> View:
@@ -401,27 +447,25 @@ def apply(held: View, event: CheckpointEvent) -> View:
             assert_never(event)
 
 
-def _in_namespace(held: View, checkpoint_ns: str, change: Callable[[Namespace], Namespace]) -> View:
+def _in_namespace(held: View, checkpoint_ns: str, change: Callable[[Namespace], Namespace | Underivable]) -> View:
     ns = held.namespaces.get(checkpoint_ns, EMPTY if held.complete else None)
     if ns is None:
         return held  # not held: it stays so
-    try:
-        changed: Namespace | None = change(ns)
-    except Underivable:
-        changed = None
+    changed = change(ns)
     namespaces = {name: other for name, other in held.namespaces.items() if name != checkpoint_ns}
-    namespaces[checkpoint_ns] = changed  # last: the most recently changed
+    # last: the most recently changed; one the change cannot derive is no longer held
+    namespaces[checkpoint_ns] = None if isinstance(changed, Underivable) else changed
     return view(namespaces, held.complete)
 
 
-def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
+def _put(ns: Namespace, event: CheckpointPut) -> Namespace | Underivable:
     newest = ns.newest
     if newest is not None and event.checkpoint_id < newest.checkpoint_id:
         # Not the newest: a read of the newest is unchanged, unless this put stores a value at a channel
         # version the newest names and the view holds no blob row of (puts of two writers can reach the
         # log out of order: the projection's answer of the newest then lacked the value this put brings).
         if _stores_missing_blob(ns, newest, event):
-            raise Underivable("an older checkpoint's put stores a value at a version the newest names")
+            return Underivable("an older checkpoint's put stores a value at a version the newest names")
         ceilings = _raised(ns.ceilings, event)
         if ceilings is ns.ceilings:
             return ns
@@ -429,7 +473,7 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
     checkpoint = orjson.loads(event.checkpoint_json)
     legacy = not isinstance(checkpoint.get("v"), int) or checkpoint["v"] < 4
     if legacy and event.parent_checkpoint_id and _sends_of(ns, event.parent_checkpoint_id):
-        raise Underivable("a checkpoint before format 4 is read with its parent's pending sends")
+        return Underivable("a checkpoint before format 4 is read with its parent's pending sends")
     versions = {channel: str(v) for channel, v in (checkpoint.get("channel_versions") or {}).items()}
     inline = checkpoint.get("channel_values") or {}
     repeated = newest is not None and event.checkpoint_id == newest.checkpoint_id
@@ -447,7 +491,7 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
         elif blob is not None:
             if known is None and _maybe_stored(ns.ceilings, channel, version):
                 # The row another put may have stored there stays, and the view does not hold it.
-                raise Underivable(f"a blob row of channel {channel!r} at version {version} may be stored already")
+                return Underivable(f"a blob row of channel {channel!r} at version {version} may be stored already")
             blobs[key] = typed(blob.type, blob.data or b"") if blob.type != "empty" else EMPTY_BLOB
         elif known is not None:
             blobs[key] = known
@@ -465,7 +509,7 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace:
             # sibling's), or none: only the projection knows which, whatever the put holds inline.
             blobs[key] = NO_BLOB
         else:
-            raise Underivable(f"the value of channel {channel!r} at version {version} is not held")
+            return Underivable(f"the value of channel {channel!r} at version {version} is not held")
     stored = {
         channel: _jsonb_inline(value) for channel, value in inline.items() if value is not None and value is not True
     }
@@ -520,21 +564,21 @@ def _child_history(ns: Namespace, parent_id: str | None) -> tuple[dict[str, Hist
         return ({}, True) if parent_id is None and ns.history_complete else (None, False)
     if parent.checkpoint_id != parent_id or ns.history is None:
         return None, False
-    written: dict[str, list[tuple[str, str, Any]]] = {}
-    for task_id, channel, value, _, _ in ns.writes.get(parent.checkpoint_id, ()):
-        written.setdefault(channel, []).append((task_id, channel, value))
+    written: dict[str, list[HistoryWrite]] = {}
+    for row in ns.writes.get(parent.checkpoint_id, ()):
+        written.setdefault(row.channel, []).append(HistoryWrite(row.task_id, row.channel, row.value))
     complete = ns.history_complete
     history: dict[str, History] = {}
     for channel in {*ns.history, *parent.stored, *written}:
         own = tuple(written.get(channel, ()))
         if channel in parent.stored:
-            history[channel] = (parent.stored[channel], own)
+            history[channel] = History(parent.stored[channel], own)
         elif channel in ns.history:
-            seed, earlier = ns.history[channel]
-            history[channel] = (seed, earlier + own)
+            known = ns.history[channel]
+            history[channel] = History(known.seed, known.writes + own)
         elif complete:
-            history[channel] = (None, own)
-        if len(history.get(channel, (None, ()))[1]) > MAX_HISTORY_WRITES:
+            history[channel] = History(None, own)
+        if channel in history and len(history[channel].writes) > MAX_HISTORY_WRITES:
             del history[channel]
             complete = False
     return history, complete
@@ -545,34 +589,33 @@ def _sends_of(ns: Namespace, parent_id: str) -> bool:
     sends (writes to `TASKS`): unknown unless the parent is the newest held."""
     if ns.newest is None or ns.newest.checkpoint_id != parent_id:
         return True
-    return any(row[1] == TASKS for row in ns.writes.get(parent_id, ()))
+    return any(row.channel == TASKS for row in ns.writes.get(parent_id, ()))
 
 
-def _writes(ns: Namespace, event: CheckpointWrites) -> Namespace:
+def _writes(ns: Namespace, event: CheckpointWrites) -> Namespace | Underivable:
     cid = event.checkpoint_id
     newest = ns.newest
     if newest is not None and cid < newest.checkpoint_id:
         if newest.legacy and cid == newest.parent_id and any(w.channel == TASKS for w in event.writes):
-            raise Underivable("a pending send of the parent of a checkpoint before format 4 changes its read")
+            return Underivable("a pending send of the parent of a checkpoint before format 4 changes its read")
         if cid == newest.parent_id and ns.history is not None:
             # A late write of the parent is in the newest's DeltaChannel history: no longer held.
             late = {w.channel for w in event.writes}
             history = {channel: h for channel, h in ns.history.items() if channel not in late}
             return namespace(newest, ns.writes, ns.blobs, history, False, ns.ceilings)
         return ns  # writes of an older checkpoint: no read of the newest shows them
-    rows = {(row[0], row[4]): row for row in ns.writes.get(cid, ())}
+    rows = {(row.task_id, row.idx): row for row in ns.writes.get(cid, ())}
     for write in event.writes:
         key = (event.task_id, write.idx)
-        row: WriteRow = (event.task_id, write.channel, typed(write.type, write.data), event.task_path, write.idx)
+        row = WriteRow(event.task_id, write.channel, typed(write.type, write.data), event.task_path, write.idx)
         held = rows.get(key)
         if held is None:
             rows[key] = row
         elif event.upsert:  # the row keeps its task path; channel, type and value are replaced
-            rows[key] = (row[0], row[1], row[2], held[3], row[4])
-    ordered = tuple(sorted(rows.values(), key=lambda r: writes_sort_key(r[3], r[0], r[4])))
-    writes = {**ns.writes, cid: ordered}
+            rows[key] = row._replace(task_path=held.task_path)
+    writes = {**ns.writes, cid: _in_saver_order(rows.values())}
     if len(writes) > MAX_PENDING_CHECKPOINTS + 1:
-        raise Underivable(f"writes of more than {MAX_PENDING_CHECKPOINTS} checkpoints wait for their puts")
+        return Underivable(f"writes of more than {MAX_PENDING_CHECKPOINTS} checkpoints wait for their puts")
     return namespace(ns.newest, writes, ns.blobs, ns.history, ns.history_complete, ns.ceilings)
 
 
@@ -625,9 +668,8 @@ def apply_to_checkpoint(held: View, event: CheckpointEvent, checkpoint_ns: str, 
     and holds no blob row of) makes it not held."""
     if held.erased:
         return held
-    try:
-        ns = held.namespace(checkpoint_ns)
-    except Underivable:
+    ns = held.namespace(checkpoint_ns)
+    if isinstance(ns, Underivable):
         return held
     row = ns.newest
     match event:
@@ -660,12 +702,14 @@ def apply_to_checkpoint(held: View, event: CheckpointEvent, checkpoint_ns: str, 
             assert_never(event)
 
 
-def fold_to_checkpoint(newest: View, events: Iterable[CheckpointEvent], checkpoint_ns: str, checkpoint_id: str) -> View:
+def fold_to_checkpoint(
+    newest: View, events: Iterable[CheckpointEvent], checkpoint_ns: str, checkpoint_id: str
+) -> View | Underivable:
     """The view of one checkpoint that `newest` (a view of its thread, as of before `events`) does not
     hold, after `events`: they fold into `newest` until the checkpoint is its namespace's newest, and
     from then on only what changes it does (`apply_to_checkpoint`). A checkpoint never put has no
     answer; one put without becoming the newest (an older id), or put while the namespace was not held,
-    raises `Underivable`."""
+    is `Underivable`."""
     held, one = newest, None
     lost = put = False
     for event in events:
@@ -678,15 +722,15 @@ def fold_to_checkpoint(newest: View, events: Iterable[CheckpointEvent], checkpoi
         ):
             put = True
         held = apply(held, event)
-        try:
-            row = held.namespace(checkpoint_ns).newest
-        except Underivable:
+        ns = held.namespace(checkpoint_ns)
+        if isinstance(ns, Underivable):
             lost = True
             continue
+        row = ns.newest
         if row is not None and row.checkpoint_id == checkpoint_id:
             one = held
     if one is not None:
         return one
     if lost or put:
-        raise Underivable(f"checkpoint {checkpoint_id} was never the newest held")
+        return Underivable(f"checkpoint {checkpoint_id} was never the newest held")
     return view({checkpoint_ns: NOT_FOUND}, False)

@@ -1,7 +1,7 @@
 """A bound on what a process keeps of threads: whole entries, least recently used first out.
 
 One mechanism for the client's held threads (`client/threads.py`) and the read API's folded views
-(`graphledger_server/api/read_through.py`). An entry is replaced, never changed in place, so a reader that
+(`graphledger_server/api/consistency/read_through.py`). An entry is replaced, never changed in place, so a reader that
 took one keeps a whole snapshot whatever is evicted after.
 """
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from graphledger.answers import KeyFilterAnswer
 
 BITS = 1 << 20
 """Bits per partition: 128 KiB, 16,384 words."""
@@ -63,16 +65,17 @@ class KeyFilter:
         return cls(bytearray(BITS // 8), through)
 
     @classmethod
-    def from_answer(cls, answer: dict[str, Any]) -> KeyFilter | None:
-        """The read API's answer (`/v1/checkpoints/key-filter`); None when it cannot serve as a proof: the
-        filter does not cover the partition's first records (a projection older than it), or its shape is
-        not this version's."""
-        if not answer.get("complete") or answer.get("bits") != BITS or answer.get("hashes") != HASHES:
+    def from_answer(cls, wire: Mapping[str, Any]) -> KeyFilter | None:
+        """The read API's answer (`/v1/checkpoints/key-filter`, read as a `KeyFilterAnswer`); None when it
+        cannot serve as a proof: the filter does not cover the partition's first records (a projection older
+        than it), or its shape is not this version's."""
+        answer = KeyFilterAnswer.from_wire(wire)
+        if not answer.complete or answer.bits != BITS or answer.hashes != HASHES:
             return None
-        indexes, values = answer["indexes"], answer["values"]
+        indexes, values = answer.indexes, answer.values
         if len(indexes) % 4 or len(values) != len(indexes) * 2:
             return None
-        copy = cls.empty(int(answer["through"]))
+        copy = cls.empty(int(answer.through))
         for i, (word,) in enumerate(struct.iter_unpack("<I", indexes)):
             if word >= BITS // WORD_BITS:
                 return None

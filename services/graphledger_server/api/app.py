@@ -13,16 +13,18 @@ from graphledger.log.tail import LogTail
 from graphledger.opening.records import ToEvent
 from graphledger.settings import Settings
 from graphledger.wire import SERVER_REQUEST_SLACK_S
-from graphledger_server.api import checkpoints, handlers, health, key_filter, keys, store
+from graphledger_server.api import handlers
 from graphledger_server.api.auth import AccessPolicy, TenantAuth, document_bearer_auth, whoami_router
+from graphledger_server.api.consistency.read_barrier import ReadBarrier
+from graphledger_server.api.consistency.read_through import TailEvents, ThreadViews
+from graphledger_server.api.consistency.unprojected import Unprojected
+from graphledger_server.api.consistency.wait_slots import WaitSlots
 from graphledger_server.api.db import open_pool, open_store_pool
 from graphledger_server.api.deadline import RequestDeadline
 from graphledger_server.api.key_quota import KeyCreationQuota
-from graphledger_server.api.read_barrier import ReadBarrier
-from graphledger_server.api.read_through import TailEvents, ThreadViews
+from graphledger_server.api.reads.store_reader import StoreReader
+from graphledger_server.api.routes import checkpoints, health, key_filter, keys, store
 from graphledger_server.api.state import ApiState
-from graphledger_server.api.unprojected import Unprojected
-from graphledger_server.api.wait_slots import WaitSlots
 from graphledger_server.keys.erase import Eraser
 from graphledger_server.keys.key_store import check_key_settings, key_store_for
 from graphledger_server.keys.lookup import DataKeyCache
@@ -74,10 +76,12 @@ def create_app(settings: Settings) -> FastAPI:
         await unprojected.start()
         barrier = ReadBarrier(settings, log, offsets, slots, unprojected)
         quota = KeyCreationQuota(settings.api_max_key_creations_per_minute)
+        reader = StoreReader(store_pool, settings.postgres_schema, acquire_timeout_s=settings.api_pool_timeout_s)
         app.state.api = ApiState(
             settings,
             pool,
             store_pool,
+            reader,
             offsets,
             barrier,
             quota,

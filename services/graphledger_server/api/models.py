@@ -95,8 +95,8 @@ class DeltaHistoryRequest(GetRequest):
     channels: list[Text] = Field(max_length=MAX_DELTA_CHANNELS)
 
 
-# Responses. Routes build them as plain dicts (the hot path); these models document them in the
-# OpenAPI schema, and the tests validate real answers against them so the two cannot drift.
+# Responses: the routes answer with the types of `graphledger.answers` (their `to_wire()`); these models
+# document them in the OpenAPI schema, and tests/unit/test_answer_models.py fails when the two disagree.
 
 
 class TypedValue(BaseModel):

@@ -15,10 +15,11 @@ from psycopg_pool import AsyncConnectionPool
 from graphledger.errors import SubjectErasedError
 from graphledger.events.store import store_key
 from graphledger.settings import Settings
+from graphledger_server.api.consistency.read_barrier import ReadBarrier
+from graphledger_server.api.consistency.read_through import TailEvents, ThreadViews
 from graphledger_server.api.errors import ApiError, unavailable
 from graphledger_server.api.key_quota import KeyCreationQuota
-from graphledger_server.api.read_barrier import ReadBarrier
-from graphledger_server.api.read_through import TailEvents, ThreadViews
+from graphledger_server.api.reads.store_reader import StoreReader
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.keys.erase import Eraser, ErasureIncompleteError, NotASubjectError
 from graphledger_server.keys.source import StoreKeySource
@@ -34,7 +35,9 @@ class ApiState:
     pool: AsyncConnectionPool[Any]
     """psycopg: the checkpoint reads (the official saver's queries) and readiness."""
     store_pool: asyncpg.Pool
-    """asyncpg: the store reads (`store_reader`)."""
+    """asyncpg: the store reads."""
+    store_reader: StoreReader
+    """Runs the store reads' statements on `store_pool`, remembering what it learned of the vector table."""
     offsets: AppliedOffsets
     barrier: ReadBarrier
     """What each read waits for: the log's end, from the broker, against the applied offsets."""
@@ -44,11 +47,11 @@ class ApiState:
     """The key store, with encryption on: record keys are hashes, and clients get their data keys here."""
     eraser: Eraser | None = None
     tail_events: TailEvents | None = None
-    """Opens the unprojected records a read folds (`read_through.py`)."""
+    """Opens the unprojected records a read folds (`consistency/read_through.py`)."""
     views: ThreadViews | None = None
-    """The threads' views the last reads folded (`read_through.py`)."""
+    """The threads' views the last reads folded (`consistency/read_through.py`)."""
     store_events: StoreEvents | None = None
-    """The store projection's validation, for the store records a get folds (`store_through.py`)."""
+    """The store projection's validation, for the store records a get folds (`reads/store_through.py`)."""
 
     async def record_key_of_thread(self, tenant: str, stored_thread_id: str) -> bytes:
         """The record key of the thread's records (a hash with encryption on)."""

@@ -96,7 +96,8 @@ class StoreBatchRequest(_Op):
     ops: list[StoreOp] = Field(max_length=MAX_OPS)
 
 
-# Responses: built as plain dicts on the hot path; these models document them in the OpenAPI schema.
+# Responses: the route answers with `graphledger.answers.StoreBatchAnswer`; these models document it in the
+# OpenAPI schema, and tests/unit/test_answer_models.py fails when the two disagree.
 
 
 class ItemBody(BaseModel):

@@ -10,13 +10,15 @@ simply absent: the answers are exactly those for data that does not exist.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, assert_never
+from dataclasses import dataclass, replace
+from typing import TypeVar, assert_never
 
+from graphledger.answers import ItemAnswer, SearchItemAnswer, StoreResult
 from graphledger.tenancy import THREAD_SEPARATOR, scoped_thread
 from graphledger_server.api.store_models import GetOp, ListNamespacesOp, SearchOp
 
 StoreOp = GetOp | SearchOp | ListNamespacesOp
+ItemT = TypeVar("ItemT", bound=ItemAnswer)
 
 
 @dataclass(frozen=True)
@@ -65,19 +67,22 @@ class Tenant:
                     assert_never(op)
         return out
 
-    def store_results(self, ops: Sequence[StoreOp], results: list[Any]) -> list[Any]:
+    def store_results(self, ops: Sequence[StoreOp], results: list[StoreResult]) -> list[StoreResult]:
         """Answers as the client named things: the tenant label removed from every namespace."""
         if not self.name:
             return results
-        out: list[Any] = []
+        out: list[StoreResult] = []
         for op, result in zip(ops, results, strict=True):
             match op:
                 case GetOp():
+                    assert result is None or isinstance(result, ItemAnswer)
                     out.append(None if result is None else self._item(result))
                 case SearchOp():
-                    out.append([self._item(item) for item in result])
+                    assert isinstance(result, list)
+                    out.append([self._item(item) for item in result if isinstance(item, SearchItemAnswer)])
                 case ListNamespacesOp():
-                    out.append([self._labels(labels) for labels in result])
+                    assert isinstance(result, list)
+                    out.append([self._labels(labels) for labels in result if isinstance(labels, list)])
                 case _:
                     assert_never(op)
         return out
@@ -87,5 +92,5 @@ class Tenant:
             raise RuntimeError("a store read returned a namespace outside its tenant")
         return labels[1:]
 
-    def _item(self, item: dict[str, Any]) -> dict[str, Any]:
-        return {**item, "namespace": self._labels(item["namespace"])}
+    def _item(self, item: ItemT) -> ItemT:
+        return replace(item, namespace=self._labels(item.namespace))

@@ -12,24 +12,14 @@ from __future__ import annotations
 import contextlib
 
 from graphledger.settings import Settings
-from graphledger.wire import CONSISTENCY_HEADER, Token, parse_token
-from graphledger_server.api.errors import ApiError, unavailable
-from graphledger_server.api.wait_slots import WaitSlots, WaitSlotsFull
+from graphledger.wire import Token
+from graphledger_server.api.consistency.wait_slots import WaitSlots, WaitSlotsFull
+from graphledger_server.api.errors import unavailable
 from graphledger_server.log.applied import AppliedOffsets
 from graphledger_server.telemetry import api as telemetry
 
 PROBE_S = 1.0
 """How long a read with a token waits for the watcher to reconnect before answering 503 (Postgres down)."""
-
-
-def token_of(header: str | None) -> Token:
-    """The offsets a `X-Graphledger-Consistency` header names ({} without one); a 400 if malformed."""
-    if header is None:
-        return {}
-    try:
-        return parse_token(header)
-    except ValueError as exc:
-        raise ApiError(400, "invalid_consistency_token", f"{CONSISTENCY_HEADER}: {exc}") from None
 
 
 async def await_applied(

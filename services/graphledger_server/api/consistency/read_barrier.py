@@ -12,7 +12,7 @@ each partition's log ends with a fetch sent after the read arrived, and then:
   answer says from which offset on the projection may lack them (`own_writes_from`);
 - a read across threads, or a store search or listing, waits until the projection has reached the end
   of every partition of the topic.
-A consistency token the read also carries must name offsets within the log (`token_bounds`). When the
+A consistency token the read also carries must name offsets within the log (`tokens.py`). When the
 projection cannot get there within `consistency_timeout_s` the read fails with a retryable 503 saying
 why it waited, never with an older answer. A keyed read whose key is parked (`log/parked.py`: a record of
 it no projector version can apply holds it and its later records) fails with a retryable 503
@@ -36,11 +36,11 @@ from graphledger.log.records import Tail
 from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
 from graphledger.wire import Token
-from graphledger_server.api.consistency import await_applied
+from graphledger_server.api.consistency.applied_wait import await_applied
+from graphledger_server.api.consistency.tokens import check_within_log, unapplied_parts
+from graphledger_server.api.consistency.unprojected import Unprojected
+from graphledger_server.api.consistency.wait_slots import WaitSlots
 from graphledger_server.api.errors import ApiError
-from graphledger_server.api.token_bounds import check_within_log, unapplied_parts
-from graphledger_server.api.unprojected import Unprojected
-from graphledger_server.api.wait_slots import WaitSlots
 from graphledger_server.log.applied import AppliedOffsets
 
 

@@ -14,6 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Request, Response
 from pydantic import Field
 
+from graphledger.answers import KeyFilterAnswer
 from graphledger.log import key_filter
 from graphledger.wire import JSON, MSGPACK
 from graphledger_server.api.auth import tenant_of
@@ -55,12 +56,5 @@ async def read_key_filter(request: Request) -> Response:
             conn, state.settings.projector_group_id, topic, body.partition
         )
         indexes, values = await snapshot_words(conn, topic, body.partition)
-    answer = {
-        "through": through,
-        "complete": complete,
-        "bits": key_filter.BITS,
-        "hashes": key_filter.HASHES,
-        "indexes": indexes,
-        "values": values,
-    }
-    return respond(request, answer)
+    answer = KeyFilterAnswer(through, complete, key_filter.BITS, key_filter.HASHES, indexes, values)
+    return respond(request, answer.to_wire())

@@ -13,8 +13,8 @@ store's first binding decides for every reader, so what is folded here is what t
 What the projector would not apply is left out: dead letters, records of erased subjects (the key cache
 asks the key store again when an erasure record is read: `erasure`), except for the erasure such a
 record stands for, which the projector applies there (`records.erasure_at`). Whatever the read cannot
-know from the records it holds raises `thread.Underivable`, and the read waits for the projection instead
-(`ReadBarrier.wait`):
+know from the records it holds is `thread.Underivable`, a result the read matches, and it waits for the
+projection instead (`ReadBarrier.wait`):
 - an erasure of the thread or its tenant (anyone can publish one: the projection decides);
 - a record from a newer graphledger (the projector parks the record's subject there, and the read then
   fails `subject_parked`: `read_barrier.py`);
@@ -61,7 +61,7 @@ from graphledger.opening.records import (
     unwrapped,
 )
 from graphledger.tenancy import THREAD_SEPARATOR
-from graphledger_server.api.unprojected import Unprojected
+from graphledger_server.api.consistency.unprojected import Unprojected
 from graphledger_server.opening.opener import RecordOpener
 
 log = logging.getLogger(__name__)
@@ -79,16 +79,18 @@ class TailEvents:
         self._unprojected = unprojected
         self.opener = opener
 
-    async def events(self, tail: Tail, since: int) -> list[tuple[int, Any]]:
+    async def events(self, tail: Tail, since: int) -> list[tuple[int, Any]] | thread.Underivable:
         """`(offset, event)` of the projection's events (its `to_event`'s, with their time) among
-        `tail`'s records at or after `since`, in log order (a chunked event at its completing chunk); raises
-        `thread.Underivable`."""
+        `tail`'s records at or after `since`, in log order (a chunked event at its completing chunk)."""
         # Before `since` only chunks matter (one may complete its event at or after it): nothing else
         # there is opened.
         records = [r for r in tail.records if r.offset >= since or envelope.header(r.headers, HEADER_CHUNK)]
         noted: list[Classified | None] = [self._unprojected.note(r) for r in records]
         new = [r for r, note in zip(records, noted, strict=True) if note is None]
-        opened = iter(await self._keyed(self.opener.open(new)))
+        opening = await self._keyed(self.opener.open(new))
+        if isinstance(opening, thread.Underivable):
+            return opening
+        opened = iter(opening)
         classified: list[Classified] = []
         for record, note in zip(records, noted, strict=True):
             if note is None:
@@ -99,6 +101,7 @@ class TailEvents:
         parts: dict[str, dict[int, LogRecord]] = {}
         finished: set[str] = set()
         for record, item in zip(records, classified, strict=True):
+            admitted: list[tuple[int, Any]] | thread.Underivable = []
             match item:
                 case Chunk():
                     event_id = item.ref.event_id
@@ -111,15 +114,18 @@ class TailEvents:
                     if record.offset >= since:
                         values = {i: r.value or b"" for i, r in got.items()}
                         event = await self._keyed(self.opener.reassembled_and_bound(item, values))
-                        out.extend(self._admitted(event, since))
+                        admitted = event if isinstance(event, thread.Underivable) else self._admitted(event, since)
                     del parts[event_id]
                     finished.add(event_id)
                 case Decoded() | DeadLetter() | Erased() | TooNew():
-                    out.extend(self._admitted(item, since))
+                    admitted = self._admitted(item, since)
                 case _:
                     assert_never(item)
+            if isinstance(admitted, thread.Underivable):
+                return admitted
+            out.extend(admitted)
         if any(max(r.offset for r in got.values()) >= since for got in parts.values()):
-            raise thread.Underivable("a chunked event's chunks are not all held (some are in the chunk table)")
+            return thread.Underivable("a chunked event's chunks are not all held (some are in the chunk table)")
         return out
 
     def erasure(self, record: LogRecord) -> None:
@@ -146,7 +152,7 @@ class TailEvents:
         erasure below it was never read here, so no key held from before opens a record after it."""
         self.opener.keys.forget_all()
 
-    def _admitted(self, item: Opened, since: int) -> list[tuple[int, Any]]:
+    def _admitted(self, item: Opened, since: int) -> list[tuple[int, Any]] | thread.Underivable:
         match item:
             case Decoded():
                 if item.record.offset < since:
@@ -161,7 +167,7 @@ class TailEvents:
             case TooNew():
                 if item.record.offset < since:
                     return []
-                raise thread.Underivable(f"a record from a newer graphledger: {item.reason}")
+                return thread.Underivable(f"a record from a newer graphledger: {item.reason}")
             case _:
                 assert_never(item)
 
@@ -171,22 +177,22 @@ class TailEvents:
         return [] if event is None else [(erased.record.offset, event)]
 
     @staticmethod
-    async def _keyed(opening: Awaitable[T]) -> T:
-        """What `opening` opens; `thread.Underivable` when the key store does not answer (the projector
-        cannot apply those records either)."""
+    async def _keyed(opening: Awaitable[T]) -> T | thread.Underivable:
+        """What `opening` opens, unless the key store does not answer (the projector cannot apply those
+        records either)."""
         try:
             return await opening
         except Exception as exc:
             log.warning("read-through could not load or bind data keys (%s); the read waits for the projection", exc)
-            raise thread.Underivable(f"the key store did not answer: {type(exc).__name__}") from exc
+            return thread.Underivable(f"the key store did not answer: {type(exc).__name__}")
 
 
 def thread_events(
     events: Sequence[tuple[int, Any]], stored_thread_id: str, ref: str
-) -> list[CheckpointEvent | ThreadErase | TenantErase]:
+) -> list[CheckpointEvent] | thread.Underivable:
     """The events among a thread key's records that concern the thread: a record keyed like it but
     naming another thread (a hash collision, a hostile producer) changes another thread's rows."""
-    mine: list[CheckpointEvent | ThreadErase | TenantErase] = []
+    mine: list[CheckpointEvent] = []
     for _, timed in events:
         event = unwrapped(timed)
         match event:
@@ -207,18 +213,18 @@ def thread_events(
                 if stored_thread_id.startswith(event.tenant + THREAD_SEPARATOR):
                     mine.append(event)
             case _:
-                raise thread.Underivable(f"an event {type(event).__name__} among a thread's records")
+                return thread.Underivable(f"an event {type(event).__name__} among a thread's records")
     return mine
 
 
 def thread_events_to_fold(
     events: Sequence[tuple[int, Any]], stored_thread_id: str, ref: str
-) -> list[CheckpointEvent | ThreadErase | TenantErase]:
+) -> list[CheckpointEvent] | thread.Underivable:
     """`thread_events`, for a read: an erasure among them makes the read wait for the projection, which
     applies it only once the key store recorded it (the fold trusts the erasures it is given)."""
     mine = thread_events(events, stored_thread_id, ref)
-    if any(isinstance(event, ThreadErase | TenantErase) for event in mine):
-        raise thread.Underivable(ERASURE_WAITS)
+    if not isinstance(mine, thread.Underivable) and any(isinstance(e, ThreadErase | TenantErase) for e in mine):
+        return thread.Underivable(ERASURE_WAITS)
     return mine
 
 

@@ -29,9 +29,10 @@ from typing import Any, assert_never
 
 import asyncpg
 
-from graphledger_server.api import store_sql
+from graphledger.answers import ItemAnswer, SearchItemAnswer, StoreResult
 from graphledger_server.api.errors import ApiError, unavailable
-from graphledger_server.api.scope_verdicts import ScopeVerdicts, scope_key
+from graphledger_server.api.reads import store_sql
+from graphledger_server.api.reads.scope_verdicts import ScopeVerdicts, scope_key
 from graphledger_server.api.store_models import GetOp, ListNamespacesOp, SearchOp
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.opening.vector_index import VectorIndex, load_extension_schema, load_vector_index
@@ -80,7 +81,7 @@ class StoreReader:
 
     async def run(
         self, ops: Sequence[GetOp | SearchOp | ListNamespacesOp], searches: list[tuple[str, float]] | None = None
-    ) -> list[Any]:
+    ) -> list[StoreResult]:
         """The results of `ops`, in order (no transaction: each statement is one consistent read). Each
         search's mode and seconds go to the latency metric, or to `searches` for a caller that records
         them only if it keeps the answer (`telemetry.store_searches`)."""
@@ -104,8 +105,8 @@ class StoreReader:
         conn: asyncpg.Connection,
         ops: Sequence[GetOp | SearchOp | ListNamespacesOp],
         searches: list[tuple[str, float]] | None,
-    ) -> list[Any]:
-        results: list[Any] = [None] * len(ops)
+    ) -> list[StoreResult]:
+        results: list[StoreResult] = [None] * len(ops)
         vectors = await self._check_queries(conn, ops)
         gets = [(i, op) for i, op in enumerate(ops) if isinstance(op, GetOp)]
         if gets:
@@ -164,14 +165,14 @@ class StoreReader:
 
     # -- ops -------------------------------------------------------------------------------------
 
-    async def _gets(self, conn: asyncpg.Connection, gets: list[tuple[int, GetOp]], results: list[Any]) -> None:
+    async def _gets(self, conn: asyncpg.Connection, gets: list[tuple[int, GetOp]], results: list[StoreResult]) -> None:
         wanted = [(".".join(op.namespace), op.key) for _, op in gets]
         rows = await _fetch(conn, store_sql.get_statement(self.schema, list(dict.fromkeys(wanted))))
         found = {(row["prefix"], row["key"]): _item(row) for row in rows}
         for (i, _), item in zip(gets, wanted, strict=True):
             results[i] = found.get(item)
 
-    async def _search(self, conn: asyncpg.Connection, op: SearchOp, vectors: _Vectors | None) -> list[Any]:
+    async def _search(self, conn: asyncpg.Connection, op: SearchOp, vectors: _Vectors | None) -> list[SearchItemAnswer]:
         if op.limit == 0:
             return []
         if op.query_vector is None or vectors is None:
@@ -269,18 +270,22 @@ def _per_item(statistics: Any) -> int:
     return 2 * max(1, math.ceil(statistics["vectors"] / statistics["items"]))
 
 
-def _item(row: Any) -> dict[str, Any]:
-    return {
-        "namespace": row["prefix"].split("."),
-        "key": row["key"],
-        "value": row["value"],
-        "created_at": row["created_at"].isoformat(),
-        "updated_at": row["updated_at"].isoformat(),
-        "expires_at": None if row["expires_at"] is None else row["expires_at"].isoformat(),
-    }
+def _item(row: Any) -> ItemAnswer:
+    return ItemAnswer(*_item_fields(row))
 
 
-def _search_item(row: Any) -> dict[str, Any]:
-    item = _item(row)
-    item["score"] = row["score"]
-    return item
+def _search_item(row: Any) -> SearchItemAnswer:
+    return SearchItemAnswer(*_item_fields(row), row["score"])
+
+
+def _item_fields(row: Any) -> tuple[list[str], str, Any, str, str, str | None]:
+    """An item's fields as the read API answers them, from its row of `store`."""
+    expires_at = None if row["expires_at"] is None else row["expires_at"].isoformat()
+    return (
+        row["prefix"].split("."),
+        row["key"],
+        row["value"],
+        row["created_at"].isoformat(),
+        row["updated_at"].isoformat(),
+        expires_at,
+    )

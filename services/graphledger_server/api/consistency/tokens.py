@@ -1,4 +1,5 @@
-"""What a consistency token may name: offsets of writes the log has acknowledged.
+"""A consistency token (`X-Graphledger-Consistency`): parsed from its header, and what it may name, offsets
+of writes the log has acknowledged.
 
 A client's token holds, per partition of graphledger's checkpoint and store topics, the offset of its
 newest acknowledged write. The partition exists, and the offset is below the log's end as the read API
@@ -15,9 +16,19 @@ from aiokafka import TopicPartition
 
 from graphledger.log.tail import LogTail
 from graphledger.settings import Settings
-from graphledger.wire import CONSISTENCY_HEADER, Token
+from graphledger.wire import CONSISTENCY_HEADER, Token, parse_token
 from graphledger_server.api.errors import ApiError
 from graphledger_server.log.applied import AppliedOffsets
+
+
+def token_of(header: str | None) -> Token:
+    """The offsets a `X-Graphledger-Consistency` header names ({} without one); a 400 if malformed."""
+    if header is None:
+        return {}
+    try:
+        return parse_token(header)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_consistency_token", f"{CONSISTENCY_HEADER}: {exc}") from None
 
 
 async def unapplied_parts(

@@ -1,9 +1,9 @@
 """`/v1/keys` and `/v1/erase`: the data keys a client seals its writes with, and erasure
-(docs/security.md). Both are the token's tenant's only, and each needs its permission (`auth.py`).
+(docs/security.md). Both are the token's tenant's only, and each needs its permission (`api/auth.py`).
 
 A client names its subjects as stored (under its tenant's prefix); a name outside the tenant is a 403,
 so a token can never obtain another tenant's keys. References are derived here, with the tenant's
-hashing key, never taken from the client. The keys a token creates are bounded per minute (`key_quota.py`).
+hashing key, never taken from the client. The keys a token creates are bounded per minute (`api/key_quota.py`).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ async def erase(request: Request) -> Response:
 
 async def _data_keys(state: ApiState, caller: Caller, named: list[tuple[str, Subject]]) -> dict[str, RawKey]:
     """The named subjects' keys; those to create are charged to the caller's token first (a 429 when it
-    holds too few). No token: only a loopback read API hands out keys (`auth.py`), unbounded."""
+    holds too few). No token: only a loopback read API hands out keys (`api/auth.py`), unbounded."""
     store = _source(state).store
     if not named:
         return {}
@@ -128,7 +128,7 @@ async def _data_keys(state: ApiState, caller: Caller, named: list[tuple[str, Sub
 
 def _charge(state: ApiState, caller: Caller, created: int) -> None:
     """Charge `created` new keys to the caller's token (a 429 when it holds too few); no token: only a
-    loopback read API hands out keys (`auth.py`), unbounded."""
+    loopback read API hands out keys (`api/auth.py`), unbounded."""
     if caller.token is None or not created:
         return
     wait_s = state.key_quota.take(caller.token, created)
