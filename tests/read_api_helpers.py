@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import operator
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -137,15 +137,21 @@ LOG: dict[str, Any] = {}
 """The session's empty topics (`empty_log`): the read API learns from them that nothing is unprojected."""
 
 
-def settings_for(dsn: str, **overrides: Any) -> Settings:
+def api_settings(dsn: str, log: Mapping[str, Any], schema: str, **overrides: Any) -> Settings:
+    """A read API's settings on projection `schema` of `dsn`, over the session's empty topics `log`, its
+    applied offsets those of a consumer group of its own."""
     values: dict[str, Any] = {
-        **LOG,
+        **log,
         "postgres_dsn": dsn,
-        "postgres_schema": SCHEMA,
+        "postgres_schema": schema,
         "projector_group_id": f"g{uuid.uuid4().hex[:8]}",
         "api_pool_size": 4,
     }
     return Settings(**{**values, **overrides})
+
+
+def settings_for(dsn: str, **overrides: Any) -> Settings:
+    return api_settings(dsn, LOG, SCHEMA, **overrides)
 
 
 @asynccontextmanager

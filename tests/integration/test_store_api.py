@@ -38,6 +38,7 @@ from graphledger_server.api.reads.store_reader import StoreReader
 from graphledger_server.api.store_models import SearchOp
 from graphledger_server.opening.vector_index import VectorIndex
 from graphledger_server.projection.migrate import migrate
+from read_api_helpers import api_settings
 from store_helpers import Applier, delete, put, record
 
 SCHEMA = "mem"
@@ -214,14 +215,7 @@ def _empty_log(empty_log: dict[str, Any]) -> None:
 
 
 def settings_for(dsn: str, **overrides: Any) -> Settings:
-    values: dict[str, Any] = {
-        **LOG,
-        "postgres_dsn": dsn,
-        "postgres_schema": SCHEMA,
-        "projector_group_id": f"g{uuid.uuid4().hex[:8]}",
-        "api_pool_size": 2,
-    }
-    return Settings(**{**values, **overrides})
+    return api_settings(dsn, LOG, SCHEMA, **{"api_pool_size": 2, **overrides})
 
 
 @asynccontextmanager

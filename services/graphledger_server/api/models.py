@@ -14,7 +14,7 @@ from langchain_core.runnables import RunnableConfig
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from graphledger.pg_text import json_problem
-from graphledger.wire import CACHED_THROUGH_HEADER, OWN_WRITES_HEADER
+from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER
 
 MAX_DELTA_CHANNELS = 256
 
@@ -196,3 +196,30 @@ class ErrorBody(BaseModel):
     error: str
     message: str
     retryable: bool
+
+
+# OpenAPI of the routes that parse their own bodies (to take msgpack as well as JSON).
+
+
+def request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The `requestBody` of a route whose body is `model`, in JSON or msgpack."""
+    schema = model.model_json_schema()
+    return {"required": True, "content": {JSON: {"schema": schema}, MSGPACK: {"schema": schema}}}
+
+
+def header_parameter(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    """An optional request header, as OpenAPI describes one."""
+    return {"name": name, "in": "header", "required": False, "schema": schema, "description": description}
+
+
+def consistency_parameter(example: str) -> dict[str, Any]:
+    """The consistency token header a read may carry (`X-Graphledger-Consistency`)."""
+    return header_parameter(
+        CONSISTENCY_HEADER,
+        {"type": "string", "example": example},
+        "topic:partition:offset,...; answer only once the projection applied them.",
+    )
+
+
+ERROR_RESPONSE: dict[str, Any] = {"model": ErrorBody, "content": {MSGPACK: {}}}
+"""What an error answers: `ErrorBody`, in JSON or msgpack."""

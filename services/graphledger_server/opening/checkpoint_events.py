@@ -8,18 +8,7 @@ from dataclasses import dataclass
 from typing import assert_never
 
 from graphledger.errors import InvalidEventError
-from graphledger.events import checkpoint_event
-from graphledger.events.checkpoint import (
-    CheckpointEvent,
-    CheckpointPut,
-    CheckpointWrites,
-    RunsDelete,
-    ThreadCopy,
-    ThreadCopyBarrier,
-    ThreadDelete,
-    ThreadExpire,
-    ThreadPrune,
-)
+from graphledger.events import checkpoint, checkpoint_event
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.ownership import Intent
@@ -30,7 +19,7 @@ from graphledger.pg_text import json_text_problem, json_text_suspect
 class TimedCheckpointEvent:
     """A checkpoint event with its time (ms, `envelope.append_time_ms`): a thread's activity time."""
 
-    event: CheckpointEvent
+    event: checkpoint.CheckpointEvent
     ts_ms: int
     source_erased_later: bool = False
     """For a `thread.copy`: its source's erasure was recorded in the key store after the copy was
@@ -50,7 +39,7 @@ _JSON_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 _INT4 = range(-(2**31), 2**31)
 
 
-def to_checkpoint_event(env: Envelope) -> CheckpointEvent:
+def to_checkpoint_event(env: Envelope) -> checkpoint.CheckpointEvent:
     """The typed event, refusing what would make its batch's statements fail or what no read of it
     could return (`InvalidEventError`).
 
@@ -59,7 +48,7 @@ def to_checkpoint_event(env: Envelope) -> CheckpointEvent:
     """
     event = checkpoint_event(env)
     match event:
-        case CheckpointPut():
+        case checkpoint.CheckpointPut():
             if event.intent is not None:
                 Intent.parse(event.intent)
             for name, text in (("checkpoint", event.checkpoint_json), ("metadata", event.metadata_json)):
@@ -71,19 +60,19 @@ def to_checkpoint_event(env: Envelope) -> CheckpointEvent:
                     raise InvalidEventError(f"{name} JSON contains \\u0000, which Postgres jsonb cannot store")
                 if json_text_suspect(text) and (problem := json_text_problem(text, f"{name} JSON")):
                     raise InvalidEventError(problem)
-        case CheckpointWrites():
+        case checkpoint.CheckpointWrites():
             if event.intent is not None:
                 Intent.parse(event.intent)
             for w in event.writes:
                 if w.idx not in _INT4:
                     raise InvalidEventError(f"write idx {w.idx} does not fit checkpoint_writes.idx (int4)")
         case (
-            ThreadDelete()
-            | ThreadCopy()
-            | ThreadCopyBarrier()
-            | ThreadPrune()
-            | ThreadExpire()
-            | RunsDelete()
+            checkpoint.ThreadDelete()
+            | checkpoint.ThreadCopy()
+            | checkpoint.ThreadCopyBarrier()
+            | checkpoint.ThreadPrune()
+            | checkpoint.ThreadExpire()
+            | checkpoint.RunsDelete()
             | ThreadErase()
             | TenantErase()
         ):

@@ -13,20 +13,23 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
 from graphledger.answers import DeltaHistoryAnswer, GetAnswer, ListAnswer
-from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER
+from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, MSGPACK, OWN_WRITES_HEADER
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
 from graphledger_server.api.consistency.read_barrier import OwnWrites
 from graphledger_server.api.consistency.tokens import token_of
 from graphledger_server.api.errors import ApiError
 from graphledger_server.api.models import (
+    ERROR_RESPONSE,
     DeltaHistoryRequest,
     DeltaHistoryResponse,
-    ErrorBody,
     GetRequest,
     GetResponse,
     ListRequest,
     ListResponse,
+    consistency_parameter,
+    header_parameter,
+    request_body,
 )
 from graphledger_server.api.reads.checkpoints import CheckpointReads
 from graphledger_server.api.state import api_state
@@ -36,40 +39,28 @@ router = APIRouter(prefix="/v1/checkpoints", tags=["checkpoints"])
 
 def _doc(request_model: type[BaseModel], response_model: type[BaseModel]) -> dict[str, Any]:
     """OpenAPI for a route that parses its own body (to accept msgpack as well as JSON)."""
-    schema = request_model.model_json_schema()
-    errors = {"model": ErrorBody, "content": {MSGPACK: {}}}
     return {
         "openapi_extra": {
-            "requestBody": {"required": True, "content": {JSON: {"schema": schema}, MSGPACK: {"schema": schema}}},
+            "requestBody": request_body(request_model),
             "parameters": [
-                {
-                    "name": CONSISTENCY_HEADER,
-                    "in": "header",
-                    "required": False,
-                    "schema": {"type": "string", "example": "graphledger.checkpoints:3:1041"},
-                    "description": "topic:partition:offset,...; answer only once the projection applied them.",
-                },
-                {
-                    "name": OWN_WRITES_HEADER,
-                    "in": "header",
-                    "required": False,
-                    "schema": {"type": "string", "example": "3:1041,1042"},
-                    "description": "get only: partition:offset,... of the caller's own records of the thread, "
-                    "which it adds to the answer itself (see own_writes_from).",
-                },
-                {
-                    "name": CACHED_THROUGH_HEADER,
-                    "in": "header",
-                    "required": False,
-                    "schema": {"type": "integer", "minimum": 0, "example": 1040},
-                    "description": "get of the newest checkpoint, with the own-writes header: the caller holds the "
-                    "answer as of this offset; when only its own records came since, the answer is `current`.",
-                },
+                consistency_parameter("graphledger.checkpoints:3:1041"),
+                header_parameter(
+                    OWN_WRITES_HEADER,
+                    {"type": "string", "example": "3:1041,1042"},
+                    "get only: partition:offset,... of the caller's own records of the thread, which it adds to "
+                    "the answer itself (see own_writes_from).",
+                ),
+                header_parameter(
+                    CACHED_THROUGH_HEADER,
+                    {"type": "integer", "minimum": 0, "example": 1040},
+                    "get of the newest checkpoint, with the own-writes header: the caller holds the answer as of this "
+                    "offset; when only its own records came since, the answer is `current`.",
+                ),
             ],
         },
         "responses": {
             200: {"model": response_model, "content": {MSGPACK: {}}},
-            **{status: errors for status in (400, 401, 413, 415, 422, 501, 503)},  # 503 with Retry-After
+            **{status: ERROR_RESPONSE for status in (400, 401, 413, 415, 422, 501, 503)},  # 503 with Retry-After
         },
     }
 

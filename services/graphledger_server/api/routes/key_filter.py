@@ -16,12 +16,11 @@ from pydantic import Field
 
 from graphledger.answers import KeyFilterAnswer
 from graphledger.log import key_filter
-from graphledger.wire import JSON, MSGPACK
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
 from graphledger_server.api.db import snapshot
 from graphledger_server.api.errors import ApiError
-from graphledger_server.api.models import _Request
+from graphledger_server.api.models import _Request, request_body
 from graphledger_server.api.state import api_state
 from graphledger_server.log.key_filter import snapshot_words
 from graphledger_server.log.offsets import snapshot_key_filter_offset
@@ -33,12 +32,9 @@ class KeyFilterRequest(_Request):
     partition: Annotated[int, Field(ge=0, lt=2**31)]
 
 
-_BODY = KeyFilterRequest.model_json_schema()
-
-
 @router.post(
     "/key-filter",
-    openapi_extra={"requestBody": {"required": True, "content": {JSON: {"schema": _BODY}, MSGPACK: {"schema": _BODY}}}},
+    openapi_extra={"requestBody": request_body(KeyFilterRequest)},
 )
 async def read_key_filter(request: Request) -> Response:
     """The partition's filter: `through` (the projection's next offset), `complete` (whether the filter holds

@@ -17,12 +17,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from graphledger.answers import StoreBatchAnswer
-from graphledger.wire import CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES, SEARCH_CONSISTENCY_HEADER
+from graphledger.wire import CONSISTENCY_HEADER, MSGPACK, OWN_WRITES, SEARCH_CONSISTENCY_HEADER
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
 from graphledger_server.api.consistency.tokens import token_of
 from graphledger_server.api.errors import ApiError
-from graphledger_server.api.models import ErrorBody
+from graphledger_server.api.models import ERROR_RESPONSE, consistency_parameter, header_parameter, request_body
 from graphledger_server.api.reads.store_batch import StoreBatchReads
 from graphledger_server.api.state import api_state
 from graphledger_server.api.store_models import GetOp, StoreBatchRequest, StoreBatchResponse
@@ -30,34 +30,23 @@ from graphledger_server.api.tenant import StoreOp
 
 router = APIRouter(prefix="/v1/store", tags=["store"])
 
-_SCHEMA = StoreBatchRequest.model_json_schema()
-_ERRORS = {"model": ErrorBody, "content": {MSGPACK: {}}}
-
 
 @router.post(
     "/batch",
     openapi_extra={
-        "requestBody": {"required": True, "content": {JSON: {"schema": _SCHEMA}, MSGPACK: {"schema": _SCHEMA}}},
+        "requestBody": request_body(StoreBatchRequest),
         "parameters": [
-            {
-                "name": CONSISTENCY_HEADER,
-                "in": "header",
-                "required": False,
-                "schema": {"type": "string", "example": "graphledger.store:2:87"},
-                "description": "topic:partition:offset,...; answer only once the projection applied them.",
-            },
-            {
-                "name": SEARCH_CONSISTENCY_HEADER,
-                "in": "header",
-                "required": False,
-                "schema": {"type": "string", "enum": [OWN_WRITES]},
-                "description": "own_writes: searches and listings wait only for the consistency token.",
-            },
+            consistency_parameter("graphledger.store:2:87"),
+            header_parameter(
+                SEARCH_CONSISTENCY_HEADER,
+                {"type": "string", "enum": [OWN_WRITES]},
+                "own_writes: searches and listings wait only for the consistency token.",
+            ),
         ],
     },
     responses={
         200: {"model": StoreBatchResponse, "content": {MSGPACK: {}}},
-        **{status: _ERRORS for status in (400, 401, 413, 415, 422, 503)},
+        **{status: ERROR_RESPONSE for status in (400, 401, 413, 415, 422, 503)},
     },
 )
 async def store_batch(request: Request) -> Response:
