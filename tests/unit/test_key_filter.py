@@ -16,7 +16,7 @@ from graphledger.log.key_filter import BITS, HASHES, KeyFilter
 
 
 def answer_of(keys: list[bytes], through: int, *, complete: bool = True) -> dict[str, Any]:
-    """The read API's answer for a filter holding `keys`, packed as `api/key_filter.py` packs the rows."""
+    """The read API's answer for a filter holding `keys`, packed as `api/routes/key_filter.py` packs the rows."""
     words = key_filter.words_of(keys)
     indexes = b"".join(w.to_bytes(4, "little") for w in words)
     values = b"".join(key_filter.signed(b).to_bytes(8, "little", signed=True) for b in words.values())

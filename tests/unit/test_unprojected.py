@@ -1,5 +1,5 @@
-"""What the read API holds of the log the projector has not applied (`api/unprojected.py`), and the
-thread views it keeps (`api/read_through.py`), against an in-memory log and applied offsets."""
+"""What the read API holds of the log the projector has not applied (`api/consistency/unprojected.py`), and the
+thread views it keeps (`api/consistency/read_through.py`), against an in-memory log and applied offsets."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fair shares of the consistency wait slots (`api/wait_slots.py`): a tenant holding all it may never
+"""Fair shares of the consistency wait slots (`api/consistency/wait_slots.py`): a tenant holding all it may never
 stops another tenant's read; the total never exceeds the limit; a single tenant uses every slot."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ erasure events.
 
 With the offsets it reads which record keys are parked (`log/parked.py`), after them: a read that finds
 a partition applied past a record sees the subject that record parked, so a read of a parked subject
-fails instead of answering without the records it holds (`api/read_barrier.py`).
+fails instead of answering without the records it holds (`api/consistency/read_barrier.py`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The projector ORs the bits of the keys of a batch's records into the filter in the batch's transaction,
 before it advances the partitions' offsets past them (`projection/batch.py`), so the filter and the
-offset row commit together; the read API reads both in one snapshot (`api/key_filter.py`). Rows are
+offset row commit together; the read API reads both in one snapshot (`api/routes/key_filter.py`). Rows are
 written in (partition, word) order, and a batch holds its partitions' offset rows locked first, so two
 batches never wait on each other's words. A word whose bits are all set already is not rewritten: once a
 thread's key is in, its later records cost no write.
