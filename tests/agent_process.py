@@ -8,8 +8,9 @@ while another command runs, so that a test can hold a node (a `gate:<name>` mess
 The graph is a chat: each turn appends the user's message and the node's reply to `messages`. A
 message `interrupt:<q>` makes the node ask `<q>` with `interrupt()` and reply with the answer given
 on resume; `gate:<name>` makes the node report `{"event": "in_node", "gate": name}` and wait for
-`gate_open` before replying. A turn answers how long its invoke took (`elapsed_ms`) and its read of the
-thread (`get_ms`).
+`gate_open` before replying; a turn's `read_gate` holds it likewise once its run has read the thread
+(`{"event": "read", "gate": name}`), before it writes. `continue` runs the thread's pending tasks. A
+turn answers how long its invoke took (`elapsed_ms`) and its read of the thread (`get_ms`).
 
 `load_start` starts the bench's chat load in this process (`bench/conversations.py`: `concurrency`
 workers, each running conversations of ten turns of 200-character messages on threads of their own)
@@ -53,13 +54,21 @@ class Pod:
         def timed_get(config: Any) -> Any:
             started = time.perf_counter()
             try:
-                return get_tuple(config)
+                found = get_tuple(config)
             finally:
                 self.get_s += time.perf_counter() - started
+            if (gate := self.read_gate) is not None and "checkpoint_id" not in config["configurable"]:
+                self.read_gate = None  # the turn's first read of the newest checkpoint: hold it there
+                emit({"event": "read", "gate": gate})
+                if not self.gate(gate).wait(GATE_WAIT_S):
+                    raise TimeoutError(f"gate {gate} was never opened")
+            return found
 
         self.saver.get_tuple = timed_get  # type: ignore[method-assign]
         self.store = KafkaStore.from_env()
         self.gates: dict[str, threading.Event] = {}
+        self.read_gate: str | None = None
+        """A turn's `read_gate`: once its run has read the thread, it reports `read` and waits for the gate."""
         self.lock = threading.Lock()
         self.loading = threading.Event()
         self.load_workers: list[threading.Thread] = []
@@ -90,6 +99,7 @@ class Pod:
         config = {"configurable": {"thread_id": command.get("thread", "")}}
         if op == "turn":  # one invoke and nothing else: a failure means the turn wrote nothing after its read
             started, self.get_s = time.perf_counter(), 0.0
+            self.read_gate = command.get("read_gate")
             messages = self.graph.invoke({"messages": [command["text"]]}, config)["messages"]
             return {
                 "messages": messages,
@@ -109,6 +119,8 @@ class Pod:
                 worker.join()
             self.load_workers.clear()
             return {"turns": self.load_turns, "errors": self.load_errors[:20]}
+        if op == "continue":  # the thread's pending tasks, run from its newest checkpoint (`invoke(None)`)
+            return {"messages": self.graph.invoke(None, config)["messages"]}
         if op == "resume":
             return {"messages": self.graph.invoke(Command(resume=command["value"]), config)["messages"]}
         if op == "state":

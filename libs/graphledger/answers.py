@@ -69,6 +69,26 @@ class Holding:
 
 
 @dataclass(frozen=True, slots=True)
+class Basis:
+    """What the one-writer rule held of the thread as of a get (`graphledger.ownership`), for a writer that
+    read it to say so with its writes."""
+
+    operations: int
+    """The thread's operation count."""
+    lead: bytes | None = None
+    """The namespace's lead (the checkpoint hash its last counted protected put carried); None: open."""
+    lead_run: str | None = None
+    """That put's metadata `run_id`, as `runs.delete` matches it (None: none)."""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"operations": self.operations, "lead": self.lead, "lead_run": self.lead_run}
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any]) -> Basis:
+        return cls(_required(wire, "operations", "get's basis"), wire.get("lead"), wire.get("lead_run"))
+
+
+@dataclass(frozen=True, slots=True)
 class GetAnswer:
     """`POST /v1/checkpoints/get`: a checkpoint of a thread as the log held it when the read arrived."""
 
@@ -88,6 +108,9 @@ class GetAnswer:
     """The thread was erased: it has no checkpoint, and never will."""
     holding: Holding | None = None
     """A get of the newest checkpoint, neither `current` nor `erased`: what a client holds the thread with."""
+    basis: Basis | None = None
+    """A get of the newest checkpoint, not `current`: what the one-writer rule held of the thread as of the
+    answer (None: not known, as from a server before the rule; its writes then carry no intent)."""
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"log_partition": self.log_partition, "log_end": self.log_end}
@@ -100,6 +123,8 @@ class GetAnswer:
             wire["erased"] = True
         if self.holding is not None:
             wire.update(self.holding.to_wire())
+        if self.basis is not None:
+            wire["basis"] = self.basis.to_wire()
         return wire
 
     @classmethod
@@ -112,6 +137,7 @@ class GetAnswer:
             current=bool(wire.get("current", False)),
             erased=bool(wire.get("erased", False)),
             holding=Holding.from_wire(wire) if any(field in wire for field in Holding.FIELDS) else None,
+            basis=Basis.from_wire(wire["basis"]) if isinstance(wire.get("basis"), Mapping) else None,
         )
 
 

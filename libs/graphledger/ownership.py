@@ -12,7 +12,8 @@ counted protected put (a namespace without one is open). In log order:
   open or led by the head its writer expects; it then leads the namespace. Any other is refused: a
   superseded writer (a zombie) or the second of two concurrent writers, whichever the log puts later;
 - protected writes count if they are of the lead, or their writer expects the lead (its latest put), or
-  the namespace is open and the operation count is the one their writer read; others are refused;
+  the namespace is open, or their checkpoint is newer than the lead (its put has not come yet, and takes
+  them with it if it is refused), at the operation count their writer read; others are refused;
 - a thread operation (delete, prune `delete`, expiry, a copy landing on it, erasure, a `runs.delete` of a
   lead's run) counts one operation and opens every namespace it touched.
 A counted put has the greatest checkpoint id of its namespace (its writer refuses to put an id at or
@@ -110,13 +111,17 @@ class Ledger(Generic[K]):
     """Each namespace's lead (the checkpoint hash of its last counted protected put); missing: open."""
     lead_runs: Mapping[K, object] = field(default_factory=dict)
     """The metadata `run_id` of each lead (`folds.thread.run_id_text`; missing: none), for `runs.delete`."""
+    lead_ids: Mapping[K, str] = field(default_factory=dict)
+    """The checkpoint id of each lead, where the reader opens records (its writes' checkpoints compare to it)."""
 
     def lead(self, namespace: K) -> bytes | None:
         return self.leads.get(namespace)
 
 
-def put(ledger: Ledger[K], namespace: K, intent: Intent | None, run_id: object = None) -> tuple[Ledger[K], Verdict]:
-    """A put of `namespace` (with its metadata `run_id`), and whether it counts."""
+def put(
+    ledger: Ledger[K], namespace: K, intent: Intent | None, run_id: object = None, checkpoint_id: str | None = None
+) -> tuple[Ledger[K], Verdict]:
+    """A put of `namespace` (of `checkpoint_id`, with its metadata `run_id`), and whether it counts."""
     lead = ledger.leads.get(namespace)
     if intent is None:
         return _opened(ledger, (namespace,), bump=True), COUNTED
@@ -128,17 +133,26 @@ def put(ledger: Ledger[K], namespace: K, intent: Intent | None, run_id: object =
         return ledger, Refused("another writer's checkpoint superseded the one its writer expected", SUPERSEDED, lead)
     leads = {**ledger.leads, namespace: intent.checkpoint}
     runs = {**ledger.lead_runs, namespace: run_id}
-    return Ledger(ledger.operations, leads, runs), COUNTED
+    ids = {ns: i for ns, i in ledger.lead_ids.items() if ns != namespace}
+    if checkpoint_id is not None:
+        ids[namespace] = checkpoint_id
+    return Ledger(ledger.operations, leads, runs, ids), COUNTED
 
 
-def writes(ledger: Ledger[K], namespace: K, intent: Intent | None) -> Verdict:
-    """Writes against a checkpoint of `namespace`, and whether they count."""
+def writes(ledger: Ledger[K], namespace: K, intent: Intent | None, checkpoint_id: str | None = None) -> Verdict:
+    """Writes against checkpoint `checkpoint_id` of `namespace`, and whether they count. Writes of a checkpoint
+    newer than the lead have come before their put (a writer's put and its writes race to the log): they
+    count now, and go with their put if the rule refuses it."""
     if intent is None:
         return COUNTED
     lead = ledger.leads.get(namespace)
     if lead is None:
         return COUNTED if intent.operations == ledger.operations else _changed(intent, ledger)
     if lead in (intent.checkpoint, intent.expects):
+        return COUNTED
+    lead_id = ledger.lead_ids.get(namespace)
+    ahead = checkpoint_id is not None and lead_id is not None and checkpoint_id > lead_id
+    if ahead and intent.operations == ledger.operations:
         return COUNTED
     return Refused("another writer's checkpoint superseded the one its writer wrote against", SUPERSEDED, lead)
 
@@ -168,4 +182,5 @@ def _opened(ledger: Ledger[K], namespaces: Iterable[K], *, bump: bool) -> Ledger
     opened = set(namespaces)
     leads = {ns: lead for ns, lead in ledger.leads.items() if ns not in opened}
     runs = {ns: run for ns, run in ledger.lead_runs.items() if ns not in opened}
-    return Ledger(ledger.operations + (1 if bump else 0), leads, runs)
+    ids = {ns: i for ns, i in ledger.lead_ids.items() if ns not in opened}
+    return Ledger(ledger.operations + (1 if bump else 0), leads, runs, ids)

@@ -32,6 +32,9 @@ OUR_TABLES = (
     "graphledger_held_records",  # 0011
     "graphledger_record_verdicts",  # 0011
     "graphledger_key_filter",  # 0012
+    "graphledger_thread_ledgers",  # 0013
+    "graphledger_thread_leads",  # 0013
+    "graphledger_refusals",  # 0013
 )
 # 0002_store: the store projection (its vector table only when configured: test_store_projection.py).
 STORE_TABLES = ("store", "store_migrations", "graphledger_store_index")

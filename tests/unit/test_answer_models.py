@@ -11,6 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from graphledger.answers import (
+    Basis,
     ChannelHistory,
     DeltaHistoryAnswer,
     GetAnswer,
@@ -37,7 +38,8 @@ SEARCHED = SearchItemAnswer(**dataclasses.asdict(ITEM), score=0.5)
 EVERY_FIELD = [
     (
         GetAnswer(3, 10, TUPLE, own_writes_from=9, current=True, erased=True,
-                  holding=Holding({"03": [["task", "n", {"v": 2}, "", 0]]}, {"n": 1}, [""])),
+                  holding=Holding({"03": [["task", "n", {"v": 2}, "", 0]]}, {"n": 1}, [""]),
+                  basis=Basis(2, b"lead", "run-1")),
         GetResponse,
     ),
     (ListAnswer([TUPLE]), ListResponse),

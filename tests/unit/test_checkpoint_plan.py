@@ -151,11 +151,11 @@ def test_of_two_turns_started_on_one_head_the_later_in_the_log_is_refused_with_i
                 protected(writes("t", 2, "b-task", [("x", b"early")]), expects=0),  # b's, before a's put: counted
                 protected(put("t", 1, parent=0), expects=0),
                 protected(put("t", 2, parent=0), expects=0),  # b read the same head: refused, its writes dropped
-                protected(writes("t", 2, "b-task", [("x", b"late")]), expects=2),
+                protected(writes("t", 0, "b-task", [("x", b"late")]), expects=2),  # b's late write of the head
                 protected(writes("t", 1, "a-task", [("x", b"a")]), expects=1),
             ]
         ),
-        {"t": Ledger(0, {"": cid(0).encode()})},
+        {"t": Ledger(0, {"": cid(0).encode()}, {}, {"": cid(0)})},
     )
     assert _puts(plan) == [("t", cid(1))]
     (run,) = plan.steps
@@ -163,13 +163,13 @@ def test_of_two_turns_started_on_one_head_the_later_in_the_log_is_refused_with_i
     assert [w[2:4] for w in zip(*run.writes_insert, strict=True)] == [(cid(1), "a-task")]
     assert [(r.checkpoint_id, r.event_type, r.cause, r.offset) for r in plan.refusals] == [
         (cid(2), "checkpoint.put", SUPERSEDED, 2),
-        (cid(2), "checkpoint.writes", SUPERSEDED, 3),
+        (cid(0), "checkpoint.writes", SUPERSEDED, 3),
     ]
-    assert plan.ledgers == {"t": Ledger(0, {"": cid(1).encode()}, {"": None})}
+    assert plan.ledgers == {"t": Ledger(0, {"": cid(1).encode()}, {"": None}, {"": cid(1)})}
 
 
 def test_a_zombies_late_writes_and_put_are_refused_against_the_lead_it_did_not_expect() -> None:
-    ledger = Ledger(0, {"": cid(2).encode()})  # B's checkpoint 2 leads; A still thinks 1 does
+    ledger = Ledger(0, {"": cid(2).encode()}, {}, {"": cid(2)})  # B's checkpoint 2 leads; A still thinks 1 does
     plan = plan_batch(
         items([protected(writes("t", 1, "task", [("x", b"1")]), expects=1), protected(put("t", 3, parent=1), 1)]),
         {"t": ledger},
@@ -189,7 +189,7 @@ def test_an_operation_counts_and_refuses_writers_that_read_before_it() -> None:
     (refusal,) = plan.refusals
     assert (refusal.checkpoint_id, refusal.cause) == (cid(2), THREAD_CHANGED)
     # The unprotected put and the delete are two operations; the put that read after both leads.
-    assert plan.ledgers == {"t": Ledger(2, {"": cid(3).encode()}, {"": None})}
+    assert plan.ledgers == {"t": Ledger(2, {"": cid(3).encode()}, {"": None}, {"": cid(3)})}
 
 
 def test_runs_delete_opens_the_planned_threads_it_reaches_and_names_them_to_the_statement() -> None:

@@ -43,6 +43,18 @@ def test_a_superseded_writer_is_refused_at_its_writes_and_its_next_put() -> None
     assert isinstance(late_put, Refused) and late_put.cause == SUPERSEDED and after == ledger
 
 
+def test_writes_before_their_put_count_at_the_operations_read_and_go_with_their_put() -> None:
+    ledger, _ = ownership.put(Ledger(), NS, intent("c1", None), checkpoint_id="1")
+    # The writer's next checkpoint "2": its writes raced its put to the log.
+    assert ownership.writes(ledger, NS, intent("c2", "c2"), checkpoint_id="2") == Counted()
+    # Not newer than the lead: no put of it is to come.
+    old = ownership.writes(ledger, NS, intent("c0", "c0"), checkpoint_id="0")
+    assert isinstance(old, Refused) and old.cause == SUPERSEDED
+    # At another operation count: the thread changed under the writer.
+    stale = ownership.writes(ledger, NS, intent("c2", "c2", operations=5), checkpoint_id="2")
+    assert isinstance(stale, Refused)
+
+
 def test_a_put_of_the_lead_again_is_a_retry_and_counts() -> None:
     ledger, _ = ownership.put(Ledger(), NS, intent("c1", None))
     assert ownership.put(ledger, NS, intent("c1", None)) == (ledger, Counted())

@@ -11,31 +11,36 @@ context is captured in the caller's thread, before any hop, so the producer and 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
+from collections import Counter
 from collections.abc import Coroutine, Mapping, Sequence
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, assert_never
 
 from aiokafka import TopicPartition
 from opentelemetry.context import Context
 
 from graphledger.client.key_filters import KeyFilters
 from graphledger.client.loop import BackgroundLoop, HomeLoop
+from graphledger.client.ownership import IntentNames, Mark, Run, RunMarks, window_verdict
 from graphledger.client.publisher import EventPublisher
 from graphledger.client.put_riders import PutRiders
 from graphledger.client.reader import ReadApiClient
 from graphledger.client.tenant import scope_event
 from graphledger.client.thread_reads import ThreadReads
-from graphledger.client.threads import HeldThreads
+from graphledger.client.threads import Acked, HeldThreads
 from graphledger.client.tokens import AckedOffsets
 from graphledger.erasure.fresh_keys import FreshKeyPool
 from graphledger.erasure.read_api_keys import ReadApiKeySource
 from graphledger.erasure.sealer import EventSealer
-from graphledger.errors import ReadApiError, SubjectErasedError
+from graphledger.errors import LogUnavailableError, ReadApiError, SubjectErasedError, ThreadWriteRefusedError
 from graphledger.events import Event, checkpoint, to_envelope
 from graphledger.events.checkpoint import ThreadCopy, ThreadCopyBarrier
 from graphledger.events.envelope import Envelope
+from graphledger.folds import thread
 from graphledger.log.tail import LogTail
+from graphledger.ownership import Counted, Refused, Verdict
 from graphledger.settings import Settings
 from graphledger.telemetry.propagation import caller_context
 from graphledger.tenancy import scoped_thread
@@ -44,6 +49,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 ERASE_PATH = "/v1/erase"
 Headers = Mapping[str, str] | None
+CheckpointData = checkpoint.CheckpointPut | checkpoint.CheckpointWrites
 
 
 class ClientRuntime:
@@ -57,6 +63,10 @@ class ClientRuntime:
         self.threads = HeldThreads(settings.client_thread_memory_bytes)
         """What this process holds of each thread (on the runtime's loop)."""
         self._riders = PutRiders(self.threads)
+        self.marks = RunMarks()
+        """What each LangGraph run read of each thread, for its writes' intents (`client/ownership.py`)."""
+        self.verdicts: Counter[str] = Counter()
+        """This client's own protected writes by what it learned of them: `counted`, `refused`, `unknown`."""
         self.log: LogTail | None = None
         """The client's own look at the log's tail (`client_log_reads`), on the producer's connection."""
         self.thread_reads: ThreadReads | None = None
@@ -193,6 +203,18 @@ class ClientRuntime:
     async def _partition_of_thread_key(self, key: bytes) -> int | None:
         return await self.publisher.partition_of(self._settings.checkpoint_topic, key)
 
+    def marked_read(self, config: Any, thread_id: str, checkpoint_ns: str, answer: Any) -> Run | None:
+        """A LangGraph run read the namespace's newest checkpoint (`answer`, wire form): its mark, from what the
+        process now holds of the thread (None: not a run's call, writes not protected, or nothing held)."""
+        if self._settings.write_ownership != "refuse":
+            return None
+        held = self.threads.peek(thread_id)
+        basis = None if held is None else thread.basis_of(held.view, checkpoint_ns)
+        if held is None or held.through is None or basis is None:
+            return None
+        head = answer["config"]["checkpoint_id"] if answer else None
+        return self.marks.read(config, thread_id, checkpoint_ns, (held.partition, held.through), basis, head)
+
     def thread_erased(self, thread_id: str) -> None:
         """A read found the thread erased: its writes are refused from now on."""
         self.threads.erased(thread_id)
@@ -203,7 +225,15 @@ class ClientRuntime:
     def _log_denied(self) -> None:
         self.log = None
 
-    async def _publish(self, topic: str, event: Event, context: Context) -> list[tuple[str, int, int]]:
+    async def _publish(
+        self, topic: str, event: Event, context: Context, config: Any = None
+    ) -> list[tuple[str, int, int]]:
+        mark = self._mark_of(config, event)
+        names = None
+        if mark is not None:
+            assert isinstance(event, checkpoint.CheckpointPut | checkpoint.CheckpointWrites)
+            names = await self._intent_names(event.thread_id)
+            event = self._stamped(mark, names, event)
         key, envelope = await self._envelope(event)
         thread = _thread_of(event)
         if thread is not None:
@@ -225,10 +255,95 @@ class ClientRuntime:
         self._acked(topic, acked, key)
         _, partition, _ = acked[0]
         if thread is not None:
-            self.threads.acked(thread, partition, tuple(offset for _, _, offset in acked), event)  # type: ignore[arg-type]  # a thread's: a checkpoint event
+            offsets = tuple(offset for _, _, offset in acked)
+            decided = self.threads.acked(thread, partition, offsets, event)  # type: ignore[arg-type]  # a thread's: a checkpoint event
+            if mark is not None:
+                assert names is not None and isinstance(event, checkpoint.CheckpointPut | checkpoint.CheckpointWrites)
+                await self._learn_verdict(mark, names, event, key, acked, decided)
         elif isinstance(event, checkpoint.RunsDelete):
             self.threads.acked_everywhere(partition, acked[-1][2], event)
         return acked
+
+    # -- one writer per thread (client/ownership.py) ------------------------------------------------
+
+    def _mark_of(self, config: Any, event: Event) -> Mark | None:
+        """The mark of the run a put or writes belongs to, when this client protects its writes."""
+        if config is None or not self._settings.write_ownership == "refuse":
+            return None
+        if not isinstance(event, checkpoint.CheckpointPut | checkpoint.CheckpointWrites):
+            return None
+        mark = self.marks.of(config, event.thread_id, event.checkpoint_ns)
+        if mark is not None and mark.refusal is not None:
+            raise mark.refusal
+        return mark
+
+    async def _intent_names(self, thread_id: str) -> IntentNames:
+        hash_key = None if self.sealer is None else (await self.sealer.tenant_hashing(self.tenant)).hash_key
+        return IntentNames(hash_key, scoped_thread(self.tenant, thread_id))
+
+    def _stamped(self, mark: Mark, names: IntentNames, event: CheckpointData) -> CheckpointData:
+        """`event` with its run's intent, the mark moved past a put (on this loop, in the order sent)."""
+        if isinstance(event, checkpoint.CheckpointPut):
+            if mark.expects_id is not None and event.checkpoint_id <= mark.expects_id:
+                reason = (
+                    f"its checkpoint id {event.checkpoint_id} is not above {mark.expects_id}, the one it follows: "
+                    "this process's clock is behind another writer's"
+                )
+                mark.refusal = ThreadWriteRefusedError(event.thread_id, event.checkpoint_ns, reason)
+                raise mark.refusal
+            stamped = dataclasses.replace(event, intent=mark.intent(names, event.checkpoint_id).header())
+            mark.sent_put(names, event.checkpoint_id)
+            return stamped
+        return dataclasses.replace(event, intent=mark.intent(names, event.checkpoint_id).header())
+
+    async def _learn_verdict(
+        self,
+        mark: Mark,
+        names: IntentNames,
+        event: CheckpointData,
+        key: str | None,
+        acked: Sequence[tuple[str, int, int]],
+        decided: Acked | None,
+    ) -> None:
+        """Raise `ThreadWriteRefusedError` when the log refused the run's write: decided from what the process
+        holds when its own records account for every record before the write; else from the log's records
+        since the run's read, by their headers (`ownership.window_verdict`). A client that cannot read the log
+        leaves it to the log, and the run learns of a refusal at its next read."""
+        verdict = decided.verdict if decided is not None and decided.settled else None
+        if verdict is None:
+            verdict = await self._verdict_from_log(mark, names, key, acked)
+        match verdict:
+            case None:
+                self.verdicts["unknown"] += 1
+            case Counted():
+                self.verdicts["counted"] += 1
+            case Refused(reason=reason, superseded_by=by):
+                self.verdicts["refused"] += 1
+                superseded = None if by is None else f"hash {by.hex()}"
+                mark.refusal = ThreadWriteRefusedError(event.thread_id, event.checkpoint_ns, reason, superseded)
+                self.threads.forget(event.thread_id)  # its next read asks the read API
+                log.warning("%s", mark.refusal)
+                raise mark.refusal
+            case _:
+                assert_never(verdict)
+
+    async def _verdict_from_log(
+        self, mark: Mark, names: IntentNames, key: str | None, acked: Sequence[tuple[str, int, int]]
+    ) -> Verdict | None:
+        """The write's verdict from the thread's records in the log since the run's read (None: the log
+        cannot be read, or the scan stopped short of the write)."""
+        _, partition, last = acked[-1]
+        if self.log is None or key is None or partition != mark.partition:
+            return None
+        tp = TopicPartition(self._settings.checkpoint_topic, partition)
+        try:
+            tail = (await self.log.tails({tp: mark.through}, self._settings.consistency_timeout_s))[tp]
+        except LogUnavailableError:
+            return None
+        write = next((r for r in tail.records if r.offset == last), None)
+        if write is None:
+            return None  # the scan stopped short of it
+        return window_verdict(mark, names, tail.records, key.encode(), write)
 
     def _acked(self, topic: str, acked: Sequence[tuple[str, int, int]], key: str | None) -> None:
         """Records of this process, with their record key, acknowledged at `acked`."""
@@ -265,11 +380,12 @@ class ClientRuntime:
         assert self._reader is not None
         return await self._reader.call(path, body, headers, context)
 
-    def publish(self, topic: str, event: Event) -> None:
-        self._started_loop().run(self._publish(topic, event, caller_context()))
+    def publish(self, topic: str, event: Event, config: Any = None) -> None:
+        """Publish `event`; `config`: the LangGraph call's, whose run's intent a put or writes carries."""
+        self._started_loop().run(self._publish(topic, event, caller_context(), config))
 
-    async def apublish(self, topic: str, event: Event) -> None:
-        await self._arun(self._publish(topic, event, caller_context()))
+    async def apublish(self, topic: str, event: Event, config: Any = None) -> None:
+        await self._arun(self._publish(topic, event, caller_context(), config))
 
     def publish_many(self, topic: str, events: Sequence[Event]) -> None:
         """Publish events with distinct keys together; returns once every one is acknowledged."""

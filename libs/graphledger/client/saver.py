@@ -32,6 +32,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
 from graphledger.answers import ListAnswer
+from graphledger.client import ownership
 from graphledger.client.runtime import ClientLifecycle, ClientRuntime
 from graphledger.client.values import (
     decode_delta_history,
@@ -87,7 +88,7 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         event = self._checkpoint_put(config, checkpoint, metadata, new_versions)
-        self._runtime.publish(self.settings.checkpoint_topic, event)
+        self._runtime.publish(self.settings.checkpoint_topic, event, config)
         return _config(event.thread_id, event.checkpoint_ns, event.checkpoint_id)
 
     async def aput(
@@ -98,21 +99,21 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         event = self._checkpoint_put(config, checkpoint, metadata, new_versions)
-        await self._runtime.apublish(self.settings.checkpoint_topic, event)
+        await self._runtime.apublish(self.settings.checkpoint_topic, event, config)
         return _config(event.thread_id, event.checkpoint_ns, event.checkpoint_id)
 
     def put_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
         self._runtime.publish(
-            self.settings.checkpoint_topic, self._checkpoint_writes(config, writes, task_id, task_path)
+            self.settings.checkpoint_topic, self._checkpoint_writes(config, writes, task_id, task_path), config
         )
 
     async def aput_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
         event = self._checkpoint_writes(config, writes, task_id, task_path)
-        await self._runtime.apublish(self.settings.checkpoint_topic, event)
+        await self._runtime.apublish(self.settings.checkpoint_topic, event, config)
 
     def delete_thread(self, thread_id: str) -> None:
         self._runtime.publish(self.settings.checkpoint_topic, ThreadDelete(require_id(thread_id, "thread_id")))
@@ -165,15 +166,25 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
     # -- reads: one read API call each, with the consistency token --------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return decode_tuple(self._runtime.call(self._get(_get_body(config))), self.serde)
+        answer, run = self._runtime.call(self._get(config))
+        ownership.enter(run)  # in the caller's context: the run's loop calls get_next_version in it
+        return decode_tuple(answer, self.serde)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return decode_tuple(await self._runtime.acall(self._get(_get_body(config))), self.serde)
+        answer, run = await self._runtime.acall(self._get(config))
+        ownership.enter(run)
+        return decode_tuple(answer, self.serde)
 
-    async def _get(self, body: dict[str, Any]) -> Any:
+    async def _get(self, config: RunnableConfig) -> tuple[Any, ownership.Run | None]:
+        """The get's answer (wire form), and the run whose read it was when it read the newest checkpoint
+        (its mark set: `client/ownership.py`)."""
+        body = _get_body(config)
         reads = self._runtime.thread_reads
         assert reads is not None, "runtime not started"
-        return await reads.get(body["thread_id"], body["checkpoint_ns"], body["checkpoint_id"])
+        answer = await reads.get(body["thread_id"], body["checkpoint_ns"], body["checkpoint_id"])
+        if body["checkpoint_id"] is not None:
+            return answer, None
+        return answer, self._runtime.marked_read(config, body["thread_id"], body["checkpoint_ns"], answer)
 
     def list(
         self,
@@ -222,7 +233,9 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
         return await reads.history(body["thread_id"], body["checkpoint_ns"], body["checkpoint_id"], list(channels))
 
     def get_next_version(self, current: str | None, channel: None) -> str:
-        """Same version format as PostgresSaver: zero-padded counter plus a random tiebreak."""
+        """Same version format as PostgresSaver: zero-padded counter plus a random tiebreak. LangGraph calls it
+        every superstep, in the run's own context: a run one of whose writes was refused stops here."""
+        ownership.raise_if_refused()
         if current is None:
             current_v = 0
         elif isinstance(current, int):

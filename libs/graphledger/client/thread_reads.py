@@ -32,6 +32,7 @@ from graphledger.errors import LogUnavailableError, ReadApiError
 from graphledger.folds import thread
 from graphledger.log.records import Tail
 from graphledger.log.tail import LogTail
+from graphledger.ownership import Ledger
 from graphledger.wire import CACHED_THROUGH_HEADER, OWN_WRITES_HEADER
 
 log = logging.getLogger(__name__)
@@ -145,7 +146,8 @@ class ThreadReads:
         # nothing of a thread with no records.
         if any(k == key for _, k in tail.keys):
             return False
-        self._threads.install(thread_id, None, partition, thread.NEW, tail.end, tail.end)
+        # Never written: no operation and every namespace open, for the one-writer rule.
+        self._threads.install(thread_id, None, partition, thread.view({}, True, ledger=Ledger()), tail.end, tail.end)
         return True
 
     async def _tail(self, tp: TopicPartition, start: int) -> Tail | None:
@@ -232,7 +234,7 @@ class ThreadReads:
             return _older(named, answer.tuple, thread_id, checkpoint_ns, checkpoint_id, applied)
         holding = answer.holding if answer.holding is not None else Holding({})
         later, ceilings = holding.later_writes, holding.blob_ceilings
-        view = thread.from_answer(checkpoint_ns, answer.tuple, holding.namespaces, later, ceilings)
+        view = thread.from_answer(checkpoint_ns, answer.tuple, holding.namespaces, later, ceilings, answer.basis)
         # Too many writes of newer checkpoints to send: the answer stands, the thread is not held.
         view = self._threads.install(thread_id, named, partition, view, applied, end, hold=later is not None)
         return view.answer(thread_id, checkpoint_ns, None)

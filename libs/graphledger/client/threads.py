@@ -34,6 +34,7 @@ from graphledger.answers import ChannelHistory
 from graphledger.events.checkpoint import CheckpointEvent, CheckpointPut, CheckpointWrites
 from graphledger.folds import thread
 from graphledger.folds.views import ViewLru
+from graphledger.ownership import Verdict
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 """Most bytes of thread state a client holds (the `client_thread_memory_bytes` setting's default)."""
@@ -104,6 +105,22 @@ class Held:
         return [own for own in self.own if own.last >= offset]
 
 
+class Acked(NamedTuple):
+    """What the process's view of a thread decides of its own put or writes (`HeldThreads.acked`)."""
+
+    verdict: Verdict
+    """The one-writer rule's verdict, if no other writer's record of the thread lies in `[unknown, at)`."""
+    unknown: int
+    """The first offset the process's own records do not account for (`at`: every one)."""
+    at: int
+    """The event's first record's offset."""
+
+    @property
+    def settled(self) -> bool:
+        """Whether the process's own records account for every record before the event."""
+        return self.unknown >= self.at
+
+
 class HeldThreads:
     """Every thread a client holds, least recently used first. On the client's event loop only."""
 
@@ -156,6 +173,10 @@ class HeldThreads:
         """The thread's snapshot, marked as recently used."""
         return self._threads.get(thread_id)
 
+    def peek(self, thread_id: str) -> Held | None:
+        """The thread's snapshot, its place in the eviction order left as it is."""
+        return self._threads.peek(thread_id)
+
     def before_newest(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
         """Whether `checkpoint_id` is newer than the namespace's newest checkpoint held (not held: False)."""
         held = self._threads.peek(thread_id)
@@ -198,10 +219,18 @@ class HeldThreads:
         while len(recent) > MAX_RECENT_RECORDS:
             recent.popitem(last=False)
 
-    def acked(self, thread_id: str, partition: int, offsets: tuple[int, ...], event: CheckpointEvent) -> None:
-        """This process's event of the thread, acknowledged at `offsets` of `partition`."""
-        self._remember(partition, offsets, thread_id)
+    def acked(self, thread_id: str, partition: int, offsets: tuple[int, ...], event: CheckpointEvent) -> Acked | None:
+        """This process's event of the thread, acknowledged at `offsets` of `partition`. For a put or writes
+        of a thread held locally: the one-writer rule's verdict of it as the held view decides it, which holds
+        if no other writer's record of the thread lies between the view's `through` and the event."""
         held = self._threads.peek(thread_id)
+        decided = None
+        if held is not None and held.partition == partition and held.through is not None:
+            if isinstance(event, CheckpointPut | CheckpointWrites):
+                verdict = thread.verdict(held.view, event)
+                if verdict is not None:
+                    decided = Acked(verdict, self.first_unknown(thread_id, held, offsets[0]), offsets[0])
+        self._remember(partition, offsets, thread_id)
         own = Own(offsets, event)
         if held is None or held.partition != partition:
             view = thread.apply(thread.UNKNOWN, event)
@@ -216,6 +245,7 @@ class HeldThreads:
                 held.epoch, partition, held.through, thread.apply(held.view, event), (*held.own, own), own_size
             )
             self._put(thread_id, entry)
+        return decided
 
     def acked_everywhere(self, partition: int, offset: int, event: CheckpointEvent) -> None:
         """This process's event published to every partition (`runs.delete`): its copy on `partition`

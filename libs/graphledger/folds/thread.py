@@ -32,6 +32,7 @@ from typing import Any, assert_never
 import orjson
 from langgraph.checkpoint.serde.types import TASKS
 
+from graphledger import ownership
 from graphledger.events.checkpoint import (
     CheckpointEvent,
     CheckpointPut,
@@ -66,7 +67,9 @@ from graphledger.folds.thread_view import (
     View,
     WriteRow,
     _in_saver_order,
+    basis_of,
     from_answer,
+    ledger_of,
     namespace,
     namespace_of,
     run_id_text,
@@ -75,6 +78,7 @@ from graphledger.folds.thread_view import (
     with_history,
 )
 from graphledger.jsonb import jsonb_value
+from graphledger.ownership import COUNTED, Counted, Intent, Ledger, Refused, Verdict
 from graphledger.wire import typed
 
 
@@ -109,33 +113,108 @@ def _raised(ceilings: Mapping[str, int] | None, event: CheckpointPut) -> Mapping
     return raised
 
 
-def apply(held: View, event: CheckpointEvent) -> View:
+def apply(held: View, event: CheckpointEvent, verdict: Verdict | None = None) -> View:
     """`view` after the projection applies `event`, one of the thread's records. What the view cannot
-    follow becomes not held: the namespace (a put it cannot derive), or the whole thread."""
+    follow becomes not held: the namespace (a put it cannot derive), or the whole thread. A put or writes
+    the one-writer rule refuses changes nothing (but a refused put's writes, which go with it); `verdict`:
+    the rule's verdict as its writer learned it, for a view that does not know the rule's state."""
     if held.erased:
         return held
+    ledger = held.ledger
     match event:
-        case CheckpointPut():
-            return _in_namespace(held, event.checkpoint_ns, lambda ns: _put(ns, event))
-        case CheckpointWrites():
-            return _in_namespace(held, event.checkpoint_ns, lambda ns: _writes(ns, event))
+        case CheckpointPut() | CheckpointWrites():
+            return _data(held, event, verdict)
         case ThreadDelete():
-            return NEW
+            return _emptied(NEW, ledger)
         case ThreadPrune():
             # keep_latest unlinks kept checkpoints from their dropped parents and drops whole subgraph
-            # namespaces (projection/prune.py): the view does not follow it.
-            return NEW if event.strategy == "delete" else UNKNOWN
+            # namespaces (projection/prune.py): the view does not follow it. It keeps each namespace's newest,
+            # so the rule's state stays.
+            return _emptied(NEW, ledger) if event.strategy == "delete" else _with_ledger(UNKNOWN, ledger)
         case RunsDelete():
             return _runs_deleted(held, frozenset(event.run_ids))
         case ThreadCopy():
             return held  # keyed by its source, which it does not change
         case ThreadCopyBarrier() | ThreadExpire():
             # A copy onto the thread needs the source's rows; an expiry, the thread's activity time.
-            return UNKNOWN
+            return _emptied(UNKNOWN, ledger)
         case ThreadErase() | TenantErase():
             return ERASED
         case _:
             assert_never(event)
+
+
+def _data(held: View, event: CheckpointPut | CheckpointWrites, verdict: Verdict | None) -> View:
+    """A put or writes, as the one-writer rule decides it from the view's ledger, or as `verdict` says (its
+    writer's own verdict, for a view that does not know the ledger)."""
+    name, ledger = event.checkpoint_ns, held.ledger
+    intent = None if event.intent is None else Intent.parse(event.intent)
+    if intent is not None and ledger is not None and not _holds(held, name):
+        return held  # a protected write of a namespace whose lead the view does not know changes only that lead
+    after = ledger
+    if ledger is not None:
+        if isinstance(event, CheckpointPut):
+            run = _run_of(event) if intent is not None else None
+            after, verdict = ownership.put(ledger, name, intent, run, event.checkpoint_id)
+        else:
+            verdict = ownership.writes(ledger, name, intent, event.checkpoint_id)
+    elif intent is None:
+        verdict = COUNTED
+    match verdict:
+        case None:  # it carries an intent and the view knows neither the ledger nor its verdict
+            return _in_namespace(held, name, lambda ns: Underivable("the verdict of a write is not known here"))
+        case Counted():
+            if isinstance(event, CheckpointPut):
+                return _with_ledger(_in_namespace(held, name, lambda ns: _put(ns, event)), after)
+            return _in_namespace(held, name, lambda ns: _writes(ns, event))
+        case Refused():
+            if isinstance(event, CheckpointPut):
+                return _in_namespace(held, name, lambda ns: _without_writes_of(ns, event.checkpoint_id))
+            return held
+        case _:
+            assert_never(verdict)
+
+
+def verdict(held: View, event: CheckpointPut | CheckpointWrites) -> Verdict | None:
+    """The one-writer rule's verdict of `event` if it came next after the records the view reflects (None:
+    the view does not know the rule's state of its namespace)."""
+    intent = None if event.intent is None else Intent.parse(event.intent)
+    if intent is None:
+        return COUNTED
+    ledger = held.ledger
+    if held.erased or ledger is None or not _holds(held, event.checkpoint_ns):
+        return None
+    if isinstance(event, CheckpointPut):
+        return ownership.put(ledger, event.checkpoint_ns, intent, checkpoint_id=event.checkpoint_id)[1]
+    return ownership.writes(ledger, event.checkpoint_ns, intent, event.checkpoint_id)
+
+
+def _holds(held: View, checkpoint_ns: str) -> bool:
+    """Whether the view holds the namespace, and so knows its lead."""
+    return held.namespaces.get(checkpoint_ns, EMPTY if held.complete else None) is not None
+
+
+def _without_writes_of(ns: Namespace, checkpoint_id: str) -> Namespace:
+    """`ns` without the writes of a checkpoint whose put the rule refused (written before their put)."""
+    if checkpoint_id not in ns.writes or (ns.newest is not None and checkpoint_id <= ns.newest.checkpoint_id):
+        return ns
+    writes = {cid: rows for cid, rows in ns.writes.items() if cid != checkpoint_id}
+    return namespace(ns.newest, writes, ns.blobs, ns.history, ns.history_complete, ns.ceilings)
+
+
+def _with_ledger(held: View, ledger: Ledger[str] | None) -> View:
+    if held.ledger is ledger or held.erased:
+        return held
+    return View(held.namespaces, held.complete, held.erased, held.size, ledger)
+
+
+def _emptied(base: View, ledger: Ledger[str] | None) -> View:
+    """`base` (a thread emptied, or no longer followed) after a thread operation: one more operation."""
+    return _with_ledger(base, None if ledger is None else ownership.operation(ledger))
+
+
+def _run_of(event: CheckpointPut) -> object:
+    return run_id_text(orjson.loads(event.metadata_json).get("run_id"))
 
 
 def _in_namespace(held: View, checkpoint_ns: str, change: Callable[[Namespace], Namespace | Underivable]) -> View:
@@ -146,7 +225,7 @@ def _in_namespace(held: View, checkpoint_ns: str, change: Callable[[Namespace], 
     namespaces = {name: other for name, other in held.namespaces.items() if name != checkpoint_ns}
     # last: the most recently changed; one the change cannot derive is no longer held
     namespaces[checkpoint_ns] = None if isinstance(changed, Underivable) else changed
-    return view(namespaces, held.complete)
+    return view(namespaces, held.complete, ledger=held.ledger)
 
 
 def _put(ns: Namespace, event: CheckpointPut) -> Namespace | Underivable:
@@ -327,7 +406,12 @@ def _runs_deleted(held: View, run_ids: frozenset[str]) -> View:
             namespaces[name] = namespace(ns.newest, ns.writes, ns.blobs, ceilings=ns.ceilings)
         else:
             namespaces[name] = ns
-    return view(namespaces, held.complete)
+    # A lead of a deleted run opens its namespace and counts an operation: knowable when every namespace of
+    # the thread with a lead is held.
+    ledger = held.ledger
+    every_held = held.complete and all(ns is not None for ns in held.namespaces.values())
+    after = ownership.runs_deleted(ledger, run_ids) if ledger is not None and every_held else None
+    return view(namespaces, held.complete, ledger=after)
 
 
 def apply_to_checkpoint(held: View, event: CheckpointEvent, checkpoint_ns: str, checkpoint_id: str) -> View:
@@ -431,11 +515,14 @@ __all__ = [
     "WriteRow",
     "apply",
     "apply_to_checkpoint",
+    "basis_of",
     "fold_to_checkpoint",
     "from_answer",
+    "ledger_of",
     "namespace",
     "namespace_of",
     "run_id_text",
+    "verdict",
     "version_counter",
     "view",
     "with_history",

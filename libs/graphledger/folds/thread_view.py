@@ -20,11 +20,12 @@ from typing import Any, Final, NamedTuple
 import ormsgpack
 from langgraph.checkpoint.base import writes_sort_key
 
-from graphledger.answers import ChannelHistory
+from graphledger.answers import Basis, ChannelHistory
 from graphledger.events.checkpoint import (
     CheckpointPut,
 )
 from graphledger.jsonb import jsonb_value
+from graphledger.ownership import Ledger
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +259,10 @@ class View:
     complete: bool
     erased: bool
     size: int
+    ledger: Ledger[str] | None = None
+    """What the one-writer rule holds of the thread (`graphledger.ownership`): its operation count, and the
+    lead of each namespace the view holds (one it holds without a lead there is open); None: not known, so
+    a write carrying an intent cannot be decided here."""
 
     def namespace(self, checkpoint_ns: str) -> Namespace | Underivable:
         """The namespace's view, unless it is not held."""
@@ -279,14 +284,20 @@ class View:
         return held.answer(thread_id, checkpoint_ns, checkpoint_id)
 
 
-def view(namespaces: dict[str, Namespace | None], complete: bool, *, erased: bool = False) -> View:
+def view(
+    namespaces: dict[str, Namespace | None],
+    complete: bool,
+    *,
+    erased: bool = False,
+    ledger: Ledger[str] | None = None,
+) -> View:
     if len(namespaces) > MAX_NAMESPACES:
         namespaces = {name: ns for name, ns in namespaces.items() if ns is not None}
         complete = False
         while len(namespaces) > MAX_NAMESPACES:
             del namespaces[next(iter(namespaces))]  # the least recently changed
     size = 100 + sum(ns.size for ns in namespaces.values() if ns is not None)
-    return View(namespaces, complete, erased, size)
+    return View(namespaces, complete, erased, size, ledger)
 
 
 UNKNOWN: Final = view({}, False)
@@ -306,13 +317,35 @@ def from_answer(
     namespaces: Iterable[str] | None = None,
     later_writes: Mapping[str, Any] | None = None,
     ceilings: Mapping[str, int] | None = None,
+    basis: Basis | None = None,
 ) -> View:
     """The view a read API answer gives: the namespace's newest checkpoint (`answer`, None: none), the
-    writes of newer checkpoints whose puts are still to come (`later_writes`), its blob rows' `ceilings`
-    and, with `namespaces` (every namespace of the thread), that the others exist but are not held."""
+    writes of newer checkpoints whose puts are still to come (`later_writes`), its blob rows' `ceilings`,
+    with `namespaces` (every namespace of the thread) that the others exist but are not held, and with
+    `basis` what the one-writer rule held of the thread then."""
     held: dict[str, Namespace | None] = dict.fromkeys(namespaces or (), None)
     held[checkpoint_ns] = namespace_of(answer, later_writes, ceilings)
-    return view(held, namespaces is not None)
+    head = answer["config"]["checkpoint_id"] if answer is not None else None
+    ledger = None if basis is None else ledger_of(checkpoint_ns, basis, head)
+    return view(held, namespaces is not None, ledger=ledger)
+
+
+def ledger_of(checkpoint_ns: str, basis: Basis, head_id: str | None) -> Ledger[str]:
+    """The rule's state a read API answer's `basis` gives of its thread, namespace `checkpoint_ns` held, whose
+    newest checkpoint is `head_id` (a namespace with a lead has it newest)."""
+    if basis.lead is None or head_id is None:
+        return Ledger(basis.operations)
+    ns = checkpoint_ns
+    return Ledger(basis.operations, {ns: basis.lead}, {ns: basis.lead_run}, {ns: head_id})
+
+
+def basis_of(held: View, checkpoint_ns: str) -> Basis | None:
+    """What the rule holds of the view's thread for a read of `checkpoint_ns` (None: not known)."""
+    ledger = held.ledger
+    if ledger is None:
+        return None
+    run = ledger.lead_runs.get(checkpoint_ns)
+    return Basis(ledger.operations, ledger.lead(checkpoint_ns), run if isinstance(run, str) else None)
 
 
 def namespace_of(

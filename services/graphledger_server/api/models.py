@@ -145,6 +145,17 @@ class CheckpointTuple(BaseModel):
     pending_writes: list[PendingWrite]
 
 
+class Basis(BaseModel):
+    operations: int = Field(
+        description="The thread's operation count (deletes, prunes that delete, expiries, copies onto it, ...)."
+    )
+    lead: str | bytes | None = Field(
+        None,
+        description="The namespace's lead: the checkpoint hash its last counted protected put carried (null: open).",
+    )
+    lead_run: str | None = Field(None, description="That put's metadata run_id (null: none).")
+
+
 class GetResponse(BaseModel):
     tuple: CheckpointTuple | None = Field(description="Null when there is none, or when `current`.")
     log_partition: int = Field(description="The thread's partition of the checkpoint topic.")
@@ -176,6 +187,11 @@ class GetResponse(BaseModel):
         None,
         description="A get of the newest checkpoint: per channel, the counter of the namespace's highest blob version "
         "(its 32 zero-padded digits; 2^63 when it has none): no row holds a version with a counter above it.",
+    )
+    basis: Basis | None = Field(
+        None,
+        description="A get of the newest checkpoint: what the one-writer rule held of the thread as of the answer, "
+        'which a writer that read it says with its writes (docs/architecture.md, "One writer per thread").',
     )
 
 

@@ -350,7 +350,9 @@ def plan_batch(items: Sequence[BatchItem], ledgers: Mapping[str, Ledger[str]] | 
             case CheckpointPut():
                 intent = _intent(event.intent)
                 run_id = _run_of(event) if intent is not None else None
-                after, verdict = ownership.put(ledger(event.thread_id), event.checkpoint_ns, intent, run_id)
+                after, verdict = ownership.put(
+                    ledger(event.thread_id), event.checkpoint_ns, intent, run_id, event.checkpoint_id
+                )
                 match verdict:
                     case Counted():
                         now[event.thread_id] = after
@@ -362,7 +364,8 @@ def plan_batch(items: Sequence[BatchItem], ledgers: Mapping[str, Ledger[str]] | 
                     case _:
                         assert_never(verdict)
             case CheckpointWrites():
-                verdict = ownership.writes(ledger(event.thread_id), event.checkpoint_ns, _intent(event.intent))
+                intent = _intent(event.intent)
+                verdict = ownership.writes(ledger(event.thread_id), event.checkpoint_ns, intent, event.checkpoint_id)
                 match verdict:
                     case Counted():
                         data_run().put_writes(topic, partition, event, ts_ms)

@@ -136,15 +136,17 @@ async def read_ledgers(
     operations: dict[str, int] = {}
     leads: dict[str, dict[str, bytes]] = {}
     runs: dict[str, dict[str, object]] = {}
+    ids: dict[str, dict[str, str]] = {}
     for row in await conn.fetch(sql.thread_ledgers, list(threads)):
-        thread_id = row["thread_id"]
+        thread_id, ns = row["thread_id"], row["checkpoint_ns"]
         if row["operations"] is not None:
             operations[thread_id] = row["operations"]
-        if row["checkpoint_ns"] is not None:
-            leads.setdefault(thread_id, {})[row["checkpoint_ns"]] = bytes(row["lead"])
-            runs.setdefault(thread_id, {})[row["checkpoint_ns"]] = row["lead_run"]
+        if ns is not None:
+            leads.setdefault(thread_id, {})[ns] = bytes(row["lead"])
+            runs.setdefault(thread_id, {})[ns] = row["lead_run"]
+            ids.setdefault(thread_id, {})[ns] = row["lead_id"]
     known = operations.keys() | leads.keys()
-    return {t: Ledger(operations.get(t, 0), leads.get(t, {}), runs.get(t, {})) for t in known}
+    return {t: Ledger(operations.get(t, 0), leads.get(t, {}), runs.get(t, {}), ids.get(t, {})) for t in known}
 
 
 async def write_verdicts(conn: asyncpg.Connection, sql: CheckpointStatements, plan: Plan) -> None:
@@ -165,11 +167,17 @@ async def write_verdicts(conn: asyncpg.Connection, sql: CheckpointStatements, pl
     if plan.ledgers:
         ops = [(thread_id, ledger.operations) for thread_id, ledger in plan.ledgers.items()]
         leads = [
-            (thread_id, ns, lead, run if isinstance(run := ledger.lead_runs.get(ns), str) else None)
+            (
+                thread_id,
+                ns,
+                lead,
+                ledger.lead_ids[ns],
+                run if isinstance(run := ledger.lead_runs.get(ns), str) else None,
+            )
             for thread_id, ledger in plan.ledgers.items()
             for ns, lead in ledger.leads.items()
         ]
-        await conn.execute(sql.write_ledgers, *columns(ops, 2), *columns(leads, 4))
+        await conn.execute(sql.write_ledgers, *columns(ops, 2), *columns(leads, 5))
 
 
 async def gc_blobs(

@@ -95,16 +95,34 @@ FROM (
 # A get's namespaces and blob ceilings, on one connection. %(thread)s, %(ns)s, %(most)s.
 NAMESPACES_AND_CEILINGS_SQL = f"SELECT ARRAY({THREAD_NAMESPACES_SQL}) AS namespaces, ({BLOB_CEILINGS_SQL}) AS ceilings"
 
+# What the one-writer rule holds of a thread (`graphledger.ownership`): its operation count, and the lead of a
+# namespace (no row: open). %(thread)s, %(ns)s.
+BASIS_SQL = """
+SELECT coalesce((SELECT operations FROM graphledger_thread_ledgers WHERE thread_id = %(thread)s), 0) AS operations
+"""
+LEAD_SQL = """
+SELECT lead, lead_run FROM graphledger_thread_leads WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s
+"""
+THREAD_BASIS_SQL = (
+    f"SELECT g.operations, l.lead, l.lead_run FROM ({BASIS_SQL}) g LEFT JOIN LATERAL ({LEAD_SQL}) l ON true"
+)
+"""A thread's basis on its own, read before the checkpoint a get answers after waiting for the projection: an
+operation or a put in between makes its writer's intent stale, so the writer is refused, never wrongly let on."""
+
+
 # What a get of a namespace's newest checkpoint folds the thread's unprojected records onto, in one
 # statement, so in one snapshot (a projector batch commits rows and offsets at once): the projection's
 # applied offset on the thread's partition, every namespace of the thread (at most %(most)s), the newest
 # checkpoint's row as the official saver selects it (its columns null without one), whether writes
 # of a newer checkpoint wait for their put (as EARLY_WRITES_SQL), the blob ceilings and whether the
-# thread was erased (ERASED_SQL). One round trip: the reads that hop between processes pay for each.
+# thread was erased (ERASED_SQL), and the one-writer rule's basis (BASIS_SQL, LEAD_SQL). One round trip: the reads
+# that hop between processes pay for each.
 # %(group)s, %(topic)s, %(partition)s, %(thread)s, %(ns)s, %(most)s, %(ref)s (the thread's reference).
 THROUGH_NEWEST_SQL = f"""
-SELECT o.applied, n.namespaces, t.*, e.early, b.ceilings, ({{erased}}) AS erased
+SELECT o.applied, n.namespaces, t.*, e.early, b.ceilings, ({{erased}}) AS erased, g.operations, l.lead, l.lead_run
 FROM (SELECT coalesce(({SNAPSHOT_OFFSET_SQL}), 0) AS applied) o
+CROSS JOIN LATERAL ({BASIS_SQL}) g
+LEFT JOIN LATERAL ({LEAD_SQL}) l ON true
 CROSS JOIN LATERAL (SELECT ARRAY({THREAD_NAMESPACES_SQL}) AS namespaces) n
 LEFT JOIN LATERAL (
     {AsyncPostgresSaver.SELECT_SQL} WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s

@@ -24,6 +24,7 @@ from langgraph.checkpoint.base import DeltaChannelHistory
 from psycopg import AsyncConnection
 
 from graphledger.answers import (
+    Basis,
     ChannelHistory,
     DeltaHistoryAnswer,
     GetAnswer,
@@ -49,6 +50,7 @@ from graphledger_server.api.reads.checkpoint_sql import (
     MAX_LATER_WRITES,
     MAX_NAMESPACES,
     NAMESPACES_AND_CEILINGS_SQL,
+    THREAD_BASIS_SQL,
     through_newest_sql,
 )
 from graphledger_server.api.reads.saver import TenantSaver, saver_for, to_wire, wire_tuple
@@ -80,6 +82,8 @@ class Base(NamedTuple):
     """The namespace's blob ceilings."""
     erased: bool
     """Whether the key store records the thread as erased."""
+    basis: Basis
+    """What the one-writer rule held of the thread."""
 
 
 class CheckpointReads:
@@ -130,6 +134,9 @@ class CheckpointReads:
             log.debug("a get of thread %r waits for the projection: %s", body.thread_id, folded.reason)
             settled = await state.barrier.wait(settled, state.settings.checkpoint_topic, tenant=tenant.name)
         own_writes_from = settled.applied if heeded else None
+        # The rule's basis before the checkpoint: read after it, a write's intent could claim an operation
+        # its writer never saw.
+        basis = await self._basis(stored, body.checkpoint_ns) if body.checkpoint_id is None else None
         found = await self._saver().aget_tuple(body.config(tenant.thread))
         answered = wire_tuple(found, tenant) if found else None
         if body.checkpoint_id is None:
@@ -146,7 +153,9 @@ class CheckpointReads:
             namespaces, later, ceilings = None, None, None
             erased = found is None and await self._erased_of(body.thread_id, erased_started)
         holding = Holding(later, ceilings, namespaces) if body.checkpoint_id is None and not erased else None
-        return GetAnswer(partition, end, answered, own_writes_from=own_writes_from, erased=erased, holding=holding)
+        return GetAnswer(
+            partition, end, answered, own_writes_from=own_writes_from, erased=erased, holding=holding, basis=basis
+        )
 
     async def _newest_base_started(self, body: GetRequest) -> asyncio.Task[Base | thread.Underivable] | None:
         """For a get of the newest checkpoint, the projection's answer, read while the read learns where the
@@ -206,7 +215,7 @@ class CheckpointReads:
         if view.complete:
             namespaces = sorted(n for n, kept in view.namespaces.items() if kept is None or kept.newest or kept.writes)
         holding = Holding(_later_writes_of(held), ceilings, namespaces)
-        return GetAnswer(settled.partition, through, answered, holding=holding)
+        return GetAnswer(settled.partition, through, answered, holding=holding, basis=thread.basis_of(view, ns))
 
     async def _newest_view(
         self, body: GetRequest, settled: Settled, key: bytes, started: asyncio.Task[Base | thread.Underivable] | None
@@ -234,7 +243,9 @@ class CheckpointReads:
                 events = await self._thread_events(settled, stored, based.applied)
                 if isinstance(events, thread.Underivable):
                     return events
-                view = thread.from_answer(ns, based.answer, based.namespaces, ceilings=based.ceilings)
+                view = thread.from_answer(
+                    ns, based.answer, based.namespaces, ceilings=based.ceilings, basis=based.basis
+                )
                 return _fold(view, events), max(based.applied, settled.end)
             started = None  # the projection moved on while the read began: read it again
         return thread.Underivable("the projection moved on twice while the read began")
@@ -293,13 +304,23 @@ class CheckpointReads:
             log.info("thread %r has writes before their put in the projection: the read waits", stored)
             return thread.Underivable(EARLY_WRITES)
         namespaces = _listed(row["namespaces"])
+        basis = _basis(row)
         if row["checkpoint_id"] is None:
-            return Base(row["applied"], None, namespaces, row["ceilings"], row["erased"])
+            return Base(row["applied"], None, namespaces, row["ceilings"], row["erased"], basis)
         if row["checkpoint"]["v"] < 4 and row["parent_checkpoint_id"]:
             # Read with its parent's pending sends: a second statement, so a second snapshot.
             return thread.Underivable("a checkpoint before format 4 is read with its parent's pending sends")
         found = await self._saver()._load_checkpoint_tuple(row)
-        return Base(row["applied"], wire_tuple(found, self._tenant), namespaces, row["ceilings"], row["erased"])
+        answer = wire_tuple(found, self._tenant)
+        return Base(row["applied"], answer, namespaces, row["ceilings"], row["erased"], basis)
+
+    async def _basis(self, stored_thread_id: str, checkpoint_ns: str) -> Basis:
+        """What the one-writer rule holds of the thread now, the lead of `checkpoint_ns` with it."""
+        async with self._state.pool.connection() as conn:
+            cursor = await conn.execute(
+                THREAD_BASIS_SQL, {"thread": stored_thread_id, "ns": checkpoint_ns}, binary=True
+            )
+            return _basis(await cursor.fetchone())
 
     async def _later_writes(self, stored_thread_id: str, checkpoint_ns: str, newest: str) -> LaterWrites | None:
         """The pending writes of the namespace's checkpoints newer than `newest`, the answer's (None: more
@@ -497,6 +518,11 @@ async def _ceilings_on(conn: AsyncConnection[Any], stored_thread_id: str, checkp
     assert row is not None
     ceilings: dict[str, int] = row["ceilings"]
     return ceilings
+
+
+def _basis(row: Mapping[str, Any]) -> Basis:
+    lead = row["lead"]
+    return Basis(row["operations"], None if lead is None else bytes(lead), row["lead_run"])
 
 
 def _listed(names: list[str]) -> list[str] | None:

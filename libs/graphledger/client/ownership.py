@@ -1,0 +1,232 @@
+"""The writer's side of one writer per thread (`graphledger/ownership.py`): what each LangGraph run read of a
+thread, and the intent each of its writes carries.
+
+A run is told apart by the `Runtime` object LangGraph puts in the config of every call of the run, from its
+first `get_tuple` to its last `put_writes`, whichever thread or callback makes the call; calls without one
+(a direct `aput`, `update_state`, `get_state`) belong to no run and carry no intent, so they count as they
+come, as with the official savers. A run's read of a namespace sets its *mark*: the thread's operation count
+then, and the head its next write expects (the namespace's lead, else its newest checkpoint, else none). Each
+put the run sends moves the mark to that put, on the client's loop as the put is sent, so a run's writes
+expect its latest put in log order. Once a write of the run is refused, every later call of the run raises
+(`get_next_version` too, which LangGraph calls every superstep: the run stops within one).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import hmac
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from graphledger import ownership
+from graphledger.answers import Basis
+from graphledger.errors import GraphledgerError, ThreadWriteRefusedError
+from graphledger.events import checkpoint_event
+from graphledger.events.checkpoint import CheckpointPut, RunsDelete
+from graphledger.events.envelope import HEADER_INTENT, HEADER_TYPE, header
+from graphledger.events.envelope import decode as envelope_decode
+from graphledger.log.records import LogRecord
+from graphledger.ownership import NO_CHECKPOINT, Intent, Ledger, Verdict
+
+RUNTIME_KEY: Final = "__pregel_runtime"
+"""Where LangGraph puts a run's `Runtime` in the configurable of each of the run's calls."""
+MAX_RUNS: Final = 4096
+"""Runs a process remembers the marks of (least recently used out): more than run at once."""
+HASH_BYTES: Final = 16
+
+
+class IntentNames:
+    """A thread's namespaces and checkpoints as intents name them: keyed hashes under the tenant's hashing
+    key, scoped by the thread's stored id, so equal names are equal hashes for every writer of the tenant and
+    nothing of a name shows; in the clear (no hashing key) the names themselves."""
+
+    def __init__(self, hash_key: bytes | None, stored_thread_id: str) -> None:
+        self._key = hash_key
+        self._scope = stored_thread_id.encode("utf-8", "surrogatepass")
+
+    def namespace(self, checkpoint_ns: str) -> bytes:
+        return self._name(b"ns", checkpoint_ns)
+
+    def checkpoint(self, checkpoint_id: str) -> bytes:
+        return self._name(b"cp", checkpoint_id)
+
+    def _name(self, kind: bytes, name: str) -> bytes:
+        text = name.encode("utf-8", "surrogatepass")
+        if self._key is None:
+            return kind + b":" + text
+        message = b"intent\x00" + kind + b"\x00" + self._scope + b"\x00" + text
+        return hmac.new(self._key, message, hashlib.sha256).digest()[:HASH_BYTES]
+
+
+@dataclass(slots=True)
+class Mark:
+    """What one run read of one thread namespace, and where its writes stand. On the client's loop only."""
+
+    thread_id: str
+    checkpoint_ns: str
+    partition: int
+    through: int
+    """The read reflected every record of the thread below this offset of `partition`."""
+    lead: bytes | None
+    """The namespace's lead the read saw (None: open)."""
+    lead_run: str | None
+    """That lead's metadata `run_id` (None: none)."""
+    operations: int
+    """The thread's operation count the run read."""
+    expects: bytes | None
+    """The hash the run's next write expects (its latest put, or the head it read); None: as named by
+    `expects_id`, hashed once the names are known."""
+    expects_id: str | None
+    """The checkpoint id the next write expects (None: none): a put's id must be above it."""
+    refusal: ThreadWriteRefusedError | None = None
+    """Set once a write of the run on this thread was refused: every later call of the run raises it."""
+
+    def intent(self, names: IntentNames, checkpoint_id: str) -> Intent:
+        """The intent of the run's next write, against `checkpoint_id`."""
+        if self.expects is not None:
+            expects = self.expects
+        else:
+            expects = NO_CHECKPOINT if self.expects_id is None else names.checkpoint(self.expects_id)
+        return Intent(names.namespace(self.checkpoint_ns), names.checkpoint(checkpoint_id), expects, self.operations)
+
+    def sent_put(self, names: IntentNames, checkpoint_id: str) -> None:
+        """The run sent a put of `checkpoint_id`: its next writes expect it."""
+        self.expects, self.expects_id = names.checkpoint(checkpoint_id), checkpoint_id
+
+
+@dataclass(slots=True)
+class Run:
+    runtime: object
+    """Held so that its id is not reused while the run's marks are kept."""
+    marks: dict[tuple[str, str], Mark]
+
+
+class RunMarks:
+    """Every run's marks, by the run's `Runtime`, the least recently used forgotten beyond `MAX_RUNS`."""
+
+    def __init__(self) -> None:
+        self._runs: OrderedDict[int, Run] = OrderedDict()
+
+    def read(
+        self,
+        config: Any,
+        thread_id: str,
+        checkpoint_ns: str,
+        at: tuple[int, int],
+        basis: Basis,
+        head_id: str | None,
+    ) -> Run | None:
+        """A run read the namespace as of `at` (partition, offset): `basis` is what the one-writer rule held of
+        the thread then, `head_id` the namespace's newest checkpoint (None: none). Returns the run (`enter` it
+        in the caller's context); a call outside a run sets no mark."""
+        run = self._run(config, create=True)
+        if run is not None:
+            lead, ops = basis.lead, basis.operations
+            mark = Mark(thread_id, checkpoint_ns, *at, lead, basis.lead_run, ops, lead, head_id)
+            run.marks[(thread_id, checkpoint_ns)] = mark
+        return run
+
+    def of(self, config: Any, thread_id: str, checkpoint_ns: str) -> Mark | None:
+        """The mark of the run `config` belongs to on the namespace, if the run read it."""
+        run = self._run(config, create=False)
+        return None if run is None else run.marks.get((thread_id, checkpoint_ns))
+
+    def _run(self, config: Any, *, create: bool) -> Run | None:
+        configurable = config.get("configurable") if isinstance(config, dict) else None
+        runtime = configurable.get(RUNTIME_KEY) if isinstance(configurable, dict) else None
+        if runtime is None:
+            return None
+        run = self._runs.get(id(runtime))
+        if run is not None and run.runtime is runtime:
+            self._runs.move_to_end(id(runtime))
+            return run
+        if not create:
+            return None
+        run = self._runs[id(runtime)] = Run(runtime, {})
+        while len(self._runs) > MAX_RUNS:
+            self._runs.popitem(last=False)
+        return run
+
+
+_current_run: contextvars.ContextVar[Run | None] = contextvars.ContextVar("graphledger_run", default=None)
+"""The run whose loop reads in this context: LangGraph calls `get_next_version` in the loop's own context, the
+one its first `get_tuple` ran in."""
+
+
+def enter(run: Run | None) -> None:
+    """`run` is the run of this context's loop (in the caller's frame, after any hop to the client's loop)."""
+    if run is not None:
+        _current_run.set(run)
+
+
+def raise_if_refused() -> None:
+    """Raise the refusal of a write of the run this context's loop belongs to, if any."""
+    run = _current_run.get()
+    if run is None:
+        return
+    for mark in run.marks.values():
+        if mark.refusal is not None:
+            raise mark.refusal
+
+
+# -- a write's verdict from the log's headers ----------------------------------------------------------
+
+OPERATIONS: Final = frozenset(
+    name.encode() for name in ("thread.delete", "thread.expire", "thread.copy.barrier", "thread.erase", "tenant.erase")
+)
+"""The `gl-type` of records that count as a thread operation whatever their payload."""
+PRUNE: Final = b"thread.prune"
+"""Counted as an operation: its strategy is sealed, and only `delete` is one (this errs toward refusing)."""
+
+
+def window_verdict(
+    mark: Mark, names: IntentNames, records: Sequence[LogRecord], key: bytes, write: LogRecord
+) -> Verdict:
+    """The one-writer rule's verdict of `write`, the run's own record, from the records of the thread (`key`)
+    and the keyless ones in the mark's partition from its `through` up to it, read by their headers alone:
+    every other writer's record is taken as applied (what the projector dead-letters would only have left
+    the thread as the run read it, so this errs toward refusing, never toward counting)."""
+    own_ns = names.namespace(mark.checkpoint_ns)
+    runs = {own_ns: mark.lead_run} if mark.lead_run is not None else {}
+    ledger: Ledger[bytes] = Ledger(mark.operations, {own_ns: mark.lead} if mark.lead is not None else {}, runs)
+    for record in records:
+        if record.offset >= write.offset or record.offset < mark.through:
+            continue
+        if record.key != key and record.key is not None:
+            continue
+        kind = header(record.headers, HEADER_TYPE)
+        raw = header(record.headers, HEADER_INTENT)
+        intent = None if raw is None else Intent.parse(raw)
+        if kind == PUT:
+            ledger, _ = ownership.put(ledger, intent.namespace if intent is not None else b"?", intent)
+        elif kind in OPERATIONS or kind == PRUNE:
+            ledger = ownership.operation(ledger)
+        elif kind == RUNS_DELETE:
+            ledger = _runs_deleted(ledger, own_ns, record)
+    raw = header(write.headers, HEADER_INTENT)
+    assert raw is not None, "a run's write carries its intent"
+    intent = Intent.parse(raw)
+    if header(write.headers, HEADER_TYPE) == PUT:
+        return ownership.put(ledger, own_ns, intent)[1]
+    return ownership.writes(ledger, own_ns, intent)
+
+
+PUT: Final = CheckpointPut.TYPE.encode()
+RUNS_DELETE: Final = RunsDelete.TYPE.encode()
+
+
+def _runs_deleted(ledger: Ledger[bytes], own_ns: bytes, record: LogRecord) -> Ledger[bytes]:
+    """A `runs.delete` (never sealed: its run ids travel in clear): an operation if it names the lead's run,
+    or if the lead is another writer's, whose run the headers do not tell."""
+    if own_ns not in ledger.leads:
+        return ledger
+    if ledger.lead_runs.get(own_ns) is None:
+        return ownership.operation(ledger)
+    try:
+        event = checkpoint_event(envelope_decode(record.value))
+    except GraphledgerError:
+        return ledger  # the projector dead-letters it: no effect
+    return ownership.runs_deleted(ledger, event.run_ids) if isinstance(event, RunsDelete) else ledger
