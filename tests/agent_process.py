@@ -9,7 +9,8 @@ The graph is a chat: each turn appends the user's message and the node's reply t
 message `interrupt:<q>` makes the node ask `<q>` with `interrupt()` and reply with the answer given
 on resume; `gate:<name>` makes the node report `{"event": "in_node", "gate": name}` and wait for
 `gate_open` before replying; a turn's `read_gate` holds it likewise once its run has read the thread
-(`{"event": "read", "gate": name}`), before it writes. `continue` runs the thread's pending tasks. A
+(`{"event": "read", "gate": name}`), before it writes; a turn's `checkpoint_id` runs it from that older
+checkpoint (time travel: a branch). `continue` runs the thread's pending tasks. A
 turn answers how long its invoke took (`elapsed_ms`) and its read of the thread (`get_ms`).
 
 `load_start` starts the bench's chat load in this process (`bench/conversations.py`: `concurrency`
@@ -57,8 +58,8 @@ class Pod:
                 found = get_tuple(config)
             finally:
                 self.get_s += time.perf_counter() - started
-            if (gate := self.read_gate) is not None and "checkpoint_id" not in config["configurable"]:
-                self.read_gate = None  # the turn's first read of the newest checkpoint: hold it there
+            if (gate := self.read_gate) is not None:
+                self.read_gate = None  # the turn's first read: hold it there
                 emit({"event": "read", "gate": gate})
                 if not self.gate(gate).wait(GATE_WAIT_S):
                     raise TimeoutError(f"gate {gate} was never opened")
@@ -100,6 +101,8 @@ class Pod:
         if op == "turn":  # one invoke and nothing else: a failure means the turn wrote nothing after its read
             started, self.get_s = time.perf_counter(), 0.0
             self.read_gate = command.get("read_gate")
+            if (older := command.get("checkpoint_id")) is not None:  # time travel: a branch from an older one
+                config["configurable"]["checkpoint_id"] = older
             messages = self.graph.invoke({"messages": [command["text"]]}, config)["messages"]
             return {
                 "messages": messages,

@@ -231,6 +231,68 @@ def copies_log() -> list[Item]:
     ]
 
 
+def one_writer_log() -> list[Item]:
+    """Every branch of the one-writer rule (`graphledger.ownership`), over two partitions. Thread `w` (0):
+    a chain of protected puts and writes, a retried put, a superseded writer's put and writes, writes before
+    their put (kept when it counts, dropped when it is refused), two writers against one head; `x` (0): a
+    delete, a put without an intent and a prune `delete` refuse the writers that read before them; `y` (1): a
+    `runs.delete` of the lead's run, a subgraph namespace; `c` (1): a copy lands on it
+    (`ONE_WRITER_LOG_IDS`, `ONE_WRITER_LOG_REFUSED`)."""
+    p = protected
+    return [
+        *items(
+            [
+                p(put("w", 1, blobs={"m": b"w1"}), None),
+                p(writes("w", 1, "a", [("m", b"a1")]), 1),  # of the lead
+                p(put("w", 2, parent=1, blobs={"m": b"w2"}), 1),
+                p(put("w", 2, parent=1, blobs={"m": b"w2"}), 1),  # a producer's retry: counts, changes nothing
+                p(put("w", 3, parent=1, blobs={"m": b"zombie"}), 1),  # superseded: refused
+                p(writes("w", 1, "z", [("m", b"z1")]), 1),  # the zombie's late writes of what it read: refused
+                p(writes("w", 4, "a", [("m", b"early")]), 2),  # before its put, ahead of the lead: counted
+                p(put("w", 4, parent=2, blobs={"m": b"w4"}), 2),
+                p(writes("w", 5, "b", [("m", b"gone")]), 2),  # before a put that is refused: dropped with it
+                p(put("w", 5, parent=2, blobs={"m": b"w5"}), 2),  # read 2, the lead is 4: refused
+                p(put("w", 6, parent=4, blobs={"m": b"w6"}), 4),  # of two writers against head 4, the first
+                p(put("w", 7, parent=4, blobs={"m": b"w7"}), 4),  # and the second: refused
+                p(put("x", 1, blobs={"m": b"x1"}), None),
+                ThreadDelete("x"),
+                p(put("x", 2, parent=1, blobs={"m": b"x2"}), 1),  # read before the delete: refused
+                p(put("x", 3, blobs={"m": b"x3"}), None, 1),
+                put("x", 4, parent=3, blobs={"m": b"x4"}),  # no intent: counts, opens, one more operation
+                p(writes("x", 3, "late", [("m", b"x3w")]), 3, 1),  # read before it: refused
+                p(put("x", 5, parent=4, blobs={"m": b"x5"}), 4, 2),
+                ThreadPrune("x", "delete"),
+                p(put("x", 6, parent=5, blobs={"m": b"x6"}), 5, 2),  # read before the prune: refused
+                p(put("x", 7, blobs={"m": b"x7"}), None, 3),
+            ]
+        ),
+        *items(
+            [
+                p(put("y", 1, blobs={"m": b"y1"}, metadata={"run_id": "run-1"}), None),
+                p(put("y", 2, parent=1, ns="child:1", blobs={"s": b"s2"}), None),  # its own namespace, open
+                RunsDelete(("run-1",)),  # the lead's run: the root namespace opens, one more operation
+                p(put("y", 3, parent=1, blobs={"m": b"y3"}), 1),  # read before it: refused
+                p(put("y", 4, blobs={"m": b"y4"}), None, 1),
+                p(writes("y", 2, "s", [("s", b"sw")], ns="child:1"), 2, 1),  # the subgraph's, read after: counted
+                RunsDelete(("run-other",)),  # no lead's run: nothing
+                p(put("y", 5, parent=4, blobs={"m": b"y5"}), 4, 1),
+                put("c", 1, blobs={"m": b"c1"}),
+                ThreadCopy("y", "c"),
+                ThreadCopyBarrier("c", 1, 9),  # the copy lands: one more operation of c
+                p(put("c", 6, parent=5, blobs={"m": b"c6"}), 1, 1),  # read before the copy: refused
+                p(put("c", 7, parent=5, blobs={"m": b"c7"}), 5, 2),
+            ],
+            partition=1,
+        ),
+    ]
+
+
+ONE_WRITER_LOG_IDS = {"w": [1, 2, 4, 6], "x": [7], "y": [2, 4, 5], "c": [1, 2, 4, 5, 7]}
+"""The checkpoint ids (`cid(n)`) of each thread once `one_writer_log` applied."""
+ONE_WRITER_LOG_REFUSED = {"w": 4, "x": 3, "y": 1, "c": 1}
+"""How many of each thread's records the rule refused in `one_writer_log`."""
+
+
 COPIES_LOG_IDS = {"s": [1, 2, 3], "t": [1, 2, 8, 10], "u": [1, 2, 8, 10], "fresh": [1, 2, 20], "v": [1, 2]}
 """The checkpoint ids (`cid(n)`) of each thread once `copies_log` applied."""
 

@@ -79,13 +79,23 @@ class Basis:
     """The namespace's lead (the checkpoint hash its last counted protected put carried); None: open."""
     lead_run: str | None = None
     """That put's metadata `run_id`, as `runs.delete` matches it (None: none)."""
+    lead_id: str | None = None
+    """That put's checkpoint id (None: open, or not told: the namespace's newest, which a lead is)."""
+    lead_writer: bytes | None = None
+    """The run that put it (`Intent.writer`; None: not told)."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {"operations": self.operations, "lead": self.lead, "lead_run": self.lead_run}
+        wire = {"operations": self.operations, "lead": self.lead, "lead_run": self.lead_run}
+        if self.lead_id is not None:
+            wire["lead_id"] = self.lead_id
+        if self.lead_writer is not None:
+            wire["lead_writer"] = self.lead_writer
+        return wire
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any]) -> Basis:
-        return cls(_required(wire, "operations", "get's basis"), wire.get("lead"), wire.get("lead_run"))
+        operations = _required(wire, "operations", "get's basis")
+        return cls(operations, wire.get("lead"), wire.get("lead_run"), wire.get("lead_id"), wire.get("lead_writer"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,9 @@ the thread's records in its partition alone.
 
 A protected write carries its writer's intent (`Intent`): what the writer read of the thread, namely the
 head of the namespace it writes (as a keyed hash; `NO_CHECKPOINT` for none) and the thread's operation
-count. The rule keeps, per thread, a `Ledger`: the operation count and each namespace's lead, the last
-counted protected put (a namespace without one is open). In log order:
+count, and which run wrote it (a random token per run). The rule keeps, per thread, a `Ledger`: the
+operation count and each namespace's lead, the last counted protected put, with its run (a namespace
+without one is open). In log order:
 - a put with no intent (written before this rule, or by a caller that read nothing: a direct `aput`)
   counts; it opens its namespace and counts as an operation, so a protected writer in flight is refused;
 - a protected put of the lead again (a producer's retry) counts and changes nothing;
@@ -12,8 +13,10 @@ counted protected put (a namespace without one is open). In log order:
   open or led by the head its writer expects; it then leads the namespace. Any other is refused: a
   superseded writer (a zombie) or the second of two concurrent writers, whichever the log puts later;
 - protected writes count if they are of the lead, or their writer expects the lead (its latest put), or
-  the namespace is open, or their checkpoint is newer than the lead (its put has not come yet, and takes
-  them with it if it is refused), at the operation count their writer read; others are refused;
+  their run put the lead (a run's writes and its next put race to the log: a large write's last chunk can
+  land after the put that follows it), or the namespace is open, or their checkpoint is newer than the lead
+  (its put has not come yet, and takes them with it if it is refused), at the operation count their writer
+  read; others are refused;
 - a thread operation (delete, prune `delete`, expiry, a copy landing on it, erasure, a `runs.delete` of a
   lead's run) counts one operation and opens every namespace it touched.
 A counted put has the greatest checkpoint id of its namespace (its writer refuses to put an id at or
@@ -52,9 +55,11 @@ class Intent:
     """The namespace's head when its writer read it, or the writer's own latest put since (`NO_CHECKPOINT`:
     the namespace had none)."""
     operations: int
+    writer: bytes = b""
+    """The run that wrote it: random bytes, the same for every write of one run (b"": not told)."""
 
     def header(self) -> bytes:
-        return ormsgpack.packb([self.namespace, self.checkpoint, self.expects, self.operations])
+        return ormsgpack.packb([self.namespace, self.checkpoint, self.expects, self.operations, self.writer])
 
     @classmethod
     def parse(cls, raw: bytes) -> Intent:
@@ -63,17 +68,18 @@ class Intent:
             fields = ormsgpack.unpackb(raw)
         except (ormsgpack.MsgpackDecodeError, ValueError, TypeError):
             raise InvalidEventError(f"{HEADER_INTENT} is not msgpack") from None
-        if not (isinstance(fields, list) and len(fields) == 4):
-            raise InvalidEventError(f"{HEADER_INTENT} is not [namespace, checkpoint, expects, operations]")
-        namespace, checkpoint, expects, operations = fields
-        for name, value in (("namespace", namespace), ("checkpoint", checkpoint), ("expects", expects)):
+        if not (isinstance(fields, list) and len(fields) == 5):
+            raise InvalidEventError(f"{HEADER_INTENT} is not [namespace, checkpoint, expects, operations, writer]")
+        namespace, checkpoint, expects, operations, writer = fields
+        named = (("namespace", namespace), ("checkpoint", checkpoint), ("expects", expects), ("writer", writer))
+        for name, value in named:
             if not isinstance(value, bytes) or len(value) > MAX_HASH_BYTES:
                 raise InvalidEventError(f"{HEADER_INTENT} {name} is not bytes of at most {MAX_HASH_BYTES}")
         if not namespace or not checkpoint:
             raise InvalidEventError(f"{HEADER_INTENT} names no namespace or no checkpoint")
         if not isinstance(operations, int) or isinstance(operations, bool) or not 0 <= operations < 2**63:
             raise InvalidEventError(f"{HEADER_INTENT} operations {operations!r} is not a count")
-        return cls(namespace, checkpoint, expects, operations)
+        return cls(namespace, checkpoint, expects, operations, writer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +119,8 @@ class Ledger(Generic[K]):
     """The metadata `run_id` of each lead (`folds.thread.run_id_text`; missing: none), for `runs.delete`."""
     lead_ids: Mapping[K, str] = field(default_factory=dict)
     """The checkpoint id of each lead, where the reader opens records (its writes' checkpoints compare to it)."""
+    lead_writers: Mapping[K, bytes] = field(default_factory=dict)
+    """The run that put each lead (`Intent.writer`; missing: not told)."""
 
     def lead(self, namespace: K) -> bytes | None:
         return self.leads.get(namespace)
@@ -136,7 +144,10 @@ def put(
     ids = {ns: i for ns, i in ledger.lead_ids.items() if ns != namespace}
     if checkpoint_id is not None:
         ids[namespace] = checkpoint_id
-    return Ledger(ledger.operations, leads, runs, ids), COUNTED
+    writers = {ns: w for ns, w in ledger.lead_writers.items() if ns != namespace}
+    if intent.writer:
+        writers[namespace] = intent.writer
+    return Ledger(ledger.operations, leads, runs, ids, writers), COUNTED
 
 
 def writes(ledger: Ledger[K], namespace: K, intent: Intent | None, checkpoint_id: str | None = None) -> Verdict:
@@ -150,6 +161,8 @@ def writes(ledger: Ledger[K], namespace: K, intent: Intent | None, checkpoint_id
         return COUNTED if intent.operations == ledger.operations else _changed(intent, ledger)
     if lead in (intent.checkpoint, intent.expects):
         return COUNTED
+    if intent.writer and ledger.lead_writers.get(namespace) == intent.writer:
+        return COUNTED  # its own run put the lead since: its writes of the step before still count
     lead_id = ledger.lead_ids.get(namespace)
     ahead = checkpoint_id is not None and lead_id is not None and checkpoint_id > lead_id
     if ahead and intent.operations == ledger.operations:
@@ -183,4 +196,5 @@ def _opened(ledger: Ledger[K], namespaces: Iterable[K], *, bump: bool) -> Ledger
     leads = {ns: lead for ns, lead in ledger.leads.items() if ns not in opened}
     runs = {ns: run for ns, run in ledger.lead_runs.items() if ns not in opened}
     ids = {ns: i for ns, i in ledger.lead_ids.items() if ns not in opened}
-    return Ledger(ledger.operations + (1 if bump else 0), leads, runs, ids)
+    writers = {ns: w for ns, w in ledger.lead_writers.items() if ns not in opened}
+    return Ledger(ledger.operations + (1 if bump else 0), leads, runs, ids, writers)

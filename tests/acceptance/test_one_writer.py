@@ -7,28 +7,21 @@ refusals list say so.
 
 from __future__ import annotations
 
-import itertools
-import json
 import os
 import signal
-import subprocess
-import sys
-import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from agent_pods import AgentPod
 from graphledger_server.devstack.ports import wait_until
 from graphledger_server.devstack.stack import DevStack
+from one_writer_checks import listed, new_thread, ok, one_chain, refused
 
 pytestmark = pytest.mark.slow
 
 STARTS = int(os.environ.get("GRAPHLEDGER_CONCURRENT_STARTS", "10"))
 """Rounds of two turns started at once on one thread (`make soak`: 50)."""
-REFUSED = "ThreadWriteRefusedError"
-WHAT_TO_DO = "read the thread again and retry the turn from its head"
 
 
 @pytest.fixture(scope="module")
@@ -45,47 +38,12 @@ def pods(stack: DevStack) -> Iterator[list[AgentPod]]:
         pod.close()
 
 
-def _thread() -> str:
-    return f"t-{uuid.uuid4().hex[:8]}"
-
-
-def _ok(answer: dict[str, Any]) -> dict[str, Any]:
-    assert answer["ok"], answer
-    return answer
-
-
-def _refused(answer: dict[str, Any]) -> None:
-    assert not answer["ok"] and REFUSED in answer["error"] and WHAT_TO_DO in answer["error"], answer
-    assert not answer["retryable"], answer  # not for that run: a new turn reads the thread again
-
-
-def _one_chain(pod: AgentPod, thread: str) -> list[str]:
-    """The thread's checkpoint ids, newest first, after checking each one's parent is the next one."""
-    history = _ok(pod.call("history", thread=thread))["checkpoints"]
-    for (_, parent), (older, _) in itertools.pairwise(history):
-        assert parent == older, history
-    return [checkpoint for checkpoint, _ in history]
-
-
-def _listed(stack: DevStack, thread: str) -> dict[str, list[dict[str, Any]]]:
-    done = subprocess.run(
-        [sys.executable, "-m", "graphledger_server", "forks", "list", "--json", "--thread", thread],
-        env=stack.service_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    listed: dict[str, list[dict[str, Any]]] = json.loads(done.stdout)
-    return listed
-
-
 def test_of_two_turns_started_at_once_on_one_thread_one_counts_and_the_other_is_refused(
     stack: DevStack, pods: list[AgentPod]
 ) -> None:
     a, b, c = pods
-    thread = _thread()
-    _ok(a.call("turn", thread=thread, text="m0"))
+    thread = new_thread()
+    ok(a.call("turn", thread=thread, text="m0"))
     said = ["m0"]
     for n in range(STARTS):
         # Both runs read the thread as it is, and only then write: the two writes race to the log.
@@ -93,19 +51,19 @@ def test_of_two_turns_started_at_once_on_one_thread_one_counts_and_the_other_is_
         second = b.send("turn", thread=thread, text=f"b{n}", read_gate=f"b{n}")
         a.wait_for(lambda m, n=n: m.get("event") == "read" and m.get("gate") == f"a{n}", 60, "a's read")
         b.wait_for(lambda m, n=n: m.get("event") == "read" and m.get("gate") == f"b{n}", 60, "b's read")
-        _ok(a.call("gate_open", name=f"a{n}"))
-        _ok(b.call("gate_open", name=f"b{n}"))
+        ok(a.call("gate_open", name=f"a{n}"))
+        ok(b.call("gate_open", name=f"b{n}"))
         answers = {"a": a.answer(first), "b": b.answer(second)}
         winners = [name for name, answer in answers.items() if answer["ok"]]
         assert len(winners) == 1, answers
-        _refused(next(answer for answer in answers.values() if not answer["ok"]))
+        refused(next(answer for answer in answers.values() if not answer["ok"]))
         said.append(f"{winners[0]}{n}")
         # The winner's turn is on the thread's one chain, the loser's not at all, from any process.
-        messages = _ok(c.call("state", thread=thread))["messages"]
+        messages = ok(c.call("state", thread=thread))["messages"]
         assert messages[::2] == said, (n, answers)
-    _one_chain(c, thread)
-    wait_until(lambda: len(_listed(stack, thread)["refused"]) >= STARTS, 60, "the projector to record the refusals")
-    assert [f for f in _listed(stack, thread)["forks"] if f["kind"] == "fork"] == []
+    one_chain(c, thread)
+    wait_until(lambda: len(listed(stack, thread)["refused"]) >= STARTS, 60, "the projector to record the refusals")
+    assert [f for f in listed(stack, thread)["forks"] if f["kind"] == "fork"] == []
 
 
 def test_a_writer_superseded_while_stopped_in_a_node_is_refused_and_none_of_its_late_writes_count(
@@ -114,24 +72,24 @@ def test_a_writer_superseded_while_stopped_in_a_node_is_refused_and_none_of_its_
     """LangGraph issue 8796: A is stopped (SIGSTOP) inside a node; B runs the thread's pending task from its
     newest checkpoint and completes; A, continued, writes on top of what it read."""
     a, b, c = pods
-    thread = _thread()
+    thread = new_thread()
     turn = a.send("turn", thread=thread, text="gate:a")
     a.wait_for(lambda m: m.get("event") == "in_node" and m.get("gate") == "a", 60, "a inside its node")
     a.process.send_signal(signal.SIGSTOP)
     try:
-        _ok(b.call("gate_open", name="a"))  # b's node passes the gate
-        won = _ok(b.call("continue", thread=thread))["messages"]
+        ok(b.call("gate_open", name="a"))  # b's node passes the gate
+        won = ok(b.call("continue", thread=thread))["messages"]
         assert won == ["gate:a", "reply to gate:a"]
     finally:
         a.process.send_signal(signal.SIGCONT)
-    chain = _one_chain(c, thread)
-    _ok(a.call("gate_open", name="a"))
-    _refused(a.answer(turn))
+    held = one_chain(c, thread)
+    ok(a.call("gate_open", name="a"))
+    refused(a.answer(turn))
     # Nothing of a's late writes counts: the thread is b's chain, read from the read API and from a.
-    assert _ok(c.call("state", thread=thread))["messages"] == won
-    assert _ok(a.call("state", thread=thread))["messages"] == won
-    assert _one_chain(c, thread) == chain
-    wait_until(lambda: bool(_listed(stack, thread)["refused"]), 60, "the projector to record a's refusal")
-    refused = _listed(stack, thread)["refused"]
-    assert all(r["thread_id"] == thread for r in refused)
-    assert {r["event_type"] for r in refused} <= {"checkpoint.put", "checkpoint.writes"}
+    assert ok(c.call("state", thread=thread))["messages"] == won
+    assert ok(a.call("state", thread=thread))["messages"] == won
+    assert one_chain(c, thread) == held
+    wait_until(lambda: bool(listed(stack, thread)["refused"]), 60, "the projector to record a's refusal")
+    refusals = listed(stack, thread)["refused"]
+    assert all(r["thread_id"] == thread for r in refusals)
+    assert {r["event_type"] for r in refusals} <= {"checkpoint.put", "checkpoint.writes"}

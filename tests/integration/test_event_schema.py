@@ -31,7 +31,7 @@ from graphledger_server.projector.main import run_projector
 from graphledger_server.telemetry.projector import _observe_parked
 from kafka_clients import raw_producer
 from polling import wait_for
-from projection_helpers import put
+from projection_helpers import cid, protected, put
 from v1_events import CHECKPOINT_ID, CHECKPOINT_TOPIC, PRODUCED_MS, STORE_TOPIC, VECTOR_DIMS, fixture
 
 SCHEMA = "v1"
@@ -175,5 +175,68 @@ async def test_a_newer_event_is_counted_parked_and_applied_by_an_upgraded_projec
         await run_until(released, "the upgraded projector to release the thread and count it gone")
         assert await conn.fetchval(f"SELECT count(*) FROM {settings.postgres_schema}.graphledger_parked_subjects") == 0
         assert await conn.fetchval(f"SELECT count(*) FROM {settings.postgres_schema}.graphledger_dead_letters") == 0
+    finally:
+        await conn.close()
+
+
+async def test_a_projector_before_the_rule_parks_what_carries_an_intent_and_an_upgraded_one_decides_it(
+    settings: Settings, producer: AIOKafkaProducer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rolling upgrade: clients that protect their writes before every projector runs the rule. A projector
+    of version 3 applies every event without an intent (version 3) and parks the threads of those with one
+    (version 4), so it counts nothing the rule would refuse; an upgraded one releases them and decides them
+    in log order: the writer that read the head counts, the one superseded is refused."""
+
+    async def send(event: Any, key: bytes) -> int:
+        env = to_envelope(event)
+        meta = await producer.send_and_wait(
+            settings.checkpoint_topic, envelope.encode(env), key=key, headers=envelope.headers_for(env), partition=0
+        )
+        return meta.offset
+
+    await send(put("t", 1), b"t")  # no intent: version 3; it opens the namespace, one operation
+    await send(protected(put("t", 2, parent=1), 1, operations=1), b"t")  # read the head: counts
+    await send(protected(put("t", 3, parent=1), 1, operations=1), b"t")  # read the same head: refused
+    last = await send(put("u", 1), b"u")
+    schema = settings.postgres_schema
+    conn = await asyncpg.connect(settings.postgres_dsn)
+
+    async def run_until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_projector(settings, stop, migrate_first=False))
+        try:
+            await wait_for(condition, what, WAIT_S, poll_s=0.02)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+
+    async def ids() -> list[tuple[str, str]]:
+        rows = await conn.fetch(f"SELECT thread_id, checkpoint_id FROM {schema}.checkpoints ORDER BY 1, 2")
+        return [(r["thread_id"], r["checkpoint_id"]) for r in rows]
+
+    try:
+        with monkeypatch.context() as before_the_rule:
+            before_the_rule.setattr(envelope, "SCHEMA_VERSION", envelope.PLAIN_VERSION)
+
+            async def parked() -> bool:
+                offset = await conn.fetchval(
+                    f"SELECT next_offset FROM {schema}.graphledger_offsets WHERE topic = $1 AND partition = 0",
+                    settings.checkpoint_topic,
+                )
+                return offset == last + 1
+
+            await run_until(parked, "the version-3 projector to pass the partition's records")
+        assert await ids() == [("t", cid(1)), ("u", cid(1))]  # t waits at its first protected put
+        assert await conn.fetchval(f"SELECT count(*) FROM {schema}.graphledger_parked_subjects") == 1
+        assert await conn.fetchval(f"SELECT count(*) FROM {schema}.graphledger_refusals") == 0
+
+        async def decided() -> bool:
+            return await conn.fetchval(f"SELECT count(*) FROM {schema}.graphledger_refusals") == 1
+
+        await run_until(decided, "the upgraded projector to release the thread and decide its writes")
+        assert await ids() == [("t", cid(1)), ("t", cid(2)), ("u", cid(1))]
+        refused = await conn.fetchval(f"SELECT checkpoint_id FROM {schema}.graphledger_refusals")
+        assert refused == cid(3)
+        assert await conn.fetchval(f"SELECT count(*) FROM {schema}.graphledger_parked_subjects") == 0
     finally:
         await conn.close()

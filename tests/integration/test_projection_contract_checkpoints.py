@@ -6,6 +6,7 @@ type (`TestCheckpointFold`).
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ import asyncpg
 import pytest
 
 import projection_helpers as checkpoints
+from graphledger.answers import Basis
 from graphledger.erasure.sealing import SealedSubject
 from graphledger.events import envelope
 from graphledger.events.checkpoint import (
@@ -28,7 +30,12 @@ from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.folds import thread
 from graphledger.log.records import LogRecord
 from graphledger_server.api.consistency.read_through import thread_events
-from graphledger_server.api.reads.checkpoint_sql import BLOB_CEILINGS_SQL, THREAD_NAMESPACES_SQL
+from graphledger_server.api.reads.checkpoint_sql import (
+    BLOB_CEILINGS_SQL,
+    EARLY_WRITES_SQL,
+    THREAD_BASIS_SQL,
+    THREAD_NAMESPACES_SQL,
+)
 from graphledger_server.api.reads.saver import PassThroughSerde, TenantSaver, wire_tuple
 from graphledger_server.api.tenant import Tenant
 from graphledger_server.projection import erasure
@@ -49,7 +56,7 @@ def copied_ids(rows: Rows) -> dict[str, list[int]]:
 
 class TestCheckpointProjection(ProjectionContract):
     TOPIC = checkpoints.TOPIC
-    LOGS = ("mixed", "copies")
+    LOGS = ("mixed", "copies", "one_writer")
 
     async def migrate(self, dsn: str, schema: str) -> None:
         await migrate(dsn, schema)
@@ -61,19 +68,34 @@ class TestCheckpointProjection(ProjectionContract):
         return [checkpoints.record(e, 0, offset) for offset, e in enumerate(events)]
 
     def log(self, name: str) -> list[LogRecord]:
-        logged = checkpoints.copies_log() if name == "copies" else checkpoints.mixed_batch()
+        logs = {"copies": checkpoints.copies_log, "one_writer": checkpoints.one_writer_log}
+        logged = logs.get(name, checkpoints.mixed_batch)()
         return [checkpoints.record(e, partition, offset) for _, partition, offset, e in logged]
 
     def redeliverable(self, name: str) -> list[LogRecord]:
-        """Of the copies: the puts and deletes (a copy stages its source as it finds it, later puts included)."""
+        """Of the copies: the puts and deletes (a copy stages its source as it finds it, later puts included).
+        Of the one-writer log: the protected writes of thread `w` up to its zombie's (a verdict is of the
+        ledger it finds, and these find their own lead again)."""
+        if name == "one_writer":
+            return self.log(name)[:4]
         if name != "copies":
             return self.log(name)
         return [r for r in self.log(name) if dict(r.headers)["gl-type"] in (b"checkpoint.put", b"thread.delete")]
+
+    async def redelivered_rows(self, conn: asyncpg.Connection, schema: str) -> Rows:
+        """The threads' rows: the rule's operation counts and refusals are exactly-once by the offset rows."""
+        return await checkpoints.dump(conn, schema)
 
     def check_outcome(self, name: str, rows: Rows) -> None:
         if name == "copies":
             assert copied_ids(rows) == checkpoints.COPIES_LOG_IDS
             assert rows["graphledger_copy_stages"] == []  # every barrier took its stage
+        elif name == "one_writer":
+            assert {t: sorted(ids) for t, ids in copied_ids(rows).items()} == checkpoints.ONE_WRITER_LOG_IDS
+            refused = Counter(r[3] for r in rows["graphledger_refusals"])
+            assert refused == checkpoints.ONE_WRITER_LOG_REFUSED
+            early = [r[7] for r in rows["checkpoint_writes"] if r[0] == "w"]
+            assert b"early" in early and b"gone" not in early and b"z1" not in early
         else:
             assert {r[0] for r in rows["checkpoints"]} == {"a", "c", "d", "z"}
 
@@ -114,7 +136,7 @@ class TestCheckpointProjection(ProjectionContract):
         return mine, theirs, ("t",)
 
     async def rows(self, conn: asyncpg.Connection, schema: str) -> Rows:
-        return await checkpoints.dump(conn, schema)
+        return {**await checkpoints.dump(conn, schema), **await checkpoints.rule_dump(conn, schema)}
 
     async def test_a_copy_lands_among_its_targets_records_whichever_partition_applies_first(
         self, fresh_database: str, conn: asyncpg.Connection
@@ -232,7 +254,55 @@ def _scenarios() -> dict[str, list[Any]]:
         ],
         # After an erasure the thread's records are sealed under its destroyed key: none applies.
         "thread.erase": [*chain, ThreadErase(FOLD_REF)],
+        **_one_writer_scenarios(),
         "tenant.erase": [*chain, TenantErase("other"), writes("t", 2, "x", [("n", b"1")]), TenantErase("t")],
+    }
+
+
+def _one_writer_scenarios() -> dict[str, list[Any]]:
+    """Every branch of the one-writer rule (`graphledger.ownership`): protected writes whose verdicts the fold
+    takes from the basis the read API answered with and the records since."""
+    put, writes, p = checkpoints.put, checkpoints.writes, checkpoints.protected
+    return {
+        "one writer (a retry, a superseded writer, writes before their put, two writers against one head)": [
+            p(put("t", 1, blobs={"msgs": b"m1"}), None),
+            p(writes("t", 1, "a", [("msgs", b"a1")]), 1),
+            p(put("t", 2, parent=1, blobs={"msgs": b"m2"}), 1),
+            p(put("t", 2, parent=1, blobs={"msgs": b"m2"}), 1),
+            p(put("t", 3, parent=1, blobs={"msgs": b"zombie"}), 1),
+            p(writes("t", 1, "z", [("msgs", b"z1")]), 1),
+            p(writes("t", 4, "a", [("msgs", b"early")]), 2),
+            p(put("t", 4, parent=2, blobs={"msgs": b"m4"}), 2),
+            p(writes("t", 5, "b", [("msgs", b"gone")]), 2),
+            p(put("t", 5, parent=2, blobs={"msgs": b"m5"}), 2),
+            p(put("t", 6, parent=4, blobs={"msgs": b"m6"}), 4),
+            p(put("t", 7, parent=4, blobs={"msgs": b"m7"}), 4),
+            p(writes("t", 6, "c", [("msgs", b"c6")]), 6),
+        ],
+        "one writer (a delete and a put without an intent refuse the writers that read before them)": [
+            p(put("t", 1, blobs={"msgs": b"m1"}), None),
+            ThreadDelete("t"),
+            p(put("t", 2, parent=1, blobs={"msgs": b"m2"}), 1),
+            p(put("t", 3, blobs={"msgs": b"m3"}), None, 1),
+            put("t", 4, parent=3, blobs={"msgs": b"m4"}),
+            p(writes("t", 3, "late", [("msgs", b"late")]), 3, 1),
+            p(put("t", 5, parent=4, blobs={"msgs": b"m5"}), 4, 2),
+            p(writes("t", 5, "a", [("msgs", b"w5")]), 5, 2),
+        ],
+        "one writer (a prune that deletes)": [
+            p(put("t", 1, blobs={"msgs": b"m1"}), None),
+            ThreadPrune("t", "delete"),
+            p(put("t", 2, parent=1, blobs={"msgs": b"m2"}), 1),
+            p(put("t", 3, blobs={"msgs": b"m3"}), None, 1),
+        ],
+        "one writer (runs.delete of the lead's run)": [
+            p(put("t", 1, blobs={"msgs": b"m1"}, metadata={"run_id": "r1"}), None),
+            p(put("t", 3, parent=1, blobs={"msgs": b"m3"}, metadata={"run_id": "r3"}), 1),
+            p(put("t", 4, parent=3, blobs={"msgs": b"m4"}, metadata={"run_id": "r4"}), 3),
+            RunsDelete(("r4",)),
+            p(put("t", 5, parent=4, blobs={"msgs": b"m5"}), 4),
+            p(put("t", 6, parent=3, blobs={"msgs": b"m6"}), 3, 1),
+        ],
     }
 
 
@@ -246,6 +316,7 @@ WAITS = {
     "thread.copy.barrier": ThreadCopyBarrier,
     "thread.expire": ThreadExpire,
     "runs.delete (the newest's run)": RunsDelete,
+    "one writer (runs.delete of the lead's run)": RunsDelete,  # a lead is its namespace's newest
     # The fold holds no blob of an older checkpoint's put: the later put's read waits for the blob row.
     "checkpoint.put (a version first stored by a put of an older checkpoint)": CheckpointPut,
     "checkpoint.put (an inline value at a version another put stored a row at)": CheckpointPut,
@@ -273,6 +344,20 @@ class ThreadAnswers:
         ceilings: dict[str, int] = row["ceilings"]
         return ceilings
 
+    async def early_writes(self, ns: str, newest: dict[str, Any] | None) -> bool:
+        """Whether the projection holds writes of a checkpoint newer than the namespace's newest (the read
+        API's get by id then waits: the fold of the newest does not hold them)."""
+        newest_id = newest["config"]["checkpoint_id"] if newest is not None else ""
+        cursor = await self.conn.execute(EARLY_WRITES_SQL, {"thread": self.thread_id, "ns": ns, "newest": newest_id})
+        row = await cursor.fetchone()
+        return row is not None and bool(row["early"])
+
+    async def basis(self, ns: str) -> Basis:
+        cursor = await self.conn.execute(THREAD_BASIS_SQL, {"thread": self.thread_id, "ns": ns})
+        row = await cursor.fetchone()
+        assert row is not None
+        return Basis(row["operations"], None if row["lead"] is None else bytes(row["lead"]), row["lead_run"])
+
     async def get(self, ns: str, checkpoint_id: str | None = None) -> dict[str, Any] | None:
         configurable = {"thread_id": self.thread_id, "checkpoint_ns": ns}
         if checkpoint_id is not None:
@@ -298,9 +383,10 @@ async def _pg(dsn: str, schema: str) -> Any:
 
 
 def _fold_newest(
-    base: dict[str, Any] | None, namespaces: list[str], ceilings: dict[str, int], events: Sequence[Any], ns: str
-) -> Any:
-    view = thread.from_answer(ns, base, namespaces, ceilings=ceilings)
+    base: dict[str, Any] | None, namespaces: list[str], ceilings: dict[str, int], basis: Basis,
+    events: Sequence[Any], ns: str,
+) -> Any:  # fmt: skip
+    view = thread.from_answer(ns, base, namespaces, ceilings=ceilings, basis=basis)
     for event in events:
         view = thread.apply(view, event)
     return None if view.erased else view.answer("t", ns, None), view
@@ -308,10 +394,10 @@ def _fold_newest(
 
 def _fold_one(
     base: dict[str, Any] | None, newest: dict[str, Any] | None, namespaces: list[str], ceilings: dict[str, int],
-    events: Sequence[Any], ns: str, checkpoint_id: str,
+    basis: Basis, events: Sequence[Any], ns: str, checkpoint_id: str,
 ) -> Any:  # fmt: skip
     if base is None:
-        start = thread.from_answer(ns, newest, namespaces, ceilings=ceilings)
+        start = thread.from_answer(ns, newest, namespaces, ceilings=ceilings, basis=basis)
         view = thread.fold_to_checkpoint(start, events, ns, checkpoint_id)
         if isinstance(view, thread.Underivable):
             return view
@@ -364,8 +450,8 @@ class TestCheckpointFold:
                 kinds = {type(e).TYPE for e in suffix}
                 namespaces = await step.namespaces()
                 for ns in read_ns:
-                    base = await step.get(ns)
-                    answer, view = _fold_newest(base, namespaces, await step.ceilings(ns), suffix, ns)
+                    base, basis = await step.get(ns), await step.basis(ns)
+                    answer, view = _fold_newest(base, namespaces, await step.ceilings(ns), basis, suffix, ns)
                     if isinstance(answer, thread.Underivable):
                         underivable |= kinds
                         continue
@@ -376,8 +462,11 @@ class TestCheckpointFold:
                     derived |= kinds
                     folds += len(suffix) > 0
                 for ns, checkpoint_id in sorted(ever):
-                    base, newest = await step.get(ns, checkpoint_id), await step.get(ns)
-                    answer = _fold_one(base, newest, namespaces, await step.ceilings(ns), suffix, ns, checkpoint_id)
+                    base, newest, basis = await step.get(ns, checkpoint_id), await step.get(ns), await step.basis(ns)
+                    if base is None and await step.early_writes(ns, newest):
+                        continue  # the read waits, as `_one_view` does
+                    ceilings = await step.ceilings(ns)
+                    answer = _fold_one(base, newest, namespaces, ceilings, basis, suffix, ns, checkpoint_id)
                     if isinstance(answer, thread.Underivable):
                         continue
                     assert answer == expected_one[(ns, checkpoint_id)], (scenario, k, ns, checkpoint_id)

@@ -31,3 +31,18 @@ def test_the_newest_is_the_greatest_id_as_the_official_saver_orders_them() -> No
     # A writer whose clock runs behind puts a smaller id; the newest stays the greater one.
     puts = [_put("09", "08"), _put("05", "09"), _put("10", "09")]
     assert find_forks(puts, {("t", ""): "08"}) == []
+
+
+def test_a_fork_is_a_branch_when_its_writer_asked_for_it() -> None:
+    """A protected put (a run's time travel) and `update_state`'s put (made outside any run) branch on
+    purpose; an unprotected put of a run does not."""
+    newest = {("t", ""): "05"}
+    run_put = Put("t", "", "06", "02", "cp", 0, 1, metadata_json=b'{"source":"loop","step":3}')
+    asked = [
+        Put("t", "", "06", "02", "cp", 0, 1, protected=True),
+        Put("t", "", "06", "02", "cp", 0, 1, metadata_json=b'{"source":"update","step":3}'),
+        Put("t", "", "06", "02", "cp", 0, 1, metadata_json=b'{"source":"fork","step":3}'),
+    ]
+    assert [f.kind for put in asked for f in find_forks([put], newest)] == ["branch"] * 3
+    assert [f.kind for f in find_forks([run_put], newest)] == ["fork"]
+    assert [f.kind for f in find_forks([_put("06", "02")], newest)] == ["fork"]

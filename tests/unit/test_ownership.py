@@ -11,8 +11,9 @@ from graphledger.ownership import NO_CHECKPOINT, SUPERSEDED, THREAD_CHANGED, Cou
 NS = ""
 
 
-def intent(checkpoint: str, expects: str | None, operations: int = 0) -> Intent:
-    return Intent(b"ns", checkpoint.encode(), NO_CHECKPOINT if expects is None else expects.encode(), operations)
+def intent(checkpoint: str, expects: str | None, operations: int = 0, writer: bytes = b"") -> Intent:
+    expected = NO_CHECKPOINT if expects is None else expects.encode()
+    return Intent(b"ns", checkpoint.encode(), expected, operations, writer)
 
 
 def test_the_first_of_two_writers_that_read_an_empty_thread_counts_and_the_second_is_refused() -> None:
@@ -55,6 +56,20 @@ def test_writes_before_their_put_count_at_the_operations_read_and_go_with_their_
     assert isinstance(stale, Refused)
 
 
+def test_a_runs_writes_of_a_step_count_after_its_next_put_reached_the_log_first() -> None:
+    """A large write's last chunk can land after the put of the run's next step: its run put the lead."""
+    ledger, _ = ownership.put(Ledger(), NS, intent("c1", None, writer=b"run-a"), checkpoint_id="1")
+    ledger, _ = ownership.put(ledger, NS, intent("c2", "c1", writer=b"run-a"), checkpoint_id="2")
+    assert ownership.writes(ledger, NS, intent("c1", "c1", writer=b"run-a"), checkpoint_id="1") == Counted()
+    # Another run that read c1 (a zombie) is refused, and so is a write that names no run.
+    zombie = ownership.writes(ledger, NS, intent("c1", "c1", writer=b"run-b"), checkpoint_id="1")
+    assert isinstance(zombie, Refused) and zombie.superseded_by == b"c2"
+    assert isinstance(ownership.writes(ledger, NS, intent("c1", "c1"), checkpoint_id="1"), Refused)
+    # Once a thread operation opened the namespace, the run's writes count only at the operations it read.
+    opened = ownership.operation(ledger)
+    assert isinstance(ownership.writes(opened, NS, intent("c1", "c1", writer=b"run-a")), Refused)
+
+
 def test_a_put_of_the_lead_again_is_a_retry_and_counts() -> None:
     ledger, _ = ownership.put(Ledger(), NS, intent("c1", None))
     assert ownership.put(ledger, NS, intent("c1", None)) == (ledger, Counted())
@@ -92,7 +107,7 @@ def test_runs_delete_opens_a_namespace_led_by_a_deleted_run_only() -> None:
 
 
 def test_an_intent_travels_as_the_header_it_is_parsed_from() -> None:
-    sent = Intent(b"\x01" * 16, b"\x02" * 16, NO_CHECKPOINT, 7)
+    sent = Intent(b"\x01" * 16, b"\x02" * 16, NO_CHECKPOINT, 7, b"\x03" * 8)
     assert Intent.parse(sent.header()) == sent
 
 
@@ -100,8 +115,9 @@ def test_an_intent_travels_as_the_header_it_is_parsed_from() -> None:
     ("raw", "message"),
     [
         (b"\xc1", "not msgpack"),
-        (Intent(b"n", b"c", b"e", 0).header()[:-1] + b"\xc0", "not a count"),
-        (b"\x93\xc4\x01n\xc4\x01c\xc4\x01e", "not \\[namespace, checkpoint, expects, operations\\]"),
+        (b"\x95\xc4\x01n\xc4\x01c\xc4\x01e\xc0\xc4\x00", "not a count"),
+        (b"\x93\xc4\x01n\xc4\x01c\xc4\x01e", "not \\[namespace, checkpoint, expects, operations, writer\\]"),
+        (Intent(b"n", b"c", b"", 0, b"w" * 65).header(), "writer is not bytes of at most 64"),
         (Intent(b"", b"c", b"", 0).header(), "names no namespace"),
         (Intent(b"n" * 65, b"c", b"", 0).header(), "at most 64"),
     ],

@@ -16,9 +16,10 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import hmac
+import os
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from graphledger import ownership
@@ -36,6 +37,7 @@ RUNTIME_KEY: Final = "__pregel_runtime"
 MAX_RUNS: Final = 4096
 """Runs a process remembers the marks of (least recently used out): more than run at once."""
 HASH_BYTES: Final = 16
+WRITER_BYTES: Final = 8
 
 
 class IntentNames:
@@ -74,6 +76,8 @@ class Mark:
     """The namespace's lead the read saw (None: open)."""
     lead_run: str | None
     """That lead's metadata `run_id` (None: none)."""
+    lead_writer: bytes | None
+    """The run that put that lead (None: not told)."""
     operations: int
     """The thread's operation count the run read."""
     expects: bytes | None
@@ -81,6 +85,8 @@ class Mark:
     `expects_id`, hashed once the names are known."""
     expects_id: str | None
     """The checkpoint id the next write expects (None: none): a put's id must be above it."""
+    writer: bytes
+    """The run's token (`Run.writer`), which each of its writes carries."""
     refusal: ThreadWriteRefusedError | None = None
     """Set once a write of the run on this thread was refused: every later call of the run raises it."""
 
@@ -90,7 +96,8 @@ class Mark:
             expects = self.expects
         else:
             expects = NO_CHECKPOINT if self.expects_id is None else names.checkpoint(self.expects_id)
-        return Intent(names.namespace(self.checkpoint_ns), names.checkpoint(checkpoint_id), expects, self.operations)
+        namespace, checkpoint = names.namespace(self.checkpoint_ns), names.checkpoint(checkpoint_id)
+        return Intent(namespace, checkpoint, expects, self.operations, self.writer)
 
     def sent_put(self, names: IntentNames, checkpoint_id: str) -> None:
         """The run sent a put of `checkpoint_id`: its next writes expect it."""
@@ -102,6 +109,9 @@ class Run:
     runtime: object
     """Held so that its id is not reused while the run's marks are kept."""
     marks: dict[tuple[str, str], Mark]
+    writer: bytes = field(default_factory=lambda: os.urandom(WRITER_BYTES))
+    """Random, told in each of the run's writes: the rule counts a run's writes of a step whose next put,
+    the run's own, reached the log first."""
 
 
 class RunMarks:
@@ -121,13 +131,21 @@ class RunMarks:
     ) -> Run | None:
         """A run read the namespace as of `at` (partition, offset): `basis` is what the one-writer rule held of
         the thread then, `head_id` the namespace's newest checkpoint (None: none). Returns the run (`enter` it
-        in the caller's context); a call outside a run sets no mark."""
+        in the caller's context); a call outside a run sets no mark, nor does a later read of a namespace the
+        run read before (its writes since expect its own latest put, whatever code in a node reads)."""
         run = self._run(config, create=True)
-        if run is not None:
+        if run is not None and (thread_id, checkpoint_ns) not in run.marks:
             lead, ops = basis.lead, basis.operations
-            mark = Mark(thread_id, checkpoint_ns, *at, lead, basis.lead_run, ops, lead, head_id)
+            mark = Mark(
+                thread_id, checkpoint_ns, *at, lead, basis.lead_run, basis.lead_writer, ops, lead, head_id, run.writer
+            )
             run.marks[(thread_id, checkpoint_ns)] = mark
         return run
+
+    def run_marked(self, config: Any, thread_id: str, checkpoint_ns: str) -> Run | None:
+        """The run `config` belongs to, if it read the namespace already."""
+        run = self._run(config, create=False)
+        return run if run is not None and (thread_id, checkpoint_ns) in run.marks else None
 
     def of(self, config: Any, thread_id: str, checkpoint_ns: str) -> Mark | None:
         """The mark of the run `config` belongs to on the namespace, if the run read it."""
@@ -135,8 +153,7 @@ class RunMarks:
         return None if run is None else run.marks.get((thread_id, checkpoint_ns))
 
     def _run(self, config: Any, *, create: bool) -> Run | None:
-        configurable = config.get("configurable") if isinstance(config, dict) else None
-        runtime = configurable.get(RUNTIME_KEY) if isinstance(configurable, dict) else None
+        runtime = _runtime_of(config)
         if runtime is None:
             return None
         run = self._runs.get(id(runtime))
@@ -151,15 +168,26 @@ class RunMarks:
         return run
 
 
+def in_run(config: Any) -> bool:
+    """Whether `config` is of a call a LangGraph run makes."""
+    return _runtime_of(config) is not None
+
+
+def _runtime_of(config: Any) -> object | None:
+    configurable = config.get("configurable") if isinstance(config, dict) else None
+    return configurable.get(RUNTIME_KEY) if isinstance(configurable, dict) else None
+
+
 _current_run: contextvars.ContextVar[Run | None] = contextvars.ContextVar("graphledger_run", default=None)
 """The run whose loop reads in this context: LangGraph calls `get_next_version` in the loop's own context, the
 one its first `get_tuple` ran in."""
 
 
 def enter(run: Run | None) -> None:
-    """`run` is the run of this context's loop (in the caller's frame, after any hop to the client's loop)."""
-    if run is not None:
-        _current_run.set(run)
+    """`run` is the run of this context's loop (in the caller's frame, after any hop to the client's loop);
+    None after a read outside any run (`update_state` calls `get_next_version` too, and no earlier run's
+    refusal is its)."""
+    _current_run.set(run)
 
 
 def raise_if_refused() -> None:
@@ -191,7 +219,9 @@ def window_verdict(
     the thread as the run read it, so this errs toward refusing, never toward counting)."""
     own_ns = names.namespace(mark.checkpoint_ns)
     runs = {own_ns: mark.lead_run} if mark.lead_run is not None else {}
-    ledger: Ledger[bytes] = Ledger(mark.operations, {own_ns: mark.lead} if mark.lead is not None else {}, runs)
+    writers = {own_ns: mark.lead_writer} if mark.lead_writer else {}
+    leads = {own_ns: mark.lead} if mark.lead is not None else {}
+    ledger: Ledger[bytes] = Ledger(mark.operations, leads, runs, {}, writers)
     for record in records:
         if record.offset >= write.offset or record.offset < mark.through:
             continue

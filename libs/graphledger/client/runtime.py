@@ -23,7 +23,7 @@ from opentelemetry.context import Context
 
 from graphledger.client.key_filters import KeyFilters
 from graphledger.client.loop import BackgroundLoop, HomeLoop
-from graphledger.client.ownership import IntentNames, Mark, Run, RunMarks, window_verdict
+from graphledger.client.ownership import IntentNames, Mark, Run, RunMarks, in_run, window_verdict
 from graphledger.client.publisher import EventPublisher
 from graphledger.client.put_riders import PutRiders
 from graphledger.client.reader import ReadApiClient
@@ -202,6 +202,10 @@ class ClientRuntime:
 
     async def _partition_of_thread_key(self, key: bytes) -> int | None:
         return await self.publisher.partition_of(self._settings.checkpoint_topic, key)
+
+    def protects(self, config: Any) -> bool:
+        """Whether a call with `config` is a LangGraph run's whose writes this client protects."""
+        return self._settings.write_ownership == "refuse" and in_run(config)
 
     def marked_read(self, config: Any, thread_id: str, checkpoint_ns: str, answer: Any) -> Run | None:
         """A LangGraph run read the namespace's newest checkpoint (`answer`, wire form): its mark, from what the

@@ -176,15 +176,28 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
         return decode_tuple(answer, self.serde)
 
     async def _get(self, config: RunnableConfig) -> tuple[Any, ownership.Run | None]:
-        """The get's answer (wire form), and the run whose read it was when it read the newest checkpoint
-        (its mark set: `client/ownership.py`)."""
+        """The get's answer (wire form), and the run whose read it was (its mark set: `client/ownership.py`).
+        A run that reads an older checkpoint travels back in time: it branches from that checkpoint, and its
+        writes expect the namespace's head, which it reads too."""
         body = _get_body(config)
+        thread_id, checkpoint_ns = body["thread_id"], body["checkpoint_ns"]
         reads = self._runtime.thread_reads
         assert reads is not None, "runtime not started"
-        answer = await reads.get(body["thread_id"], body["checkpoint_ns"], body["checkpoint_id"])
-        if body["checkpoint_id"] is not None:
-            return answer, None
-        return answer, self._runtime.marked_read(config, body["thread_id"], body["checkpoint_ns"], answer)
+        answer = await reads.get(thread_id, checkpoint_ns, body["checkpoint_id"])
+        if body["checkpoint_id"] is None:
+            return answer, self._runtime.marked_read(config, thread_id, checkpoint_ns, answer)
+        return answer, await self._read_head(config, thread_id, checkpoint_ns)
+
+    async def _read_head(self, config: RunnableConfig, thread_id: str, checkpoint_ns: str) -> ownership.Run | None:
+        """For a run that read the namespace otherwise than by its newest checkpoint (an older one, or a list:
+        a subgraph's replay), the namespace's head its writes expect, read now, and the run."""
+        reads = self._runtime.thread_reads
+        if reads is None or not self._runtime.protects(config):
+            return None
+        if (run := self._runtime.marks.run_marked(config, thread_id, checkpoint_ns)) is not None:
+            return run
+        head = await reads.get(thread_id, checkpoint_ns, None)
+        return self._runtime.marked_read(config, thread_id, checkpoint_ns, head)
 
     def list(
         self,
@@ -196,6 +209,8 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
     ) -> Iterator[CheckpointTuple]:
         body = _list_body(config, filter, before, limit)
         answer = ListAnswer.from_wire(self._runtime.read("/v1/checkpoints/list", body))
+        if config is not None and self._runtime.protects(config):
+            ownership.enter(self._runtime.call(self._listed(config, body)))
         for raw in answer.tuples:
             yield decode_tuple(raw, self.serde)  # type: ignore[misc]  # a listed tuple is never None
 
@@ -209,8 +224,14 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
     ) -> AsyncIterator[CheckpointTuple]:
         body = _list_body(config, filter, before, limit)
         answer = ListAnswer.from_wire(await self._runtime.aread("/v1/checkpoints/list", body))
+        if config is not None and self._runtime.protects(config):
+            ownership.enter(await self._runtime.acall(self._listed(config, body)))
         for raw in answer.tuples:
             yield decode_tuple(raw, self.serde)  # type: ignore[misc]  # a listed tuple is never None
+
+    async def _listed(self, config: RunnableConfig, body: dict[str, Any]) -> ownership.Run | None:
+        """A run listed a namespace (LangGraph's replay of a subgraph finds its checkpoint so): its mark."""
+        return await self._read_head(config, body["thread_id"], body.get("checkpoint_ns", ""))
 
     def get_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]

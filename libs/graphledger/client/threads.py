@@ -316,7 +316,7 @@ class HeldThreads:
             return
         namespaces = dict(held.view.namespaces)
         namespaces[checkpoint_ns] = thread.with_history(ns, checkpoint_id, answered)
-        view = thread.view(namespaces, held.view.complete)
+        view = thread.view(namespaces, held.view.complete, ledger=held.view.ledger)
         self._put(
             thread_id, _held(held.epoch, held.partition, held.through, view, held.own, held.own_size), touch=False
         )

@@ -175,6 +175,16 @@ def _data(held: View, event: CheckpointPut | CheckpointWrites, verdict: Verdict 
             assert_never(verdict)
 
 
+def _ledger_after_put(held: View, event: CheckpointPut) -> Ledger[str] | None:
+    """The view's ledger after a put it holds nothing else of (None: the view knows no ledger)."""
+    ledger = held.ledger
+    intent = None if event.intent is None else Intent.parse(event.intent)
+    if ledger is None or (intent is not None and not _holds(held, event.checkpoint_ns)):
+        return ledger
+    run = _run_of(event) if intent is not None else None
+    return ownership.put(ledger, event.checkpoint_ns, intent, run, event.checkpoint_id)[0]
+
+
 def verdict(held: View, event: CheckpointPut | CheckpointWrites) -> Verdict | None:
     """The one-writer rule's verdict of `event` if it came next after the records the view reflects (None:
     the view does not know the rule's state of its namespace)."""
@@ -433,13 +443,13 @@ def apply_to_checkpoint(held: View, event: CheckpointEvent, checkpoint_ns: str, 
                 return apply(held, event)
             if row is not None and row.legacy and isinstance(event, CheckpointWrites):
                 return UNKNOWN  # a pending send of its parent changes its read
-            if row is not None and isinstance(event, CheckpointPut) and event.checkpoint_ns == checkpoint_ns:
-                return UNKNOWN if _stores_missing_blob(ns, row, event) else held
-            return held
-        case ThreadDelete():
-            return NEW
-        case ThreadPrune(strategy="delete"):
-            return NEW
+            if isinstance(event, CheckpointWrites):
+                return held
+            if row is not None and event.checkpoint_ns == checkpoint_ns and _stores_missing_blob(ns, row, event):
+                return UNKNOWN
+            return _with_ledger(held, _ledger_after_put(held, event))  # another put moves the rule's state
+        case ThreadDelete() | ThreadPrune(strategy="delete"):
+            return _emptied(NEW, held.ledger)
         case RunsDelete():
             if row is None:
                 return held

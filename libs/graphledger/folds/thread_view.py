@@ -333,10 +333,12 @@ def from_answer(
 def ledger_of(checkpoint_ns: str, basis: Basis, head_id: str | None) -> Ledger[str]:
     """The rule's state a read API answer's `basis` gives of its thread, namespace `checkpoint_ns` held, whose
     newest checkpoint is `head_id` (a namespace with a lead has it newest)."""
-    if basis.lead is None or head_id is None:
+    lead_id = basis.lead_id if basis.lead_id is not None else head_id
+    if basis.lead is None or lead_id is None:
         return Ledger(basis.operations)
     ns = checkpoint_ns
-    return Ledger(basis.operations, {ns: basis.lead}, {ns: basis.lead_run}, {ns: head_id})
+    writers = {ns: basis.lead_writer} if basis.lead_writer else {}
+    return Ledger(basis.operations, {ns: basis.lead}, {ns: basis.lead_run}, {ns: lead_id}, writers)
 
 
 def basis_of(held: View, checkpoint_ns: str) -> Basis | None:
@@ -345,7 +347,8 @@ def basis_of(held: View, checkpoint_ns: str) -> Basis | None:
     if ledger is None:
         return None
     run = ledger.lead_runs.get(checkpoint_ns)
-    return Basis(ledger.operations, ledger.lead(checkpoint_ns), run if isinstance(run, str) else None)
+    lead_id, writer = ledger.lead_ids.get(checkpoint_ns), ledger.lead_writers.get(checkpoint_ns)
+    return Basis(ledger.operations, ledger.lead(checkpoint_ns), run if isinstance(run, str) else None, lead_id, writer)
 
 
 def namespace_of(

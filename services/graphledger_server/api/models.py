@@ -154,6 +154,8 @@ class Basis(BaseModel):
         description="The namespace's lead: the checkpoint hash its last counted protected put carried (null: open).",
     )
     lead_run: str | None = Field(None, description="That put's metadata run_id (null: none).")
+    lead_id: str | None = Field(None, description="That put's checkpoint id (absent: open).")
+    lead_writer: str | bytes | None = Field(None, description="The run that put it, as its intent named it.")
 
 
 class GetResponse(BaseModel):

@@ -10,9 +10,10 @@ target (`ApplyCopy`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, assert_never
+from typing import Any, Final, assert_never
 
 import orjson
 
@@ -72,19 +73,33 @@ class Put:
     offset: int
     protected: bool = False
     """Its writer's intent came with it (`graphledger.ownership`): a fork it makes is a branch it asked for."""
+    metadata_json: bytes = b"{}"
 
 
 @dataclass(frozen=True, slots=True)
 class Fork:
     """A put whose parent was not the namespace's newest checkpoint when it applied: a `branch` its writer
-    asked for (a protected put, which the rule counted), or a `fork` by a writer outside the rule."""
+    asked for (a protected put, which the rule counted, or `update_state`'s put, which LangGraph makes
+    outside any run: metadata source `update` or `fork`), or a `fork` by a writer outside the rule."""
 
     put: Put
     newest_checkpoint_id: str
 
     @property
     def kind(self) -> str:
-        return "branch" if self.put.protected else "fork"
+        return "branch" if self.put.protected or _updated(self.put.metadata_json) else "fork"
+
+
+ASKED_SOURCES: Final = frozenset({"update", "fork"})
+"""LangGraph's metadata `source` of the checkpoints `update_state` writes (`fork`: as `__copy__`)."""
+
+
+def _updated(metadata_json: bytes) -> bool:
+    try:
+        metadata = orjson.loads(metadata_json)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(metadata, dict) and metadata.get("source") in ASKED_SOURCES
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,10 +228,8 @@ class _RunBuilder:
     def put(self, topic: str, partition: int, offset: int, e: CheckpointPut, ts_ms: int | None) -> None:
         self.events += 1
         thread_id, ns = e.thread_id, e.checkpoint_ns
-        protected = e.intent is not None
-        self.puts.append(
-            Put(thread_id, ns, e.checkpoint_id, e.parent_checkpoint_id, topic, partition, offset, protected)
-        )
+        put = Put(thread_id, ns, e.checkpoint_id, e.parent_checkpoint_id, topic, partition, offset)
+        self.puts.append(dataclasses.replace(put, protected=e.intent is not None, metadata_json=e.metadata_json))
         self.touch(thread_id, topic, partition, ts_ms)
         key = (thread_id, ns, e.checkpoint_id)
         row = self.checkpoints.get(key)

@@ -124,7 +124,7 @@ ON CONFLICT (topic, partition, "offset") DO NOTHING
 # The rule's state of the batch's threads before it: each thread's operation count (null: none recorded)
 # and one row per lead (null namespace: none). $1 -> thread ids.
 THREAD_LEDGERS_SQL = """
-SELECT u.thread_id, g.operations, l.checkpoint_ns, l.lead, l.lead_id, l.lead_run
+SELECT u.thread_id, g.operations, l.checkpoint_ns, l.lead, l.lead_id, l.lead_run, l.lead_writer
 FROM unnest($1::text[]) AS u(thread_id)
 LEFT JOIN {schema}.graphledger_thread_ledgers g ON g.thread_id = u.thread_id
 LEFT JOIN {schema}.graphledger_thread_leads l ON l.thread_id = u.thread_id
@@ -132,7 +132,7 @@ LEFT JOIN {schema}.graphledger_thread_leads l ON l.thread_id = u.thread_id
 
 # The rule's state after the batch of the threads it changed, in one statement: their operation counts,
 # their leads replaced by the ones listed (a lead not listed is open). $1/$2 -> unnest(thread_id, operations);
-# $3..$7 -> unnest(thread_id, checkpoint_ns, lead, lead_id, lead_run) of the leads they have now.
+# $3..$8 -> unnest(thread_id, checkpoint_ns, lead, lead_id, lead_run, lead_writer) of the leads they have now.
 WRITE_LEDGERS_SQL = """
 WITH ops AS (
     INSERT INTO {schema}.graphledger_thread_ledgers AS g (thread_id, operations)
@@ -144,11 +144,13 @@ WITH ops AS (
     WHERE l.thread_id = ANY($1::text[])
       AND (l.thread_id, l.checkpoint_ns) NOT IN (SELECT * FROM unnest($3::text[], $4::text[]))
 )
-INSERT INTO {schema}.graphledger_thread_leads AS l (thread_id, checkpoint_ns, lead, lead_id, lead_run)
-SELECT * FROM unnest($3::text[], $4::text[], $5::bytea[], $6::text[], $7::text[])
+INSERT INTO {schema}.graphledger_thread_leads AS l (thread_id, checkpoint_ns, lead, lead_id, lead_run, lead_writer)
+SELECT * FROM unnest($3::text[], $4::text[], $5::bytea[], $6::text[], $7::text[], $8::bytea[])
 ON CONFLICT (thread_id, checkpoint_ns) DO UPDATE
-    SET lead = EXCLUDED.lead, lead_id = EXCLUDED.lead_id, lead_run = EXCLUDED.lead_run
-WHERE (l.lead, l.lead_id, l.lead_run) IS DISTINCT FROM (EXCLUDED.lead, EXCLUDED.lead_id, EXCLUDED.lead_run)
+    SET lead = EXCLUDED.lead, lead_id = EXCLUDED.lead_id, lead_run = EXCLUDED.lead_run,
+        lead_writer = EXCLUDED.lead_writer
+WHERE (l.lead, l.lead_id, l.lead_run, l.lead_writer)
+    IS DISTINCT FROM (EXCLUDED.lead, EXCLUDED.lead_id, EXCLUDED.lead_run, EXCLUDED.lead_writer)
 """
 
 # runs.delete, one partition's copy, for the threads of the partition the batch does not plan (`planned`):

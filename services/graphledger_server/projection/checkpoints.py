@@ -137,6 +137,7 @@ async def read_ledgers(
     leads: dict[str, dict[str, bytes]] = {}
     runs: dict[str, dict[str, object]] = {}
     ids: dict[str, dict[str, str]] = {}
+    writers: dict[str, dict[str, bytes]] = {}
     for row in await conn.fetch(sql.thread_ledgers, list(threads)):
         thread_id, ns = row["thread_id"], row["checkpoint_ns"]
         if row["operations"] is not None:
@@ -145,8 +146,13 @@ async def read_ledgers(
             leads.setdefault(thread_id, {})[ns] = bytes(row["lead"])
             runs.setdefault(thread_id, {})[ns] = row["lead_run"]
             ids.setdefault(thread_id, {})[ns] = row["lead_id"]
+            if row["lead_writer"] is not None:
+                writers.setdefault(thread_id, {})[ns] = bytes(row["lead_writer"])
     known = operations.keys() | leads.keys()
-    return {t: Ledger(operations.get(t, 0), leads.get(t, {}), runs.get(t, {}), ids.get(t, {})) for t in known}
+    return {
+        t: Ledger(operations.get(t, 0), leads.get(t, {}), runs.get(t, {}), ids.get(t, {}), writers.get(t, {}))
+        for t in known
+    }
 
 
 async def write_verdicts(conn: asyncpg.Connection, sql: CheckpointStatements, plan: Plan) -> None:
@@ -173,11 +179,12 @@ async def write_verdicts(conn: asyncpg.Connection, sql: CheckpointStatements, pl
                 lead,
                 ledger.lead_ids[ns],
                 run if isinstance(run := ledger.lead_runs.get(ns), str) else None,
+                ledger.lead_writers.get(ns),
             )
             for thread_id, ledger in plan.ledgers.items()
             for ns, lead in ledger.leads.items()
         ]
-        await conn.execute(sql.write_ledgers, *columns(ops, 2), *columns(leads, 5))
+        await conn.execute(sql.write_ledgers, *columns(ops, 2), *columns(leads, 6))
 
 
 async def gc_blobs(

@@ -101,10 +101,12 @@ BASIS_SQL = """
 SELECT coalesce((SELECT operations FROM graphledger_thread_ledgers WHERE thread_id = %(thread)s), 0) AS operations
 """
 LEAD_SQL = """
-SELECT lead, lead_run FROM graphledger_thread_leads WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s
+SELECT lead, lead_run, lead_id, lead_writer FROM graphledger_thread_leads
+WHERE thread_id = %(thread)s AND checkpoint_ns = %(ns)s
 """
 THREAD_BASIS_SQL = (
-    f"SELECT g.operations, l.lead, l.lead_run FROM ({BASIS_SQL}) g LEFT JOIN LATERAL ({LEAD_SQL}) l ON true"
+    "SELECT g.operations, l.lead, l.lead_run, l.lead_id, l.lead_writer"
+    f" FROM ({BASIS_SQL}) g LEFT JOIN LATERAL ({LEAD_SQL}) l ON true"
 )
 """A thread's basis on its own, read before the checkpoint a get answers after waiting for the projection: an
 operation or a put in between makes its writer's intent stale, so the writer is refused, never wrongly let on."""
@@ -119,7 +121,8 @@ operation or a put in between makes its writer's intent stale, so the writer is 
 # that hop between processes pay for each.
 # %(group)s, %(topic)s, %(partition)s, %(thread)s, %(ns)s, %(most)s, %(ref)s (the thread's reference).
 THROUGH_NEWEST_SQL = f"""
-SELECT o.applied, n.namespaces, t.*, e.early, b.ceilings, ({{erased}}) AS erased, g.operations, l.lead, l.lead_run
+SELECT o.applied, n.namespaces, t.*, e.early, b.ceilings, ({{erased}}) AS erased, g.operations, l.lead, l.lead_run,
+       l.lead_id, l.lead_writer
 FROM (SELECT coalesce(({SNAPSHOT_OFFSET_SQL}), 0) AS applied) o
 CROSS JOIN LATERAL ({BASIS_SQL}) g
 LEFT JOIN LATERAL ({LEAD_SQL}) l ON true

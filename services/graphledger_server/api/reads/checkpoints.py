@@ -258,6 +258,8 @@ class CheckpointReads:
         assert checkpoint_id is not None
         async with snapshot(self._state.pool) as conn:
             applied = await self._applied(conn, settled.partition)
+            cursor = await conn.execute(THREAD_BASIS_SQL, {"thread": stored, "ns": ns}, binary=True)
+            basis = _basis(await cursor.fetchone())
             saver = self._saver(conn)
             found = await saver.aget_tuple(body.config(tenant.thread))
             base = wire_tuple(found, tenant) if found else None
@@ -273,10 +275,10 @@ class CheckpointReads:
             return events
         through = max(applied, settled.end)
         if base is None:
-            start = thread.from_answer(ns, newest, namespaces, ceilings=ceilings)
+            start = thread.from_answer(ns, newest, namespaces, ceilings=ceilings, basis=basis)
             one = thread.fold_to_checkpoint(start, events, ns, checkpoint_id)
             return one if isinstance(one, thread.Underivable) else (one, through)
-        view = thread.from_answer(ns, base)
+        view = thread.from_answer(ns, base, basis=basis)
         for event in events:
             view = thread.apply_to_checkpoint(view, event, ns, checkpoint_id)
         return view, through
@@ -421,6 +423,8 @@ class CheckpointReads:
         newest_config: RunnableConfig = {"configurable": {"thread_id": stored, "checkpoint_ns": ns}}
         async with snapshot(self._state.pool) as conn:
             applied = await self._applied(conn, settled.partition)
+            cursor = await conn.execute(THREAD_BASIS_SQL, {"thread": stored, "ns": ns}, binary=True)
+            basis = _basis(await cursor.fetchone())
             saver = self._saver(conn)
             found = await saver.aget_tuple(newest_config)
             base = wire_tuple(found, tenant) if found else None
@@ -439,7 +443,9 @@ class CheckpointReads:
         held = thread.namespace_of(base, ceilings=ceilings)
         if base is not None:
             held = thread.with_history(held, base["config"]["checkpoint_id"], answered)
-        folded = _fold(thread.view({ns: held}, False), events).namespace(ns)
+        head = base["config"]["checkpoint_id"] if base is not None else None
+        ledger = thread.ledger_of(ns, basis, head)
+        folded = _fold(thread.view({ns: held}, False, ledger=ledger), events).namespace(ns)
         if isinstance(folded, thread.Underivable):
             return folded
         return folded.delta_history(body.checkpoint_id, body.channels)
@@ -521,8 +527,14 @@ async def _ceilings_on(conn: AsyncConnection[Any], stored_thread_id: str, checkp
 
 
 def _basis(row: Mapping[str, Any]) -> Basis:
-    lead = row["lead"]
-    return Basis(row["operations"], None if lead is None else bytes(lead), row["lead_run"])
+    lead, writer = row["lead"], row["lead_writer"]
+    return Basis(
+        row["operations"],
+        None if lead is None else bytes(lead),
+        row["lead_run"],
+        row["lead_id"],
+        None if writer is None else bytes(writer),
+    )
 
 
 def _listed(names: list[str]) -> list[str] | None:

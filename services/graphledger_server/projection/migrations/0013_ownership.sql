@@ -11,14 +11,16 @@ CREATE TABLE IF NOT EXISTS {schema}.graphledger_thread_ledgers (
 );
 
 -- Each namespace's lead: the checkpoint hash (as its put's intent names it) of its last counted protected
--- put, that checkpoint's id (writes of a newer one came before their put) and its metadata run_id (as
--- `metadata ->> 'run_id'` reads it). A namespace without a row is open.
+-- put, that checkpoint's id (writes of a newer one came before their put), its metadata run_id (as
+-- `metadata ->> 'run_id'` reads it) and the run that put it (its intent's writer: that run's writes of an
+-- older step still count). A namespace without a row is open.
 CREATE TABLE IF NOT EXISTS {schema}.graphledger_thread_leads (
     thread_id TEXT NOT NULL,
     checkpoint_ns TEXT NOT NULL,
     lead BYTEA NOT NULL,
     lead_id TEXT NOT NULL,
     lead_run TEXT,
+    lead_writer BYTEA,
     PRIMARY KEY (thread_id, checkpoint_ns)
 );
 
