@@ -526,7 +526,8 @@ async def _ceilings_on(conn: AsyncConnection[Any], stored_thread_id: str, checkp
     return ceilings
 
 
-def _basis(row: Mapping[str, Any]) -> Basis:
+def _basis(row: Mapping[str, Any] | None) -> Basis:
+    assert row is not None, "THREAD_BASIS_SQL answers one row for any thread"
     lead, writer = row["lead"], row["lead_writer"]
     return Basis(
         row["operations"],
