@@ -40,6 +40,7 @@ from graphledger_server.log.applied import AppliedOffsets
 SCHEMA = "proj"  # not the default, so a query that ignored search_path would find nothing
 OPAQUE = "x-test-opaque"  # a type no JsonPlusSerializer knows: the API must pass it through untouched
 GET, LIST, DELTA = "/v1/checkpoints/get", "/v1/checkpoints/list", "/v1/checkpoints/delta-history"
+VERDICTS = "/v1/checkpoints/verdicts"
 
 
 # -- serde, decoding, HTTP --------------------------------------------------------------------------

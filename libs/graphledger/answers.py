@@ -168,6 +168,50 @@ class ListAnswer:
         return cls(_required(wire, "tuples", "list"))
 
 
+# -- /v1/checkpoints/verdicts ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedWrite:
+    """One of the caller's writes the one-writer rule refused, by its record's offset."""
+
+    offset: int
+    reason: str
+    superseded_by: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictsAnswer:
+    """`POST /v1/checkpoints/verdicts`: which of the named records the projection refused; every other one
+    it applied counts."""
+
+    refused: list[RefusedWrite]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "refused": [
+                {"offset": r.offset, "reason": r.reason, "superseded_by": r.superseded_by} for r in self.refused
+            ]
+        }
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any]) -> VerdictsAnswer:
+        try:
+            refused = [
+                RefusedWrite(
+                    int(r["offset"]),
+                    str(r["reason"]),
+                    None if r.get("superseded_by") is None else bytes(r["superseded_by"]),
+                )
+                for r in _required(wire, "refused", "verdicts")
+            ]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ReadApiError(
+                200, "bad_response", "the read API's verdicts answer has a malformed 'refused'"
+            ) from None
+        return cls(refused)
+
+
 # -- /v1/checkpoints/delta-history ------------------------------------------------------------------------
 
 

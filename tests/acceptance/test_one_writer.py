@@ -75,6 +75,8 @@ def test_a_writer_superseded_while_stopped_in_a_node_is_refused_and_none_of_its_
     thread = new_thread()
     turn = a.send("turn", thread=thread, text="gate:a")
     a.wait_for(lambda m: m.get("event") == "in_node" and m.get("gate") == "a", 60, "a inside its node")
+    # Its input's checkpoint is written (durability "async" writes it beside the node): b resumes from it.
+    wait_until(lambda: ok(b.call("state", thread=thread))["next"] == ["reply"], 60, "a's input checkpoint")
     a.process.send_signal(signal.SIGSTOP)
     try:
         ok(b.call("gate_open", name="a"))  # b's node passes the gate
@@ -93,3 +95,31 @@ def test_a_writer_superseded_while_stopped_in_a_node_is_refused_and_none_of_its_
     refusals = listed(stack, thread)["refused"]
     assert all(r["thread_id"] == thread for r in refusals)
     assert {r["event_type"] for r in refusals} <= {"checkpoint.put", "checkpoint.writes"}
+
+
+def test_a_writer_that_does_not_read_the_log_learns_its_refusal_from_the_read_api(
+    stack: DevStack, pods: list[AgentPod]
+) -> None:
+    """As a tenant's client (its partition holds other tenants' records): the 8796 scenario with writers that
+    never fetch the log, so only the projection's verdict, asked of the read API, can stop the superseded one."""
+    env = {**stack.client_env(), "GRAPHLEDGER_CLIENT_LOG_READS": "false"}
+    a, b = (AgentPod(name, env, stack.log_dir) for name in ("blind-a", "blind-b"))
+    try:
+        thread = new_thread()
+        turn = a.send("turn", thread=thread, text="gate:blind")
+        a.wait_for(lambda m: m.get("event") == "in_node" and m.get("gate") == "blind", 60, "a inside its node")
+        # Its input's checkpoint is written (durability "async" writes it beside the node): b resumes from it.
+        wait_until(lambda: ok(b.call("state", thread=thread))["next"] == ["reply"], 60, "a's input checkpoint")
+        a.process.send_signal(signal.SIGSTOP)
+        try:
+            ok(b.call("gate_open", name="blind"))
+            won = ok(b.call("continue", thread=thread))["messages"]
+        finally:
+            a.process.send_signal(signal.SIGCONT)
+        ok(a.call("gate_open", name="blind"))
+        refused(a.answer(turn))
+        assert ok(pods[2].call("state", thread=thread))["messages"] == won
+        one_chain(pods[2], thread)
+    finally:
+        a.close()
+        b.close()

@@ -18,10 +18,18 @@ from graphledger.answers import (
     Holding,
     ItemAnswer,
     ListAnswer,
+    RefusedWrite,
     SearchItemAnswer,
     StoreBatchAnswer,
+    VerdictsAnswer,
 )
-from graphledger_server.api.models import DeltaChannelHistory, DeltaHistoryResponse, GetResponse, ListResponse
+from graphledger_server.api.models import (
+    DeltaChannelHistory,
+    DeltaHistoryResponse,
+    GetResponse,
+    ListResponse,
+    VerdictsResponse,
+)
 from graphledger_server.api.store_models import ItemBody, SearchItemBody, StoreBatchResponse
 
 TUPLE = {
@@ -43,6 +51,7 @@ EVERY_FIELD = [
         GetResponse,
     ),
     (ListAnswer([TUPLE]), ListResponse),
+    (VerdictsAnswer([RefusedWrite(7, "superseded", b"lead")]), VerdictsResponse),
     (DeltaHistoryAnswer({"n": ChannelHistory([["task", "n", {"v": 2}]], {"v": 1})}), DeltaHistoryResponse),
     (ChannelHistory([["task", "n", {"v": 2}]], {"v": 1}), DeltaChannelHistory),
     (StoreBatchAnswer([ITEM, None, [SEARCHED], [["ns"]]]), StoreBatchResponse),

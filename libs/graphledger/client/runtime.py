@@ -21,6 +21,7 @@ from typing import Any, Self, TypeVar, assert_never
 from aiokafka import TopicPartition
 from opentelemetry.context import Context
 
+from graphledger.client.asked_verdicts import PUT_WAIT_S, AskedVerdicts
 from graphledger.client.key_filters import KeyFilters
 from graphledger.client.loop import BackgroundLoop, HomeLoop
 from graphledger.client.ownership import IntentNames, Mark, Run, RunMarks, in_run, window_verdict
@@ -71,6 +72,8 @@ class ClientRuntime:
         """The client's own look at the log's tail (`client_log_reads`), on the producer's connection."""
         self.thread_reads: ThreadReads | None = None
         self._reader: ReadApiClient | None = None
+        self._asked: AskedVerdicts | None = None
+        """The verdicts asked of the read API, by a client that does not read the log."""
         self.sealer: EventSealer | None = None
         """Hashes record keys and seals events with their subjects' keys (`encrypt_events`)."""
         self.tenant = ""
@@ -108,6 +111,7 @@ class ClientRuntime:
             log_reads = self._settings.client_log_reads
             if log_reads or (log_reads is None and not self.tenant):
                 self.log = LogTail(self._settings, self.publisher.kafka_client)
+            self._asked = AskedVerdicts(self._reader.call)
             self.thread_reads = ThreadReads(
                 self.threads,
                 self._settings.checkpoint_topic,
@@ -179,6 +183,8 @@ class ClientRuntime:
             await asyncio.to_thread(self.close)
 
     async def _stop(self) -> None:
+        if self._asked is not None:
+            await self._asked.close()
         if self.sealer is not None and self.sealer.pool is not None:
             await self.sealer.pool.close()
         await self.publisher.stop()
@@ -311,11 +317,30 @@ class ClientRuntime:
     ) -> None:
         """Raise `ThreadWriteRefusedError` when the log refused the run's write: decided from what the process
         holds when its own records account for every record before the write; else from the log's records
-        since the run's read, by their headers (`ownership.window_verdict`). A client that cannot read the log
-        leaves it to the log, and the run learns of a refusal at its next read."""
+        since the run's read, by their headers (`ownership.window_verdict`). A client that does not read the
+        log asks the read API (`asked_verdicts.py`): a put waits for the answer a short while, and a refusal
+        learned later is raised by the run's next saver call."""
         verdict = decided.verdict if decided is not None and decided.settled else None
-        if verdict is None:
+        if verdict is None and self.log is not None:
             verdict = await self._verdict_from_log(mark, names, key, acked)
+        elif verdict is None and self._asked is not None and not self._asked.unsupported:
+            _, partition, last = acked[-1]
+            asked = self._asked.ask(
+                event.thread_id, partition, last, lambda told: self._decided(mark, event, told, learned_late=True)
+            )
+            if isinstance(event, checkpoint.CheckpointPut):
+                await asyncio.wait([asked], timeout=PUT_WAIT_S)
+            if asked.done() and mark.refusal is not None:
+                raise mark.refusal
+            return
+        refusal = self._decided(mark, event, verdict)
+        if refusal is not None:
+            raise refusal
+
+    def _decided(
+        self, mark: Mark, event: CheckpointData, verdict: Verdict | None, *, learned_late: bool = False
+    ) -> ThreadWriteRefusedError | None:
+        """Count a write's verdict; a refusal goes on the run's mark, so every later call of the run raises it."""
         match verdict:
             case None:
                 self.verdicts["unknown"] += 1
@@ -324,12 +349,14 @@ class ClientRuntime:
             case Refused(reason=reason, superseded_by=by):
                 self.verdicts["refused"] += 1
                 superseded = None if by is None else f"hash {by.hex()}"
-                mark.refusal = ThreadWriteRefusedError(event.thread_id, event.checkpoint_ns, reason, superseded)
-                self.threads.forget(event.thread_id)  # its next read asks the read API
-                log.warning("%s", mark.refusal)
-                raise mark.refusal
+                if mark.refusal is None:
+                    mark.refusal = ThreadWriteRefusedError(event.thread_id, event.checkpoint_ns, reason, superseded)
+                    self.threads.forget(event.thread_id)  # its next read asks the read API
+                    log.warning("%s%s", mark.refusal, " (learned from the read API)" if learned_late else "")
+                return mark.refusal
             case _:
                 assert_never(verdict)
+        return None
 
     async def _verdict_from_log(
         self, mark: Mark, names: IntentNames, key: str | None, acked: Sequence[tuple[str, int, int]]

@@ -17,6 +17,8 @@ from graphledger.pg_text import json_problem
 from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER
 
 MAX_DELTA_CHANNELS = 256
+MAX_VERDICT_OFFSETS = 64
+"""The records one verdicts request names: a put's, or a chunked write's parts."""
 
 
 def _no_nul(value: str) -> str:
@@ -93,6 +95,15 @@ class DeltaHistoryRequest(GetRequest):
 
     # The official query reads a few columns per channel; Postgres allows 1664 in one select list.
     channels: list[Text] = Field(max_length=MAX_DELTA_CHANNELS)
+
+
+class VerdictsRequest(_Request):
+    """The one-writer rule's verdicts of the caller's records of one thread, for a client that does not read
+    the log: answered once the projection applied them."""
+
+    thread_id: ThreadId
+    partition: int = Field(ge=0, le=2**31 - 1, description="The thread's partition of the checkpoint topic.")
+    offsets: list[Annotated[int, Field(ge=0, le=2**63 - 1)]] = Field(min_length=1, max_length=MAX_VERDICT_OFFSETS)
 
 
 # Responses: the routes answer with the types of `graphledger.answers` (their `to_wire()`); these models
@@ -208,6 +219,16 @@ class DeltaChannelHistory(BaseModel):
 
 class DeltaHistoryResponse(BaseModel):
     history: dict[str, DeltaChannelHistory]
+
+
+class RefusedWriteBody(BaseModel):
+    offset: int = Field(description="The refused record's offset.")
+    reason: str
+    superseded_by: str | bytes | None = Field(None, description="The lead its writer did not expect (a hash).")
+
+
+class VerdictsResponse(BaseModel):
+    refused: list[RefusedWriteBody] = Field(description="The named records the rule refused; every other one counts.")
 
 
 class ErrorBody(BaseModel):

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from graphledger.wire import JSON, MSGPACK
-from read_api_helpers import DELTA, GET, LIST, Api, answer, call
+from read_api_helpers import DELTA, GET, LIST, VERDICTS, Api, answer, call
 
 
 @pytest.mark.parametrize(
@@ -30,6 +30,11 @@ from read_api_helpers import DELTA, GET, LIST, Api, answer, call
         (LIST, {"checkpoint_ns": ""}, "thread_id"),
         (DELTA, {"thread_id": "t"}, "channels"),
         (DELTA, {"thread_id": "t", "channels": "items"}, "channels"),
+        (VERDICTS, {"thread_id": "t", "offsets": [1]}, "partition"),
+        (VERDICTS, {"thread_id": "t", "partition": -1, "offsets": [1]}, "partition"),
+        (VERDICTS, {"thread_id": "t", "partition": 0, "offsets": []}, "offsets"),
+        (VERDICTS, {"thread_id": "t", "partition": 0, "offsets": [-1]}, "offsets"),
+        (VERDICTS, {"thread_id": "t", "partition": 0, "offsets": list(range(65))}, "offsets"),
     ],
 )
 @pytest.mark.parametrize("fmt", ["msgpack", "json"])
@@ -39,6 +44,13 @@ async def test_bad_bodies_are_a_422_naming_the_field(api: Api, path: str, body: 
     error = answer(response)
     assert error["error"] == "invalid_request" and error["retryable"] is False
     assert field in error["message"]
+
+
+async def test_a_verdict_asked_on_another_partition_than_the_threads_is_a_400(api: Api) -> None:
+    response = await call(api.client, VERDICTS, {"thread_id": "t", "partition": 2**31 - 1, "offsets": [0]}, "msgpack")
+    assert response.status_code == 400, response.text
+    error = answer(response)
+    assert error["error"] == "wrong_partition" and "'t'" in error["message"]
 
 
 @pytest.mark.parametrize(

@@ -204,6 +204,13 @@ class ReadBarrier:
         self._refuse_parked(TopicPartition(topic, settled.partition), settled.key)
         return replace(settled, applied=self._offsets.applied(topic, settled.partition), tail=None, need=None)
 
+    async def applied_through(self, topic: str, partition: int, offset: int, key: bytes, *, tenant: str) -> None:
+        """Wait until the projection applied `topic:partition:offset`; a 503 when `key`'s records are parked
+        there (the record at `offset` is then undecided)."""
+        deadline = time.monotonic() + self._settings.consistency_timeout_s
+        await self._await({(topic, partition): offset}, deadline, tenant, why=None)
+        self._refuse_parked(TopicPartition(topic, partition), key)
+
     def _refuse_parked(self, tp: TopicPartition, key: bytes) -> None:
         """A 503 `subject_parked` when `key`'s records on `tp` are parked (as the offsets watcher last read)."""
         subject = self._offsets.parked(tp.topic, tp.partition, key)

@@ -150,3 +150,11 @@ def through_newest_sql(key_store_schema: str | None) -> str:
     """THROUGH_NEWEST_SQL asking the key store in `key_store_schema` (None: none) whether the thread was erased."""
     erased = ERASED_SQL.format(schema=key_store_schema) if key_store_schema is not None else NOT_SEALED_SQL
     return THROUGH_NEWEST_SQL.replace("{erased}", erased)  # not format: the statement has braces of its own
+
+
+# The one-writer rule's refusals among a thread's records at %(offsets)s of %(topic)s:%(partition)s.
+REFUSALS_SQL = """
+SELECT "offset", reason, superseded_by FROM graphledger_refusals
+WHERE topic = %(topic)s AND partition = %(partition)s AND "offset" = ANY(%(offsets)s) AND thread_id = %(thread)s
+ORDER BY "offset"
+"""

@@ -30,6 +30,8 @@ from graphledger.answers import (
     GetAnswer,
     Holding,
     ListAnswer,
+    RefusedWrite,
+    VerdictsAnswer,
     WireTuple,
     WireWrite,
 )
@@ -42,7 +44,7 @@ from graphledger_server.api.consistency.read_barrier import KeyedRead, OwnWrites
 from graphledger_server.api.consistency.read_through import KeptView, thread_events_to_fold
 from graphledger_server.api.db import snapshot
 from graphledger_server.api.errors import ApiError
-from graphledger_server.api.models import DeltaHistoryRequest, GetRequest, ListRequest
+from graphledger_server.api.models import DeltaHistoryRequest, GetRequest, ListRequest, VerdictsRequest
 from graphledger_server.api.reads.checkpoint_sql import (
     BLOB_CEILINGS_SQL,
     EARLY_WRITES_SQL,
@@ -50,6 +52,7 @@ from graphledger_server.api.reads.checkpoint_sql import (
     MAX_LATER_WRITES,
     MAX_NAMESPACES,
     NAMESPACES_AND_CEILINGS_SQL,
+    REFUSALS_SQL,
     THREAD_BASIS_SQL,
     through_newest_sql,
 )
@@ -394,6 +397,33 @@ class CheckpointReads:
                 "page with limit and before_checkpoint_id",
             )
         return ListAnswer([wire_tuple(t, tenant) for t in found])
+
+    # -- the one-writer rule's verdicts ---------------------------------------------------------------
+
+    async def verdicts(self, body: VerdictsRequest) -> VerdictsAnswer:
+        """Which of the caller's records of a thread the one-writer rule refused, once the projection applied
+        them: how a client that does not read the log (a tenant's) learns its refusals."""
+        state, tenant = self._state, self._tenant
+        topic, stored = state.settings.checkpoint_topic, tenant.thread(body.thread_id)
+        key = await state.record_key_of_thread(tenant.name, stored)
+        partition = await state.barrier.partition_of(topic, key)
+        if partition != body.partition:
+            raise ApiError(
+                400, "wrong_partition", f"thread {body.thread_id!r} is on partition {partition}, not {body.partition}"
+            )
+        await state.barrier.applied_through(topic, partition, max(body.offsets), key, tenant=tenant.name)
+        params = {"topic": topic, "partition": partition, "offsets": body.offsets, "thread": stored}
+        async with state.pool.connection() as conn:
+            cursor = await conn.execute(REFUSALS_SQL, params, binary=True)
+            rows = await cursor.fetchall()
+        return VerdictsAnswer(
+            [
+                RefusedWrite(
+                    row["offset"], row["reason"], None if row["superseded_by"] is None else bytes(row["superseded_by"])
+                )
+                for row in rows
+            ]
+        )
 
     # -- DeltaChannel history -----------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """`/v1/checkpoints/{get,list,delta-history}`: the official saver's reads over HTTP, answered in the wire format
-of `graphledger.wire` (the reads themselves: `reads/checkpoints.py`).
+of `graphledger.wire` (the reads themselves: `reads/checkpoints.py`); `verdicts`, the one-writer rule's for a
+client that does not read the log.
 
 Each route parses its body (msgpack or JSON) and the consistency headers, and encodes the answer as the
 request accepts it.
@@ -12,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
-from graphledger.answers import DeltaHistoryAnswer, GetAnswer, ListAnswer
+from graphledger.answers import DeltaHistoryAnswer, GetAnswer, ListAnswer, VerdictsAnswer
 from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, MSGPACK, OWN_WRITES_HEADER
 from graphledger_server.api.auth import tenant_of
 from graphledger_server.api.codec import decode, respond
@@ -27,6 +28,8 @@ from graphledger_server.api.models import (
     GetResponse,
     ListRequest,
     ListResponse,
+    VerdictsRequest,
+    VerdictsResponse,
     consistency_parameter,
     header_parameter,
     request_body,
@@ -70,7 +73,7 @@ def _reads(request: Request) -> CheckpointReads:
     return CheckpointReads(api_state(request), tenant_of(request), token_of(request.headers.get(CONSISTENCY_HEADER)))
 
 
-def _answer(request: Request, answer: GetAnswer | ListAnswer | DeltaHistoryAnswer) -> Response:
+def _answer(request: Request, answer: GetAnswer | ListAnswer | DeltaHistoryAnswer | VerdictsAnswer) -> Response:
     return respond(request, answer.to_wire(), max_bytes=api_state(request).settings.api_max_response_bytes)
 
 
@@ -96,6 +99,14 @@ async def delta_history(request: Request) -> Response:
     """`AsyncPostgresSaver.aget_delta_channel_history`."""
     body = await decode(request, DeltaHistoryRequest, api_state(request).settings.api_max_body_bytes)
     return _answer(request, await _reads(request).delta_history(body))
+
+
+@router.post("/verdicts", **_doc(VerdictsRequest, VerdictsResponse))
+async def verdicts(request: Request) -> Response:
+    """The one-writer rule's verdicts of the caller's records of a thread, once the projection applied them
+    (503 while it has not, with Retry-After): a client that does not read the log learns its refusals here."""
+    body = await decode(request, VerdictsRequest, api_state(request).settings.api_max_body_bytes)
+    return _answer(request, await _reads(request).verdicts(body))
 
 
 def _own_writes(request: Request) -> OwnWrites | None:
