@@ -57,7 +57,8 @@ bench: $(STAMP)
 # long runs of the checks `make test` runs short: the model-based test at 10,000 operations against the
 # reference (about 15 minutes), a 2,000-turn conversation held by one process, ten minutes of writes
 # through an outage of the read API and Postgres, the README's two longest bench commands, and five
-# minutes of turns hopping between agent processes with the projector stopped, under chat load.
+# minutes of turns hopping between agent processes with the projector stopped, under chat load, and 50
+# rounds of two agent processes starting a turn on one thread at once (one counts, the other is refused).
 MODEL_OPS ?= 10000
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak
@@ -66,6 +67,7 @@ soak: $(STAMP)
 	GRAPHLEDGER_OUTAGE_S=600 GRAPHLEDGER_OUTAGE_PACE_S=1 GRAPHLEDGER_CLIENT_FRESH_KEYS=2048 $(BIN)/python -m pytest -q --timeout 1200 tests/acceptance/test_outage_writes.py
 	GRAPHLEDGER_README_BENCHES=all $(BIN)/python -m pytest -q tests/acceptance/test_readme_commands.py -k bench
 	GRAPHLEDGER_READ_THROUGH_STOPPED_S=300 $(BIN)/python -m pytest -q -s --timeout 1200 tests/acceptance/test_read_through_hops.py
+	GRAPHLEDGER_CONCURRENT_STARTS=50 $(BIN)/python -m pytest -q tests/acceptance/test_one_writer.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check libs services tests bench

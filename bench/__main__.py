@@ -8,7 +8,8 @@ the order they run (`--only` picks some):
 - checkpoints: raw `aput` and whole graph invocations at concurrency 1, 16 and 64, with ratios, and the
   projector's apply rate;
 - write-to-visible: latency of a new thread's write at a steady 500 writes/s;
-- sealing: its cost, on against off in alternating rounds; store: `bench/store.py`; rebuild:
+- sealing: its cost, on against off in alternating rounds; ownership: the one-writer rule's
+  (`GRAPHLEDGER_WRITE_OWNERSHIP` `refuse` against `record`), likewise; store: `bench/store.py`; rebuild:
   `bench/rebuild.py`.
 Printed at the end: the command that reproduces the run, the machine's facts, and Markdown tables.
 Numbers, not assertions: tests never time.
@@ -51,8 +52,9 @@ from graphledger_server.log.offsets import OffsetStatements, group_offsets
 
 CONCURRENCY = (1, 16, 64)
 SEALING_ROUNDS = 6
+OWNERSHIP_ROUNDS = 6
 LABELS = {"aput": "`aput`", "graph.ainvoke": "`graph.ainvoke`, a new thread each"}
-SECTIONS = ("conversations", "checkpoints", "write-to-visible", "sealing", "store", "rebuild")
+SECTIONS = ("conversations", "checkpoints", "write-to-visible", "sealing", "ownership", "store", "rebuild")
 
 
 def _message_history(i: int) -> list[dict[str, str]]:
@@ -219,6 +221,62 @@ async def _sealing(stack: DevStack, placement: Placement, total: int, backlog: i
     return lines
 
 
+async def _run_turns(saver: Any, concurrency: int, total: int) -> float:
+    """Chat turns per second (`conversations.chat_graph`), each worker continuing its own conversation of
+    `conversations.TURNS` turns, then a new one: every turn reads its thread, then writes on it."""
+    graph = conversation_bench.chat_graph(saver)
+    per_worker = max(1, total // concurrency)
+
+    async def worker() -> None:
+        config: dict[str, Any] = {}
+        for n in range(per_worker):
+            if n % conversation_bench.TURNS == 0:
+                config = {"configurable": {"thread_id": str(uuid.uuid4())}}
+            await graph.ainvoke(conversation_bench.message(n), config)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return per_worker * concurrency / (time.perf_counter() - start)
+
+
+async def _ownership(stack: DevStack, total: int) -> list[str]:
+    """What the one-writer rule costs a writer: chat turns and new threads' graph runs with
+    `write_ownership` `refuse` (intents sent, each write's verdict learned) and `record` (today's writes
+    without them), on the same stack, in alternating rounds."""
+    settings = stack.settings
+    cells = (("turns", 1), ("turns", 64), ("graphs", 64))
+    rates: dict[tuple[str, int], dict[str, list[float]]] = {cell: {"on": [], "off": []} for cell in cells}
+    runs = {"turns": _run_turns, "graphs": _run_graphs}
+    async with (
+        KafkaSaver(settings.model_copy(update={"write_ownership": "refuse"})) as refusing,
+        KafkaSaver(settings.model_copy(update={"write_ownership": "record"})) as recording,
+    ):
+        sides = {"on": refusing, "off": recording}
+        for r in range(OWNERSHIP_ROUNDS):
+            for side in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                for row, concurrency in cells:
+                    n = total // 8 if concurrency > 1 else total // 32
+                    rates[(row, concurrency)][side].append(await runs[row](sides[side], concurrency, n))
+        verdicts = dict(refusing._runtime.verdicts)  # the bench reads the client's own count
+    lines = [
+        "| one writer (docs/architecture.md) | concurrency | refuse | record | ratio (median; spread over rounds) |",
+        "|---|---:|---:|---:|---|",
+    ]
+    labels = {"turns": "chat turn, a conversation's next", "graphs": "`graph.ainvoke`, a new thread each"}
+    for row, concurrency in cells:
+        on, off = rates[(row, concurrency)]["on"], rates[(row, concurrency)]["off"]
+        ratios = [a / b for a, b in zip(on, off, strict=True)]
+        spread = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+        lines.append(
+            f"| {labels[row]} | {concurrency} | {statistics.median(on):,.0f}/s | {statistics.median(off):,.0f}/s "
+            f"| {spread} |"
+        )
+    lines.append(f"\n{OWNERSHIP_ROUNDS} rounds; the `refuse` side's verdicts (one writer a thread): {verdicts}")
+    for line in lines:
+        print(line, flush=True)
+    return lines
+
+
 async def _write_to_visible(stack: DevStack, saver: KafkaSaver, rate: int, seconds: float) -> list[float]:
     """Milliseconds from calling `aput` to its row being in Postgres, at a steady `rate` puts per second.
 
@@ -379,6 +437,8 @@ async def _operations(
                 rate = await _projector_rate(stack, placement, ours, args.backlog)
                 print(f"  projector apply    {rate:9.0f} checkpoints/s (backlog of {args.backlog})", flush=True)
     sealing_rows = await _sealing(stack, placement, args.total, args.backlog) if "sealing" in sections else []
+    if "ownership" in sections:
+        sealing_rows += ["", *await _ownership(stack, args.total)]
     store_rows = await store_bench.run(stack, args.total, args.recall_items) if "store" in sections else []
     rebuild_rows = await rebuild_bench.run(settings, args.rebuild_events) if "rebuild" in sections else []
     checkpoint_rows = [

@@ -156,7 +156,7 @@ def _config() -> dict[str, Any]:
     return {"configurable": {"thread_id": str(uuid.uuid4())}}
 
 
-def _message(n: int) -> dict[str, Any]:
+def message(n: int) -> dict[str, Any]:
     return {"messages": [HumanMessage(f"message {n} " + MESSAGE)]}
 
 
@@ -186,7 +186,7 @@ async def _run(
 
     async def open_conversations(configs: list[dict[str, Any]]) -> None:
         for config in configs:
-            await graphs[0].ainvoke(_message(0), config)
+            await graphs[0].ainvoke(message(0), config)
 
     await asyncio.gather(*(open_conversations(configs) for configs in openings))
     await settle()
@@ -200,7 +200,7 @@ async def _run(
                 break
             graph = graphs[n % len(graphs)]
             turn_started = time.perf_counter()
-            await graph.ainvoke(_message(n), config)
+            await graph.ainvoke(message(n), config)
             if workload.get_state:
                 await graph.aget_state(config)
             latencies.append(time.perf_counter() - turn_started)

@@ -31,7 +31,7 @@ from graphledger_server.devstack.stack import DevStack
 
 CONCURRENCY = (1, 16, 64)
 DIMS = 256
-"""The vector size of the store rows, as the README's rows were measured: `HashEmbedder`'s default, not the
+"""The vector size of the store rows, as docs/performance.md's rows were measured: `HashEmbedder`'s default, not the
 dev stack's (which suits `OnnxEmbedder`)."""
 RECALL_QUERIES = 50
 VECTOR_INDEX = "store_vectors_embedding_idx"

@@ -14,6 +14,7 @@ expect its latest put in log order. Once a write of the run is refused, every la
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import hashlib
 import hmac
 import os
@@ -30,7 +31,7 @@ from graphledger.events.checkpoint import CheckpointPut, RunsDelete
 from graphledger.events.envelope import HEADER_INTENT, HEADER_TYPE, header
 from graphledger.events.envelope import decode as envelope_decode
 from graphledger.log.records import LogRecord
-from graphledger.ownership import NO_CHECKPOINT, Intent, Ledger, Verdict
+from graphledger.ownership import NO_CHECKPOINT, Intent, Ledger, Refused, Verdict
 
 RUNTIME_KEY: Final = "__pregel_runtime"
 """Where LangGraph puts a run's `Runtime` in the configurable of each of the run's calls."""
@@ -240,8 +241,19 @@ def window_verdict(
     assert raw is not None, "a run's write carries its intent"
     intent = Intent.parse(raw)
     if header(write.headers, HEADER_TYPE) == PUT:
-        return ownership.put(ledger, own_ns, intent)[1]
-    return ownership.writes(ledger, own_ns, intent)
+        verdict = ownership.put(ledger, own_ns, intent)[1]
+    else:
+        verdict = ownership.writes(ledger, own_ns, intent)
+    if isinstance(verdict, Refused):
+        return dataclasses.replace(verdict, reason=verdict.reason + FROM_HEADERS)
+    return verdict
+
+
+FROM_HEADERS: Final = (
+    " (decided from the log's headers, taking the other writer's record as applied: if the projector"
+    " dead-lettered that record, the projection counts this write, and `graphledger forks list` shows no refusal"
+    " of it)"
+)
 
 
 PUT: Final = CheckpointPut.TYPE.encode()
