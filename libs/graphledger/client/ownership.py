@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import hashlib
 import hmac
 import os
 from collections import OrderedDict
@@ -61,7 +60,7 @@ class IntentNames:
         if self._key is None:
             return kind + b":" + text
         message = b"intent\x00" + kind + b"\x00" + self._scope + b"\x00" + text
-        return hmac.new(self._key, message, hashlib.sha256).digest()[:HASH_BYTES]
+        return hmac.digest(self._key, message, "sha256")[:HASH_BYTES]
 
 
 @dataclass(slots=True)
