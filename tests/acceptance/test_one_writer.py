@@ -66,24 +66,29 @@ def test_of_two_turns_started_at_once_on_one_thread_one_counts_and_the_other_is_
     assert [f for f in listed(stack, thread)["forks"] if f["kind"] == "fork"] == []
 
 
-def test_a_writer_superseded_while_stopped_in_a_node_is_refused_and_none_of_its_late_writes_count(
-    stack: DevStack, pods: list[AgentPod]
-) -> None:
-    """LangGraph issue 8796: A is stopped (SIGSTOP) inside a node; B runs the thread's pending task from its
-    newest checkpoint and completes; A, continued, writes on top of what it read."""
-    a, b, c = pods
-    thread = new_thread()
-    turn = a.send("turn", thread=thread, text="gate:a")
-    a.wait_for(lambda m: m.get("event") == "in_node" and m.get("gate") == "a", 60, "a inside its node")
+def superseded_while_stopped(a: AgentPod, b: AgentPod, thread: str, gate: str) -> tuple[int, list[str]]:
+    """LangGraph issue 8796: A's turn is stopped (SIGSTOP) inside its node; B runs the thread's pending task
+    from its newest checkpoint and completes; A is continued. A's turn (its request id) and B's messages."""
+    turn = a.send("turn", thread=thread, text=f"gate:{gate}")
+    a.wait_for(lambda m: m.get("event") == "in_node" and m.get("gate") == gate, 60, "a inside its node")
     # Its input's checkpoint is written (durability "async" writes it beside the node): b resumes from it.
     wait_until(lambda: ok(b.call("state", thread=thread))["next"] == ["reply"], 60, "a's input checkpoint")
     a.process.send_signal(signal.SIGSTOP)
     try:
-        ok(b.call("gate_open", name="a"))  # b's node passes the gate
+        ok(b.call("gate_open", name=gate))  # b's node passes the gate
         won = ok(b.call("continue", thread=thread))["messages"]
-        assert won == ["gate:a", "reply to gate:a"]
+        assert won == [f"gate:{gate}", f"reply to gate:{gate}"]
     finally:
         a.process.send_signal(signal.SIGCONT)
+    return turn, won
+
+
+def test_a_writer_superseded_while_stopped_in_a_node_is_refused_and_none_of_its_late_writes_count(
+    stack: DevStack, pods: list[AgentPod]
+) -> None:
+    a, b, c = pods
+    thread = new_thread()
+    turn, won = superseded_while_stopped(a, b, thread, "a")
     held = one_chain(c, thread)
     ok(a.call("gate_open", name="a"))
     refused(a.answer(turn))
@@ -106,16 +111,7 @@ def test_a_writer_that_does_not_read_the_log_learns_its_refusal_from_the_read_ap
     a, b = (AgentPod(name, env, stack.log_dir) for name in ("blind-a", "blind-b"))
     try:
         thread = new_thread()
-        turn = a.send("turn", thread=thread, text="gate:blind")
-        a.wait_for(lambda m: m.get("event") == "in_node" and m.get("gate") == "blind", 60, "a inside its node")
-        # Its input's checkpoint is written (durability "async" writes it beside the node): b resumes from it.
-        wait_until(lambda: ok(b.call("state", thread=thread))["next"] == ["reply"], 60, "a's input checkpoint")
-        a.process.send_signal(signal.SIGSTOP)
-        try:
-            ok(b.call("gate_open", name="blind"))
-            won = ok(b.call("continue", thread=thread))["messages"]
-        finally:
-            a.process.send_signal(signal.SIGCONT)
+        turn, won = superseded_while_stopped(a, b, thread, "blind")
         ok(a.call("gate_open", name="blind"))
         refused(a.answer(turn))
         assert ok(pods[2].call("state", thread=thread))["messages"] == won
