@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +85,13 @@ class AgentPod:
             self.process.kill()
             self.process.wait()
         self._log.close()
+
+
+def started_pods(
+    env: Mapping[str, str], log_dir: Path, names: tuple[str, ...] = ("a", "b", "c")
+) -> Iterator[list[AgentPod]]:
+    """A module fixture's pods: one agent process per name, closed when the fixture ends."""
+    started = [AgentPod(name, env, log_dir) for name in names]
+    yield started
+    for pod in started:
+        pod.close()

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from agent_pods import AgentPod
+from agent_pods import AgentPod, started_pods
 from graphledger.settings import Settings
 from graphledger_server.devstack.stack import DevStack
 
@@ -44,10 +44,7 @@ def stack() -> Iterator[DevStack]:
 
 @pytest.fixture(scope="module")
 def pods(stack: DevStack) -> Iterator[list[AgentPod]]:
-    started = [AgentPod(name, stack.client_env(), stack.log_dir) for name in ("a", "b", "c")]
-    yield started
-    for pod in started:
-        pod.close()
+    yield from started_pods(stack.client_env(), stack.log_dir)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent_pods import AgentPod
+from agent_pods import AgentPod, started_pods
 from graphledger_server.devstack.ports import wait_until
 from graphledger_server.devstack.stack import DevStack
 from one_writer_checks import listed, new_thread, ok, one_chain, refused
@@ -32,10 +32,7 @@ def stack() -> Iterator[DevStack]:
 
 @pytest.fixture(scope="module")
 def pods(stack: DevStack) -> Iterator[list[AgentPod]]:
-    started = [AgentPod(name, stack.client_env(), stack.log_dir) for name in ("a", "b", "c")]
-    yield started
-    for pod in started:
-        pod.close()
+    yield from started_pods(stack.client_env(), stack.log_dir)
 
 
 def test_of_two_turns_started_at_once_on_one_thread_one_counts_and_the_other_is_refused(

@@ -147,21 +147,14 @@ async def test_a_newer_event_is_counted_parked_and_applied_by_an_upgraded_projec
             and attributes[names.GRAPHLEDGER_PARK_CAUSE] == "newer_version"
         )
 
-    async def run_until(condition: Callable[[], Any], what: str) -> None:
-        stop = asyncio.Event()
-        task = asyncio.create_task(run_projector(settings, stop, migrate_first=False))
-        try:
-            await wait_for(condition, what, WAIT_S, poll_s=0.02)
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 30)
-
     try:
 
         async def parked() -> bool:
             return await next_offset() == last + 1 and parked_gauge() == 1
 
-        await run_until(parked, "the thread to park at the newer event (the partition moving on), the gauge at 1")
+        await project_until(
+            settings, parked, "the thread to park at the newer event (the partition moving on), the gauge at 1"
+        )
         checkpoints = f"SELECT count(*) FROM {settings.postgres_schema}.checkpoints"
         assert await conn.fetchval(checkpoints) == 1
 
@@ -172,7 +165,7 @@ async def test_a_newer_event_is_counted_parked_and_applied_by_an_upgraded_projec
         async def released() -> bool:
             return await conn.fetchval(checkpoints) == 3 and parked_gauge() == 0
 
-        await run_until(released, "the upgraded projector to release the thread and count it gone")
+        await project_until(settings, released, "the upgraded projector to release the thread and count it gone")
         assert await conn.fetchval(f"SELECT count(*) FROM {settings.postgres_schema}.graphledger_parked_subjects") == 0
         assert await conn.fetchval(f"SELECT count(*) FROM {settings.postgres_schema}.graphledger_dead_letters") == 0
     finally:
@@ -201,15 +194,6 @@ async def test_a_projector_before_the_rule_parks_what_carries_an_intent_and_an_u
     schema = settings.postgres_schema
     conn = await asyncpg.connect(settings.postgres_dsn)
 
-    async def run_until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
-        stop = asyncio.Event()
-        task = asyncio.create_task(run_projector(settings, stop, migrate_first=False))
-        try:
-            await wait_for(condition, what, WAIT_S, poll_s=0.02)
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 30)
-
     async def ids() -> list[tuple[str, str]]:
         rows = await conn.fetch(f"SELECT thread_id, checkpoint_id FROM {schema}.checkpoints ORDER BY 1, 2")
         return [(r["thread_id"], r["checkpoint_id"]) for r in rows]
@@ -225,7 +209,7 @@ async def test_a_projector_before_the_rule_parks_what_carries_an_intent_and_an_u
                 )
                 return offset == last + 1
 
-            await run_until(parked, "the version-3 projector to pass the partition's records")
+            await project_until(settings, parked, "the version-3 projector to pass the partition's records")
         assert await ids() == [("t", cid(1)), ("u", cid(1))]  # t waits at its first protected put
         assert await conn.fetchval(f"SELECT count(*) FROM {schema}.graphledger_parked_subjects") == 1
         assert await conn.fetchval(f"SELECT count(*) FROM {schema}.graphledger_refusals") == 0
@@ -233,10 +217,21 @@ async def test_a_projector_before_the_rule_parks_what_carries_an_intent_and_an_u
         async def decided() -> bool:
             return await conn.fetchval(f"SELECT count(*) FROM {schema}.graphledger_refusals") == 1
 
-        await run_until(decided, "the upgraded projector to release the thread and decide its writes")
+        await project_until(settings, decided, "the upgraded projector to release the thread and decide its writes")
         assert await ids() == [("t", cid(1)), ("t", cid(2)), ("u", cid(1))]
         refused = await conn.fetchval(f"SELECT checkpoint_id FROM {schema}.graphledger_refusals")
         assert refused == cid(3)
         assert await conn.fetchval(f"SELECT count(*) FROM {schema}.graphledger_parked_subjects") == 0
     finally:
         await conn.close()
+
+
+async def project_until(settings: Settings, condition: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Run a projector (the one this process imports: the version under test) until `condition` holds."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_projector(settings, stop, migrate_first=False))
+    try:
+        await wait_for(condition, what, WAIT_S, poll_s=0.02)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
