@@ -9,7 +9,7 @@ batch transaction, where earlier chunks are stored.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -244,7 +244,7 @@ def decode_value(
                 raise InvalidEventError(f"no data key for subject {ref}: is the key store the one the writers used?")
             env, subject = unseal(env, key)
         event = to_event(env, envelope.append_time_ms(record.timestamp, record.headers))
-        _check_intent_header(record, event)
+        check_intent_header(record.headers, event)
         held = value if chunk_event_id is not None else None
         return Decoded(record, event, chunk_event_id, held, subject, key_id if subject is not None else None)
     except UnknownEventVersionError as exc:
@@ -260,10 +260,11 @@ def decode_value(
         return DeadLetter(record, reason, header_type(record), value, chunk_event_id, subject, opened_key)
 
 
-def _check_intent_header(record: LogRecord, event: Any) -> None:
+def check_intent_header(headers: Sequence[Header] | None, event: Any) -> None:
     """A protected write's `gl-intent` header is what its payload (sealed: authenticated) says, byte for
-    byte: readers of headers alone (a writer deciding its own verdict) then decide as the projector does."""
-    carried = envelope.header(record.headers, envelope.HEADER_INTENT)
+    byte: readers of headers alone (a writer deciding its own verdict) then decide as the projector does.
+    `InvalidEventError` otherwise: the projector dead-letters such a record, and a copy of the log leaves it out."""
+    carried = envelope.header(headers, envelope.HEADER_INTENT)
     intent = getattr(unwrapped(event), "intent", None)
     if carried != intent:
         said = "no intent" if intent is None else "another intent"
