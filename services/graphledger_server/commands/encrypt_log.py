@@ -1,5 +1,5 @@
 """`graphledger encrypt-log --to-prefix NEW`: copy a log written in the clear into sealed topics
-(`graphledger_server.encrypt_log`; docs/operations.md)."""
+(`graphledger_server.log_copy`; docs/operations.md)."""
 
 from __future__ import annotations
 
