@@ -25,6 +25,7 @@ from graphledger_server.projector.main import run_projector
 from graphledger_server.telemetry.projector import _observe_dead_letters
 from kafka_clients import raw_consumer, raw_producer
 from polling import wait_for
+from projection_helpers import cid, protected
 from projection_helpers import put as checkpoint_put
 from store_helpers import put as store_put
 
@@ -47,11 +48,14 @@ async def projector(settings: Settings) -> AsyncIterator[None]:
     await asyncio.wait_for(task, 30)
 
 
-async def graphledger(settings: Settings, *args: str) -> tuple[int, str, str]:
-    """The CLI as an operator runs it: a subprocess configured by GRAPHLEDGER_* variables only."""
+async def graphledger(settings: Settings, *args: str, **overrides: str) -> tuple[int, str, str]:
+    """The CLI as an operator runs it: a subprocess configured by GRAPHLEDGER_* variables only (`overrides`:
+    more of them, by setting name)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHLEDGER_")}
-    for name in ("kafka_bootstrap_servers", "topic_prefix", "postgres_dsn", "postgres_schema", "store_vector_dims"):
+    names = ("kafka_bootstrap_servers", "topic_prefix", "postgres_dsn", "postgres_schema", "store_vector_dims")
+    for name in (*names, "projector_group_id"):
         env[f"GRAPHLEDGER_{name.upper()}"] = str(getattr(settings, name))
+    env.update({f"GRAPHLEDGER_{name.upper()}": value for name, value in overrides.items()})
     env["GRAPHLEDGER_KAFKA_IDEMPOTENCE"] = "false"
     assert settings.key_encryption_keys is not None
     env["GRAPHLEDGER_KEY_ENCRYPTION_KEYS"] = settings.key_encryption_keys.get_secret_value()
@@ -172,7 +176,9 @@ async def test_dead_letters_are_listed_shown_fixed_and_replayed_once(
     code, out, err = await graphledger(
         settings, "dlq", "replay", str(bad_letter["id"]), "--payload-file", str(replacement)
     )
-    assert code == 0, err
+    # A put without an intent counts: the line says where it went, and nothing more.
+    assert code == 0 and out.startswith(f"dlq: replayed {bad_letter['id']} to {settings.checkpoint_topic}:"), err
+    assert ";" not in out
 
     async def checkpoint_applied() -> bool:
         return bool(await db.fetchval(f"SELECT count(*) FROM {schema}.checkpoints WHERE thread_id = 't-bad'"))
@@ -187,6 +193,90 @@ async def test_dead_letters_are_listed_shown_fixed_and_replayed_once(
     code, out, err = await graphledger(settings, "dlq", "list", "--all", "--json")
     assert code == 0 and all(d["replayed_to"] for d in json.loads(out)) and len(json.loads(out)) == 2
     assert await db.fetchval(f"SELECT count(*) FROM {schema}.graphledger_dead_letters") == 2
+
+
+async def test_a_replayed_checkpoint_record_is_decided_at_its_new_position(
+    settings: Settings, db: asyncpg.Connection, projector: None, tmp_path: Path
+) -> None:
+    """A re-published dead letter lands after what its thread got since, and the one-writer rule judges it
+    there: a put whose writer expected checkpoint 1 is refused once 2 leads, and the replay says so."""
+    schema, topic, thread = settings.postgres_schema, settings.checkpoint_topic, "t-own"
+    first = protected(checkpoint_put(thread, 1), expects=None)
+    second = protected(checkpoint_put(thread, 2, parent=1), expects=1)
+    # Two more writers' puts, dead-lettered below (their records unreadable), then replayed fixed: the third
+    # read the thread when 1 led it, so 2 supersedes it; the fourth read it after 2.
+    third = protected(checkpoint_put(thread, 3, parent=1), expects=1)
+    fourth = protected(checkpoint_put(thread, 4, parent=2), expects=2)
+    producer = raw_producer(settings)
+    await producer.start()
+    try:
+        for event in (first, second):
+            env = to_envelope(event)
+            await producer.send_and_wait(
+                topic, envelope.encode(env), key=thread.encode(), headers=envelope.headers_for(env)
+            )
+        for _ in range(2):
+            await producer.send_and_wait(
+                topic, b"\xc1not msgpack", key=thread.encode(), headers=[("gl-type", b"checkpoint.put")]
+            )
+    finally:
+        await producer.stop()
+
+    async def checkpoint_ids() -> set[str]:
+        rows = await db.fetch(f"SELECT checkpoint_id FROM {schema}.checkpoints WHERE thread_id = $1", thread)
+        return {r["checkpoint_id"] for r in rows}
+
+    async def dead_letter_ids() -> list[int]:
+        rows = await db.fetch(f'SELECT id FROM {schema}.graphledger_dead_letters ORDER BY "offset"')
+        return [r["id"] for r in rows]
+
+    async def two_applied_two_dead_lettered() -> bool:
+        return await checkpoint_ids() == {cid(1), cid(2)} and len(await dead_letter_ids()) == 2
+
+    await wait_for(two_applied_two_dead_lettered, "two puts applied and two records dead-lettered")
+    refused_letter, late_letter = await dead_letter_ids()
+
+    async def replay_with(dead_letter_id: int, fixed: Any, **overrides: str) -> tuple[int, str, str]:
+        path = tmp_path / f"fixed-{dead_letter_id}.json"
+        path.write_text(json.dumps(to_editable(fixed.to_payload())))
+        return await graphledger(
+            settings, "dlq", "replay", str(dead_letter_id), "--payload-file", str(path), **overrides
+        )
+
+    # The dead letter has no intent header; the fixed payload carries the third writer's intent, and so
+    # does the record re-published.
+    code, out, err = await replay_with(refused_letter, third)
+    assert code == 0, err
+    replayed_to = await db.fetchval(
+        f"SELECT replayed_to FROM {schema}.graphledger_dead_letters WHERE id = $1", refused_letter
+    )
+    assert out == (
+        f"dlq: replayed {refused_letter} to {replayed_to}; the one-writer rule refused it: another writer's "
+        "checkpoint superseded the one its writer expected\n"
+    )
+    where, _, offset = replayed_to.rpartition("@")
+    refusal = await db.fetchrow(
+        f"SELECT thread_id, checkpoint_id, event_type FROM {schema}.graphledger_refusals "
+        'WHERE topic = $1 AND partition = $2 AND "offset" = $3',
+        topic, int(where.rpartition(":")[2]), int(offset),
+    )  # fmt: skip
+    assert dict(refusal) == {"thread_id": thread, "checkpoint_id": cid(3), "event_type": "checkpoint.put"}
+    assert await checkpoint_ids() == {cid(1), cid(2)}
+    (record,) = await _replayed_records(settings, topic)
+    assert dict(record.headers)[envelope.HEADER_INTENT] == third.intent
+
+    # A replay that waits for a consumer group no projector runs (a projector stopped, or far behind): it is
+    # published, and says it was not decided within its wait. The projector applies it: the fourth counts.
+    code, out, err = await replay_with(late_letter, fourth, consistency_timeout_s="1", projector_group_id="idle")
+    assert code == 0, err
+    assert out.startswith(f"dlq: replayed {late_letter} to {topic}:")
+    assert out.endswith(f"; not applied within 1s: see graphledger forks list --thread {thread}\n"), out
+
+    async def fourth_applied() -> bool:
+        return cid(4) in await checkpoint_ids()
+
+    await wait_for(fourth_applied, "the fourth writer's put, which expected 2, to count")
+    assert await db.fetchval(f"SELECT count(*) FROM {schema}.graphledger_refusals") == 1
 
 
 async def test_unknown_ids_and_bad_payload_files_fail_clearly(

@@ -6,12 +6,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, assert_never
 
 from graphledger.errors import DeadLetterError
 from graphledger.settings import Settings
+
+if TYPE_CHECKING:
+    from graphledger_server.dlq.decided import Replayed
 
 REASON_COLUMN_CHARS = 90
 
@@ -37,7 +41,13 @@ def register(commands: Any) -> None:
         "--payload", action="store_true", help="print only the payload, in the form --payload-file reads back"
     )
     show.set_defaults(run=_run_show)
-    replay = sub.add_parser("replay", help="re-publish dead letters to their source partition, once each")
+    replay = sub.add_parser(
+        "replay",
+        help="re-publish dead letters to their source partition, once each",
+        description="Re-publish each dead letter to its source partition, once. A checkpoint event is decided "
+        "where it lands: the command waits up to GRAPHLEDGER_CONSISTENCY_TIMEOUT_S for the projector and says "
+        "whether the one-writer rule refused it there (exit 0 either way; 1 when an ID was not published).",
+    )
     replay.add_argument("ids", type=int, nargs="+", metavar="ID")
     replay.add_argument(
         "--payload-file",
@@ -102,10 +112,33 @@ def _run_replay(args: argparse.Namespace, settings: Settings) -> int:
             raise DeadLetterError(f"--payload-file {args.payload_file} holds a {type(payload).__name__}, not a map")
     results = asyncio.run(replay(settings, args.ids, payload=payload, event_type=args.event_type))
     failed = 0
-    for dead_letter_id, outcome in results:
+    for _, outcome in results:
         if isinstance(outcome, DeadLetterError):
             failed += 1
             print(f"graphledger dlq replay: {outcome}", file=sys.stderr)
         else:
-            print(f"dlq: replayed {dead_letter_id} to {outcome}")
+            print(_replayed_line(outcome))
     return 1 if failed else 0
+
+
+def _replayed_line(replayed: Replayed) -> str:
+    """Where a dead letter went and, for a checkpoint event, what the projector decided there. A refused or
+    not yet applied replay still exits 0: it was published, and replaying it again would publish nothing."""
+    from graphledger_server.dlq.decided import Applied, DeadLetteredAgain, Held, NotApplied, NotAwaited, RefusedByRule
+
+    published = replayed.published
+    line = f"dlq: replayed {published.dead_letter_id} to {published.replayed_to}"
+    match replayed.decision:
+        case Applied() | NotAwaited():
+            return line
+        case RefusedByRule(reason=reason):
+            return f"{line}; the one-writer rule refused it: {reason}"
+        case DeadLetteredAgain(dead_letter_id=again, reason=reason):
+            return f"{line}; dead-lettered again as {again}: {reason}"
+        case Held():
+            return f"{line}; a parked subject holds it: see graphledger parked list"
+        case NotApplied(timeout_s=timeout_s):
+            thread = f" --thread {shlex.quote(published.thread_id)}" if published.thread_id is not None else ""
+            return f"{line}; not applied within {timeout_s:g}s: see graphledger forks list{thread}"
+        case _:
+            assert_never(replayed.decision)

@@ -5,7 +5,10 @@ of one dead letter, even concurrent ones, publish it once. The record is validat
 would before anything is published, so a fix that is still wrong fails here, not in the projector.
 A fixed payload keeps the event's type, id and time, and is sealed again when the dead letter was. The
 event keeps its time (`gl-appended-ms`, which the dead letter's headers carry) rather than taking the
-replay's, so a store item's TTL runs from when it was first written.
+replay's, so a store item's TTL runs from when it was first written. Its `gl-intent` header is the
+intent its payload carries (none: no header), as every reader checks. Once every replay is published (each
+in its transaction, as above), the replay waits for what the projector decided at each checkpoint record's
+new position (`decided.py`): the one-writer rule judges it there, against the thread as it is now.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from graphledger.log.records import LogRecord
 from graphledger.opening.records import DeadLetter, Decoded, TooNew, decode_value, key_name
 from graphledger.opening.records import Erased as ErasedRecord
 from graphledger.settings import Settings
+from graphledger_server.dlq.decided import Published, Replayed, decide
 from graphledger_server.dlq.sealed import Opened, open_sealed
 from graphledger_server.keys.key_store import key_store_for
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.log.clients import new_producer
 from graphledger_server.projection.batch import TopicProjection
+from graphledger_server.projection.checkpoint_plan import thread_of
 from graphledger_server.projection.dead_letters import (
     HEADER_OFFSET,
     HEADER_PARTITION,
@@ -53,8 +58,17 @@ async def replay(
     *,
     payload: dict[str, Any] | None = None,
     event_type: str | None = None,
-) -> list[tuple[int, str | DeadLetterError]]:
-    """Replay each dead letter once; per id, where it went or why it was refused."""
+) -> list[tuple[int, Replayed | DeadLetterError]]:
+    """Replay each dead letter once; per id, where it went and what the projector decided there
+    (`decided.py`), or why it was not published."""
+    published = await _publish(settings, ids, payload, event_type)
+    decided = iter(await decide(settings, [p for _, p in published if isinstance(p, Published)]))
+    return [(i, p if isinstance(p, DeadLetterError) else next(decided)) for i, p in published]
+
+
+async def _publish(
+    settings: Settings, ids: Sequence[int], payload: dict[str, Any] | None, event_type: str | None
+) -> list[tuple[int, Published | DeadLetterError]]:
     projections = projections_for(settings)
     conn = await asyncpg.connect(settings.postgres_dsn)
     keys_pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=0, max_size=1)
@@ -64,10 +78,10 @@ async def replay(
         for projection in projections.values():
             await projection.prepare(conn)  # the store's vector dims, which validation checks
         await producer.start()
-        results: list[tuple[int, str | DeadLetterError]] = []
+        results: list[tuple[int, Published | DeadLetterError]] = []
         for dead_letter_id in ids:
             try:
-                outcome: str | DeadLetterError = await _replay_one(
+                outcome: Published | DeadLetterError = await _replay_one(
                     conn, producer, settings, projections, keys, dead_letter_id, payload, event_type
                 )
             except DeadLetterError as exc:
@@ -89,7 +103,7 @@ async def _replay_one(
     dead_letter_id: int,
     payload: dict[str, Any] | None,
     event_type: str | None,
-) -> str:
+) -> Published:
     schema = settings.postgres_schema
     async with conn.transaction():
         row = await fetch_dead_letter(conn, schema, dead_letter_id, lock=True)  # a concurrent replay waits here
@@ -119,7 +133,7 @@ async def _replay_one(
         checked = decode_value(record, value, projections[topic].to_event, keys.get)
         match checked:
             case Decoded():
-                pass
+                thread_id = thread_of(checked.event) if topic == settings.checkpoint_topic else None
             case ErasedRecord():
                 raise DeadLetterError(f"dead letter {dead_letter_id} is of an erased subject: nothing to replay")
             case DeadLetter() | TooNew():
@@ -134,9 +148,9 @@ async def _replay_one(
             for r in records
         ]
         acked = await asyncio.wait_for(asyncio.gather(*futures), settings.produce_timeout_s)
-        replayed_to = f"{topic}:{partition}@{acked[-1].offset}"
-        await mark_replayed(conn, schema, dead_letter_id, replayed_to)
-    return replayed_to
+        published = Published(dead_letter_id, topic, partition, acked[-1].offset, thread_id)
+        await mark_replayed(conn, schema, dead_letter_id, published.replayed_to)
+    return published
 
 
 def _with_payload(
@@ -157,8 +171,17 @@ def _with_payload(
     event_id = _text(original.get("id")) or str(uuid.uuid4())
     ts = original.get("ts")
     produced_ms = ts if isinstance(ts, int) and not isinstance(ts, bool) else int(time.time() * 1000)
-    env = envelope.Envelope(kind, event_id, produced_ms, payload)
-    own_headers = (envelope.HEADER_TYPE, envelope.HEADER_VERSION, envelope.HEADER_SUBJECT, envelope.HEADER_KEY)
+    # The intent header says what the payload says (readers check it byte for byte), whatever the dead
+    # letter's own headers said: a fixed payload may carry another intent, or none.
+    intent = payload.get("intent")
+    env = envelope.Envelope(kind, event_id, produced_ms, payload, intent=intent if isinstance(intent, bytes) else None)
+    own_headers = (
+        envelope.HEADER_TYPE,
+        envelope.HEADER_VERSION,
+        envelope.HEADER_SUBJECT,
+        envelope.HEADER_KEY,
+        envelope.HEADER_INTENT,
+    )
     kept = [(k, v) for k, v in headers if k not in own_headers]
     if opened is not None:
         env = seal_envelope(env, opened.subject, opened.key, opened.key_id)

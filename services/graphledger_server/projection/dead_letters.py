@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import asyncpg
@@ -56,6 +56,13 @@ LOCK_DEAD_LETTER_SQL = DEAD_LETTER_SQL + " FOR UPDATE"
 # $1 id, $2 where it went.
 MARK_REPLAYED_SQL = """UPDATE {schema}.graphledger_dead_letters SET replayed_at = now(), replayed_to = $2::text
 WHERE id = $1::bigint"""
+
+# $1..$3 -> unnest(topic, partition, offset): the dead letters recorded at those positions.
+DEAD_LETTERS_AT_SQL = """
+SELECT d.id, d.topic, d.partition, d."offset", d.reason FROM {schema}.graphledger_dead_letters d
+JOIN unnest($1::text[], $2::int[], $3::bigint[]) AS u(topic, partition, off)
+  ON d.topic = u.topic AND d.partition = u.partition AND d."offset" = u.off
+"""
 
 OUTSTANDING_SQL = """
 SELECT topic, count(*) AS n FROM {schema}.graphledger_dead_letters WHERE replayed_at IS NULL GROUP BY topic
@@ -171,6 +178,17 @@ async def fetch_dead_letter(
 ) -> asyncpg.Record | None:
     """One dead letter (None: no such id); `lock`: its row locked until the transaction ends."""
     return await conn.fetchrow(render(LOCK_DEAD_LETTER_SQL if lock else DEAD_LETTER_SQL, schema), dead_letter_id)
+
+
+async def dead_letters_at(
+    conn: asyncpg.Connection, schema: str, positions: Collection[tuple[str, int, int]]
+) -> dict[tuple[str, int, int], tuple[int, str]]:
+    """The id and reason of the dead letter recorded at each of `positions` that has one."""
+    if not positions:
+        return {}
+    topics, partitions, offsets = (list(column) for column in zip(*positions, strict=True))
+    rows = await conn.fetch(render(DEAD_LETTERS_AT_SQL, schema), topics, partitions, offsets)
+    return {(r["topic"], r["partition"], r["offset"]): (r["id"], r["reason"]) for r in rows}
 
 
 async def mark_replayed(conn: asyncpg.Connection, schema: str, dead_letter_id: int, replayed_to: str) -> None:
