@@ -124,7 +124,7 @@ def _run_replay(args: argparse.Namespace, settings: Settings) -> int:
 def _replayed_line(replayed: Replayed) -> str:
     """Where a dead letter went and, for a checkpoint event, what the projector decided there. A refused or
     not yet applied replay still exits 0: it was published, and replaying it again would publish nothing."""
-    from graphledger_server.dlq.decided import Applied, DeadLetteredAgain, Held, NotApplied, NotAwaited, RefusedByRule
+    from graphledger_server.dlq.decided import Applied, DeadLetteredAgain, NotApplied, NotAwaited, Parked, RefusedByRule
 
     published = replayed.published
     line = f"dlq: replayed {published.dead_letter_id} to {published.replayed_to}"
@@ -135,7 +135,7 @@ def _replayed_line(replayed: Replayed) -> str:
             return f"{line}; the one-writer rule refused it: {reason}"
         case DeadLetteredAgain(dead_letter_id=again, reason=reason):
             return f"{line}; dead-lettered again as {again}: {reason}"
-        case Held():
+        case Parked():
             return f"{line}; a parked subject holds it: see graphledger parked list"
         case NotApplied(timeout_s=timeout_s):
             thread = f" --thread {shlex.quote(published.thread_id)}" if published.thread_id is not None else ""

@@ -49,7 +49,7 @@ class DeadLetteredAgain:
 
 
 @dataclass(frozen=True, slots=True)
-class Held:
+class Parked:
     """A parked subject holds it (`graphledger parked list`): applied once the subject is released."""
 
 
@@ -65,7 +65,7 @@ class NotAwaited:
     """A store event: the one-writer rule does not judge it, so the replay does not wait for the projector."""
 
 
-Decision = Applied | RefusedByRule | DeadLetteredAgain | Held | NotApplied | NotAwaited
+Decision = Applied | RefusedByRule | DeadLetteredAgain | Parked | NotApplied | NotAwaited
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +133,7 @@ async def decide(settings: Settings, published: Sequence[Published]) -> list[Rep
         if (letter := dead.get(p.position)) is not None:
             return DeadLetteredAgain(*letter)
         if p.position in held:
-            return Held()
+            return Parked()
         return Applied()
 
     return [Replayed(p, decision(p)) for p in published]
