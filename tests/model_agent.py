@@ -9,7 +9,10 @@ Run as `python tests/model_agent.py`. Each stdin line is `{"id", "op", "args"}` 
   (test-only instrumentation: the public API does not say where a write landed, and the test orders
   writes by log order);
 - `result` (packed): what a read answered;
-- `error`, `retryable` when the call raised.
+- `error`, `retryable` when the call raised;
+- `calls` (packed), for a `turn` (a LangGraph run): each `aput` and `aput_writes` the run made, in the
+  form of the script's own `put` and `put_writes` arguments, with the intent its record carried, its
+  records, its times and how it ended.
 
 The saver is opened with `async with`, so every call runs on this loop without a hop and the
 instrumentation sees the command it belongs to (a context variable). An erase is asked again while it
@@ -20,10 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import copy
 import json
 import sys
 import time
 from typing import Any
+
+from langgraph.checkpoint.base import get_checkpoint_metadata
 
 from graphledger import KafkaSaver
 from graphledger.errors import GraphledgerError
@@ -33,20 +39,61 @@ ERASE_DEADLINE_S = 120.0
 """How long an erase is asked again while it answers `erasure_incomplete` (the projector is down)."""
 
 _records: contextvars.ContextVar[list[list[list[int]]] | None] = contextvars.ContextVar("records", default=None)
+_calls: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar("calls", default=None)
+_call: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("call", default=None)
 
 
 def _instrument(saver: KafkaSaver) -> None:
-    """Record where each event of a command landed."""
+    """Record where each event of a command landed, and a run's saver writes."""
     publisher = saver._runtime.publisher
     publish = publisher.publish
 
-    async def publishing(*args: Any, **kwargs: Any) -> list[tuple[str, int, int]]:
-        positions = await publish(*args, **kwargs)
+    async def publishing(topic: str, key: str | None, event: Any, **kwargs: Any) -> list[tuple[str, int, int]]:
+        positions = await publish(topic, key, event, **kwargs)
         if (records := _records.get()) is not None:
             records.append([[partition, offset] for _, partition, offset in positions])
+        if (call := _call.get()) is not None:
+            call["intent"] = event.intent
         return positions
 
     publisher.publish = publishing  # type: ignore[method-assign]
+    aput, aput_writes = saver.aput, saver.aput_writes
+
+    async def put(config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        conf = config["configurable"]
+        args = {"thread": conf["thread_id"], "ns": conf.get("checkpoint_ns", ""), "parent": conf.get("checkpoint_id"),
+                "extra": {}, "checkpoint": copy.deepcopy(checkpoint),
+                "metadata": get_checkpoint_metadata(config, metadata), "new_versions": dict(new_versions)}  # fmt: skip
+        return await _called("put", args, aput(config, checkpoint, metadata, new_versions))
+
+    async def put_writes(config: Any, writes: Any, task_id: str, task_path: str = "") -> Any:
+        conf = config["configurable"]
+        args = {"thread": conf["thread_id"], "ns": conf.get("checkpoint_ns", ""),
+                "checkpoint_id": conf["checkpoint_id"], "writes": copy.deepcopy(list(writes)), "task_id": task_id,
+                "task_path": task_path}  # fmt: skip
+        return await _called("put_writes", args, aput_writes(config, writes, task_id, task_path))
+
+    saver.aput = put  # type: ignore[method-assign]
+    saver.aput_writes = put_writes  # type: ignore[method-assign]
+
+
+async def _called(kind: str, args: dict[str, Any], call: Any) -> Any:
+    """Run a saver write of a turn, noting it in the turn's calls."""
+    calls = _calls.get()
+    if calls is None:
+        return await call
+    noted: dict[str, Any] = {"kind": kind, "args": args, "records": [], "intent": None, "t0": time.monotonic()}
+    calls.append(noted)
+    records, this = _records.set(noted["records"]), _call.set(noted)
+    try:
+        return await call
+    except BaseException as exc:  # a cancelled write may have landed: the test cannot tell
+        noted["error_type"] = type(exc).__name__
+        raise
+    finally:
+        noted["t1"] = time.monotonic()
+        _records.reset(records)
+        _call.reset(this)
 
 
 def _config(thread: str, ns: str | None = "", checkpoint_id: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -82,6 +129,11 @@ class Agent:
                 await saver.adelete_for_runs(a["run_ids"])
             case "erase":
                 await self._erase(a["thread"])
+            case "turn":
+                config = _config(a["thread"], None)
+                if a["run_id"] is not None:
+                    config["metadata"] = {"run_id": a["run_id"]}
+                await self.graph.ainvoke({"messages": [a["text"]]}, config, durability="sync")
             case "get_tuple":
                 return {"result": await saver.aget_tuple(_config(a["thread"], a["ns"], a["checkpoint_id"]))}
             case "list":
@@ -127,6 +179,9 @@ def emit(message: dict[str, Any]) -> None:
 async def handle(agent: Agent, command: dict[str, Any]) -> None:
     records: list[list[list[int]]] = []
     _records.set(records)
+    calls: list[dict[str, Any]] = []
+    if command["op"] == "turn":  # the run's saver writes, each with its own records
+        _calls.set(calls)
     answer: dict[str, Any] = {"id": command["id"]}
     t0 = time.monotonic()
     try:
@@ -140,6 +195,8 @@ async def handle(agent: Agent, command: dict[str, Any]) -> None:
         answer["ok"] = True
         if "result" in result:
             answer["result"] = pack(result["result"])
+    if command["op"] == "turn":
+        answer["calls"] = pack(calls)
     emit({**answer, "t0": t0, "t1": t1, "records": records})
 
 

@@ -18,6 +18,12 @@ once that call has begun (the projector may meet the source's records only after
 read of the copy's target ending after the call began may also see that copy hollow, whichever call
 erases the target (each copy from a source being erased, hollow or not).
 
+**Runs.** A `turn` is a LangGraph run; each of its saver writes is an effect of its own, at its record,
+with its own times, decided by the reference's one-writer rule from the intent its record carried. A run
+that answered ok must have had none of its writes refused (`History.refusals`); one refused by its writer
+although the reference counts every write it sent is counted apart (a writer deciding from the log's
+headers takes a prune, whose strategy is sealed, for an operation).
+
 **The window.** A read of a thread is correct when it equals the reference after some prefix of the
 thread's writes in log order that holds every write acknowledged before the read began and no write
 begun after it ended (times from one monotonic clock shared by every process of the machine). A
@@ -46,6 +52,8 @@ WRITES = frozenset(WRITE_KINDS)
 READS = frozenset(READ_KINDS)
 NO_EFFECT_ERRORS = frozenset({"SubjectErasedError"})
 """Errors raised before anything is published: the write did not happen."""
+REFUSED = "ThreadWriteRefusedError"
+"""A run's write the one-writer rule refused: the run reports every write it sent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +68,8 @@ class Outcome:
     error: str | None = None
     error_type: str | None = None
     retryable: bool = False
+    calls: list[dict[str, Any]] | None = None
+    """A turn's saver writes (`model_agent.py`)."""
 
     @classmethod
     def from_answer(cls, answer: dict[str, Any]) -> Outcome:
@@ -72,6 +82,7 @@ class Outcome:
             error=answer.get("error"),
             error_type=answer.get("error_type"),
             retryable=answer.get("retryable", False),
+            calls=unpack(answer["calls"]) if "calls" in answer else None,
         )
 
 
@@ -154,9 +165,14 @@ class History:
         """Erased threads, from the time the erase call erasing them began (`_erasures`)."""
         self._erased_by: dict[str, Op] = {}
         broadcasts: list[tuple[int, int, Op, Outcome]] = []
+        self.turns: dict[int, list[Effect]] = {}
+        """Each turn's writes, by the turn's op index."""
         for op in ops:
             out = outcomes.get(op.index)
             if out is None or op.kind not in WRITES:
+                continue
+            if op.kind == "turn":
+                self._turn(op, out)
                 continue
             if not out.ok:
                 if out.error_type in NO_EFFECT_ERRORS and op.kind == "prune":
@@ -190,6 +206,46 @@ class History:
         self._graph_reads = _GraphReads()
         self._graph = build_graph(self._graph_reads)
         self._erasures(erasures)
+
+    def _turn(self, op: Op, out: Outcome) -> None:
+        """A LangGraph run's writes, each an effect at its record with its own times. Known whenever each
+        write either returned or was refused (`ThreadWriteRefusedError`); a run that failed otherwise (a
+        read that timed out, a refusal before anything was sent) wrote what it reports."""
+        effects = self.turns[op.index] = []
+        for call in out.calls or []:
+            if call.get("error_type") not in (None, REFUSED):
+                thread = op.args["thread"]
+                self.tainted[thread] = min(self.tainted.get(thread, call["t0"]), call["t0"])
+                continue
+            if not call["records"]:
+                continue  # refused before it was sent
+            partition, offset = call["records"][-1][-1]
+            write = Op(op.index, op.agent, call["kind"], {**call["args"], "intent": call["intent"]})
+            done = Outcome(True, call["t0"], call["t1"], [[tuple(r) for r in call["records"][-1]]])
+            effect = Effect(call["args"]["thread"], partition, offset, write, done, call["kind"])
+            self.effects[effect.thread].append(effect)
+            effects.append(effect)
+
+    def refusals(self) -> list[str]:
+        """The runs whose writes the reference refused, though the run did not fail so (each a violation), and
+        the count of runs refused by their writer although the reference counts every one of their writes
+        (a writer deciding from the log's headers errs toward refusing: docs/architecture.md)."""
+        wrong, cautious = [], 0
+        for index, effects in self.turns.items():
+            out = self.outcomes[index]
+            refused = {(e.partition, e.offset) for e in effects} & self._refused(effects)
+            if out.ok and refused:
+                wrong.append(f"turn op#{index} answered ok, but the rule refused its writes at {sorted(refused)}")
+            elif out.error_type == REFUSED and not refused:
+                cautious += 1
+        self.cautious_refusals = cautious
+        return wrong
+
+    def _refused(self, effects: list[Effect]) -> set[tuple[int, int]]:
+        found: set[tuple[int, int]] = set()
+        for thread in {e.thread for e in effects}:
+            found |= self.state(thread, len(self.effects[thread])).refused
+        return found
 
     def _erasures(self, erasures: dict[str, list[tuple[int, int]]]) -> None:
         """Each erased thread's first `thread.erase` record, as an effect of the erase call that erased
@@ -294,10 +350,12 @@ class History:
                     "checkpoint_id": a["parent"],
                     **a["extra"],
                 }
-                state.put({"configurable": configurable}, a["checkpoint"], a["metadata"], a["new_versions"])
+                at, intent = (effect.partition, effect.offset), a.get("intent")
+                state.put({"configurable": configurable}, a["checkpoint"], a["metadata"], a["new_versions"], intent, at)
             case "put_writes":
                 configurable = {"thread_id": thread, "checkpoint_ns": a["ns"], "checkpoint_id": a["checkpoint_id"]}
-                state.put_writes({"configurable": configurable}, a["writes"], a["task_id"], a["task_path"])
+                at, intent = (effect.partition, effect.offset), a.get("intent")
+                state.put_writes({"configurable": configurable}, a["writes"], a["task_id"], a["task_path"], intent, at)
             case "delete_thread":
                 state.delete_thread(thread)
             case "prune":
@@ -307,6 +365,7 @@ class History:
             case "copy_thread":
                 assert effect.source is not None
                 source, partition, offset = effect.source
+                state.copied_onto(thread)
                 if source in hollow:
                     return
                 if source != thread:
@@ -418,6 +477,12 @@ class History:
             elif op.kind in ("get_tuple", "list") and not any(_ordered(answer) == _ordered(e) for e in expected):
                 report.key_order[op.kind] += 1
         report.anomalies = list(self.anomalies)
+        report.wrong_runs = self.refusals()
+        report.runs = Counter(
+            "refused" if (out := self.outcomes[i]).error_type == REFUSED else "ok" if out.ok else "failed"
+            for i in self.turns
+        )
+        report.cautious_refusals = self.cautious_refusals
         return report
 
     def explain(self, verdict: Verdict) -> str:
@@ -446,6 +511,12 @@ class Report:
     violations: list[Verdict] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)
     candidates: int = 0
+    wrong_runs: list[str] = field(default_factory=list)
+    """LangGraph runs that answered ok although the rule refused one of their writes."""
+    runs: Counter[str] = field(default_factory=Counter)
+    """The turns by how they ended: `ok`, `refused` (`ThreadWriteRefusedError`), `failed`."""
+    cautious_refusals: int = 0
+    """Runs their writer refused though the reference counts every write they sent."""
 
 
 def _write_effects(op: Op, out: Outcome) -> list[tuple[str | None, tuple[int, int], str, Any]]:

@@ -27,7 +27,7 @@ from langgraph.constants import END, START
 from langgraph.graph import StateGraph
 from langgraph.types import Interrupt
 
-WRITE_KINDS = ("put", "put_writes", "delete_thread", "copy_thread", "prune", "delete_for_runs", "erase")
+WRITE_KINDS = ("put", "put_writes", "delete_thread", "copy_thread", "prune", "delete_for_runs", "erase", "turn")
 EVERY_THREAD_KINDS = ("delete_for_runs", "erase", "list_all")
 """Operations that may touch any thread (runs of any thread, copies of the erased one, a list of all)."""
 READ_KINDS = ("get_tuple", "list", "list_all", "get_state")
@@ -41,6 +41,7 @@ WEIGHTS = {
     "prune": 3,
     "delete_for_runs": 2,
     "erase": 0.4,
+    "turn": 8,
     "get_tuple": 22,
     "list": 10,
     "list_all": 1.5,
@@ -57,6 +58,12 @@ TASK_PATHS = ("", "~__pregel_pull, reply", "~__pregel_pull, tool", "~__pregel_pu
 SPECIAL_CHANNELS = ("__error__", "__interrupt__", "__resume__", "__scheduled__")
 REGULAR_CHANNELS = ("messages", "count", "note", "branch:to:reply", "branch:to:tool")
 LIVE_THREADS = 5
+TURN_THREADS = 2
+"""Threads that only LangGraph runs write (`turn`), several agents at once, so the one-writer rule decides:
+the script's own puts never go there (their made-up ids and channels are no run's). Reads, deletes, prunes,
+deletes of runs and copies from them do."""
+TURN_SHARE = 0.2
+"""How often an operation that may name a turn thread does."""
 """Threads written at once; an erased thread is replaced by a fresh one (and still read)."""
 FRESH_TARGET_DELAY = 60
 """Operations after a copy onto a fresh thread before the script uses that thread (`copy_onto_used_threads`
@@ -208,6 +215,7 @@ class Generator:
         self._n = 0
         for _ in range(LIVE_THREADS):
             self.live.append(self._new_thread())
+        self.turn_threads = [self._new_thread() for _ in range(TURN_THREADS)]
 
     def script(self, count: int, faults_every: float) -> Script:
         self.count = count
@@ -252,8 +260,11 @@ class Generator:
         self.threads[name] = _Thread()
         return name
 
-    def _thread(self) -> str:
-        """A live thread mostly; an erased one now and then (it must read as nothing for ever)."""
+    def _thread(self, turns: bool = False) -> str:
+        """A live thread mostly; an erased one now and then (it must read as nothing for ever); `turns`: a
+        turn thread now and then too."""
+        if turns and "turn" not in self.excluded and self.rng.random() < TURN_SHARE:
+            return self.rng.choice(self.turn_threads)
         erased = [t for t, s in self.threads.items() if s.erased]
         if erased and self.rng.random() < 0.05:
             return self.rng.choice(erased)
@@ -428,7 +439,7 @@ class Generator:
 
     def _get_tuple(self) -> dict[str, Any]:
         rng = self.rng
-        name = self._thread()
+        name = self._thread(turns=True)
         ns = self._ns() if rng.random() < 0.3 else ""
         ids = self.threads[name].ids[ns]
         cid = rng.choice(ids) if ids and rng.random() < 0.15 else None
@@ -436,7 +447,7 @@ class Generator:
 
     def _list(self) -> dict[str, Any]:
         rng = self.rng
-        name = self._thread()
+        name = self._thread(turns=True)
         ns = rng.choice([None, None, "", "inner", "call:1"])
         filter_ = self._filter()
         ids = [cid for n, cids in self.threads[name].ids.items() if ns in (None, n) for cid in cids]
@@ -460,14 +471,21 @@ class Generator:
         return {"filter": {"run_id": self.rng.choice(RUN_IDS)}}
 
     def _get_state(self) -> dict[str, Any]:
-        return {"thread": self._thread()}
+        return {"thread": self._thread(turns=True)}
 
     def _delete_thread(self) -> dict[str, Any]:
-        return {"thread": self._thread()}
+        return {"thread": self._thread(turns=True)}
+
+    def _turn(self) -> dict[str, Any]:
+        """A LangGraph run on a turn thread (`build_graph`, durability `sync`): it reads the thread's head
+        and writes on it, racing the other agents' runs there; some runs are of a run id `delete_for_runs` names."""
+        rng = self.rng
+        run_id = rng.choice(RUN_IDS) if rng.random() < 0.3 else None
+        return {"thread": rng.choice(self.turn_threads), "text": f"t{self.index}", "run_id": run_id}
 
     def _copy_thread(self) -> dict[str, Any]:
         rng = self.rng
-        source = self._thread() if "copies_around_erasure" not in self.excluded else rng.choice(self.live)
+        source = self._thread(turns=True) if "copies_around_erasure" not in self.excluded else rng.choice(self.live)
         self.copied_from[source] = self.index
         roll = rng.random()
         if "copy_onto_used_threads" in self.excluded:
@@ -493,7 +511,7 @@ class Generator:
         return {"source": source, "target": target}
 
     def _prune(self) -> dict[str, Any]:
-        threads = [self._thread()]
+        threads = [self._thread(turns=True)]
         if self.rng.random() < 0.2:
             threads.append(self._thread())
         keep_latest = "prune_keep_latest" not in self.excluded and self.rng.random() >= 0.15

@@ -10,6 +10,11 @@ version installed); each such place is marked "Postgres:". `tests/integration/te
 checks the reference against the official saver on random operation sequences, and
 `tests/unit/test_model_reference.py` runs the conformance suite against it.
 
+One writer per thread (docs/architecture.md, "One writer per thread") is graphledger's own rule, not
+LangGraph's: `OneWriterRule` is written here again from that text, apart from `graphledger.ownership`,
+and decides the writes of LangGraph runs (those that carry an intent); every other write counts as the
+official saver counts it.
+
 Not modelled (the generator never produces them): DeltaChannel values and their metadata, checkpoints
 before format 4 (whose reads add their parent's pending sends), values Postgres jsonb cannot hold
 (NUL, integers past 64 bits, floats jsonb reads back as integers).
@@ -18,7 +23,9 @@ before format 4 (whose reads add their parent's pending sends), values Postgres 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -33,6 +40,8 @@ from langgraph.checkpoint.base import (
     get_serializable_checkpoint_metadata,
 )
 from langgraph.checkpoint.memory import InMemorySaver
+
+from graphledger.ownership import Intent
 
 PRUNE_STRATEGIES = ("keep_latest", "delete")
 
@@ -79,6 +88,67 @@ def _inline(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool)
 
 
+@dataclass(frozen=True, slots=True)
+class Lead:
+    """A namespace's last counted put of a LangGraph run."""
+
+    checkpoint: bytes
+    """The hash its intent named it by."""
+    checkpoint_id: str
+    run_id: str | None
+    writer: bytes
+
+
+@dataclass
+class OneWriterRule:
+    """The rule's state of one thread: its operation count and each namespace's lead (missing: open)."""
+
+    operations: int = 0
+    leads: dict[str, Lead] = field(default_factory=dict)
+
+    def copy(self) -> OneWriterRule:
+        return OneWriterRule(self.operations, dict(self.leads))
+
+    def put(self, ns: str, checkpoint_id: str, run_id: str | None, intent: Intent | None) -> bool:
+        """Whether a put counts, the state moved past it."""
+        lead = self.leads.get(ns)
+        if intent is None:  # a write outside any run: it counts, and changes what every run read
+            self.leads.pop(ns, None)
+            self.operations += 1
+            return True
+        if lead is not None and lead.checkpoint == intent.checkpoint:
+            return True  # the same put again
+        if intent.operations != self.operations or (lead is not None and lead.checkpoint != intent.expects):
+            return False
+        self.leads[ns] = Lead(intent.checkpoint, checkpoint_id, run_id, intent.writer)
+        return True
+
+    def writes(self, ns: str, checkpoint_id: str, intent: Intent | None) -> bool:
+        lead = self.leads.get(ns)
+        if intent is None:
+            return True
+        current = intent.operations == self.operations
+        if lead is None:
+            return current
+        if lead.checkpoint in (intent.checkpoint, intent.expects):
+            return True
+        if intent.writer and lead.writer == intent.writer:
+            return True  # its own run put the lead after these writes were sent
+        return current and checkpoint_id > lead.checkpoint_id  # ahead of their put
+
+    def operation(self) -> None:
+        """Delete, prune `delete`, a copy landing on the thread, erasure."""
+        self.operations += 1
+        self.leads.clear()
+
+    def runs_deleted(self, run_ids: set[str]) -> None:
+        hit = [ns for ns, lead in self.leads.items() if lead.run_id is not None and lead.run_id in run_ids]
+        if hit:
+            for ns in hit:
+                del self.leads[ns]
+            self.operations += 1
+
+
 class ReferenceSaver(InMemorySaver):
     """`InMemorySaver` with the official Postgres saver's rules where the two differ, plus copy_thread,
     prune, delete_for_runs and erasure. Synchronous and in memory; `snapshot()` copies the state."""
@@ -87,6 +157,9 @@ class ReferenceSaver(InMemorySaver):
         super().__init__()
         self.erased: set[str] = set()
         """Erased threads: they read as nothing for ever, and nothing written to them counts."""
+        self.rules: dict[str, OneWriterRule] = defaultdict(OneWriterRule)
+        self.refused: set[Any] = set()
+        """The `at` of every write the one-writer rule refused."""
 
     # -- writes --------------------------------------------------------------------------------
 
@@ -96,13 +169,23 @@ class ReferenceSaver(InMemorySaver):
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
+        intent: bytes | None = None,
+        at: Any = None,
     ) -> RunnableConfig:
+        """`intent`: the run's, for a LangGraph run's put; `at`: the put's place, noted when refused."""
         conf = config["configurable"]
         thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
         result: RunnableConfig = {
             "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}
         }
         if thread_id in self.erased:
+            return result
+        run_id = _json_text(get_serializable_checkpoint_metadata(config, metadata).get("run_id"))
+        if not self.rules[thread_id].put(ns, checkpoint["id"], run_id, _intent(intent)):
+            self.refused.add(at)
+            newest = max(self.storage[thread_id][ns], default=None)
+            if newest is None or checkpoint["id"] > newest:  # its writes, sent before it, go with it
+                self.writes.pop((thread_id, ns, checkpoint["id"]), None)
             return result
         values = checkpoint["channel_values"]
         # Postgres: primitive values stay inline in the checkpoint's jsonb (read back whatever its
@@ -134,11 +217,20 @@ class ReferenceSaver(InMemorySaver):
         return result
 
     def put_writes(
-        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+        intent: bytes | None = None,
+        at: Any = None,
     ) -> None:
         conf = config["configurable"]
         thread_id = conf["thread_id"]
         if thread_id in self.erased:
+            return
+        if not self.rules[thread_id].writes(conf.get("checkpoint_ns", ""), conf["checkpoint_id"], _intent(intent)):
+            self.refused.add(at)
             return
         # Postgres: a batch of special writes only (errors, interrupts, ...) upserts, replacing channel
         # and value and keeping the row's task_path; any other batch inserts, never replacing (special
@@ -152,6 +244,14 @@ class ReferenceSaver(InMemorySaver):
                 stored[key] = (task_id, channel, self.serde.dumps_typed(value), task_path)
             elif upsert:
                 stored[key] = (task_id, channel, self.serde.dumps_typed(value), held[3])
+
+    def delete_thread(self, thread_id: str) -> None:
+        super().delete_thread(thread_id)
+        self.rules[thread_id].operation()
+
+    def copied_onto(self, thread_id: str) -> None:
+        """A copy's barrier landed on the thread: an operation, whatever it copied."""
+        self.rules[thread_id].operation()
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Every checkpoint, blob and write of the source under the target id (`BaseCheckpointSaver`:
@@ -224,6 +324,8 @@ class ReferenceSaver(InMemorySaver):
         if isinstance(run_ids, str):
             raise TypeError("run_ids must be a sequence of run IDs, not a str")
         runs = set(run_ids)
+        for rule in self.rules.values():
+            rule.runs_deleted(runs)
         for thread_id, namespaces in self.storage.items():
             for ns, checkpoints in namespaces.items():
                 freed = set()
@@ -352,6 +454,8 @@ class ReferenceSaver(InMemorySaver):
         copy.writes.update((key, dict(writes)) for key, writes in self.writes.items())
         copy.blobs.update(self.blobs)
         copy.erased = set(self.erased)
+        copy.rules.update((thread_id, rule.copy()) for thread_id, rule in self.rules.items())
+        copy.refused = set(self.refused)
         return copy
 
     def rows_of(self, thread_id: str, other: ReferenceSaver) -> None:
@@ -387,3 +491,7 @@ class ReferenceSaver(InMemorySaver):
             del self.writes[key]
         for key in [k for k in self.blobs if k[0] == thread_id and k[1] == ns]:
             del self.blobs[key]
+
+
+def _intent(raw: bytes | None) -> Intent | None:
+    return None if raw is None else Intent.parse(raw)

@@ -1,12 +1,14 @@
-"""KafkaSaver against a model (invariant 5): agents as separate OS processes run a random script of
-put, put_writes, get_tuple, list, aget_state, delete_thread, copy_thread, prune, delete_for_runs and
-erasure on a few threads, several operations at once in each process, with a memory bound so small
-that threads are evicted all the time, while the projector is frozen, killed and restarted at random.
-Every read must equal the reference (`model_reference.py`: InMemorySaver with the official Postgres
-saver's rules, plus copy, prune, delete_for_runs and erasure as documented) at some point between its
-start and its end (`model_check.py` says how). At the end every thread is read once more, by each
-agent and by a fresh one, once the projection has caught up, and the projection holds no dead letter
-and no parked subject (every operation is valid: a record set aside is a write lost to readers).
+"""KafkaSaver against a model (invariants 5 and 10): agents as separate OS processes run a random script of
+put, put_writes, get_tuple, list, aget_state, delete_thread, copy_thread, prune, delete_for_runs,
+erasure and LangGraph runs (turns, several agents racing on one thread) on a few threads, several
+operations at once in each process, with a memory bound so small that threads are evicted all the time,
+while the projector is frozen, killed and restarted at random. Every read must equal the reference
+(`model_reference.py`: InMemorySaver with the official Postgres saver's rules, plus copy, prune,
+delete_for_runs, erasure and the one-writer rule as documented) at some point between its start and its
+end (`model_check.py` says how), and a run that answered ok had none of its writes refused by the
+reference. At the end every thread is read once more, by each agent and by a fresh one, once the
+projection has caught up, and the projection holds no dead letter and no parked subject (every operation
+is valid: a record set aside is a write lost to readers).
 
 Behaviours that find a graphledger bug already reported are left out by default (`KNOWN_BUGS`, each
 with the bug it finds; `GRAPHLEDGER_MODEL_KNOWN_BUGS=1` puts them back), so that the rest of the model
@@ -50,7 +52,7 @@ from graphledger.settings import Settings
 from graphledger_server.devstack.stack import DevStack
 from kafka_clients import raw_consumer
 from model_check import History, Outcome, Report
-from model_ops import EVERY_THREAD_KINDS, READ_KINDS, RUN_IDS, Fault, Generator, Op, Script, pack
+from model_ops import EVERY_THREAD_KINDS, READ_KINDS, RUN_IDS, TURN_THREADS, Fault, Generator, Op, Script, pack
 
 SHORT_RUN_OPS = 600
 OPS = int(os.environ.get("GRAPHLEDGER_MODEL_OPS") or SHORT_RUN_OPS)
@@ -259,6 +261,8 @@ def _classify(run: Run, ops: list[Op], outcomes: dict[int, Outcome], erased: set
             run.failed[op.kind] += 1
         elif out.error_type == "SubjectErasedError" and set(op.threads()) & erased:
             run.failed["refused (erased)"] += 1
+        elif op.kind == "turn" and out.error_type == "ThreadWriteRefusedError":
+            run.failed["turn refused (one writer)"] += 1
         else:
             run.errors.append(f"op#{op.index} agent {op.agent} {op.kind} {op.args}: {out.error}")
 
@@ -398,6 +402,8 @@ def _report(seed: int, run: Run, report: Report, excluded: dict[str, str]) -> st
         f"{len(report.anomalies)}; errors: {len(run.errors)}; set aside (dead letters, parked, stages left): "
         f"{len(run.set_aside)}",
         f"  failures (retryable, or writes refused for an erased thread): {dict(run.failed)}",
+        f"  turns (LangGraph runs racing on {TURN_THREADS} threads): {dict(report.runs)}; refused by their writer "
+        f"though the reference counts them: {report.cautious_refusals}",
         f"  gets answered: {dict(answered)}; held bytes at the end, by agent: {[s['held_bytes'] for s in run.stats]} "
         f"(bounds {list(MEMORY_BYTES)}, then the fresh agent's default)",
     ]
@@ -422,6 +428,7 @@ def test_kafka_saver_matches_the_model(stack: DevStack) -> None:
     with open(dump, "wb") as f:
         pickle.dump({"script": script, "outcomes": run.outcomes, "final": run.final, "erasures": run.erasures}, f)
     problems = [history.explain(v) for v in report.violations[:5]] + report.anomalies[:10] + run.errors[:10]
+    problems += report.wrong_runs[:10]
     problems += run.set_aside[:10]
     assert not problems, f"{summary}\nhistory pickled to {dump}\n" + "\n".join(problems)
     # Every kind of read was checked, and some were answered from what a process holds (the path under test).

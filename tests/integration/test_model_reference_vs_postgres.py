@@ -15,7 +15,9 @@ from model_ops import Generator, build_graph
 from model_reference import ReferenceSaver
 
 SEEDS = [int(s) for s in os.environ.get("GRAPHLEDGER_MODEL_REFERENCE_SEEDS", "1,2,3").split(",")]
-UNOFFICIAL = ("copy_thread", "delete_for_runs", "erase")
+UNOFFICIAL = ("copy_thread", "delete_for_runs", "erase", "turn")
+"""Kinds the official saver does not answer as the reference does: copies, deletes of runs, erasure, and turns
+(the one-writer rule is graphledger's)."""
 
 
 async def _apply(saver: Any, graph: Any, kind: str, a: dict[str, Any]) -> Any:

@@ -87,6 +87,8 @@ class Mark:
     """The checkpoint id the next write expects (None: none): a put's id must be above it."""
     writer: bytes
     """The run's token (`Run.writer`), which each of its writes carries."""
+    run_id: object = None
+    """The metadata `run_id` of the run's puts (`folds.thread.run_id_text`), once it sent one."""
     refusal: ThreadWriteRefusedError | None = None
     """Set once a write of the run on this thread was refused: every later call of the run raises it."""
 
@@ -99,9 +101,9 @@ class Mark:
         namespace, checkpoint = names.namespace(self.checkpoint_ns), names.checkpoint(checkpoint_id)
         return Intent(namespace, checkpoint, expects, self.operations, self.writer)
 
-    def sent_put(self, names: IntentNames, checkpoint_id: str) -> None:
-        """The run sent a put of `checkpoint_id`: its next writes expect it."""
-        self.expects, self.expects_id = names.checkpoint(checkpoint_id), checkpoint_id
+    def sent_put(self, names: IntentNames, checkpoint_id: str, run_id: object) -> None:
+        """The run sent a put of `checkpoint_id` (of metadata `run_id`): its next writes expect it."""
+        self.expects, self.expects_id, self.run_id = names.checkpoint(checkpoint_id), checkpoint_id, run_id
 
 
 @dataclass(slots=True)
@@ -218,7 +220,7 @@ def window_verdict(
     every other writer's record is taken as applied (what the projector dead-letters would only have left
     the thread as the run read it, so this errs toward refusing, never toward counting)."""
     own_ns = names.namespace(mark.checkpoint_ns)
-    runs = {own_ns: mark.lead_run} if mark.lead_run is not None else {}
+    runs: dict[bytes, object] = {own_ns: mark.lead_run} if mark.lead is not None else {}
     writers = {own_ns: mark.lead_writer} if mark.lead_writer else {}
     leads = {own_ns: mark.lead} if mark.lead is not None else {}
     ledger: Ledger[bytes] = Ledger(mark.operations, leads, runs, {}, writers)
@@ -231,7 +233,9 @@ def window_verdict(
         raw = header(record.headers, HEADER_INTENT)
         intent = None if raw is None else Intent.parse(raw)
         if kind == PUT:
-            ledger, _ = ownership.put(ledger, intent.namespace if intent is not None else b"?", intent)
+            # A put's run id is sealed: the run's own is known, another writer's is not.
+            run = mark.run_id if intent is not None and intent.writer == mark.writer else UNKNOWN_RUN
+            ledger, _ = ownership.put(ledger, intent.namespace if intent is not None else b"?", intent, run)
         elif kind in OPERATIONS or kind == PRUNE:
             ledger = ownership.operation(ledger)
         elif kind == RUNS_DELETE:
@@ -256,6 +260,8 @@ FROM_HEADERS: Final = (
 
 
 PUT: Final = CheckpointPut.TYPE.encode()
+UNKNOWN_RUN: Final = object()
+"""The run id of another writer's put, which its sealed metadata holds: a `runs.delete` may name it."""
 RUNS_DELETE: Final = RunsDelete.TYPE.encode()
 
 
@@ -264,7 +270,7 @@ def _runs_deleted(ledger: Ledger[bytes], own_ns: bytes, record: LogRecord) -> Le
     or if the lead is another writer's, whose run the headers do not tell."""
     if own_ns not in ledger.leads:
         return ledger
-    if ledger.lead_runs.get(own_ns) is None:
+    if ledger.lead_runs.get(own_ns) is UNKNOWN_RUN:
         return ownership.operation(ledger)
     try:
         event = checkpoint_event(envelope_decode(record.value))

@@ -302,7 +302,7 @@ class ClientRuntime:
                 mark.refusal = ThreadWriteRefusedError(event.thread_id, event.checkpoint_ns, reason)
                 raise mark.refusal
             stamped = dataclasses.replace(event, intent=mark.intent(names, event.checkpoint_id).header())
-            mark.sent_put(names, event.checkpoint_id)
+            mark.sent_put(names, event.checkpoint_id, mark.run_id if mark.run_id is not None else thread.run_of(event))
             return stamped
         return dataclasses.replace(event, intent=mark.intent(names, event.checkpoint_id).header())
 

@@ -154,7 +154,7 @@ def _data(held: View, event: CheckpointPut | CheckpointWrites, verdict: Verdict 
     after = ledger
     if ledger is not None:
         if isinstance(event, CheckpointPut):
-            run = _run_of(event) if intent is not None else None
+            run = run_of(event) if intent is not None else None
             after, verdict = ownership.put(ledger, name, intent, run, event.checkpoint_id)
         else:
             verdict = ownership.writes(ledger, name, intent, event.checkpoint_id)
@@ -181,7 +181,7 @@ def _ledger_after_put(held: View, event: CheckpointPut) -> Ledger[str] | None:
     intent = None if event.intent is None else Intent.parse(event.intent)
     if ledger is None or (intent is not None and not _holds(held, event.checkpoint_ns)):
         return ledger
-    run = _run_of(event) if intent is not None else None
+    run = run_of(event) if intent is not None else None
     return ownership.put(ledger, event.checkpoint_ns, intent, run, event.checkpoint_id)[0]
 
 
@@ -223,7 +223,8 @@ def _emptied(base: View, ledger: Ledger[str] | None) -> View:
     return _with_ledger(base, None if ledger is None else ownership.operation(ledger))
 
 
-def _run_of(event: CheckpointPut) -> object:
+def run_of(event: CheckpointPut) -> object:
+    """The metadata `run_id` of a put as `runs.delete` matches it (`run_id_text`)."""
     return run_id_text(orjson.loads(event.metadata_json).get("run_id"))
 
 
