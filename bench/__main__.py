@@ -246,6 +246,7 @@ async def _ownership(stack: DevStack, total: int) -> list[str]:
     settings = stack.settings
     cells = (("turns", 1), ("turns", 64), ("graphs", 64))
     rates: dict[tuple[str, int], dict[str, list[float]]] = {cell: {"on": [], "off": []} for cell in cells}
+    cpu: dict[tuple[str, int], dict[str, list[float]]] = {cell: {"on": [], "off": []} for cell in cells}
     runs = {"turns": _run_turns, "graphs": _run_graphs}
     async with (
         KafkaSaver(settings.model_copy(update={"write_ownership": "refuse"})) as refusing,
@@ -256,20 +257,25 @@ async def _ownership(stack: DevStack, total: int) -> list[str]:
             for side in ("on", "off") if r % 2 == 0 else ("off", "on"):
                 for row, concurrency in cells:
                     n = total // 8 if concurrency > 1 else total // 32
+                    started = time.process_time()
                     rates[(row, concurrency)][side].append(await runs[row](sides[side], concurrency, n))
+                    done = max(1, n // concurrency) * concurrency
+                    cpu[(row, concurrency)][side].append((time.process_time() - started) / done * 1000)
         verdicts = dict(refusing._runtime.verdicts)  # the bench reads the client's own count
     lines = [
-        "| one writer (docs/architecture.md) | concurrency | refuse | record | ratio (median; spread over rounds) |",
-        "|---|---:|---:|---:|---|",
+        "| one writer (docs/architecture.md) | concurrency | refuse | record | ratio (median; spread over rounds) "
+        "| agent CPU per run, refuse / record |",
+        "|---|---:|---:|---:|---|---|",
     ]
     labels = {"turns": "chat turn, a conversation's next", "graphs": "`graph.ainvoke`, a new thread each"}
     for row, concurrency in cells:
         on, off = rates[(row, concurrency)]["on"], rates[(row, concurrency)]["off"]
         ratios = [a / b for a, b in zip(on, off, strict=True)]
         spread = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+        cpu_on, cpu_off = (statistics.median(cpu[(row, concurrency)][side]) for side in ("on", "off"))
         lines.append(
             f"| {labels[row]} | {concurrency} | {statistics.median(on):,.0f}/s | {statistics.median(off):,.0f}/s "
-            f"| {spread} |"
+            f"| {spread} | {cpu_on:.2f} / {cpu_off:.2f} ms |"
         )
     lines.append(f"\n{OWNERSHIP_ROUNDS} rounds; the `refuse` side's verdicts (one writer a thread): {verdicts}")
     for line in lines:

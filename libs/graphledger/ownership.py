@@ -26,6 +26,7 @@ Pure: the projection's plan, the fold of every reader and a writer's own verdict
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
@@ -80,6 +81,13 @@ class Intent:
         if not isinstance(operations, int) or isinstance(operations, bool) or not 0 <= operations < 2**63:
             raise InvalidEventError(f"{HEADER_INTENT} operations {operations!r} is not a count")
         return cls(namespace, checkpoint, expects, operations, writer)
+
+
+@functools.lru_cache(maxsize=4096)
+def parsed(raw: bytes) -> Intent:
+    """`Intent.parse`, once per header: a record's intent is read by its writer's fold, its verdict and the
+    held thread's, and its writes name their checkpoint's again."""
+    return Intent.parse(raw)
 
 
 @dataclass(frozen=True, slots=True)

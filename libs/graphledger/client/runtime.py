@@ -24,7 +24,7 @@ from opentelemetry.context import Context
 from graphledger.client.asked_verdicts import PUT_WAIT_S, AskedVerdicts
 from graphledger.client.key_filters import KeyFilters
 from graphledger.client.loop import BackgroundLoop, HomeLoop
-from graphledger.client.ownership import IntentNames, Mark, Run, RunMarks, in_run, window_verdict
+from graphledger.client.ownership import UNSENT, IntentNames, Mark, Run, RunMarks, in_run, window_verdict
 from graphledger.client.publisher import EventPublisher
 from graphledger.client.put_riders import PutRiders
 from graphledger.client.reader import ReadApiClient
@@ -242,7 +242,9 @@ class ClientRuntime:
         names = None
         if mark is not None:
             assert isinstance(event, checkpoint.CheckpointPut | checkpoint.CheckpointWrites)
-            names = await self._intent_names(event.thread_id)
+            if mark.names is None:
+                mark.names = await self._intent_names(event.thread_id)
+            names = mark.names
             event = self._stamped(mark, names, event)
         key, envelope = await self._envelope(event)
         thread = _thread_of(event)
@@ -301,8 +303,9 @@ class ClientRuntime:
                 )
                 mark.refusal = ThreadWriteRefusedError(event.thread_id, event.checkpoint_ns, reason)
                 raise mark.refusal
-            stamped = dataclasses.replace(event, intent=mark.intent(names, event.checkpoint_id).header())
-            mark.sent_put(names, event.checkpoint_id, mark.run_id if mark.run_id is not None else thread.run_of(event))
+            intent = mark.intent(names, event.checkpoint_id)
+            stamped = dataclasses.replace(event, intent=intent.header())
+            mark.sent_put(intent, event.checkpoint_id, thread.run_of(event) if mark.run_id is UNSENT else mark.run_id)
             return stamped
         return dataclasses.replace(event, intent=mark.intent(names, event.checkpoint_id).header())
 

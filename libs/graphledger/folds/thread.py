@@ -78,7 +78,7 @@ from graphledger.folds.thread_view import (
     with_history,
 )
 from graphledger.jsonb import jsonb_value
-from graphledger.ownership import COUNTED, Counted, Intent, Ledger, Refused, Verdict
+from graphledger.ownership import COUNTED, Counted, Ledger, Refused, Verdict
 from graphledger.wire import typed
 
 
@@ -148,7 +148,7 @@ def _data(held: View, event: CheckpointPut | CheckpointWrites, verdict: Verdict 
     """A put or writes, as the one-writer rule decides it from the view's ledger, or as `verdict` says (its
     writer's own verdict, for a view that does not know the ledger)."""
     name, ledger = event.checkpoint_ns, held.ledger
-    intent = None if event.intent is None else Intent.parse(event.intent)
+    intent = None if event.intent is None else ownership.parsed(event.intent)
     if intent is not None and ledger is not None and not _holds(held, name):
         return held  # a protected write of a namespace whose lead the view does not know changes only that lead
     after = ledger
@@ -178,7 +178,7 @@ def _data(held: View, event: CheckpointPut | CheckpointWrites, verdict: Verdict 
 def _ledger_after_put(held: View, event: CheckpointPut) -> Ledger[str] | None:
     """The view's ledger after a put it holds nothing else of (None: the view knows no ledger)."""
     ledger = held.ledger
-    intent = None if event.intent is None else Intent.parse(event.intent)
+    intent = None if event.intent is None else ownership.parsed(event.intent)
     if ledger is None or (intent is not None and not _holds(held, event.checkpoint_ns)):
         return ledger
     run = run_of(event) if intent is not None else None
@@ -188,7 +188,7 @@ def _ledger_after_put(held: View, event: CheckpointPut) -> Ledger[str] | None:
 def verdict(held: View, event: CheckpointPut | CheckpointWrites) -> Verdict | None:
     """The one-writer rule's verdict of `event` if it came next after the records the view reflects (None:
     the view does not know the rule's state of its namespace)."""
-    intent = None if event.intent is None else Intent.parse(event.intent)
+    intent = None if event.intent is None else ownership.parsed(event.intent)
     if intent is None:
         return COUNTED
     ledger = held.ledger
