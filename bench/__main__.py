@@ -5,6 +5,8 @@ the agent and runs on a core of its own, the stack on the others (`bench/placeme
 the order they run (`--only` picks some):
 - conversations: chat turns, turn + `aget_state`, first turns of new threads, hop turns
   (`bench/conversations.py`), beside both official forms and `InMemorySaver`;
+- pods: a thread's turns spread over 4 agent processes, each with its own saver (`bench/pods.py`), on a
+  stack of its own;
 - checkpoints: raw `aput` and whole graph invocations at concurrency 1, 16 and 64, with ratios, and the
   projector's apply rate;
 - write-to-visible: latency of a new thread's write at a steady 500 writes/s;
@@ -38,6 +40,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
 from bench import conversations as conversation_bench
+from bench import pods as pods_bench
 from bench import rebuild as rebuild_bench
 from bench import store as store_bench
 from bench.conversations import StackCpu
@@ -54,7 +57,7 @@ CONCURRENCY = (1, 16, 64)
 SEALING_ROUNDS = 6
 OWNERSHIP_ROUNDS = 6
 LABELS = {"aput": "`aput`", "graph.ainvoke": "`graph.ainvoke`, a new thread each"}
-SECTIONS = ("conversations", "checkpoints", "write-to-visible", "sealing", "ownership", "store", "rebuild")
+SECTIONS = ("conversations", "pods", "checkpoints", "write-to-visible", "sealing", "ownership", "store", "rebuild")
 
 
 def _message_history(i: int) -> list[dict[str, str]]:
@@ -395,9 +398,17 @@ async def _run(args: argparse.Namespace, sections: set[str], placement: Placemen
             "brackets: its CPU over the run's wall time, how busy its core was) and the stack's (all its "
             "processes, on the stack's cores)"
         )
+    pods_rows: list[str] = []
+    if "pods" in sections:
+        placement.to_stack()
+        with DevStack(work_dir / "pods", partitions=DEFAULT_PARTITIONS, base=base, log_level="WARNING") as stack:
+            placement.to_agent()
+            placement.pin(stack.pids().values())
+            pods_rows = await pods_bench.run(stack, placement, args.pods_rounds, run_s=max(args.run_seconds, 1.0))
+            where = placement.describe(stack.pids())
     operation_rows: list[str] = []
     sealing_rows: list[str] = []
-    if sections - {"conversations"}:
+    if sections - {"conversations", "pods"}:
         placement.to_stack()  # the stack's processes inherit the stack's cores
         with DevStack(work_dir / "stack", partitions=DEFAULT_PARTITIONS, base=base, log_level="WARNING") as stack:
             placement.to_agent()
@@ -410,6 +421,8 @@ async def _run(args: argparse.Namespace, sections: set[str], placement: Placemen
     if conversation_rows:
         print(f"{conversation_facts}\n")
         print("\n".join(conversation_rows))
+    if pods_rows:
+        print("\n" + "\n".join(pods_rows))
     if operation_rows:
         print("\n| operation | concurrency | graphledger | official | ratio |")
         print("|---|---:|---:|---:|---:|")
@@ -478,6 +491,7 @@ if __name__ == "__main__":
     parser.add_argument("--recall-items", type=int, default=20000, help="items for the HNSW recall@10 row")
     parser.add_argument("--no-store", dest="store", action="store_false", help="skip the store rows")
     parser.add_argument("--no-sealing", dest="sealing", action="store_false", help="skip the sealing rows")
+    parser.add_argument("--pods-rounds", type=int, default=pods_bench.ROUNDS, help="rounds of the pods rows")
     parser.add_argument(
         "--conversation-turns",
         type=int,

@@ -350,7 +350,7 @@ async def _produce(settings: Settings, value: bytes, key: bytes | None, headers:
 
 BENCHES = {
     "python -m bench --no-store": "python -m bench --no-store --total 64 --backlog 200 --seconds 1 "
-    "--conversation-turns 4 --run-seconds 0.2 --rounds 1 --drift-records 100 --rebuild-events 500",
+    "--conversation-turns 4 --run-seconds 0.2 --rounds 1 --drift-records 100 --rebuild-events 500 --pods-rounds 1",
     "python -m bench.store": "python -m bench.store --total 64 --recall-items 200",
     "python -m bench.soak --graph-rate 10 --store-rate 40": "python -m bench.soak --graph-rate 10 --store-rate 40 "
     "--minutes 0.2 --kill-every 6 --agents 2",
