@@ -1,13 +1,18 @@
 """A writer's verdict of its own write from the log's headers (`client/ownership.window_verdict`): what it
-cannot open (another writer's sealed put, a prune's strategy) it takes as what would refuse, and nothing
-else: a `runs.delete` refuses only a run whose lead it may name."""
+cannot open (another writer's sealed put, an older writer's prune) it takes as what would refuse, and nothing
+else: a `runs.delete` refuses only a run whose lead it may name, a prune only when its `gl-operation` header
+(checked against its payload by every reader that opens it) does not say it keeps the latest."""
 
 from __future__ import annotations
 
+import pytest
+
 from graphledger.client.ownership import FROM_HEADERS, IntentNames, Mark, window_verdict
+from graphledger.errors import InvalidEventError
 from graphledger.events import envelope, to_envelope
-from graphledger.events.checkpoint import RunsDelete
+from graphledger.events.checkpoint import RunsDelete, ThreadPrune
 from graphledger.log.records import LogRecord
+from graphledger.opening.records import check_clear_headers
 from graphledger.ownership import NO_CHECKPOINT, Counted, Intent, Refused
 
 KEY = b"thread-key"
@@ -33,8 +38,11 @@ def _runs_delete(offset: int, *run_ids: str) -> LogRecord:
     return LogRecord("checkpoints", 0, offset, None, envelope.encode(env), tuple(envelope.headers_for(env)))
 
 
-def _prune(offset: int) -> LogRecord:
-    return LogRecord("checkpoints", 0, offset, KEY, b"", ((envelope.HEADER_TYPE, b"thread.prune"),))
+def _prune(offset: int, operation: bytes | None = None) -> LogRecord:
+    headers = [(envelope.HEADER_TYPE, b"thread.prune")]
+    if operation is not None:
+        headers.append((envelope.HEADER_OPERATION, operation))
+    return LogRecord("checkpoints", 0, offset, KEY, b"", tuple(headers))
 
 
 def test_a_runs_delete_cannot_name_a_lead_without_a_run_id() -> None:
@@ -51,6 +59,27 @@ def test_a_runs_delete_refuses_a_run_whose_own_lead_it_names_and_no_other() -> N
     assert window_verdict(mark, NAMES, [own, _runs_delete(12, "run-2"), write], KEY, write) == Counted()
     refused = window_verdict(mark, NAMES, [own, _runs_delete(12, "run-1"), write], KEY, write)
     assert isinstance(refused, Refused) and refused.reason.endswith(FROM_HEADERS)
+
+
+def test_a_prune_is_an_operation_unless_its_header_says_it_keeps_the_latest() -> None:
+    mark = _mark(lead="c1")
+    write = _put(13, "c2", "c1", WRITER)
+    assert window_verdict(mark, NAMES, [_prune(12, b"0"), write], KEY, write) == Counted()
+    assert isinstance(window_verdict(mark, NAMES, [_prune(12, b"1"), write], KEY, write), Refused)
+
+
+@pytest.mark.parametrize(("strategy", "operation"), [("delete", b"1"), ("keep_latest", b"0")])
+def test_a_prunes_operation_header_is_its_strategy_and_a_record_saying_otherwise_is_refused(
+    strategy: str, operation: bytes
+) -> None:
+    prune = ThreadPrune(thread_id="t", strategy=strategy)
+    headers = envelope.headers_for(to_envelope(prune))
+    assert envelope.header(headers, envelope.HEADER_OPERATION) == operation
+    check_clear_headers(headers, prune)
+    lying = [(k, b"0" if v == b"1" else b"1") if k == envelope.HEADER_OPERATION else (k, v) for k, v in headers]
+    with pytest.raises(InvalidEventError, match=envelope.HEADER_OPERATION):
+        check_clear_headers(lying, prune)
+    check_clear_headers([h for h in headers if h[0] != envelope.HEADER_OPERATION], prune)  # an older writer's
 
 
 def test_another_writers_put_supersedes_and_a_prune_whose_strategy_is_sealed_counts_as_an_operation() -> None:

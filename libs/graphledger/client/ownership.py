@@ -28,7 +28,7 @@ from graphledger.answers import Basis
 from graphledger.errors import GraphledgerError, ThreadWriteRefusedError
 from graphledger.events import checkpoint_event
 from graphledger.events.checkpoint import CheckpointPut, RunsDelete
-from graphledger.events.envelope import HEADER_INTENT, HEADER_TYPE, header
+from graphledger.events.envelope import HEADER_INTENT, HEADER_OPERATION, HEADER_TYPE, header
 from graphledger.events.envelope import decode as envelope_decode
 from graphledger.log.records import LogRecord
 from graphledger.ownership import NO_CHECKPOINT, Intent, Ledger, Refused, Verdict
@@ -219,7 +219,8 @@ OPERATIONS: Final = frozenset(
 )
 """The `gl-type` of records that count as a thread operation whatever their payload."""
 PRUNE: Final = b"thread.prune"
-"""Counted as an operation: its strategy is sealed, and only `delete` is one (this errs toward refusing)."""
+"""An operation when its `gl-operation` header says so, or says nothing (only `delete` is one: its strategy
+is sealed, and without the header this errs toward refusing)."""
 
 
 def window_verdict(
@@ -246,8 +247,8 @@ def window_verdict(
             # A put's run id is sealed: the run's own is known, another writer's is not.
             run = mark.run_id if intent is not None and intent.writer == mark.writer else UNKNOWN_RUN
             ledger, _ = ownership.put(ledger, intent.namespace if intent is not None else b"?", intent, run)
-        elif kind in OPERATIONS or kind == PRUNE:
-            ledger = ownership.operation(ledger)
+        elif kind in OPERATIONS or (kind == PRUNE and header(record.headers, HEADER_OPERATION) != b"0"):
+            ledger = ownership.operation(ledger)  # a prune without the header (an older writer's) may delete
         elif kind == RUNS_DELETE:
             ledger = _runs_deleted(ledger, own_ns, record)
     raw = header(write.headers, HEADER_INTENT)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from graphledger.errors import InvalidEventError
-from graphledger.events.checkpoint import CHECKPOINT_EVENT_TYPES, CheckpointEvent, ThreadCopy
+from graphledger.events.checkpoint import CHECKPOINT_EVENT_TYPES, CheckpointEvent, ThreadCopy, ThreadPrune
 from graphledger.events.envelope import STAGED_COPIES_VERSION, Envelope, new_envelope
 from graphledger.events.store import STORE_EVENT_TYPES, StoreEvent
 
@@ -14,8 +14,10 @@ Event = CheckpointEvent | StoreEvent
 
 
 def to_envelope(event: Event) -> Envelope:
-    """The event's envelope; a protected write's intent goes in its `gl-intent` header too."""
-    return new_envelope(event.TYPE, event.to_payload(), getattr(event, "intent", None))
+    """The event's envelope; a protected write's intent goes in its `gl-intent` header too, and whether a
+    prune is a thread operation in its `gl-operation` header."""
+    operation = event.strategy == "delete" if isinstance(event, ThreadPrune) else None
+    return new_envelope(event.TYPE, event.to_payload(), getattr(event, "intent", None), operation)
 
 
 def checkpoint_event(envelope: Envelope) -> CheckpointEvent:

@@ -54,6 +54,9 @@ SEALED_PAYLOAD = "sealed"
 """The one key of a sealed payload (`graphledger.erasure.sealing`)."""
 HEADER_INTENT = "gl-intent"
 """On a protected put's or writes' records: its writer's intent (`graphledger.ownership`), in clear."""
+HEADER_OPERATION = "gl-operation"
+"""On a prune's records: `1` when it is a thread operation of the one-writer rule (strategy `delete`), `0`
+when not (`keep_latest`), in clear, so a writer deciding from headers need not take every prune for one."""
 HEADER_TRACEPARENT = "traceparent"
 HEADER_APPENDED = "gl-appended-ms"
 """On a copy's records (`encrypt-log`, `import`, `dlq replay`): the time, in ms since the epoch, of the
@@ -108,13 +111,20 @@ class Envelope:
     """A protected put's or writes' intent (`graphledger.ownership.Intent.header`), which `headers_for`
     writes in `gl-intent`, in clear even when the payload is sealed. Not part of the value: the payload
     carries it too; None on a decoded envelope (the record's headers carry it)."""
+    operation: bool | None = None
+    """A prune's: whether it is a thread operation of the one-writer rule, which `headers_for` writes in
+    `gl-operation`, in clear. Not part of the value (the payload's strategy says it); None on other events
+    and on a decoded envelope."""
 
 
-def new_envelope(event_type: str, payload: dict[str, Any], intent: bytes | None = None) -> Envelope:
+def new_envelope(
+    event_type: str, payload: dict[str, Any], intent: bytes | None = None, operation: bool | None = None
+) -> Envelope:
     """A new event's envelope, of the lowest version that says what it carries: an intent needs
     `INTENT_VERSION`, so a projector of version 3 still applies every event without one."""
     version = INTENT_VERSION if intent is not None else PLAIN_VERSION
-    return Envelope(event_type, new_event_id(), int(time.time() * 1000), payload, version, None, version, intent)
+    now = int(time.time() * 1000)
+    return Envelope(event_type, new_event_id(), now, payload, version, None, version, intent, operation)
 
 
 def new_event_id() -> str:
@@ -144,6 +154,8 @@ def headers_for(envelope: Envelope, traceparent: str | None = None) -> list[tupl
             headers.append((HEADER_KEY, key_id.encode()))
     if envelope.intent is not None:
         headers.append((HEADER_INTENT, envelope.intent))
+    if envelope.operation is not None:
+        headers.append((HEADER_OPERATION, b"1" if envelope.operation else b"0"))
     if envelope.appended_ms is not None:
         headers.append((HEADER_APPENDED, str(envelope.appended_ms).encode()))
     if traceparent:

@@ -26,6 +26,7 @@ from graphledger.erasure.sealing import (
 )
 from graphledger.errors import InvalidEventError, UnknownEventVersionError
 from graphledger.events import envelope, to_envelope
+from graphledger.events.checkpoint import ThreadPrune
 from graphledger.events.chunks import ChunkRef, parse_header
 from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, ThreadErase
@@ -244,7 +245,7 @@ def decode_value(
                 raise InvalidEventError(f"no data key for subject {ref}: is the key store the one the writers used?")
             env, subject = unseal(env, key)
         event = to_event(env, envelope.append_time_ms(record.timestamp, record.headers))
-        check_intent_header(record.headers, event)
+        check_clear_headers(record.headers, event)
         held = value if chunk_event_id is not None else None
         return Decoded(record, event, chunk_event_id, held, subject, key_id if subject is not None else None)
     except UnknownEventVersionError as exc:
@@ -260,12 +261,20 @@ def decode_value(
         return DeadLetter(record, reason, header_type(record), value, chunk_event_id, subject, opened_key)
 
 
-def check_intent_header(headers: Sequence[Header] | None, event: Any) -> None:
-    """A protected write's `gl-intent` header is what its payload (sealed: authenticated) says, byte for
-    byte: readers of headers alone (a writer deciding its own verdict) then decide as the projector does.
-    `InvalidEventError` otherwise: the projector dead-letters such a record, and a copy of the log leaves it out."""
+def check_clear_headers(headers: Sequence[Header] | None, event: Any) -> None:
+    """What a record says in clear for the one-writer rule is what its payload (sealed: authenticated)
+    says: a protected write's `gl-intent` byte for byte, a prune's `gl-operation` (when it has one) its
+    strategy. Readers of headers alone (a writer deciding its own verdict) then decide as the projector
+    does. `InvalidEventError` otherwise: the projector dead-letters such a record, and a copy of the log
+    leaves it out."""
+    opened = unwrapped(event)
     carried = envelope.header(headers, envelope.HEADER_INTENT)
-    intent = getattr(unwrapped(event), "intent", None)
+    intent = getattr(opened, "intent", None)
     if carried != intent:
         said = "no intent" if intent is None else "another intent"
         raise InvalidEventError(f"{envelope.HEADER_INTENT} header does not match its event, which carries {said}")
+    operation = envelope.header(headers, envelope.HEADER_OPERATION)
+    if operation is not None:
+        expected = (b"1" if opened.strategy == "delete" else b"0") if isinstance(opened, ThreadPrune) else None
+        if operation != expected:
+            raise InvalidEventError(f"{envelope.HEADER_OPERATION} header does not match its event")

@@ -171,16 +171,20 @@ def _with_payload(
     event_id = _text(original.get("id")) or str(uuid.uuid4())
     ts = original.get("ts")
     produced_ms = ts if isinstance(ts, int) and not isinstance(ts, bool) else int(time.time() * 1000)
-    # The intent header says what the payload says (readers check it byte for byte), whatever the dead
-    # letter's own headers said: a fixed payload may carry another intent, or none.
+    # The intent and operation headers say what the payload says (readers check them), whatever the dead
+    # letter's own headers said: a fixed payload may carry another intent, or none, or another strategy.
     intent = payload.get("intent")
-    env = envelope.Envelope(kind, event_id, produced_ms, payload, intent=intent if isinstance(intent, bytes) else None)
+    strategy = payload.get("strategy") if kind == "thread.prune" else None
+    operation = None if strategy is None else strategy == "delete"
+    intent_bytes = intent if isinstance(intent, bytes) else None
+    env = envelope.Envelope(kind, event_id, produced_ms, payload, intent=intent_bytes, operation=operation)
     own_headers = (
         envelope.HEADER_TYPE,
         envelope.HEADER_VERSION,
         envelope.HEADER_SUBJECT,
         envelope.HEADER_KEY,
         envelope.HEADER_INTENT,
+        envelope.HEADER_OPERATION,
     )
     kept = [(k, v) for k, v in headers if k not in own_headers]
     if opened is not None:

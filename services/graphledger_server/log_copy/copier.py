@@ -27,7 +27,7 @@ from graphledger.events.envelope import (
     header,
     headers_for,
 )
-from graphledger.opening.records import check_intent_header
+from graphledger.opening.records import check_clear_headers
 from graphledger.settings import DEFAULT_ERASURE_NAMESPACE_DEPTH, Settings
 from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.keys.lookup import DataKeyCache
@@ -139,9 +139,9 @@ class Copier:
                     opened, event.opened = unseal(envelope, key)
                     event.event = self._to_event(opened)
             if event.event is not None:
-                # What the copy writes of an intent comes from the payload: a record whose header says
+                # What the copy writes in clear comes from the payload: a record whose headers say
                 # otherwise, which the projector dead-letters, must not count in the copy.
-                check_intent_header(event.headers, event.event)
+                check_clear_headers(event.headers, event.event)
         except UnknownEventVersionError as exc:
             raise GraphledgerError(
                 f"{self._source}:{event.partition}@{event.offset}: {exc}; run encrypt-log of that version"
