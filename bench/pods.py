@@ -15,7 +15,8 @@ other round. A cell gives turns/s, the p50 and p99 turn latency (the coordinator
 turn to its answer), the agent processes' CPU per turn (all of them) and the stack's. The pods run on
 the agent's core, the stack on the others (`bench/placement.py`).
 
-`python -m bench.pods` runs the section alone; `python -m bench.pods --worker kafka|official` is one pod.
+`python -m bench.pods` runs the section alone (`--ownership`: with a third side, KafkaSaver with
+`GRAPHLEDGER_WRITE_OWNERSHIP=record`, and the rule's ratio); `python -m bench.pods --worker SIDE` is one pod.
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ RUN_S = 3.0
 PAUSE_S = 0.3
 PAUSE_CONCURRENCY = 16
 SIDES = ("kafka", "official")
-LABELS = {"kafka": "KafkaSaver", "official": "official (a pool per pod)"}
+RECORDING = "kafka-record"
+"""With `--ownership`: KafkaSaver with `GRAPHLEDGER_WRITE_OWNERSHIP=record`, the one-writer rule's cost."""
+LABELS = {"kafka": "KafkaSaver", "official": "official (a pool per pod)", RECORDING: "KafkaSaver, ownership record"}
 
 
 # -- one pod ---------------------------------------------------------------------------------------
@@ -65,7 +68,7 @@ async def _serve(side: str) -> None:
     """Answer `{"id", "thread", "n"}` lines with `{"id", "ms"}` once the turn is done, concurrently;
     `{"id", "cpu": true}` with this process's CPU seconds."""
     settings = Settings()
-    if side == "kafka":
+    if side in ("kafka", RECORDING):
         async with KafkaSaver(settings) as saver:
             await _answer(chat_graph(saver))
         return
@@ -259,14 +262,25 @@ def _ratio(ours: list[Cell], theirs: list[Cell], pause: bool) -> str:
 
 
 async def run(
-    stack: DevStack, placement: Placement, rounds: int = ROUNDS, seed: int = 0, run_s: float = RUN_S
+    stack: DevStack,
+    placement: Placement,
+    rounds: int = ROUNDS,
+    seed: int = 0,
+    run_s: float = RUN_S,
+    ownership: bool = False,
 ) -> list[str]:
-    """The pods rows, on `stack`: both sides' pods started once, the rounds alternating sides."""
+    """The pods rows, on `stack`: every side's pods started once, the rounds alternating sides (`ownership`:
+    a third side, KafkaSaver with the one-writer rule off, and its ratio)."""
+    sides = (*SIDES, RECORDING) if ownership else SIDES
     async with AsyncPostgresSaver.from_conn_string(stack.settings.postgres_dsn) as official:
         await official.setup()
     env = {**os.environ, **stack.client_env()}
-    envs = {"kafka": env, "official": {**env, "GRAPHLEDGER_POSTGRES_DSN": stack.settings.postgres_dsn}}
-    pods = {side: [await Pod.start(side, envs[side]) for _ in range(PODS)] for side in SIDES}
+    envs = {
+        "kafka": env,
+        "official": {**env, "GRAPHLEDGER_POSTGRES_DSN": stack.settings.postgres_dsn},
+        RECORDING: {**env, "GRAPHLEDGER_WRITE_OWNERSHIP": "record"},
+    }
+    pods = {side: [await Pod.start(side, envs[side]) for _ in range(PODS)] for side in sides}
     placement.pin(stack.pids().values())  # the official pods' Postgres backends
     rng = random.Random(seed)
 
@@ -279,7 +293,7 @@ async def run(
     try:
         async with Settle(stack.settings) as settle:
             for r in range(rounds):
-                for side in SIDES if r % 2 == 0 else SIDES[::-1]:
+                for side in sides if r % 2 == 0 else sides[::-1]:
                     for routing, concurrency, pause in cells:
                         await settle()
                         cell = await run_cell(pods[side], concurrency, routing, rng, stack_cpu, pause, run_s)
@@ -310,29 +324,37 @@ async def run(
             f"| {label} | {concurrency} | {_cell_text(ours, bool(pause))} | {_cell_text(theirs, bool(pause))} "
             f"| {_ratio(ours, theirs, bool(pause))} |"
         )
+    if ownership:
+        lines += ["", "| one writer in the pods rows | concurrency | refuse / record (median; spread) |"]
+        lines.append("|---|---:|---:|")
+        for routing, concurrency, pause in cells:
+            on, off = (results[(routing, concurrency, pause, side)] for side in ("kafka", RECORDING))
+            label = f"{routing}{', paused' if pause else ''}"
+            lines.append(f"| {label} | {concurrency} | {_ratio(on, off, bool(pause))} |")
     for line in lines:
         print(line, flush=True)
     return lines
 
 
-async def _alone(rounds: int, seed: int) -> None:
+async def _alone(rounds: int, seed: int, ownership: bool) -> None:
     placement = Placement.plan()
     work_dir = Path(tempfile.mkdtemp(prefix="graphledger-bench-pods-"))
     placement.to_stack()
     with DevStack(work_dir / "stack", partitions=DEFAULT_PARTITIONS, log_level="WARNING") as stack:
         placement.to_agent()
         placement.pin(stack.pids().values())
-        await run(stack, placement, rounds, seed)
+        await run(stack, placement, rounds, seed, ownership=ownership)
         print(f"Machine: {placement.describe(stack.pids())}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--worker", choices=SIDES, help="run as one pod of this side")
+    parser.add_argument("--worker", choices=(*SIDES, RECORDING), help="run as one pod of this side")
+    parser.add_argument("--ownership", action="store_true", help="also KafkaSaver with the one-writer rule off")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--seed", type=int, default=0, help="the routing's seed")
     args = parser.parse_args()
     if args.worker:
         asyncio.run(_serve(args.worker))
     else:
-        asyncio.run(_alone(args.rounds, args.seed))
+        asyncio.run(_alone(args.rounds, args.seed, args.ownership))
