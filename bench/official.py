@@ -39,9 +39,8 @@ class UnlockedPoolSaver(AsyncPostgresSaver):
 
 
 @asynccontextmanager
-async def official_savers(dsn: str) -> AsyncIterator[dict[str, list[AsyncPostgresSaver]]]:
-    """Both forms on `dsn`, set up, two savers each (as two pods would hold):
-    `{"single connection": [...], "pool": [...]}`."""
+async def saver_pool(dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    """The pooled form's connections, `POOL_SIZE` of them, opened."""
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         dsn,
         min_size=POOL_SIZE,
@@ -51,11 +50,19 @@ async def official_savers(dsn: str) -> AsyncIterator[dict[str, list[AsyncPostgre
     )
     await pool.open(wait=True)
     try:
-        async with (
-            AsyncPostgresSaver.from_conn_string(dsn) as first,
-            AsyncPostgresSaver.from_conn_string(dsn) as second,
-        ):
-            await first.setup()
-            yield {"single connection": [first, second], "pool": [UnlockedPoolSaver(pool), UnlockedPoolSaver(pool)]}
+        yield pool
     finally:
         await pool.close()
+
+
+@asynccontextmanager
+async def official_savers(dsn: str) -> AsyncIterator[dict[str, list[AsyncPostgresSaver]]]:
+    """Both forms on `dsn`, set up, two savers each (as two pods would hold):
+    `{"single connection": [...], "pool": [...]}`."""
+    async with (
+        saver_pool(dsn) as pool,
+        AsyncPostgresSaver.from_conn_string(dsn) as first,
+        AsyncPostgresSaver.from_conn_string(dsn) as second,
+    ):
+        await first.setup()
+        yield {"single connection": [first, second], "pool": [UnlockedPoolSaver(pool), UnlockedPoolSaver(pool)]}

@@ -38,11 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
 
 from bench.conversations import TURNS, chat_graph, message
-from bench.official import POOL_SIZE, UnlockedPoolSaver
+from bench.official import UnlockedPoolSaver, saver_pool
 from bench.placement import Placement, cpu_seconds
 from bench.settle import Settle
 from graphledger import KafkaSaver
@@ -72,18 +70,8 @@ async def _serve(side: str) -> None:
         async with KafkaSaver(settings) as saver:
             await _answer(chat_graph(saver))
         return
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        settings.postgres_dsn,
-        min_size=POOL_SIZE,
-        max_size=POOL_SIZE,
-        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
-        open=False,
-    )
-    await pool.open(wait=True)
-    try:
+    async with saver_pool(settings.postgres_dsn) as pool:
         await _answer(chat_graph(UnlockedPoolSaver(pool)))
-    finally:
-        await pool.close()
 
 
 async def _answer(graph: Any) -> None:

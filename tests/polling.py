@@ -2,7 +2,8 @@
 
 `wait_until` (synchronous) is the dev stack's own, `graphledger_server.devstack.ports.wait_until`;
 `wait_for` is the same for a test on the event loop, whose condition may be a coroutine function. Both
-fail with `TimeoutError` naming what they waited for. `within` bounds a step that should not wait at all,
+fail with `TimeoutError` naming what they waited for. `wait_applied` waits for a projector to reach log
+positions. `within` bounds a step that should not wait at all,
 so a hang fails as that step, with where it hung, well before the test's own timeout.
 """
 
@@ -12,14 +13,17 @@ import asyncio
 import contextlib
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
+import asyncpg
+
+from graphledger.settings import Settings
 from graphledger_server.devstack.ports import wait_until
 
 WAIT_S = 60.0
 POLL_S = 0.05
 
-__all__ = ["POLL_S", "WAIT_S", "wait_for", "wait_until", "within"]
+__all__ = ["POLL_S", "WAIT_S", "wait_applied", "wait_for", "wait_until", "within"]
 
 
 async def wait_for(
@@ -49,3 +53,25 @@ async def within(timeout_s: float, what: str) -> AsyncIterator[None]:
             yield
     except TimeoutError as exc:
         raise TimeoutError(f"{what} took over {timeout_s:.0f}s") from exc
+
+
+async def wait_applied(
+    settings: Settings, positions: Mapping[tuple[str, int], int], what: str, poll_s: float = POLL_S
+) -> None:
+    """Wait until the projector group of `settings` applied every record below each `(topic, partition)`'s
+    position (its `graphledger_offsets` next offset at least that)."""
+    conn = await asyncpg.connect(settings.postgres_dsn)
+
+    async def reached() -> bool:
+        rows = await conn.fetch(
+            f"SELECT topic, partition, next_offset FROM {settings.postgres_schema}.graphledger_offsets "
+            "WHERE consumer_group = $1",
+            settings.projector_group_id,
+        )
+        have = {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
+        return all(have.get((topic, partition), 0) >= end for (topic, partition), end in positions.items())
+
+    try:
+        await wait_for(reached, what, WAIT_S, poll_s)
+    finally:
+        await conn.close()

@@ -54,7 +54,7 @@ from graphledger_server.projection.migrate import migrate
 from graphledger_server.projector.main import run_projector
 from graphledger_server.replay.checksums import table_sum
 from kafka_clients import raw_consumer
-from polling import wait_for
+from polling import wait_applied, wait_for
 from sealed_events import unsealed
 
 DIMS = 8
@@ -171,22 +171,9 @@ async def _ends(settings: Settings, topic: str) -> dict[TopicPartition, int]:
 
 async def _applied(settings: Settings) -> None:
     """Wait until the projector of `settings` has applied both topics to their ends."""
-    ends = {tp: end for topic in source_topics(settings) for tp, end in (await _ends(settings, topic)).items()}
-    conn = await asyncpg.connect(settings.postgres_dsn)
-
-    async def caught_up() -> bool:
-        rows = await conn.fetch(
-            f"SELECT topic, partition, next_offset FROM {settings.postgres_schema}.graphledger_offsets "
-            "WHERE consumer_group = $1",
-            settings.projector_group_id,
-        )
-        have = {TopicPartition(r["topic"], r["partition"]): r["next_offset"] for r in rows}
-        return all(have.get(tp, 0) >= end for tp, end in ends.items())
-
-    try:
-        await wait_for(caught_up, f"the projection {settings.postgres_schema} to reach the log's end", WAIT_S)
-    finally:
-        await conn.close()
+    ends = {(tp.topic, tp.partition): end for topic in source_topics(settings)
+            for tp, end in (await _ends(settings, topic)).items()}  # fmt: skip
+    await wait_applied(settings, ends, f"the projection {settings.postgres_schema} to reach the log's end")
 
 
 async def _records(settings: Settings, topic: str) -> list[ConsumerRecord[bytes, bytes]]:

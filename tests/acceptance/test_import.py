@@ -31,7 +31,7 @@ from graphledger.settings import Settings
 from graphledger_server.devstack.stack import DevStack, settings_to_env
 from graphledger_server.importer.run import ImportReport, connect, import_postgres
 from graphledger_server.importer.source import Source
-from polling import wait_for, within
+from polling import wait_applied, wait_for, within
 
 THREADS = 300
 INTERRUPTED_THREADS = 20
@@ -160,22 +160,8 @@ async def source(stack: DevStack) -> SourceDb:
 
 async def _applied(stack: DevStack, report: ImportReport) -> None:
     """Wait until the stack's projector applied every record the import published."""
-    settings = stack.settings
-    conn = await asyncpg.connect(settings.postgres_dsn)
-
-    async def applied() -> bool:
-        rows = await conn.fetch(
-            f"SELECT topic, partition, next_offset FROM {settings.postgres_schema}.graphledger_offsets "
-            "WHERE consumer_group = $1",
-            settings.projector_group_id,
-        )
-        have = {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
-        return all(have.get(tp, 0) > offset for tp, offset in report.positions.items())
-
-    try:
-        await wait_for(applied, f"the projector to apply {report.positions}", WAIT_S, poll_s=0.1)
-    finally:
-        await conn.close()
+    positions = {tp: offset + 1 for tp, offset in report.positions.items()}
+    await wait_applied(stack.settings, positions, f"the projector to apply {report.positions}", poll_s=0.1)
 
 
 async def _snapshot(stack: DevStack, prefix: str) -> dict[str, list[tuple[Any, ...]]]:

@@ -355,12 +355,13 @@ BENCHES = {
     "python -m bench.soak --graph-rate 10 --store-rate 40": "python -m bench.soak --graph-rate 10 --store-rate 40 "
     "--minutes 0.2 --kill-every 6 --agents 2",
     "python -m bench.rebuild --events 100000": "python -m bench.rebuild --events 2000",
+    "python -m bench.pods --ownership": "python -m bench.pods --ownership --rounds 1",
 }
 """Each bench command the docs show, and its short variant as run here. `make bench` is `python -m bench`,
 whose store rows are `python -m bench.store`; `make soak` is `python -m bench.soak`, then tests."""
 
 
-IN_SOAK = {"python -m bench --no-store", "python -m bench.store"}
+IN_SOAK = {"python -m bench --no-store", "python -m bench.store", "python -m bench.pods --ownership"}
 """The benches whose short runs still take minutes (each starts a stack and both official sides): run by
 `make soak` (GRAPHLEDGER_README_BENCHES=all), skipped by `make test`."""
 
@@ -408,6 +409,7 @@ RUN_BY = {
     ("bench.store", None): "test_a_bench_runs_in_the_operators_shell",
     ("bench.soak", None): "test_a_bench_runs_in_the_operators_shell",
     ("bench.rebuild", None): "test_a_bench_runs_in_the_operators_shell",
+    ("bench.pods", None): "test_a_bench_runs_in_the_operators_shell",
 }
 """Each command the docs show, by (command, subcommand), and the test (or fixture) here that runs it."""
 MAKE_TARGETS = {"bench": "bench", "soak": "bench.soak"}

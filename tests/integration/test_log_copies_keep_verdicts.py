@@ -27,7 +27,7 @@ from graphledger.settings import Settings
 from graphledger_server.importer.run import import_postgres
 from graphledger_server.log.topics import ensure_topics
 from graphledger_server.log_copy.run import encrypt_log, repartition
-from polling import wait_for
+from polling import wait_applied
 from projection_helpers import (
     ONE_WRITER_LOG_IDS,
     ONE_WRITER_LOG_REFUSED,
@@ -80,23 +80,9 @@ async def _projected(settings: Settings) -> None:
         ends = await tail.ends({TopicPartition(topic, p): 0 for p in range(count)}, 30)
     finally:
         await tail.stop()
-    conn = await asyncpg.connect(settings.postgres_dsn)
-
-    async def caught_up() -> bool:
-        rows = await conn.fetch(
-            f"SELECT partition, next_offset FROM {settings.postgres_schema}.graphledger_offsets "
-            "WHERE consumer_group = $1 AND topic = $2",
-            settings.projector_group_id,
-            topic,
-        )
-        applied = {r["partition"]: r["next_offset"] for r in rows}
-        return all(applied.get(tp.partition, 0) >= end for tp, end in ends.items())
-
-    try:
-        async with running_projector(settings):
-            await wait_for(caught_up, f"the projection {settings.postgres_schema} to reach the log's end")
-    finally:
-        await conn.close()
+    positions = {(tp.topic, tp.partition): end for tp, end in ends.items()}
+    async with running_projector(settings):
+        await wait_applied(settings, positions, f"the projection {settings.postgres_schema} to reach the log's end")
 
 
 async def _verdicts(conn: asyncpg.Connection, schema: str) -> tuple[dict[str, list[tuple[Any, ...]]], list[Any]]:
