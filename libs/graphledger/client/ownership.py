@@ -34,9 +34,9 @@ from graphledger.log.records import LogRecord
 from graphledger.ownership import NO_CHECKPOINT, Intent, Ledger, Refused, Verdict
 
 RUNTIME_KEY: Final = "__pregel_runtime"
+"""Where LangGraph puts a run's `Runtime` in the configurable of each of the run's calls."""
 UNSENT: Final = object()
 """A mark's `run_id` before the run sent a put."""
-"""Where LangGraph puts a run's `Runtime` in the configurable of each of the run's calls."""
 MAX_RUNS: Final = 4096
 """Runs a process remembers the marks of (least recently used out): more than run at once."""
 HASH_BYTES: Final = 16

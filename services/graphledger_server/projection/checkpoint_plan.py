@@ -31,7 +31,7 @@ from graphledger.events.checkpoint import (
     ThreadPrune,
 )
 from graphledger.events.erasure import TenantErase, ThreadErase
-from graphledger.folds.thread import run_id_text
+from graphledger.folds.thread import run_of
 from graphledger.ownership import Counted, Intent, Ledger, Refused
 from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
 
@@ -430,7 +430,7 @@ def _intent(raw: bytes | None) -> Intent | None:
 def _run_of(event: CheckpointPut) -> str | None:
     """The put's metadata `run_id` as `runs.delete` matches it (`metadata ->> 'run_id'`); None: none, or
     one whose text the fold does not reproduce (`folds.thread.run_id_text`), never matched."""
-    run = run_id_text(orjson.loads(event.metadata_json).get("run_id"))
+    run = run_of(event)
     return run if isinstance(run, str) else None
 
 
