@@ -32,7 +32,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,17 +65,25 @@ LABELS = {"kafka": "KafkaSaver", "official": "official (a pool per pod)", RECORD
 
 async def _serve(side: str) -> None:
     """Answer `{"id", "thread", "n"}` lines with `{"id", "ms"}` once the turn is done, concurrently;
-    `{"id", "cpu": true}` with this process's CPU seconds."""
+    `{"id", "cpu": true}` with this process's CPU seconds; `{"id", "reads": true}` with how its saver
+    answered its reads so far (KafkaSaver's `ThreadReads` counters)."""
     settings = Settings()
     if side in ("kafka", RECORDING):
         async with KafkaSaver(settings) as saver:
-            await _answer(chat_graph(saver))
+            await _answer(chat_graph(saver), lambda: _reads_of(saver))
         return
     async with saver_pool(settings.postgres_dsn) as pool:
-        await _answer(chat_graph(UnlockedPoolSaver(pool)))
+        await _answer(chat_graph(UnlockedPoolSaver(pool)), dict)
 
 
-async def _answer(graph: Any) -> None:
+def _reads_of(saver: KafkaSaver) -> dict[str, int]:
+    reads = saver._runtime.thread_reads
+    if reads is None:
+        return {}
+    return {**reads.answered, **{f"read_api:{reason}": n for reason, n in reads.fell_back.items()}}
+
+
+async def _answer(graph: Any, reads: Callable[[], dict[str, int]]) -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -95,6 +104,9 @@ async def _answer(graph: Any) -> None:
         if command.get("cpu"):
             usage = resource.getrusage(resource.RUSAGE_SELF)
             _emit({"id": command["id"], "cpu": usage.ru_utime + usage.ru_stime})
+            continue
+        if command.get("reads"):
+            _emit({"id": command["id"], "reads": reads()})
             continue
         task = asyncio.create_task(turn(command))
         tasks.add(task)
@@ -151,6 +163,9 @@ class Pod:
     async def cpu(self) -> float:
         return float((await self.call(cpu=True))["cpu"])
 
+    async def reads(self) -> Counter[str]:
+        return Counter((await self.call(reads=True))["reads"])
+
     async def stop(self) -> None:
         assert self.process.stdin is not None
         self.process.stdin.close()
@@ -168,6 +183,10 @@ class Cell:
     hops: int = 0
     agent_cpu_s: float = 0.0
     stack_cpu_s: float = 0.0
+    stack_parts: dict[str, float] = field(default_factory=dict)
+    reads: Counter[str] = field(default_factory=Counter)
+    """How the pods answered their reads (KafkaSaver: held, folded, new, read_api and why)."""
+    """The stack's CPU seconds by component (broker, projector, api, postgres, sweeper)."""
 
     @property
     def rate(self) -> float:
@@ -197,6 +216,7 @@ async def run_cell(
     await asyncio.gather(*(pods[home].call(thread=t, n=0) for worker in conversations for t, home in worker))
     cell = Cell()
     cpu_before = sum(await asyncio.gather(*(pod.cpu() for pod in pods)))
+    reads_before = sum(await asyncio.gather(*(pod.reads() for pod in pods)), Counter[str]())
     stack_before = stack_cpu()
     started = time.perf_counter()
     deadline = started + run_s
@@ -221,7 +241,10 @@ async def run_cell(
     cell.seconds = time.perf_counter() - started
     cell.turns = len(cell.latencies)
     cell.agent_cpu_s = sum(await asyncio.gather(*(pod.cpu() for pod in pods))) - cpu_before
-    cell.stack_cpu_s = stack_cpu() - stack_before
+    cell.reads = sum(await asyncio.gather(*(pod.reads() for pod in pods)), Counter[str]()) - reads_before
+    stack_after = stack_cpu()
+    cell.stack_parts = {name: stack_after.get(name, 0.0) - seconds for name, seconds in stack_before.items()}
+    cell.stack_cpu_s = sum(cell.stack_parts.values())
     return cell
 
 
@@ -238,6 +261,12 @@ def _cell_text(cells: list[Cell], pause: bool) -> str:
     stack = statistics.median(c.per_turn_ms(c.stack_cpu_s) for c in cells)
     head = f"p50 {p50:.1f} ms" if pause else f"{rate:,.0f}/s, p50 {p50:.1f} ms"
     return f"{head}, p99 {p99:.1f} ms; agent {agent:.1f} ms, stack {stack:.1f} ms CPU a turn"
+
+
+def _parts(cell: Cell) -> str:
+    """The stack's CPU a turn by component, largest first."""
+    parts = sorted(cell.stack_parts.items(), key=lambda item: -item[1])
+    return " ".join(f"{name} {cell.per_turn_ms(seconds):.1f}" for name, seconds in parts)
 
 
 def _ratio(ours: list[Cell], theirs: list[Cell], pause: bool) -> str:
@@ -272,8 +301,8 @@ async def run(
     placement.pin(stack.pids().values())  # the official pods' Postgres backends
     rng = random.Random(seed)
 
-    def stack_cpu() -> float:
-        return cpu_seconds(stack.pids().values())
+    def stack_cpu() -> dict[str, float]:
+        return {name: cpu_seconds([pid]) for name, pid in stack.pids().items()}
 
     cells = [(routing, c, 0.0) for routing in ("random", "stay") for c in CONCURRENCY]
     cells.append(("random", PAUSE_CONCURRENCY, PAUSE_S))
@@ -290,7 +319,8 @@ async def run(
                             f"  pods {side:<8} {routing:<6} c={concurrency:<3}{' paused' if pause else ''} "
                             f"{cell.rate:8.0f}/s p50 {_percentile(cell.latencies, 0.5):6.1f} ms hops "
                             f"{cell.hops / max(1, cell.turns):.0%} agent {cell.per_turn_ms(cell.agent_cpu_s):.1f} "
-                            f"stack {cell.per_turn_ms(cell.stack_cpu_s):.1f} ms CPU a turn",
+                            f"stack {cell.per_turn_ms(cell.stack_cpu_s):.1f} ms CPU a turn ({_parts(cell)})"
+                            + (f"; reads {dict(cell.reads.most_common())}" if cell.reads else ""),
                             flush=True,
                         )
     finally:
@@ -312,6 +342,16 @@ async def run(
             f"| {label} | {concurrency} | {_cell_text(ours, bool(pause))} | {_cell_text(theirs, bool(pause))} "
             f"| {_ratio(ours, theirs, bool(pause))} |"
         )
+    lines += ["", "Where the stack's CPU a turn goes (median ms, by component):", ""]
+    for routing, concurrency, pause in cells:
+        row = [f"{routing} c={concurrency}{', paused' if pause else ''}"]
+        for side in SIDES:
+            cells_of = results[(routing, concurrency, pause, side)]
+            parts = {name for c in cells_of for name in c.stack_parts}
+            medians = {n: statistics.median(c.per_turn_ms(c.stack_parts.get(n, 0.0)) for c in cells_of) for n in parts}
+            ordered = sorted(medians.items(), key=lambda item: -item[1])
+            row.append(f"{LABELS[side]}: " + ", ".join(f"{n} {ms:.1f}" for n, ms in ordered))
+        lines.append("- " + "; ".join(row))
     if ownership:
         lines += ["", "| one writer in the pods rows | concurrency | refuse / record (median; spread) |"]
         lines.append("|---|---:|---:|")

@@ -153,7 +153,8 @@ class Agent:
             case "stats":
                 reads = saver._runtime.thread_reads
                 threads = saver._runtime.threads
-                return {"result": {"answered": dict(reads.answered) if reads else {}, "held_bytes": threads.size}}
+                answered, fell_back = (dict(reads.answered), dict(reads.fell_back)) if reads else ({}, {})
+                return {"result": {"answered": answered, "fell_back": fell_back, "held_bytes": threads.size}}
             case _:
                 raise ValueError(f"unknown op {op!r}")
         return {}

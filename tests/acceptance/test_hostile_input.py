@@ -34,11 +34,11 @@ from graphledger.erasure.sealer import EventSealer
 from graphledger.errors import InvalidInputError, ReadApiError
 from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import CheckpointPut
+from graphledger.opening.checkpoint_events import to_checkpoint_event
 from graphledger.pg_text import MAX_JSON_DEPTH
 from graphledger.wire import JSON, MSGPACK
 from graphledger_server.keys.key_store import key_store_for
 from graphledger_server.keys.source import StoreKeySource
-from graphledger_server.opening.checkpoint_events import to_checkpoint_event
 from hostile import (
     FEW,
     HOSTILE,

@@ -390,9 +390,10 @@ def _excluded() -> dict[str, str]:
 
 def _report(seed: int, run: Run, report: Report, excluded: dict[str, str]) -> str:
     kinds = Counter(op.kind for op in run.script.ops)
-    answered = Counter[str]()
+    answered, fell_back = Counter[str](), Counter[str]()
     for stats in run.stats:
         answered.update(stats["answered"])
+        fell_back.update(stats["fell_back"])
     lines = [
         f"model test seed {seed}: {len(run.script.ops)} operations ({dict(kinds)}) in {run.seconds:.0f}s",
         f"  faults: {dict(run.faults)}; excluded: {excluded or 'none'}",
@@ -404,8 +405,10 @@ def _report(seed: int, run: Run, report: Report, excluded: dict[str, str]) -> st
         f"  failures (retryable, or writes refused for an erased thread): {dict(run.failed)}",
         f"  turns (LangGraph runs racing on {TURN_THREADS} threads): {dict(report.runs)}; refused by their writer "
         f"though the reference counts them: {report.cautious_refusals}",
-        f"  gets answered: {dict(answered)}; held bytes at the end, by agent: {[s['held_bytes'] for s in run.stats]} "
-        f"(bounds {list(MEMORY_BYTES)}, then the fresh agent's default)",
+        f"  gets answered: {dict(answered)} (folded: other processes' records folded onto what is held); why "
+        f"reads went to the read API: {dict(fell_back)}",
+        f"  held bytes at the end, by agent: {[s['held_bytes'] for s in run.stats]} (bounds {list(MEMORY_BYTES)}, "
+        "then the fresh agent's default)",
     ]
     return "\n".join(lines)
 

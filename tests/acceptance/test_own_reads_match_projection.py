@@ -21,6 +21,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, Send, interrupt
 
 from graphledger import KafkaSaver
+from polling import wait_for
 
 
 class State(TypedDict, total=False):
@@ -186,3 +187,52 @@ async def test_subgraph_namespaces_and_sends(writer: KafkaSaver, reader: KafkaSa
     for task in state.tasks:
         if task.state is not None:
             await _same(writer, reader, task.state.config)  # type: ignore[union-attr]
+
+
+async def test_a_thread_that_moves_between_pods_reads_as_the_projection(stack: Any, reader: KafkaSaver) -> None:
+    """Each turn runs on the other of two savers (two pods), and the pod that takes the next turn reads the
+    thread with the projector stopped: it folds the other's records onto what it holds, once both seal the
+    thread with its own key (each from its first read of it through the read API; a new thread's first
+    records are sealed with a fresh key of its writer's alone)."""
+
+    def ask(state: State) -> State:
+        return {"items": [f"answer {interrupt('what?')}"]}
+
+    def step(state: State) -> State:
+        return {"items": [len(state.get("items", []))], "score": 0.5 * len(state.get("items", []))}
+
+    def fan_out(state: State) -> list[Send]:
+        return [Send("worker", {"items": [i]}) for i in range(2)]
+
+    def worker(state: State) -> State:
+        return {"items": [f"worked {state['items'][-1]}"]}
+
+    builder = StateGraph(State)
+    builder.add_node("step", step)
+    builder.add_node("ask", ask)
+    builder.add_node("worker", worker)
+    builder.add_edge(START, "step")
+    builder.add_conditional_edges("step", fan_out, ["worker"])
+    builder.add_edge("worker", "ask")
+    builder.add_edge("ask", END)
+    config = _thread()
+    async with KafkaSaver(stack.settings) as first, KafkaSaver(stack.settings) as second:
+        pods = (first, second)
+        sealers = [pod._runtime.sealer for pod in pods]  # type: ignore[union-attr]
+        await wait_for(lambda: all(s is not None and s.pool is not None and len(s.pool) for s in sealers), "fresh keys")
+        graphs = [builder.compile(checkpointer=pod) for pod in pods]
+        for turn in range(8):
+            graph = graphs[turn % 2]
+            if turn % 2:
+                await graph.ainvoke(Command(resume=f"blue {turn}"), config)
+            else:
+                await graph.ainvoke({"items": [f"turn {turn}"]}, config)
+            await _same(pods[(turn + 1) % 2], reader, config)  # the next turn's pod
+        await graphs[0].aupdate_state(config, {"note": "by hand"})
+        await _same(pods[1], reader, config)
+        answered = [pod._runtime.thread_reads.answered for pod in pods]  # type: ignore[union-attr]
+        fell_back = [pod._runtime.thread_reads.fell_back for pod in pods]  # type: ignore[union-attr]
+    # The second pod's first read goes to the read API; every other folds: the first pod's read of the second's
+    # first turn (sealed with the thread's own key, which it had not asked for) asks for that key, not the read API.
+    assert [a["read_api"] for a in answered] == [0, 1] and sum(a["folded"] for a in answered) == 8, answered
+    assert fell_back == [{}, {"not_held": 1}], fell_back

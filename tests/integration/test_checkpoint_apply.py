@@ -25,8 +25,8 @@ from graphledger.events.checkpoint import (
     ThreadPrune,
 )
 from graphledger.events.erasure import TenantErase, ThreadErase
+from graphledger.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger.opening.records import DeadLetter
-from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate

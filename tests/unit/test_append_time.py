@@ -13,9 +13,9 @@ from graphledger.errors import InvalidEventError, TimestampTypeError
 from graphledger.events import envelope, to_envelope
 from graphledger.events.envelope import HEADER_APPENDED, MAX_EPOCH_MS, append_time_ms
 from graphledger.log.records import LogRecord
+from graphledger.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger.opening.records import DeadLetter, Decoded, classify, with_append_time
 from graphledger_server.log.topics import LOG_APPEND_TIME, check_timestamp_type
-from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.dead_letters import outgoing_records
 from graphledger_server.projector.worker import _warn_of_create_time

@@ -16,8 +16,8 @@ from graphledger.events.checkpoint import (
     ThreadExpire,
     ThreadPrune,
 )
+from graphledger.opening.checkpoint_events import to_checkpoint_event
 from graphledger.ownership import SUPERSEDED, THREAD_CHANGED, Ledger
-from graphledger_server.opening.checkpoint_events import to_checkpoint_event
 from graphledger_server.projection.checkpoint_plan import (
     ApplyCopy,
     DataRun,

@@ -19,8 +19,8 @@ from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger.events.store import STORE_EVENT_TYPES
 from graphledger.log.records import LogRecord
+from graphledger.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger.opening.records import DeadLetter, Decoded, TooNew, classify
-from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from v1_events import CHECKPOINT_TOPIC, EVENT_ID, EVENTS, FIXTURES, PRODUCED_MS, fixture
 

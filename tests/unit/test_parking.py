@@ -7,8 +7,8 @@ import pytest
 
 from graphledger.errors import ParkedSubjectError
 from graphledger.events.checkpoint import RunsDelete, ThreadCopyBarrier
+from graphledger.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger_server.log.parked import Cause, ParkedSubject, Verdict, parse_subject_name, subject_name
-from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger_server.projection.parking import (
     Apply,
     Drop,

@@ -10,13 +10,24 @@ from collections.abc import Sequence
 import pytest
 
 from graphledger.erasure import sealer as sealer_module
+from graphledger.erasure.fresh_keys import FreshKeyPool
 from graphledger.erasure.sealer import EventSealer, TenantHashing
-from graphledger.erasure.sealing import ERASED, DataKey, cipher_of, new_data_key, sealed_ref, unseal
+from graphledger.erasure.sealing import (
+    ERASED,
+    Cipher,
+    DataKey,
+    cipher_of,
+    new_data_key,
+    sealed_key_id,
+    sealed_ref,
+    unseal,
+)
 from graphledger.erasure.subjects import Subject, record_key, reference, thread_record_key, thread_subject
 from graphledger.errors import SubjectErasedError
 from graphledger.events.checkpoint import RunsDelete, ThreadDelete
 from graphledger.events.envelope import Envelope
 from manual_clock import ManualClock
+from polling import wait_for
 
 TENANT = "acme"
 TTL_S = 60.0
@@ -225,3 +236,68 @@ async def test_a_cancelled_fetch_fails_every_waiter_of_every_tenant_it_had_not_r
         results = await asyncio.gather(first, second, return_exceptions=True)
     assert all(isinstance(r, asyncio.CancelledError) for r in results), results
     assert not sealer._fetches
+
+
+class PooledKeySource(FakeKeySource):
+    """Also hands out fresh keys, bound to no subject, as the read API does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.issued = 0
+
+    async def fresh_keys(self, tenant: str, count: int) -> list[tuple[str, Cipher]]:
+        self.issued += count
+        return [(f"fresh-{self.issued - i}", cipher_of(new_data_key())) for i in range(count)]
+
+
+async def pooled(clock: ManualClock | None = None) -> tuple[PooledKeySource, EventSealer]:
+    source = PooledKeySource()
+    pool = FreshKeyPool(source, TENANT, 8)
+    sealer = EventSealer(source, TTL_S, clock or ManualClock(), pool=pool)
+    await sealer.tenant_hashing(TENANT)
+    pool.fill()
+    await wait_for(lambda: len(pool), "fresh keys", timeout_s=5, poll_s=0)
+    return source, sealer
+
+
+async def test_a_shared_thread_is_sealed_and_opened_with_its_own_key_from_then_on() -> None:
+    source, sealer = await pooled()
+    fresh = await seal(sealer, "acme/t")
+    key_id = sealed_key_id(fresh)
+    assert key_id is not None and sealer.opening_key(ref_of("acme/t"), key_id) is not None  # a new thread's
+    asking = sealer.share(TENANT, "acme/t")
+    assert asking is not None
+    await asking
+    shared = await seal(sealer, "acme/t")
+    assert sealed_key_id(shared) is None
+    unseal(shared, source.keys[ref_of("acme/t")])  # type: ignore[arg-type]  # other pods ask for this key
+    assert sealer.opening_key(ref_of("acme/t"), None) is source.keys[ref_of("acme/t")]
+    assert sealer.opening_key(ref_of("acme/t"), key_id) is None
+    assert sealer.share(TENANT, "acme/t") is None  # held: nothing to ask
+
+
+async def test_a_write_waits_for_the_threads_key_asked_for_and_goes_on_without_it_when_the_ask_fails() -> None:
+    source, sealer = await pooled()
+    source.gate.clear()
+    sealer.share(TENANT, "acme/t")
+    waiting = asyncio.create_task(seal(sealer, "acme/t"))
+    await asked(source)
+    assert not waiting.done()
+    source.gate.set()
+    assert sealed_key_id(await waiting) is None  # the thread's own key, not a fresh one
+    source.failure = ConnectionError("read API down")
+    sealer.share(TENANT, "acme/u")
+    assert sealed_key_id(await seal(sealer, "acme/u")) is not None  # a fresh key, at once
+    source.failure = None
+    assert sealer.share(TENANT, "acme/u") is not None  # asked again
+
+
+async def test_a_key_is_opened_with_only_within_its_ttl() -> None:
+    clock = ManualClock()
+    _, sealer = await pooled(clock)
+    asking = sealer.share(TENANT, "acme/t")
+    assert asking is not None
+    await asking
+    clock.now += TTL_S
+    assert sealer.opening_key(ref_of("acme/t"), None) is None  # an erasure may have come meanwhile
+    assert sealer.share(TENANT, "acme/t") is not None  # checked again

@@ -24,6 +24,7 @@ from opentelemetry.context import Context
 from graphledger.client.asked_verdicts import PUT_WAIT_S, AskedVerdicts
 from graphledger.client.key_filters import KeyFilters
 from graphledger.client.loop import BackgroundLoop, HomeLoop
+from graphledger.client.others_records import Opening
 from graphledger.client.ownership import UNSENT, IntentNames, Mark, Run, RunMarks, in_run, window_verdict
 from graphledger.client.publisher import EventPublisher
 from graphledger.client.put_riders import PutRiders
@@ -123,10 +124,23 @@ class ClientRuntime:
                 self._log_denied,
                 KeyFilters(self._reader.call) if self._proves_new_threads() else None,
                 self._partition_of_thread_key,
+                self._opening(),
+                self._share_thread,
             )
         except BaseException:
             await self._reader.close()
             raise
+
+    def _opening(self) -> Opening:
+        """What this client opens other processes' records of its threads with: the keys its sealer holds."""
+        sealer = self.sealer
+        keys = sealer.opening_key if sealer is not None else (lambda ref, key_id: None)
+        return Opening(keys, self.tenant, self._settings.clear_events_refused)
+
+    def _share_thread(self, thread_id: str) -> asyncio.Future[Any] | None:
+        if self.sealer is None:
+            return None
+        return self.sealer.share(self.tenant, scoped_thread(self.tenant, thread_id))
 
     def _proves_new_threads(self) -> bool:
         """Whether this client's reads may prove a thread new from the log (`thread_reads.py`): it reads the

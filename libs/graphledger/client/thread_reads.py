@@ -5,9 +5,13 @@ A read reflects every write to the thread acknowledged to any process before it 
 asks the log, with a fetch sent after the read began, for the thread's partition from the
 snapshot's `through` (from past the process's own records there, which their offsets clear): when
 every record of the thread there is its own, the snapshot is the answer (no HTTP, no Postgres).
-Otherwise, or when it holds no view of what is asked, the read API answers (it waits for, or folds,
-every record the client does not name as its own) and the client folds its named records onto that
-answer. When the fold cannot derive the answer (`thread.Underivable`), the
+When the others' records of the thread there are puts and writes this process can open, it folds
+them onto the snapshot as the projection applies them (`others_records.py`: a thread that moved between
+pods), and the result is the answer. Otherwise, or when it holds no view of what is asked, the read API
+answers (it waits for, or folds, every record the client does not name as its own) and the client folds
+its named records onto that answer; it then seals the thread with the thread's own key
+(`EventSealer.share`), which every process that reads the thread holds, so that they open each other's
+records. When the fold cannot derive the answer (`thread.Underivable`), the
 client asks once more naming nothing, and the read API then waits for every record of the thread.
 
 A thread the process does not hold is most often a new one. Its read is answered here too when the log
@@ -17,6 +21,7 @@ filter's `through` to the log's end has it. The thread is then held as new throu
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -27,12 +32,15 @@ from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationF
 
 from graphledger.answers import ChannelHistory, DeltaHistoryAnswer, GetAnswer, Holding
 from graphledger.client.key_filters import KeyFilters
+from graphledger.client.others_records import THREAD_KEY_NOT_HELD, Fallback, Opening, folded, others_of_thread
 from graphledger.client.threads import Held, HeldThreads
 from graphledger.errors import LogUnavailableError, ReadApiError
 from graphledger.folds import thread
 from graphledger.log.records import Tail
 from graphledger.log.tail import LogTail
 from graphledger.ownership import Ledger
+from graphledger.telemetry import client as telemetry
+from graphledger.tenancy import scoped_thread
 from graphledger.wire import CACHED_THROUGH_HEADER, OWN_WRITES_HEADER
 
 log = logging.getLogger(__name__)
@@ -59,6 +67,8 @@ class ThreadReads:
         on_log_denied: Callable[[], None],
         key_filters: KeyFilters | None = None,
         partition_of: Callable[[bytes], Awaitable[int | None]] | None = None,
+        opening: Opening | None = None,
+        share: Callable[[str], asyncio.Future[Any] | None] = lambda thread_id: None,
     ) -> None:
         self._threads = threads
         self._topic = topic
@@ -72,9 +82,18 @@ class ThreadReads:
         """The partitions' key filters; None: no proofs of new threads (`ClientRuntime._proves_new_threads`
         says for which clients)."""
         self._partition_of = partition_of
+        self._opening = opening
+        """What the process opens other processes' records with (None: it folds none)."""
+        self._share = share
+        """Seal the thread with its own key from now on (`EventSealer.share`); returns the key's ask in flight."""
         self.answered: Counter[str] = Counter()
-        """Reads answered from what the process holds (`held`), for a thread proved new (`new`), and by the
-        read API (`read_api`)."""
+        """Reads answered from what the process holds (`held`), with other processes' records folded onto it
+        (`folded`), for a thread proved new (`new`), and by the read API (`read_api`)."""
+        self.fell_back: Counter[str] = Counter()
+        """Why a read went to the read API: `not_held`, `not_local` (only own records known), `underivable` (the
+        view does not hold what is asked), `incomplete_tail` (more records since than one look scans),
+        `log_unreadable`, `no_hashing_key`, `not_folded`, or why the others' records did not fold
+        (`others_records.Fallback`)."""
 
     async def get(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> dict[str, Any] | None:
         """The read API's get answer (wire form) for the thread namespace's newest checkpoint, or for
@@ -82,17 +101,28 @@ class ThreadReads:
         await self._threads.settled(thread_id)
         held = self._threads.get(thread_id)
         if held is None and await self._proved_new(thread_id):
-            self.answered["new"] += 1
+            self._count("new")
             return None
         if held is not None and held.view.erased:
             return None
-        if held is not None and held.local:
+        reason = _not_local(held)
+        if held is not None and reason is None:
             answer = held.view.answer(thread_id, checkpoint_ns, checkpoint_id)
-            if not isinstance(answer, thread.Underivable) and await self._unchanged_since(thread_id, held):
-                self.answered["held"] += 1
-                return answer
-        self.answered["read_api"] += 1
-        return await self._from_api(thread_id, checkpoint_ns, checkpoint_id, held)
+            current = Fallback("underivable") if isinstance(answer, thread.Underivable) else None
+            current = current or await self._current(thread_id, held)
+            if isinstance(current, Held):
+                if current.view is not held.view:
+                    answer = current.view.answer(thread_id, checkpoint_ns, checkpoint_id)
+                if not isinstance(answer, thread.Underivable):
+                    self._count("held" if current.view is held.view else "folded")
+                    return answer
+                current = Fallback("underivable")
+            reason = current.reason
+        self._count("read_api", reason)
+        answered = await self._from_api(thread_id, checkpoint_ns, checkpoint_id, held)
+        if answered is not None:
+            self._share(thread_id)
+        return answered
 
     async def history(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, channels: list[str]
@@ -103,24 +133,33 @@ class ThreadReads:
         held = self._threads.get(thread_id)
         if (held is not None and held.view.erased) or (held is None and await self._proved_new(thread_id)):
             return {channel: ChannelHistory([]) for channel in channels}
-        ns = _namespace(held, checkpoint_ns)
-        current = ns is not None and held is not None and held.local and await self._unchanged_since(thread_id, held)
-        if current and ns is not None:
+        reason = _not_local(held) or (None if _namespace(held, checkpoint_ns) is not None else "underivable")
+        current: Held | Fallback | None = None
+        if held is not None and reason is None:
+            current = await self._current(thread_id, held)
+        ns = _namespace(current, checkpoint_ns) if isinstance(current, Held) else None
+        if isinstance(current, Held) and ns is not None:
             answer = ns.delta_history(checkpoint_id, channels)
             if not isinstance(answer, thread.Underivable):
-                self.answered["held"] += 1
+                self._count("held" if held is not None and current.view is held.view else "folded")
                 return answer
-        self.answered["read_api"] += 1
+        self._count("read_api", current.reason if isinstance(current, Fallback) else reason or "underivable")
         body: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
         body["channels"] = channels
-        newest = ns.newest.checkpoint_id if current and ns is not None and ns.newest is not None else None
-        if held is not None and newest is not None and checkpoint_id in (None, newest):
+        newest = ns.newest.checkpoint_id if ns is not None and ns.newest is not None else None
+        if isinstance(current, Held) and newest is not None and checkpoint_id in (None, newest):
             # The view is current: ask for its newest checkpoint by id, and hold the answer.
             by_id = {**body, "checkpoint_id": newest}
             answered = DeltaHistoryAnswer.from_wire(await self._read(DELTA_PATH, by_id, None)).history
-            self._threads.learn_history(thread_id, held, checkpoint_ns, newest, answered)
+            self._threads.learn_history(thread_id, current, checkpoint_ns, newest, answered)
             return answered
         return DeltaHistoryAnswer.from_wire(await self._read(DELTA_PATH, body, None)).history
+
+    def _count(self, answered: str, fell_back: str | None = None) -> None:
+        self.answered[answered] += 1
+        if fell_back is not None:
+            self.fell_back[fell_back] += 1
+        telemetry.count_thread_read(answered, fell_back)
 
     async def _proved_new(self, thread_id: str) -> bool:
         """Whether the log held no record of the thread when this read began (its key is in neither its
@@ -164,26 +203,46 @@ class ThreadReads:
                 self._on_log_denied()
             return None
 
-    async def _unchanged_since(self, thread_id: str, held: Held) -> bool:
-        """Whether the log holds no record of the thread since the snapshot's `through` but its own; if
-        so, the thread is held as current through the log's end."""
+    async def _current(self, thread_id: str, held: Held) -> Held | Fallback:
+        """The snapshot as of the log's end, when the log's records of the thread since its `through` are its
+        own, or others' that this process folds onto it (`others_records.py`); that is then held. A
+        `Fallback`: the read API answers."""
         key = self._record_key_of_thread(thread_id)
         if key is None or held.through is None:
-            return False
+            return Fallback("no_hashing_key")
         tp = TopicPartition(self._topic, held.partition)
         tail = await self._tail(tp, self._threads.first_unknown(thread_id, held))
         if tail is None:
-            return False
+            return Fallback("log_unreadable")
         if not tail.complete:
             # The records the scan did not reach may all be this process's own (of any thread): then the
             # offsets decide, without their keys.
             if not self._threads.unchanged_by_others(thread_id, held, tail.end):
-                return False
-        else:
-            own = {o for offsets, _ in held.own for o in offsets}
-            if any((k == key or k is None) and o not in own for o, k in tail.keys):
-                return False
-        self._threads.advance(thread_id, held, tail.end)
+                return Fallback("incomplete_tail")
+            return self._threads.advance(thread_id, held, tail.end)
+        others = others_of_thread(held, tail.records, key)
+        if not others:
+            return self._threads.advance(thread_id, held, tail.end)
+        if self._opening is None:
+            return Fallback("not_folded")
+        stored = scoped_thread(self._opening.tenant, thread_id)
+        view = folded(held, others, stored, self._opening)
+        if view == Fallback(THREAD_KEY_NOT_HELD) and await self._thread_key(thread_id):
+            view = folded(held, others, stored, self._opening)  # one ask of the key instead of the read API's get
+        if isinstance(view, Fallback):
+            return view
+        return self._threads.folded(thread_id, held, view, tail.end)
+
+    async def _thread_key(self, thread_id: str) -> bool:
+        """Ask for the thread's own key, to seal and open its records with (`EventSealer.share`); whether the
+        ask answered (within the read's deadline)."""
+        asked = self._share(thread_id)
+        if asked is None:
+            return False
+        try:
+            await asyncio.wait_for(asyncio.shield(asked), self._timeout_s)
+        except Exception:  # the read API away or the subject erased: the read API's get says which
+            return False
         return True
 
     async def _from_api(
@@ -238,6 +297,13 @@ class ThreadReads:
         # Too many writes of newer checkpoints to send: the answer stands, the thread is not held.
         view = self._threads.install(thread_id, named, partition, view, applied, end, hold=later is not None)
         return view.answer(thread_id, checkpoint_ns, None)
+
+
+def _not_local(held: Held | None) -> str | None:
+    """Why a look at the log cannot decide a read of the thread (None: it may)."""
+    if held is None:
+        return "not_held"
+    return None if held.local else "not_local"
 
 
 def _namespace(held: Held | None, checkpoint_ns: str) -> thread.Namespace | None:

@@ -257,13 +257,26 @@ class HeldThreads:
                 entry = _held(held.epoch, partition, held.through, thread.apply(held.view, event), own)
                 self._put(thread_id, entry, touch=False)
 
-    def advance(self, thread_id: str, snapshot: Held, end: int) -> None:
+    def advance(self, thread_id: str, snapshot: Held, end: int) -> Held:
         """A read found no record of the thread but own ones from the snapshot's `through` up to `end`:
-        the thread's view is current through `end` (if it is still the same holding)."""
+        the thread's view is current through `end` (held so, if it is still the same holding). Returns the
+        snapshot as of `end`."""
         held = self._threads.peek(thread_id)
         if held is None or held.epoch != snapshot.epoch or held.through is None or held.through >= end:
-            return
-        self._put(thread_id, _held(held.epoch, held.partition, end, held.view, tuple(held.own_since(end))), touch=False)
+            return snapshot
+        current = _held(held.epoch, held.partition, end, held.view, tuple(held.own_since(end)))
+        self._put(thread_id, current, touch=False)
+        return current
+
+    def folded(self, thread_id: str, snapshot: Held, view: thread.View, end: int) -> Held:
+        """A read folded the other processes' records of the thread from the snapshot's `through` up to `end`
+        onto its view (`others_records.py`): `view` is the thread as of `end`, held so if nothing replaced
+        the snapshot meanwhile (an own record acknowledged since is not in `view`). Returns it as held."""
+        # Every own record of the snapshot lies below `end`: acknowledged before the fetch was sent.
+        current = _held(snapshot.epoch, snapshot.partition, end, view, ())
+        if self._threads.peek(thread_id) is snapshot:
+            self._put(thread_id, current, touch=False)
+        return current
 
     def install(
         self,

@@ -17,6 +17,7 @@ subject, or when the read API answers again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 
 from graphledger.erasure.fresh_keys import FreshKeyPool
 from graphledger.erasure.sealing import ERASED, Cipher, DataKey, Erased, SealedSubject, seal
-from graphledger.erasure.subjects import Subject, record_key, reference, subject_of, thread_record_key
+from graphledger.erasure.subjects import Subject, record_key, reference, subject_of, thread_record_key, thread_subject
 from graphledger.errors import SubjectErasedError
 from graphledger.events import Event, to_envelope
 from graphledger.events.envelope import Envelope
@@ -58,6 +59,9 @@ class _Cached:
     """A fresh key from the pool, bound to the subject here (None: the subject's own key)."""
 
 
+SHARE_WAIT_S = 1.0
+"""How long a write of a thread waits for the thread's own key asked for by `share` before it seals with a
+fresh key."""
 RECHECK_S = 5.0
 """After a failed check of a key past its `ttl_s`, how long it is used before the next check."""
 
@@ -83,6 +87,8 @@ class EventSealer:
         self._pending: dict[str, asyncio.Future[DataKey]] = {}
         self._flush: asyncio.Handle | None = None
         self._fetches: set[asyncio.Task[None]] = set()
+        self._sharing: set[str] = set()
+        """Subjects whose own key is asked for to seal with from now on (`share`)."""
 
     async def seal(self, event: Event, tenant: str, envelope: Envelope | None = None) -> tuple[str | None, Envelope]:
         """`event`'s record key and sealed envelope (names as stored, of `tenant`); `envelope`: the
@@ -128,6 +134,34 @@ class EventSealer:
         cached = self._tenants.get(tenant)
         return None if cached is None else thread_record_key(cached[0].hash_key, stored_thread_id).encode()
 
+    def share(self, tenant: str, stored_thread_id: str) -> asyncio.Future[DataKey] | None:
+        """Seal the thread with its own key from now on (asked for in the background), not with a fresh key
+        of this process's: the other processes of the tenant that read the thread hold that key too, so each
+        opens the others' records of it (`client/others_records.py`). A new thread keeps its fresh key until
+        a process that did not write it reads it. Returns the ask in flight (None: nothing to wait for)."""
+        hashing = self._tenants.get(tenant)
+        if hashing is None:
+            return None
+        subject = thread_subject(tenant, stored_thread_id)
+        ref = reference(hashing[0].hash_key, subject)
+        known = self._keys.get(ref)
+        if known is not None and isinstance(known.key, Erased):
+            return None
+        if ref in self._sharing:
+            return self._pending.get(ref)
+        if known is not None and known.key_id is None and self._clock() < known.fresh_until:
+            return None
+        self._sharing.add(ref)
+        return self._asked(tenant, ref, subject)
+
+    def opening_key(self, ref: str, key_id: str | None) -> Cipher | None:
+        """The key a record of subject `ref` sealed with `key_id` (None: the subject's own) opens with, if this
+        process holds it and checked it within `ttl_s` (or uses it meanwhile: `_data_key`)."""
+        cached = self._keys.get(ref)
+        if cached is None or isinstance(cached.key, Erased) or cached.key_id != key_id:
+            return None
+        return cached.key if self._clock() < cached.fresh_until else None
+
     def erased(self, ref: str) -> None:
         """Learned elsewhere (an erase call, a read) that the subject `ref` was erased."""
         self._remember(ref, _Cached(ERASED, float("inf")))
@@ -137,6 +171,11 @@ class EventSealer:
 
     async def _data_key(self, tenant: str, ref: str, subject: Subject) -> tuple[Cipher, str | None]:
         """The key to seal the subject's event with, and the id of the fresh key it is (None: its own)."""
+        if ref in self._sharing and (sharing := self._pending.get(ref)) is not None:
+            # Its own key is on its way (`share`): wait for it rather than seal with a key of this process's
+            # alone (the read API just answered), for at most `SHARE_WAIT_S`: writes go on through an outage.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(sharing), SHARE_WAIT_S)
         cached = self._keys.get(ref)
         now = self._clock()
         if cached is not None and not isinstance(cached.key, Erased) and self.pool is not None:
@@ -185,10 +224,12 @@ class EventSealer:
             except asyncio.CancelledError:
                 for _, later in list(wanted.items())[i:]:  # this tenant's and those not reached: no waiter hangs
                     for ref in later:
+                        self._sharing.discard(ref)
                         self._pending.pop(ref).cancel()
                 raise
             except Exception as exc:
                 for ref in subjects:
+                    self._sharing.discard(ref)
                     future = self._pending.pop(ref)
                     if not future.done():
                         future.set_exception(exc)
@@ -197,6 +238,8 @@ class EventSealer:
             fresh_until = self._clock() + self._ttl_s
             for ref in subjects:
                 future = self._pending.pop(ref)
+                sharing = ref in self._sharing
+                self._sharing.discard(ref)
                 key = found.get(ref)
                 if key is None:
                     future.set_exception(RuntimeError(f"the key source returned no key for subject {ref}"))
@@ -207,7 +250,7 @@ class EventSealer:
                     key = ERASED
                 if key is ERASED:
                     self._remember(ref, _Cached(ERASED, float("inf")))
-                elif known is not None and known.key_id is not None:
+                elif known is not None and known.key_id is not None and not sharing:
                     known.fresh_until = fresh_until  # checked: the fresh key bound here stays in use
                     key = known.key
                 else:

@@ -1,4 +1,5 @@
-"""The client's spans: one producer span per published event, one HTTP client span per read API call.
+"""The client's spans: one producer span per published event, one HTTP client span per read API call; and
+its one metric, how its reads of threads were answered (`count_thread_read`).
 
 The client library never configures OpenTelemetry: it asks the global API for a tracer, so the spans
 go wherever the application's tracer provider sends them, and cost next to nothing without one.
@@ -17,13 +18,24 @@ from collections.abc import Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
 from urllib.parse import urlsplit, urlunsplit
 
-from opentelemetry import propagate, trace
+from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from graphledger.telemetry import names
 
 _tracer = trace.get_tracer(names.CLIENT_SCOPE)
+_thread_reads = metrics.get_meter(names.CLIENT_SCOPE).create_counter(
+    names.CLIENT_THREAD_READS,
+    "{read}",
+    "Reads of threads, by how the client answered them and why it went to the read API.",
+)
+
+
+def count_thread_read(answered: str, fell_back: str | None) -> None:
+    """One read of a thread (`ThreadReads`): `answered` held, folded, new or read_api; `fell_back`, why it
+    went to the read API."""
+    _thread_reads.add(1, {names.GRAPHLEDGER_READ_ANSWERED: answered, names.GRAPHLEDGER_READ_FELL_BACK: fell_back or ""})
 
 
 def start_send_span(

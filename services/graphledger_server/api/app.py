@@ -10,6 +10,7 @@ from importlib.metadata import version
 from fastapi import FastAPI
 
 from graphledger.log.tail import LogTail
+from graphledger.opening import checkpoint_events
 from graphledger.opening.records import ToEvent
 from graphledger.settings import Settings
 from graphledger.wire import SERVER_REQUEST_SLACK_S
@@ -30,7 +31,6 @@ from graphledger_server.keys.key_store import check_key_settings, key_store_for
 from graphledger_server.keys.lookup import DataKeyCache
 from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.log.applied import AppliedOffsets
-from graphledger_server.opening import checkpoint_events
 from graphledger_server.opening.opener import RecordOpener
 from graphledger_server.opening.store_events import StoreEvents
 from graphledger_server.telemetry import api as telemetry

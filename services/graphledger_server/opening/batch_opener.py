@@ -19,9 +19,9 @@ from typing import Any, TypeGuard
 from graphledger.events.checkpoint import ThreadCopy
 from graphledger.events.erasure import NamespaceErase, TenantErase, ThreadErase
 from graphledger.log.records import LogRecord
+from graphledger.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger.opening.records import Classified, Decoded, unwrapped
 from graphledger_server.keys.lookup import DataKeyCache
-from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger_server.opening.opener import RecordOpener
 
 

@@ -32,8 +32,8 @@ from graphledger.events.checkpoint import (
 )
 from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.folds.thread import run_of
+from graphledger.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger.ownership import Counted, Intent, Ledger, Refused
-from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
 
 BatchItem = tuple[str, int, int, CheckpointEvent | TimedCheckpointEvent]
 """`(topic, partition, offset, event)`: one event at its position in the log (untimed events, as

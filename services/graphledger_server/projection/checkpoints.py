@@ -16,10 +16,10 @@ import asyncpg
 
 from graphledger.events.checkpoint import CheckpointPut, ThreadCopyBarrier
 from graphledger.events.envelope import Envelope
+from graphledger.opening import checkpoint_events
+from graphledger.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger.ownership import Ledger
 from graphledger.tenancy import THREAD_SEPARATOR
-from graphledger_server.opening import checkpoint_events
-from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger_server.projection import erasure, prune
 from graphledger_server.projection.checkpoint_plan import (
     ApplyCopy,

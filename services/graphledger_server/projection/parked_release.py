@@ -18,12 +18,12 @@ import asyncpg
 
 from graphledger.errors import ParkedSubjectError
 from graphledger.events.checkpoint import RunsDelete
+from graphledger.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger.opening.records import Chunk, Classified, DeadLetter, Decoded, Erased, TooNew, header_type
 from graphledger_server.driver_errors import Verdict, verdict_of
 from graphledger_server.log import parked
 from graphledger_server.log.offsets import lock_offsets, notify_applied
 from graphledger_server.log.parked import Cause, ParkedSubject, Position, subject_name
-from graphledger_server.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger_server.projection.batch import BatchApplier, BatchResult
 from graphledger_server.projection.parking import dropped_reason, source_record, threads_named
 

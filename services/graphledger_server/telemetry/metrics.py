@@ -340,6 +340,19 @@ REPLAY_PROGRESS = MetricSpec(
     (_TOPIC, _PARTITION),
 )
 
+CLIENT_THREAD_READS = MetricSpec(
+    names.CLIENT_THREAD_READS,
+    "counter",
+    "{read}",
+    "Agent pods' reads of threads (get_tuple, get_delta_channel_history), by how the client answered them: "
+    "`held` (what the pod holds, the log showing no other record), `folded` (other pods' records since folded "
+    "onto it), `new` (the log proved the thread new) or `read_api`; and why a read went to the read API "
+    "(`not_held`, `key_not_held`, `interleaved`, `operation`, ...: docs/agent-pods.md). Emitted by the client "
+    "through the application's meter provider.",
+    names.CLIENT_SCOPE,
+    (names.GRAPHLEDGER_READ_ANSWERED, names.GRAPHLEDGER_READ_FELL_BACK),
+)
+
 REGISTRY: tuple[MetricSpec, ...] = (
     PROJECTOR_LAG,
     PROJECTOR_PARTITIONS_STOPPED,
@@ -368,8 +381,9 @@ REGISTRY: tuple[MetricSpec, ...] = (
     SWEEPER_SWEEP_DURATION,
     SWEEPER_ACTIVE,
     REPLAY_PROGRESS,
+    CLIENT_THREAD_READS,
 )
-"""Every metric graphledger's processes can emit."""
+"""Every metric graphledger's processes can emit (the client's through its application's meter provider)."""
 
 
 def prometheus_series() -> dict[str, MetricSpec]:
