@@ -122,6 +122,9 @@ class Pod:
                 worker.join()
             self.load_workers.clear()
             return {"turns": self.load_turns, "errors": self.load_errors[:20]}
+        if op == "reads":  # how the saver answered its reads of threads so far (`ThreadReads`)
+            reads = self.saver._runtime.thread_reads
+            return {"answered": dict(reads.answered), "fell_back": dict(reads.fell_back)} if reads else {}
         if op == "continue":  # the thread's pending tasks, run from its newest checkpoint (`invoke(None)`)
             return {"messages": self.graph.invoke(None, config)["messages"]}
         if op == "resume":

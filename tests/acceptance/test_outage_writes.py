@@ -1,8 +1,10 @@
 """Keys are off the write path (docs/security.md): through an outage of the read API and Postgres, with
 Kafka up, an agent pod that was running keeps writing, new threads and new store subjects included,
 with keys past their TTL (1 s here), and keeps running the turns of the threads it holds and of new
-threads, which it proves new from the log with the key filters it fetched before; a turn on a thread
-another process wrote fails at its first read, retryably. A pod started during the outage says what it
+threads, which it proves new from the log with the key filters it fetched before. A thread whose turns
+move between two pods that both read it before keeps moving: each pod folds the other's records onto what
+it holds (docs/agent-pods.md). A turn on a thread another process wrote and this one never read fails at
+its first read, retryably. A pod started during the outage says what it
 cannot do. Once the outage ends, every acknowledged write is in the projection.
 
 `GRAPHLEDGER_OUTAGE_S` sets the outage's length, `GRAPHLEDGER_OUTAGE_PACE_S` the pause between the
@@ -43,8 +45,9 @@ def stack() -> Iterator[DevStack]:
         yield dev
 
 
-def _ok(answer: dict[str, object]) -> dict[str, object]:
-    assert answer["ok"], answer
+def _ok(answer: dict[str, object], *pods: AgentPod) -> dict[str, object]:
+    """The answer, which must be ok (else the failure and how `pods` answered their reads)."""
+    assert answer["ok"], (answer, [pod.call("reads") for pod in pods])
     return answer
 
 
@@ -69,9 +72,13 @@ def test_agents_keep_writing_through_an_outage_of_the_read_api_and_postgres(stac
             {"source": "input", "step": -1},
             {},
         )
-    pod = _pod(stack, "before")
+    moved = f"moved-{uuid.uuid4().hex[:6]}"
+    pod, second = _pod(stack, "before"), _pod(stack, "second")
     try:
         _ok(pod.call("turn", thread=held, text="before the outage"))
+        for n in range(4):  # both pods read the moved thread, and seal it with its own key from then on
+            _ok((pod, second)[n % 2].call("turn", thread=moved, text=f"moved {n}"))
+        moves = 4
         _ok(pod.call("store_put", namespace=["outage", "before"], key="k", value={"n": -1}))  # the store started
         for _ in range(WARM_THREADS):  # copies of both partitions' key filters, all but surely
             _ok(pod.call("turn", thread=f"warm-{uuid.uuid4().hex[:6]}", text="hello"))
@@ -85,6 +92,8 @@ def test_agents_keep_writing_through_an_outage_of_the_read_api_and_postgres(stac
             while time.monotonic() < deadline:  # the outage's length, not a wait for anything
                 _ok(pod.call("turn", thread=held, text=f"turn {turns}"))
                 turns += 1
+                _ok((pod, second)[moves % 2].call("turn", thread=moved, text=f"moved {moves}"), pod, second)
+                moves += 1
                 if len(puts) + len(memories) + 2 <= NEW_SUBJECTS:
                     fresh = f"new-{uuid.uuid4().hex[:6]}"
                     _ok(pod.call("put", thread=fresh, text=f"first write of {fresh}"))
@@ -119,6 +128,8 @@ def test_agents_keep_writing_through_an_outage_of_the_read_api_and_postgres(stac
                 return found is not None and len(found.checkpoint["channel_values"]["messages"]) == 2 * turns
 
             wait_until(projected, WAIT_S, "the held thread's turns to be projected", poll_s=0.2)
+            found = reader.get_tuple({"configurable": {"thread_id": moved}})
+            assert found is not None and len(found.checkpoint["channel_values"]["messages"]) == 2 * moves
             for thread in puts:
                 found = reader.get_tuple({"configurable": {"thread_id": thread}})
                 assert found is not None and found.checkpoint["channel_values"] == {"note": f"first write of {thread}"}
@@ -128,3 +139,4 @@ def test_agents_keep_writing_through_an_outage_of_the_read_api_and_postgres(stac
         assert turns > 2 and puts and memories
     finally:
         pod.close()
+        second.close()

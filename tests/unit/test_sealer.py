@@ -292,12 +292,16 @@ async def test_a_write_waits_for_the_threads_key_asked_for_and_goes_on_without_i
     assert sealer.share(TENANT, "acme/u") is not None  # asked again
 
 
-async def test_a_key_is_opened_with_only_within_its_ttl() -> None:
+async def test_a_key_past_its_ttl_opens_while_asked_for_again_until_the_answer_is_erased() -> None:
     clock = ManualClock()
-    _, sealer = await pooled(clock)
+    source, sealer = await pooled(clock)
     asking = sealer.share(TENANT, "acme/t")
     assert asking is not None
     await asking
+    key = sealer.opening_key(ref_of("acme/t"), None)
     clock.now += TTL_S
-    assert sealer.opening_key(ref_of("acme/t"), None) is None  # an erasure may have come meanwhile
-    assert sealer.share(TENANT, "acme/t") is not None  # checked again
+    source.keys[ref_of("acme/t")] = ERASED  # erased meanwhile, which the next ask learns
+    calls = len(source.data_calls)
+    assert sealer.opening_key(ref_of("acme/t"), None) is key  # in use while asked again (an outage)
+    await wait_for(lambda: len(source.data_calls) > calls, "the key asked for again", timeout_s=5, poll_s=0)
+    await wait_for(lambda: sealer.opening_key(ref_of("acme/t"), None) is None, "the erasure", timeout_s=5, poll_s=0)

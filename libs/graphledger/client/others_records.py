@@ -18,12 +18,12 @@ API, which settles it, its reason counted:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from graphledger.client.threads import Held
-from graphledger.erasure.sealing import KeyLookup
+from graphledger.erasure.sealing import Cipher
 from graphledger.events import envelope
 from graphledger.events.checkpoint import CheckpointPut, CheckpointWrites, ThreadCopy
 from graphledger.folds import thread
@@ -47,15 +47,12 @@ class Fallback(NamedTuple):
 class Opening:
     """What this process opens other processes' records with."""
 
-    keys: KeyLookup
+    keys: Callable[[str, str | None], Cipher | None]
     """The data keys it holds, by `(reference, fresh key id)` (None: not held, or no longer trusted)."""
     tenant: str
     """The tenant every key it holds was issued to (the read API scopes keys to the token's tenant)."""
     clear_refused: bool
     """Encryption on and no clear era accepted: a record in the clear is a dead letter to the projector."""
-
-    def owner_of(self, key: tuple[str, str | None]) -> str | None:
-        return self.tenant if self.keys(*key) is not None else None
 
 
 def others_of_thread(held: Held, records: Sequence[LogRecord], key: bytes) -> list[LogRecord]:
@@ -84,10 +81,17 @@ def _opened(record: LogRecord, opening: Opening) -> CheckpointPut | CheckpointWr
     if envelope.header(record.headers, envelope.HEADER_CHUNK) is not None:
         return Fallback("chunked")
     sealed = key_name(record)
-    if sealed is not None and opening.keys(*sealed) is None:
+    key = None if sealed is None else opening.keys(*sealed)
+    if sealed is not None and key is None:
         return Fallback("key_not_held" if sealed[1] is not None else THREAD_KEY_NOT_HELD)
-    classified = classify(record, checkpoint_events.to_event, opening.keys)
-    item = admitted(classified, opening.owner_of, clear_refused=opening.clear_refused)
+
+    def lookup(ref: str, key_id: str | None) -> Cipher | None:
+        return key if (ref, key_id) == sealed else None  # the seal names what its headers name, or opens not
+
+    classified = classify(record, checkpoint_events.to_event, lookup)
+    item = admitted(
+        classified, lambda name: opening.tenant if name == sealed else None, clear_refused=opening.clear_refused
+    )
     match item:
         case Decoded():
             event = unwrapped(item.event)

@@ -57,6 +57,8 @@ class _Cached:
     fresh_until: float
     key_id: str | None = None
     """A fresh key from the pool, bound to the subject here (None: the subject's own key)."""
+    asked_as: tuple[str, Subject] | None = None
+    """The tenant and subject it is asked for again as, past its TTL."""
 
 
 SHARE_WAIT_S = 1.0
@@ -156,11 +158,19 @@ class EventSealer:
 
     def opening_key(self, ref: str, key_id: str | None) -> Cipher | None:
         """The key a record of subject `ref` sealed with `key_id` (None: the subject's own) opens with, if this
-        process holds it and checked it within `ttl_s` (or uses it meanwhile: `_data_key`)."""
+        process holds it: checked within `ttl_s`, or, with a pool (a client's), past it while it is asked for
+        again in the background, as writes use it (the answer `ERASED` ends its use)."""
         cached = self._keys.get(ref)
         if cached is None or isinstance(cached.key, Erased) or cached.key_id != key_id:
             return None
-        return cached.key if self._clock() < cached.fresh_until else None
+        now = self._clock()
+        if now < cached.fresh_until:
+            return cached.key
+        if self.pool is None or cached.asked_as is None:
+            return None
+        cached.fresh_until = now + RECHECK_S  # one check at a time; in use meanwhile
+        self._asked(cached.asked_as[0], ref, cached.asked_as[1])
+        return cached.key
 
     def erased(self, ref: str) -> None:
         """Learned elsewhere (an erase call, a read) that the subject `ref` was erased."""
@@ -185,7 +195,7 @@ class EventSealer:
             return cached.key, cached.key_id
         if cached is None and self.pool is not None and (fresh := self.pool.take()) is not None:
             key_id, key = fresh
-            self._remember(ref, _Cached(key, now + self._ttl_s, key_id))
+            self._remember(ref, _Cached(key, now + self._ttl_s, key_id, (tenant, subject)))
             return key, key_id
         if cached is None or now >= cached.fresh_until:
             fetched = await asyncio.shield(self._asked(tenant, ref, subject))
@@ -254,7 +264,7 @@ class EventSealer:
                     known.fresh_until = fresh_until  # checked: the fresh key bound here stays in use
                     key = known.key
                 else:
-                    self._remember(ref, _Cached(key, fresh_until))
+                    self._remember(ref, _Cached(key, fresh_until, asked_as=(tenant, subjects[ref])))
                 future.set_result(key)
 
     def _remember(self, ref: str, cached: _Cached) -> None:
