@@ -400,12 +400,12 @@ async def _run(args: argparse.Namespace, sections: set[str], placement: Placemen
         )
     pods_rows: list[str] = []
     if "pods" in sections:
-        placement.to_stack()
-        with DevStack(work_dir / "pods", partitions=DEFAULT_PARTITIONS, base=base, log_level="WARNING") as stack:
-            placement.to_agent()
-            placement.pin(stack.pids().values())
-            pods_rows = await pods_bench.run(stack, placement, args.pods_rounds, run_s=max(args.run_seconds, 1.0))
-            where = placement.describe(stack.pids())
+        pods_rows, where = await pods_bench.run(
+            lambda: pods_bench.fresh_stack(work_dir, placement, base),
+            placement,
+            args.pods_rounds,
+            run_s=max(args.run_seconds, 1.0),
+        )
     operation_rows: list[str] = []
     sealing_rows: list[str] = []
     if sections - {"conversations", "pods"}:

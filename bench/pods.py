@@ -27,13 +27,15 @@ import json
 import os
 import random
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -278,55 +280,83 @@ def _ratio(ours: list[Cell], theirs: list[Cell], pause: bool) -> str:
     return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
+@asynccontextmanager
+async def fresh_stack(work_dir: Path, placement: Placement, base: Settings | None = None) -> AsyncIterator[DevStack]:
+    """A stack of its own for one round, placed on the stack's cores: tansu (the dev stack's broker) serves a
+    fetch by scanning its in-memory log, so on one stack for every round KafkaSaver's turns would pay for
+    every record the rounds before left (its CPU a turn doubled over five rounds), and a production broker
+    indexes offsets (`bench/conversations.py`)."""
+    placement.to_stack()  # the stack's processes inherit the stack's cores
+    data_dir = Path(tempfile.mkdtemp(prefix="round-", dir=work_dir))
+    stack = DevStack(data_dir, partitions=DEFAULT_PARTITIONS, base=base, log_level="WARNING")
+    try:
+        await asyncio.to_thread(stack.start)
+        placement.to_agent()
+        placement.pin(stack.pids().values())
+        yield stack
+    finally:
+        placement.to_agent()
+        await asyncio.to_thread(stack.stop)
+    shutil.rmtree(data_dir, ignore_errors=True)  # kept when the round failed, for its logs
+
+
+Stacks = Callable[[], AbstractAsyncContextManager[DevStack]]
+
+
 async def run(
-    stack: DevStack,
+    stacks: Stacks,
     placement: Placement,
     rounds: int = ROUNDS,
     seed: int = 0,
     run_s: float = RUN_S,
     ownership: bool = False,
-) -> list[str]:
-    """The pods rows, on `stack`: every side's pods started once, the rounds alternating sides (`ownership`:
-    a third side, KafkaSaver with the one-writer rule off, and its ratio)."""
+) -> tuple[list[str], str]:
+    """The pods rows and where the last round ran: each round on a fresh stack (`stacks`), every side's pods
+    started on it, the sides in an order reversed every other round (`ownership`: a third side, KafkaSaver
+    with the one-writer rule off, and its ratio)."""
     sides = (*SIDES, RECORDING) if ownership else SIDES
-    async with AsyncPostgresSaver.from_conn_string(stack.settings.postgres_dsn) as official:
-        await official.setup()
-    env = {**os.environ, **stack.client_env()}
-    envs = {
-        "kafka": env,
-        "official": {**env, "GRAPHLEDGER_POSTGRES_DSN": stack.settings.postgres_dsn},
-        RECORDING: {**env, "GRAPHLEDGER_WRITE_OWNERSHIP": "record"},
-    }
-    pods = {side: [await Pod.start(side, envs[side]) for _ in range(PODS)] for side in sides}
-    placement.pin(stack.pids().values())  # the official pods' Postgres backends
     rng = random.Random(seed)
-
-    def stack_cpu() -> dict[str, float]:
-        return {name: cpu_seconds([pid]) for name, pid in stack.pids().items()}
-
     cells = [(routing, c, 0.0) for routing in ("random", "stay") for c in CONCURRENCY]
     cells.append(("random", PAUSE_CONCURRENCY, PAUSE_S))
     results: dict[tuple[str, int, float, str], list[Cell]] = {}
-    try:
-        async with Settle(stack.settings) as settle:
-            for r in range(rounds):
-                for side in sides if r % 2 == 0 else sides[::-1]:
-                    for routing, concurrency, pause in cells:
-                        await settle()
-                        cell = await run_cell(pods[side], concurrency, routing, rng, stack_cpu, pause, run_s)
-                        results.setdefault((routing, concurrency, pause, side), []).append(cell)
-                        print(
-                            f"  pods {side:<8} {routing:<6} c={concurrency:<3}{' paused' if pause else ''} "
-                            f"{cell.rate:8.0f}/s p50 {_percentile(cell.latencies, 0.5):6.1f} ms hops "
-                            f"{cell.hops / max(1, cell.turns):.0%} agent {cell.per_turn_ms(cell.agent_cpu_s):.1f} "
-                            f"stack {cell.per_turn_ms(cell.stack_cpu_s):.1f} ms CPU a turn ({_parts(cell)})"
-                            + (f"; reads {dict(cell.reads.most_common())}" if cell.reads else ""),
-                            flush=True,
-                        )
-    finally:
-        for side_pods in pods.values():
-            for pod in side_pods:
-                await pod.stop()
+    where = ""
+    for r in range(rounds):
+        async with stacks() as stack:
+            async with AsyncPostgresSaver.from_conn_string(stack.settings.postgres_dsn) as official:
+                await official.setup()
+            env = {**os.environ, **stack.client_env()}
+            envs = {
+                "kafka": env,
+                "official": {**env, "GRAPHLEDGER_POSTGRES_DSN": stack.settings.postgres_dsn},
+                RECORDING: {**env, "GRAPHLEDGER_WRITE_OWNERSHIP": "record"},
+            }
+            pods = {side: [await Pod.start(side, envs[side]) for _ in range(PODS)] for side in sides}
+            placement.pin(stack.pids().values())  # the official pods' Postgres backends
+            where = placement.describe(stack.pids())
+
+            def stack_cpu(stack: DevStack = stack) -> dict[str, float]:
+                return {name: cpu_seconds([pid]) for name, pid in stack.pids().items()}
+
+            try:
+                async with Settle(stack.settings) as settle:
+                    for side in sides if r % 2 == 0 else sides[::-1]:
+                        for routing, concurrency, pause in cells:
+                            await settle()
+                            cell = await run_cell(pods[side], concurrency, routing, rng, stack_cpu, pause, run_s)
+                            results.setdefault((routing, concurrency, pause, side), []).append(cell)
+                            print(
+                                f"  pods {side:<8} {routing:<6} c={concurrency:<3}{' paused' if pause else ''} "
+                                f"{cell.rate:8.0f}/s p50 {_percentile(cell.latencies, 0.5):6.1f} ms hops "
+                                f"{cell.hops / max(1, cell.turns):.0%} agent "
+                                f"{cell.per_turn_ms(cell.agent_cpu_s):.1f} stack "
+                                f"{cell.per_turn_ms(cell.stack_cpu_s):.1f} ms CPU a turn ({_parts(cell)})"
+                                + (f"; reads {dict(cell.reads.most_common())}" if cell.reads else ""),
+                                flush=True,
+                            )
+            finally:
+                for side_pods in pods.values():
+                    for pod in side_pods:
+                        await pod.stop()
     lines = [
         f"| pods ({PODS} agent processes, {rounds} rounds) | concurrency | {LABELS['kafka']} | "
         f"{LABELS['official']} | ratio (median; spread) |",
@@ -361,18 +391,14 @@ async def run(
             lines.append(f"| {label} | {concurrency} | {_ratio(on, off, bool(pause))} |")
     for line in lines:
         print(line, flush=True)
-    return lines
+    return lines, where
 
 
 async def _alone(rounds: int, seed: int, ownership: bool) -> None:
     placement = Placement.plan()
     work_dir = Path(tempfile.mkdtemp(prefix="graphledger-bench-pods-"))
-    placement.to_stack()
-    with DevStack(work_dir / "stack", partitions=DEFAULT_PARTITIONS, log_level="WARNING") as stack:
-        placement.to_agent()
-        placement.pin(stack.pids().values())
-        await run(stack, placement, rounds, seed, ownership=ownership)
-        print(f"Machine: {placement.describe(stack.pids())}")
+    _, where = await run(lambda: fresh_stack(work_dir, placement), placement, rounds, seed, ownership=ownership)
+    print(f"Machine: {where}; a fresh stack per round")
 
 
 if __name__ == "__main__":

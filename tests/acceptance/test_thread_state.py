@@ -190,6 +190,27 @@ async def test_a_delta_channel_conversation_is_read_from_what_the_process_holds(
         assert calls["read_api"] == 0 and calls["held"] > 12, dict(calls)  # gets and histories alike
 
 
+async def test_a_delta_channel_conversation_that_moves_between_pods_is_read_from_what_each_holds(
+    stack: DevStack,
+) -> None:
+    """The same conversation, each turn on the other of two savers (two pods) once both read it: each folds
+    the other's records onto what it holds (`others_records.py`), its DeltaChannel history included, with the
+    projector stopped, and the state equals InMemorySaver's."""
+    async with KafkaSaver(stack.settings) as first, KafkaSaver(stack.settings) as second:
+        graphs, reference = (delta_chat(first), delta_chat(second)), delta_chat(InMemorySaver())
+        config = thread()
+        for turn in range(3):  # both read it through the read API once, and seal it with its own key
+            await graphs[turn % 2].ainvoke({"messages": [f"turn {turn}"]}, config)
+            await reference.ainvoke({"messages": [f"turn {turn}"]}, config)
+        calls = [count_reads(first), count_reads(second)]
+        with projector_stopped(stack):
+            for turn in range(3, 15):  # several snapshots (every 4 updates)
+                mine = await graphs[turn % 2].ainvoke({"messages": [f"turn {turn}"]}, config)
+                theirs = await reference.ainvoke({"messages": [f"turn {turn}"]}, config)
+                assert mine == theirs
+    assert sum(c["read_api"] for c in calls) == 0 and sum(c["folded"] for c in calls) >= 12, calls
+
+
 async def test_a_writer_never_reads_back_what_it_wrote_after_its_thread_was_erased(stack: DevStack) -> None:
     """An operator erases the thread while a writer holds it and its key: what the writer publishes
     afterwards is skipped by the projector, and the writer's own next read answers nothing, as every
