@@ -58,7 +58,7 @@ class Opening:
 def others_of_thread(held: Held, records: Sequence[LogRecord], key: bytes) -> list[LogRecord]:
     """The records among `records` that may change the thread and are not the snapshot's own: its key's, and
     the keyless ones (`runs.delete`, a tenant's erasure)."""
-    own = {o for offsets, _ in held.own for o in offsets}
+    own = held.own_offsets
     return [r for r in records if (r.key == key or r.key is None) and r.offset not in own]
 
 

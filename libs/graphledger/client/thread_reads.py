@@ -108,8 +108,10 @@ class ThreadReads:
         reason = _not_local(held)
         if held is not None and reason is None:
             answer = held.view.answer(thread_id, checkpoint_ns, checkpoint_id)
-            current = Fallback("underivable") if isinstance(answer, thread.Underivable) else None
-            current = current or await self._current(thread_id, held)
+            if isinstance(answer, thread.Underivable):
+                current: Held | Fallback = Fallback("underivable")  # no look at the log for it
+            else:
+                current = await self._current(thread_id, held)
             if isinstance(current, Held):
                 if current.view is not held.view:
                     answer = current.view.answer(thread_id, checkpoint_ns, checkpoint_id)

@@ -96,9 +96,14 @@ class Held:
         """Whether a look at the log since `through` can decide a read."""
         return self.through is not None
 
+    @property
+    def own_offsets(self) -> frozenset[int]:
+        """The offsets of every record of `own`."""
+        return frozenset(o for offsets, _ in self.own for o in offsets)
+
     def named(self) -> frozenset[int] | None:
         """The own records a read of the read API names (None: too many to name)."""
-        offsets = frozenset(o for offsets, _ in self.own for o in offsets)
+        offsets = self.own_offsets
         return offsets if len(offsets) <= MAX_NAMED_RECORDS else None
 
     def own_since(self, offset: int) -> list[Own]:
@@ -204,7 +209,7 @@ class HeldThreads:
         A look at the log needs only the records from there."""
         assert snapshot.through is not None
         recent: Mapping[int, str | None] = self._recent.get(snapshot.partition, {})
-        own = {o for offsets, _ in snapshot.own for o in offsets}
+        own = snapshot.own_offsets
         offset = snapshot.through
         while (end is None or offset < end) and offset in recent:
             if recent[offset] in (thread_id, None) and offset not in own:
