@@ -202,6 +202,7 @@ def test_every_panel_that_may_be_empty_says_when(prometheus: PrometheusServer) -
         "Kafka offset commit failures",
         "Erased records skipped",
         "Replay progress",
+        "Thread reads by how the pod answered them",
     }
 
 
