@@ -11,6 +11,7 @@ body decodes them (base64 text in JSON).
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -32,6 +33,17 @@ def _required(wire: Mapping[str, Any], field: str, answer: str) -> Any:
         return wire[field]
     except (KeyError, TypeError):
         raise ReadApiError(200, "bad_response", f"the read API's {answer} answer has no {field!r}") from None
+
+
+def _thread_key(value: Any) -> bytes | None:
+    """A get answer's thread key: 32 bytes (base64 in JSON), or none."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = base64.b64decode(value)
+    if not isinstance(value, bytes) or len(value) != 32:
+        raise ReadApiError(200, "bad_response", "the read API's get answer has a thread_key of no 32 bytes")
+    return value
 
 
 # -- /v1/checkpoints/get ----------------------------------------------------------------------------------
@@ -121,6 +133,9 @@ class GetAnswer:
     basis: Basis | None = None
     """A get of the newest checkpoint, not `current`: what the one-writer rule held of the thread as of the
     answer (None: not known, as from a server before the rule; its writes then carry no intent)."""
+    thread_key: bytes | None = None
+    """With `X-Graphledger-Thread-Key`: the thread's own data key (32 bytes), when the thread exists and the
+    token may have its keys."""
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"log_partition": self.log_partition, "log_end": self.log_end}
@@ -135,6 +150,8 @@ class GetAnswer:
             wire.update(self.holding.to_wire())
         if self.basis is not None:
             wire["basis"] = self.basis.to_wire()
+        if self.thread_key is not None:
+            wire["thread_key"] = self.thread_key
         return wire
 
     @classmethod
@@ -148,6 +165,7 @@ class GetAnswer:
             erased=bool(wire.get("erased", False)),
             holding=Holding.from_wire(wire) if any(field in wire for field in Holding.FIELDS) else None,
             basis=Basis.from_wire(wire["basis"]) if isinstance(wire.get("basis"), Mapping) else None,
+            thread_key=_thread_key(wire.get("thread_key")),
         )
 
 

@@ -23,6 +23,11 @@ thread that it can add to the answer itself (docs/architecture.md, "Consistency"
 CACHED_THROUGH_HEADER = "X-Graphledger-Cached-Through"
 """On a get of the newest checkpoint, with `OWN_WRITES_HEADER`: the caller holds that answer as of this
 offset of the thread's partition (`client/threads.py`)."""
+THREAD_KEY_HEADER = "X-Graphledger-Thread-Key"
+"""On a get, from a client that seals and holds no key of the thread: `want`, to be answered the thread's own
+data key beside an existing thread's checkpoint (a token with the `keys` permission), which saves the
+`/v1/keys` call that would follow (`erasure/sealer.py`, `EventSealer.share`)."""
+THREAD_KEY_WANTED = "want"
 
 Token = dict[tuple[str, int], int]
 """Offsets by `(topic, partition)`: per partition the newest acknowledged offset a read must reflect (a

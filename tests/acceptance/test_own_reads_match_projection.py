@@ -21,6 +21,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, Send, interrupt
 
 from graphledger import KafkaSaver
+from graphledger.erasure.sealer import EventSealer
 from polling import wait_for
 
 
@@ -220,6 +221,7 @@ async def test_a_thread_that_moves_between_pods_reads_as_the_projection(stack: A
         pods = (first, second)
         sealers = [pod._runtime.sealer for pod in pods]  # type: ignore[union-attr]
         await wait_for(lambda: all(s is not None and s.pool is not None and len(s.pool) for s in sealers), "fresh keys")
+        asks = _count_key_asks(sealers)  # type: ignore[arg-type]
         graphs = [builder.compile(checkpointer=pod) for pod in pods]
         for turn in range(8):
             graph = graphs[turn % 2]
@@ -236,3 +238,20 @@ async def test_a_thread_that_moves_between_pods_reads_as_the_projection(stack: A
     # first turn (sealed with the thread's own key, which it had not asked for) asks for that key, not the read API.
     assert [a["read_api"] for a in answered] == [0, 1] and sum(a["folded"] for a in answered) == 8, answered
     assert fell_back == [{}, {"not_held": 1}], fell_back
+    # The second pod's get brought the thread's key with its answer; the first asks for it once.
+    assert asks == [1, 0], asks
+
+
+def _count_key_asks(sealers: list[EventSealer]) -> list[int]:
+    """How many times each sealer asks its key source for data keys (`/v1/keys`), from now on."""
+    asks = [0] * len(sealers)
+    for i, sealer in enumerate(sealers):
+        source = sealer._source
+        asked = source.data_keys
+
+        async def counted(tenant: str, subjects: Any, i: int = i, asked: Any = asked) -> Any:
+            asks[i] += 1
+            return await asked(tenant, subjects)
+
+        source.data_keys = counted  # type: ignore[method-assign]
+    return asks

@@ -292,6 +292,30 @@ async def test_a_write_waits_for_the_threads_key_asked_for_and_goes_on_without_i
     assert sealer.share(TENANT, "acme/u") is not None  # asked again
 
 
+async def test_a_key_a_read_brought_is_sealed_with_and_asked_for_no_more_until_its_ttl() -> None:
+    """A get answers the thread's own key (`X-Graphledger-Thread-Key`): adopted, it is what `share` would
+    have asked for, so nothing is asked; wanted again past its TTL; never over an erasure."""
+    clock = ManualClock()
+    source, sealer = await pooled(clock)
+    await seal(sealer, "acme/t")
+    assert sealer.thread_key_wanted(TENANT, "acme/t")  # sealed with a fresh key of this process's only
+    own = new_data_key()
+    sealer.adopt(TENANT, "acme/t", own)
+    assert not sealer.thread_key_wanted(TENANT, "acme/t")
+    assert sealer.share(TENANT, "acme/t") is None
+    sealed = await seal(sealer, "acme/t")
+    assert sealed_key_id(sealed) is None
+    unseal(sealed, cipher_of(own))
+    assert source.data_calls == []
+    clock.now += TTL_S
+    assert sealer.thread_key_wanted(TENANT, "acme/t")
+    sealer.erased(ref_of("acme/u"))
+    sealer.adopt(TENANT, "acme/u", own)
+    assert not sealer.thread_key_wanted(TENANT, "acme/u")
+    with pytest.raises(SubjectErasedError):
+        await seal(sealer, "acme/u")
+
+
 async def test_a_key_past_its_ttl_opens_while_asked_for_again_until_the_answer_is_erased() -> None:
     clock = ManualClock()
     source, sealer = await pooled(clock)

@@ -125,7 +125,7 @@ class ClientRuntime:
                 KeyFilters(self._reader.call) if self._proves_new_threads() else None,
                 self._partition_of_thread_key,
                 self._opening(),
-                self._share_thread,
+                _SealerThreadKeys(self.sealer, self.tenant) if self.sealer is not None else None,
             )
         except BaseException:
             await self._reader.close()
@@ -136,11 +136,6 @@ class ClientRuntime:
         sealer = self.sealer
         keys = sealer.opening_key if sealer is not None else (lambda ref, key_id: None)
         return Opening(keys, self.tenant, self._settings.clear_events_refused)
-
-    def _share_thread(self, thread_id: str) -> asyncio.Future[Any] | None:
-        if self.sealer is None:
-            return None
-        return self.sealer.share(self.tenant, scoped_thread(self.tenant, thread_id))
 
     def _proves_new_threads(self) -> bool:
         """Whether this client's reads may prove a thread new from the log (`thread_reads.py`): it reads the
@@ -505,6 +500,22 @@ class ClientRuntime:
             coro.close()
             raise
         return await loop.arun(coro)
+
+
+class _SealerThreadKeys:
+    """`thread_reads.ThreadKeys` of the client's sealer, by the client's unscoped thread ids."""
+
+    def __init__(self, sealer: EventSealer, tenant: str) -> None:
+        self._sealer, self._tenant = sealer, tenant
+
+    def wanted(self, thread_id: str) -> bool:
+        return self._sealer.thread_key_wanted(self._tenant, scoped_thread(self._tenant, thread_id))
+
+    def adopt(self, thread_id: str, key: bytes) -> None:
+        self._sealer.adopt(self._tenant, scoped_thread(self._tenant, thread_id), key)
+
+    def share(self, thread_id: str) -> asyncio.Future[Any] | None:
+        return self._sealer.share(self._tenant, scoped_thread(self._tenant, thread_id))
 
 
 def _thread_of(event: Event) -> str | None:

@@ -25,7 +25,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from aiokafka import TopicPartition
 from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
@@ -41,7 +41,7 @@ from graphledger.log.tail import LogTail
 from graphledger.ownership import Ledger
 from graphledger.telemetry import client as telemetry
 from graphledger.tenancy import scoped_thread
-from graphledger.wire import CACHED_THROUGH_HEADER, OWN_WRITES_HEADER
+from graphledger.wire import CACHED_THROUGH_HEADER, OWN_WRITES_HEADER, THREAD_KEY_HEADER, THREAD_KEY_WANTED
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,25 @@ GET_PATH = "/v1/checkpoints/get"
 DELTA_PATH = "/v1/checkpoints/delta-history"
 
 Read = Callable[[str, dict[str, Any], Mapping[str, str] | None], Awaitable[Any]]
+
+
+class ThreadKeys(Protocol):
+    """A sealing process's threads' own keys (`EventSealer`), which it seals a thread it did not write with,
+    so that every process of the tenant opens the others' records of it (`others_records.py`)."""
+
+    def wanted(self, thread_id: str) -> bool:
+        """Whether a get should ask for the thread's key beside its answer (`THREAD_KEY_HEADER`)."""
+        ...
+
+    def adopt(self, thread_id: str, key: bytes) -> None:
+        """Seal and open the thread with the key a get answered."""
+        ...
+
+    def share(self, thread_id: str) -> asyncio.Future[Any] | None:
+        """Ask for the thread's key (`/v1/keys`), unless held; returns the ask in flight."""
+        ...
+
+
 """A read API call: path, body, extra headers."""
 
 
@@ -68,7 +87,7 @@ class ThreadReads:
         key_filters: KeyFilters | None = None,
         partition_of: Callable[[bytes], Awaitable[int | None]] | None = None,
         opening: Opening | None = None,
-        share: Callable[[str], asyncio.Future[Any] | None] = lambda thread_id: None,
+        keys: ThreadKeys | None = None,
     ) -> None:
         self._threads = threads
         self._topic = topic
@@ -84,8 +103,8 @@ class ThreadReads:
         self._partition_of = partition_of
         self._opening = opening
         """What the process opens other processes' records with (None: it folds none)."""
-        self._share = share
-        """Seal the thread with its own key from now on (`EventSealer.share`); returns the key's ask in flight."""
+        self._keys = keys
+        """The threads' own keys, for a process that seals (None: it seals nothing)."""
         self.answered: Counter[str] = Counter()
         """Reads answered from what the process holds (`held`), with other processes' records folded onto it
         (`folded`), for a thread proved new (`new`), and by the read API (`read_api`)."""
@@ -122,8 +141,8 @@ class ThreadReads:
             reason = current.reason
         self._count("read_api", reason)
         answered = await self._from_api(thread_id, checkpoint_ns, checkpoint_id, held)
-        if answered is not None:
-            self._share(thread_id)
+        if answered is not None and self._keys is not None:
+            self._keys.share(thread_id)  # unless the answer brought the key: then there is nothing to ask
         return answered
 
     async def history(
@@ -238,7 +257,7 @@ class ThreadReads:
     async def _thread_key(self, thread_id: str) -> bool:
         """Ask for the thread's own key, to seal and open its records with (`EventSealer.share`); whether the
         ask answered (within the read's deadline)."""
-        asked = self._share(thread_id)
+        asked = self._keys.share(thread_id) if self._keys is not None else None
         if asked is None:
             return False
         try:
@@ -257,8 +276,12 @@ class ThreadReads:
             headers[OWN_WRITES_HEADER] = f"{held.partition}:{','.join(map(str, sorted(named)))}"
             if held.local and checkpoint_id is None and self._log_tail() is None:
                 headers[CACHED_THROUGH_HEADER] = str(held.through)  # the read API looks at the log instead
+        if self._keys is not None and self._keys.wanted(thread_id):
+            headers[THREAD_KEY_HEADER] = THREAD_KEY_WANTED  # saves the ask of `share` after the answer
         answer = GetAnswer.from_wire(await self._read(GET_PATH, body, headers or None))
-        answered = self._answered(thread_id, checkpoint_ns, checkpoint_id, held if headers else None, answer)
+        if answer.thread_key is not None and self._keys is not None:
+            self._keys.adopt(thread_id, answer.thread_key)
+        answered = self._answered(thread_id, checkpoint_ns, checkpoint_id, held if named is not None else None, answer)
         if isinstance(answered, thread.Underivable):
             # The named records do not fold onto the answer: one naming nothing holds them all.
             answer = GetAnswer.from_wire(await self._read(GET_PATH, body, None))

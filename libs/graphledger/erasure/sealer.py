@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from graphledger.erasure.fresh_keys import FreshKeyPool
-from graphledger.erasure.sealing import ERASED, Cipher, DataKey, Erased, SealedSubject, seal
+from graphledger.erasure.sealing import ERASED, Cipher, DataKey, Erased, SealedSubject, cipher_of, seal
 from graphledger.erasure.subjects import Subject, record_key, reference, subject_of, thread_record_key, thread_subject
 from graphledger.errors import SubjectErasedError
 from graphledger.events import Event, to_envelope
@@ -155,6 +155,31 @@ class EventSealer:
             return None
         self._sharing.add(ref)
         return self._asked(tenant, ref, subject)
+
+    def thread_key_wanted(self, tenant: str, stored_thread_id: str) -> bool:
+        """Whether a read of the thread should ask for its own key beside its answer (`adopt`): `share` would
+        ask for it (no key of the thread held, a fresh key of this process's, or one past its TTL)."""
+        hashing = self._tenants.get(tenant)
+        if hashing is None:
+            return False
+        known = self._keys.get(reference(hashing[0].hash_key, thread_subject(tenant, stored_thread_id)))
+        if known is None:
+            return True
+        return not isinstance(known.key, Erased) and (known.key_id is not None or self._clock() >= known.fresh_until)
+
+    def adopt(self, tenant: str, stored_thread_id: str, key: bytes) -> None:
+        """The thread's own key as the read API answered it beside a read (`X-Graphledger-Thread-Key`): held and
+        sealed with from now on, as `share` would."""
+        hashing = self._tenants.get(tenant)
+        if hashing is None:
+            return
+        subject = thread_subject(tenant, stored_thread_id)
+        ref = reference(hashing[0].hash_key, subject)
+        known = self._keys.get(ref)
+        if known is not None and isinstance(known.key, Erased):
+            return
+        self._sharing.discard(ref)  # an ask in flight answers the same key; writes need not wait for it
+        self._remember(ref, _Cached(cipher_of(key), self._clock() + self._ttl_s, asked_as=(tenant, subject)))
 
     def opening_key(self, ref: str, key_id: str | None) -> Cipher | None:
         """The key a record of subject `ref` sealed with `key_id` (None: the subject's own) opens with, if this

@@ -14,7 +14,14 @@ from langchain_core.runnables import RunnableConfig
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from graphledger.pg_text import json_problem
-from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, JSON, MSGPACK, OWN_WRITES_HEADER
+from graphledger.wire import (
+    CACHED_THROUGH_HEADER,
+    CONSISTENCY_HEADER,
+    JSON,
+    MSGPACK,
+    OWN_WRITES_HEADER,
+    THREAD_KEY_HEADER,
+)
 
 MAX_DELTA_CHANNELS = 256
 MAX_VERDICT_OFFSETS = 64
@@ -205,6 +212,11 @@ class GetResponse(BaseModel):
         None,
         description="A get of the newest checkpoint: what the one-writer rule held of the thread as of the answer, "
         'which a writer that read it says with its writes (docs/architecture.md, "One writer per thread").',
+    )
+    thread_key: bytes | None = Field(
+        None,
+        description=f"With {THREAD_KEY_HEADER}: the thread's own data key (32 bytes; base64 in JSON), for an existing "
+        "thread and a token with the keys permission; the client seals the thread with it from then on.",
     )
 
 

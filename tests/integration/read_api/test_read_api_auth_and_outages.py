@@ -6,15 +6,16 @@ reach (retryable 503s naming the failure, not the internal addresses).
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
 import psycopg
 import pytest
 
-from graphledger.wire import JSON, MSGPACK
+from graphledger.wire import JSON, MSGPACK, THREAD_KEY_HEADER, THREAD_KEY_WANTED
 from graphledger_server.api.db import open_pool
 from graphledger_server.devstack.ports import free_port
-from read_api_helpers import DELTA, GET, LIST, Api, answer, call, running, settings_for
+from read_api_helpers import DELTA, GET, LIST, Api, answer, call, ok, running, settings_for
 
 
 async def test_bearer_token_guards_reads_but_not_health(projection: str) -> None:
@@ -49,6 +50,26 @@ async def test_without_a_token_keys_and_erasure_need_a_loopback_api(
     for refused in (keys, erase):
         assert refused.status_code == 403 and answer(refused)["error"] == "token_required"
         assert "GRAPHLEDGER_API_HOST" in answer(refused)["message"]
+
+
+async def test_a_get_offers_an_existing_threads_own_key_to_a_caller_that_may_have_keys(projection: str) -> None:
+    """`X-Graphledger-Thread-Key: want` (a sealing client that holds no key of the thread): beside an existing
+    thread's checkpoint, the thread's own key, the one `/v1/keys` answers; nothing for a thread with no
+    checkpoint, nothing unasked, and nothing to a caller that may not have keys."""
+    want = {THREAD_KEY_HEADER: THREAD_KEY_WANTED}
+    async with running(settings_for(projection)) as loopback:
+        offered = answer(await call(loopback.client, GET, {"thread_id": "direct"}, headers=want))
+        in_json = answer(await call(loopback.client, GET, {"thread_id": "direct"}, "json", headers=want))
+        unasked = answer(await call(loopback.client, GET, {"thread_id": "direct"}))
+        missing = answer(await call(loopback.client, GET, {"thread_id": "no-such-thread"}, headers=want))
+        keys = await ok(loopback.client, "/v1/keys", {"subjects": [{"kind": "thread", "name": "direct"}]})
+    async with running(settings_for(projection, api_host="0.0.0.0")) as read_only:
+        refused = answer(await call(read_only.client, GET, {"thread_id": "direct"}, headers=want))
+    assert offered["tuple"] is not None and offered["thread_key"] == keys["keys"][0]["key"]
+    assert base64.b64decode(in_json["thread_key"]) == offered["thread_key"]
+    assert "thread_key" not in unasked and unasked["tuple"] == offered["tuple"]
+    assert missing["tuple"] is None and "thread_key" not in missing
+    assert refused["tuple"] is not None and "thread_key" not in refused
 
 
 async def test_openapi_documents_the_three_reads(api: Api) -> None:

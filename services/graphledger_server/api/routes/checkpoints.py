@@ -8,14 +8,22 @@ request accepts it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
 from graphledger.answers import DeltaHistoryAnswer, GetAnswer, ListAnswer, VerdictsAnswer
-from graphledger.wire import CACHED_THROUGH_HEADER, CONSISTENCY_HEADER, MSGPACK, OWN_WRITES_HEADER
-from graphledger_server.api.auth import tenant_of
+from graphledger.wire import (
+    CACHED_THROUGH_HEADER,
+    CONSISTENCY_HEADER,
+    MSGPACK,
+    OWN_WRITES_HEADER,
+    THREAD_KEY_HEADER,
+    THREAD_KEY_WANTED,
+)
+from graphledger_server.api.auth import caller_of, tenant_of
 from graphledger_server.api.codec import decode, respond
 from graphledger_server.api.consistency.read_barrier import OwnWrites
 from graphledger_server.api.consistency.tokens import token_of
@@ -35,6 +43,7 @@ from graphledger_server.api.models import (
     request_body,
 )
 from graphledger_server.api.reads.checkpoints import CheckpointReads
+from graphledger_server.api.routes.keys import ThreadKeyOffer
 from graphledger_server.api.state import api_state
 
 router = APIRouter(prefix="/v1/checkpoints", tags=["checkpoints"])
@@ -58,6 +67,12 @@ def _doc(request_model: type[BaseModel], response_model: type[BaseModel]) -> dic
                     {"type": "integer", "minimum": 0, "example": 1040},
                     "get of the newest checkpoint, with the own-writes header: the caller holds the answer as of this "
                     "offset; when only its own records came since, the answer is `current`.",
+                ),
+                header_parameter(
+                    THREAD_KEY_HEADER,
+                    {"type": "string", "enum": [THREAD_KEY_WANTED]},
+                    "get only, from a client that seals: answer an existing thread's own data key (thread_key) "
+                    "when the token has the keys permission.",
                 ),
             ],
         },
@@ -83,7 +98,27 @@ async def get_tuple(request: Request) -> Response:
     body = await decode(request, GetRequest, api_state(request).settings.api_max_body_bytes)
     own = _own_writes(request)
     cached = _cached_through(request) if own is not None and body.checkpoint_id is None else None
-    return _answer(request, await _reads(request).get_tuple(body, own, cached))
+    reads = _reads(request)
+    offer = None
+    if request.headers.get(THREAD_KEY_HEADER) == THREAD_KEY_WANTED:
+        stored = tenant_of(request).thread(body.thread_id)
+        offer = ThreadKeyOffer.offered(api_state(request), caller_of(request), stored)
+    if offer is None:
+        return _answer(request, await reads.get_tuple(body, own, cached))
+    try:
+        answer = await reads.get_tuple(body, own, cached)
+    except BaseException:
+        offer.drop()
+        raise
+    return _answer(request, replace(answer, thread_key=await offer.key(_exists(answer))))
+
+
+def _exists(answer: GetAnswer) -> bool:
+    """Whether the answer shows the thread has records: a checkpoint, or a namespace with one."""
+    if answer.erased:
+        return False
+    namespaces = answer.holding.namespaces if answer.holding is not None else None
+    return answer.current or answer.tuple is not None or bool(namespaces)
 
 
 @router.post("/list", **_doc(ListRequest, ListResponse))

@@ -8,6 +8,8 @@ hashing key, never taken from the client. The keys a token creates are bounded p
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 from typing import Annotated, Any, Literal
 
@@ -19,6 +21,7 @@ from graphledger.erasure.subjects import LABEL_SEPARATOR, Subject, reference
 from graphledger.tenancy import THREAD_SEPARATOR
 from graphledger_server.api.auth import Caller, caller_of, tenant_of
 from graphledger_server.api.codec import decode, respond
+from graphledger_server.api.credentials import Permission
 from graphledger_server.api.errors import ApiError
 from graphledger_server.api.models import Text, _Request
 from graphledger_server.api.state import ApiState, api_state, key_store_answers
@@ -28,6 +31,7 @@ from graphledger_server.keys.key_store import RawKey
 from graphledger_server.keys.source import StoreKeySource
 
 router = APIRouter(prefix="/v1", tags=["erasure"])
+log = logging.getLogger(__name__)
 
 MAX_SUBJECTS = 1_000
 
@@ -110,6 +114,54 @@ async def erase(request: Request) -> Response:
         else:
             report = await state.eraser.erase_tenant(tenant.name, who)
     return respond(request, _report(report))
+
+
+class ThreadKeyOffer:
+    """A get's offer of its thread's own data key (`X-Graphledger-Thread-Key`): looked up beside the read, on a
+    connection of its own, and answered only for an existing thread, to a token that may have its keys. It
+    never fails the read: any failure (the key store away, the token's key creations spent) offers nothing,
+    and the client asks `/v1/keys` as before."""
+
+    def __init__(self, state: ApiState, caller: Caller, stored_thread_id: str) -> None:
+        self._state, self._caller = state, caller
+        self._subject = Subject("thread", caller.tenant.name, stored_thread_id)
+        self._found = asyncio.create_task(self._find(), name="a get's thread key")
+
+    async def _find(self) -> tuple[str, RawKey | None]:
+        source = _source(self._state)
+        hashing = await source.tenant_hashing(self._caller.tenant.name)
+        ref = reference(hashing.hash_key, self._subject)
+        return ref, (await source.store.find([ref])).get(ref)
+
+    async def key(self, exists: bool) -> bytes | None:
+        """The key, if the thread `exists` (a thread without its own key yet gets one, charged to the token)."""
+        if not exists:
+            self.drop()
+            return None
+        try:
+            ref, key = await self._found
+            if key is None:
+                key = (await _data_keys(self._state, self._caller, [(ref, self._subject)]))[ref]
+        except Exception as exc:  # the read stands without it
+            log.info("a get offers no thread key: %s", exc)
+            return None
+        return None if isinstance(key, Erased) else key
+
+    def drop(self) -> None:
+        """No key to answer: the lookup (one indexed row) runs out rather than cancel a statement mid-way."""
+        self._found.add_done_callback(_retrieved)
+
+    @staticmethod
+    def offered(state: ApiState, caller: Caller, stored_thread_id: str) -> ThreadKeyOffer | None:
+        """The offer, when the read API seals and the token may have keys; None otherwise."""
+        if state.keys is None or Permission.KEYS not in caller.permissions:
+            return None
+        return ThreadKeyOffer(state, caller, stored_thread_id)
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def _data_keys(state: ApiState, caller: Caller, named: list[tuple[str, Subject]]) -> dict[str, RawKey]:
