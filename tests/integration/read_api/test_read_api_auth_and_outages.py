@@ -9,6 +9,7 @@ import asyncio
 import base64
 from typing import Any
 
+import asyncpg
 import psycopg
 import pytest
 
@@ -57,11 +58,16 @@ async def test_a_get_offers_an_existing_threads_own_key_to_a_caller_that_may_hav
     thread's checkpoint, the thread's own key, the one `/v1/keys` answers; nothing for a thread with no
     checkpoint, nothing unasked, and nothing to a caller that may not have keys."""
     want = {THREAD_KEY_HEADER: THREAD_KEY_WANTED}
-    async with running(settings_for(projection)) as loopback:
+    settings = settings_for(projection)
+    count_keys = f"SELECT count(*) FROM {settings.key_store_schema}.data_keys"
+    async with running(settings) as loopback:
+        await ok(loopback.client, "/v1/keys", {"subjects": []})  # the key store is ready
+        keys_before = await _fetchval(projection, count_keys)
         offered = answer(await call(loopback.client, GET, {"thread_id": "direct"}, headers=want))
         in_json = answer(await call(loopback.client, GET, {"thread_id": "direct"}, "json", headers=want))
         unasked = answer(await call(loopback.client, GET, {"thread_id": "direct"}))
         missing = answer(await call(loopback.client, GET, {"thread_id": "no-such-thread"}, headers=want))
+        keys_after = await _fetchval(projection, count_keys)
         keys = await ok(loopback.client, "/v1/keys", {"subjects": [{"kind": "thread", "name": "direct"}]})
     async with running(settings_for(projection, api_host="0.0.0.0")) as read_only:
         refused = answer(await call(read_only.client, GET, {"thread_id": "direct"}, headers=want))
@@ -69,7 +75,16 @@ async def test_a_get_offers_an_existing_threads_own_key_to_a_caller_that_may_hav
     assert base64.b64decode(in_json["thread_key"]) == offered["thread_key"]
     assert "thread_key" not in unasked and unasked["tuple"] == offered["tuple"]
     assert missing["tuple"] is None and "thread_key" not in missing
+    assert keys_after == keys_before + 1  # the existing thread's, created by the offer; none for the missing one
     assert refused["tuple"] is not None and "thread_key" not in refused
+
+
+async def _fetchval(dsn: str, sql: str) -> Any:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval(sql)
+    finally:
+        await conn.close()
 
 
 async def test_openapi_documents_the_three_reads(api: Api) -> None:

@@ -43,7 +43,7 @@ from graphledger_server.api.models import (
     request_body,
 )
 from graphledger_server.api.reads.checkpoints import CheckpointReads
-from graphledger_server.api.routes.keys import ThreadKeyOffer
+from graphledger_server.api.routes.keys import offered_thread_key
 from graphledger_server.api.state import api_state
 
 router = APIRouter(prefix="/v1/checkpoints", tags=["checkpoints"])
@@ -98,19 +98,11 @@ async def get_tuple(request: Request) -> Response:
     body = await decode(request, GetRequest, api_state(request).settings.api_max_body_bytes)
     own = _own_writes(request)
     cached = _cached_through(request) if own is not None and body.checkpoint_id is None else None
-    reads = _reads(request)
-    offer = None
-    if request.headers.get(THREAD_KEY_HEADER) == THREAD_KEY_WANTED:
+    answer = await _reads(request).get_tuple(body, own, cached)
+    if request.headers.get(THREAD_KEY_HEADER) == THREAD_KEY_WANTED and _exists(answer):
         stored = tenant_of(request).thread(body.thread_id)
-        offer = ThreadKeyOffer.offered(api_state(request), caller_of(request), stored)
-    if offer is None:
-        return _answer(request, await reads.get_tuple(body, own, cached))
-    try:
-        answer = await reads.get_tuple(body, own, cached)
-    except BaseException:
-        offer.drop()
-        raise
-    return _answer(request, replace(answer, thread_key=await offer.key(_exists(answer))))
+        answer = replace(answer, thread_key=await offered_thread_key(api_state(request), caller_of(request), stored))
+    return _answer(request, answer)
 
 
 def _exists(answer: GetAnswer) -> bool:

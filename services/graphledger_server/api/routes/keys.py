@@ -8,7 +8,6 @@ hashing key, never taken from the client. The keys a token creates are bounded p
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from typing import Annotated, Any, Literal
@@ -116,52 +115,23 @@ async def erase(request: Request) -> Response:
     return respond(request, _report(report))
 
 
-class ThreadKeyOffer:
-    """A get's offer of its thread's own data key (`X-Graphledger-Thread-Key`): looked up beside the read, on a
-    connection of its own, and answered only for an existing thread, to a token that may have its keys. It
-    never fails the read: any failure (the key store away, the token's key creations spent) offers nothing,
-    and the client asks `/v1/keys` as before."""
-
-    def __init__(self, state: ApiState, caller: Caller, stored_thread_id: str) -> None:
-        self._state, self._caller = state, caller
-        self._subject = Subject("thread", caller.tenant.name, stored_thread_id)
-        self._found = asyncio.create_task(self._find(), name="a get's thread key")
-
-    async def _find(self) -> tuple[str, RawKey | None]:
-        source = _source(self._state)
-        hashing = await source.tenant_hashing(self._caller.tenant.name)
-        ref = reference(hashing.hash_key, self._subject)
-        return ref, (await source.store.find([ref])).get(ref)
-
-    async def key(self, exists: bool) -> bytes | None:
-        """The key, if the thread `exists` (a thread without its own key yet gets one, charged to the token)."""
-        if not exists:
-            self.drop()
-            return None
-        try:
-            ref, key = await self._found
-            if key is None:
-                key = (await _data_keys(self._state, self._caller, [(ref, self._subject)]))[ref]
-        except Exception as exc:  # the read stands without it
-            log.info("a get offers no thread key: %s", exc)
-            return None
-        return None if isinstance(key, Erased) else key
-
-    def drop(self) -> None:
-        """No key to answer: the lookup (one indexed row) runs out rather than cancel a statement mid-way."""
-        self._found.add_done_callback(_retrieved)
-
-    @staticmethod
-    def offered(state: ApiState, caller: Caller, stored_thread_id: str) -> ThreadKeyOffer | None:
-        """The offer, when the read API seals and the token may have keys; None otherwise."""
-        if state.keys is None or Permission.KEYS not in caller.permissions:
-            return None
-        return ThreadKeyOffer(state, caller, stored_thread_id)
-
-
-def _retrieved(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
+async def offered_thread_key(state: ApiState, caller: Caller, stored_thread_id: str) -> bytes | None:
+    """The own data key of an existing thread a get answered (`X-Graphledger-Thread-Key`), for a token that may
+    have keys: what `/v1/keys` would answer next (a key it creates is charged to the token). Looked up once the
+    read showed the thread exists, so a new thread's read costs nothing more. It never fails the read: any
+    failure (the key store away, the token's key creations spent) offers nothing, and the client asks
+    `/v1/keys` as before."""
+    if state.keys is None or Permission.KEYS not in caller.permissions:
+        return None
+    subject = Subject("thread", caller.tenant.name, stored_thread_id)
+    try:
+        hashing = await state.keys.tenant_hashing(caller.tenant.name)
+        ref = reference(hashing.hash_key, subject)
+        key = (await _data_keys(state, caller, [(ref, subject)]))[ref]
+    except Exception as exc:  # the read stands without it
+        log.info("a get offers no thread key: %s", exc)
+        return None
+    return None if isinstance(key, Erased) else key
 
 
 async def _data_keys(state: ApiState, caller: Caller, named: list[tuple[str, Subject]]) -> dict[str, RawKey]:
