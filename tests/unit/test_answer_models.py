@@ -47,7 +47,7 @@ EVERY_FIELD = [
     (
         GetAnswer(3, 10, TUPLE, own_writes_from=9, current=True, erased=True,
                   holding=Holding({"03": [["task", "n", {"v": 2}, "", 0]]}, {"n": 1}, [""]),
-                  basis=Basis(2, b"lead", "run-1")),
+                  basis=Basis(2, b"lead", "run-1"), thread_key=b"k" * 32),
         GetResponse,
     ),
     (ListAnswer([TUPLE]), ListResponse),
