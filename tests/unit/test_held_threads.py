@@ -17,7 +17,7 @@ def test_a_thread_written_here_first_is_known_only_after_a_read_fixes_its_base()
     assert held is not None and not held.local and held.named() == frozenset({10})
     # The read API answered as of offset 11, the projection holding nothing of the thread: the own put,
     # below the answer's end, is folded on.
-    view = threads.install("t", held, PARTITION, thread.from_answer("", None, []), applied=5, end=11)
+    view = threads.install("t", held, PARTITION, thread.from_answer("", None, []), applied=5, end=11).view
     assert newest(view)["config"]["checkpoint_id"] == "01"  # type: ignore[index]
     held = threads.get("t")
     assert held is not None and held.through == 11 and held.local
@@ -64,7 +64,7 @@ def test_an_answer_replaced_meanwhile_is_returned_but_not_held() -> None:
     snapshot = threads.get("t")
     threads.forget("t")
     threads.acked("t", PARTITION, (8,), SECOND)  # held anew, after an eviction
-    view = threads.install("t", snapshot, PARTITION, thread.from_answer("", None, []), applied=0, end=9)
+    view = threads.install("t", snapshot, PARTITION, thread.from_answer("", None, []), applied=0, end=9).view
     assert values(newest(view)) == {"msgs": ["a"], "n": 2}  # type: ignore[arg-type]
     held = threads.get("t")
     assert held is not None and not held.local  # the new holding is left as it is
@@ -77,7 +77,7 @@ def test_own_records_at_or_after_the_applied_offset_are_folded_onto_an_answer() 
     snapshot = threads.get("t")
     # The projection holds everything below 5 (the first put) and answered the first checkpoint.
     answer = thread.from_answer("", newest(thread.apply(thread.NEW, FIRST)), [""])
-    view = threads.install("t", snapshot, PARTITION, answer, applied=5, end=7)
+    view = threads.install("t", snapshot, PARTITION, answer, applied=5, end=7).view
     assert newest(view)["config"]["checkpoint_id"] == "02"  # type: ignore[index]
 
 

@@ -89,7 +89,8 @@ def test_operations_chunks_and_records_before_own_ones_fall_back() -> None:
 def test_only_the_threads_records_not_its_own_are_folded_and_another_threads_change_nothing() -> None:
     held = _held(folded(FIRST, SECOND), own=(Own((11,), SECOND),))
     records = [_record(11, SECOND), _record(12, SECOND, key=b"other"), _record(13, ThreadDelete("t"), key=None)]
-    assert [r.offset for r in others_of_thread(held, records, KEY)] == [13]
+    assert [r.offset for r in others_of_thread(held, records, KEY, 14)] == [13]
+    assert others_of_thread(held, records, KEY, 13) == []  # at or past the end the fold is held as of
     collided = dataclasses.replace(SECOND, thread_id="u")  # keyed as the thread's, naming another
     view = fold_others(_held(folded(FIRST)), [_record(11, collided)], "t", _opening())
     assert isinstance(view, thread.View) and newest(view) == newest(folded(FIRST))

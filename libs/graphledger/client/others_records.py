@@ -55,11 +55,15 @@ class Opening:
     """Encryption on and no clear era accepted: a record in the clear is a dead letter to the projector."""
 
 
-def others_of_thread(held: Held, records: Sequence[LogRecord], key: bytes) -> list[LogRecord]:
-    """The records among `records` that may change the thread and are not the snapshot's own: its key's, and
-    the keyless ones (`runs.delete`, a tenant's erasure)."""
+def others_of_thread(held: Held, records: Sequence[LogRecord], key: bytes, end: int) -> list[LogRecord]:
+    """The records among `records` below `end` that may change the thread and are not the snapshot's own: its
+    key's, and the keyless ones (`runs.delete`, a tenant's erasure).
+
+    The fold is held as of `end`, so a record at or past it is left to the next look, which starts there: a
+    tail's scan reads on past the end its first fetch learned, and folded twice, a put without an intent
+    would count two operations."""
     own = held.own_offsets
-    return [r for r in records if (r.key == key or r.key is None) and r.offset not in own]
+    return [r for r in records if r.offset < end and (r.key == key or r.key is None) and r.offset not in own]
 
 
 def folded(held: Held, others: Sequence[LogRecord], stored_thread_id: str, opening: Opening) -> thread.View | Fallback:

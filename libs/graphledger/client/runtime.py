@@ -30,7 +30,7 @@ from graphledger.client.publisher import EventPublisher
 from graphledger.client.put_riders import PutRiders
 from graphledger.client.reader import ReadApiClient
 from graphledger.client.tenant import scope_event
-from graphledger.client.thread_reads import ThreadReads
+from graphledger.client.thread_reads import Answered, ThreadReads
 from graphledger.client.threads import Acked, HeldThreads
 from graphledger.client.tokens import AckedOffsets
 from graphledger.erasure.fresh_keys import FreshKeyPool
@@ -222,17 +222,22 @@ class ClientRuntime:
         """Whether a call with `config` is a LangGraph run's whose writes this client protects."""
         return self._settings.write_ownership == "refuse" and in_run(config)
 
-    def marked_read(self, config: Any, thread_id: str, checkpoint_ns: str, answer: Any) -> Run | None:
-        """A LangGraph run read the namespace's newest checkpoint (`answer`, wire form): its mark, from what the
-        process now holds of the thread (None: not a run's call, writes not protected, or nothing held)."""
+    def marked_read(self, config: Any, thread_id: str, checkpoint_ns: str, read: Answered) -> Run | None:
+        """A LangGraph run read the namespace's newest checkpoint (`read`): its mark, from the view the answer
+        came from (None: not a run's call, writes not protected, or no rule's state known).
+
+        Not from what the process holds of the thread once the read is done: that may have folded an own
+        record acknowledged meanwhile onto a view that lacks another process's record before it, so it is
+        the rule's state of no log position (or a later read's), and the run's writes would be decided
+        against a lead the log never had there."""
         if self._settings.write_ownership != "refuse":
             return None
-        held = self.threads.peek(thread_id)
-        basis = None if held is None else thread.basis_of(held.view, checkpoint_ns)
-        if held is None or held.through is None or basis is None:
+        source = read.source
+        basis = None if source is None else thread.basis_of(source.view, checkpoint_ns)
+        if source is None or source.through is None or basis is None:
             return None
-        head = answer["config"]["checkpoint_id"] if answer else None
-        return self.marks.read(config, thread_id, checkpoint_ns, (held.partition, held.through), basis, head)
+        head = read.answer["config"]["checkpoint_id"] if read.answer else None
+        return self.marks.read(config, thread_id, checkpoint_ns, (source.partition, source.through), basis, head)
 
     def thread_erased(self, thread_id: str) -> None:
         """A read found the thread erased: its writes are refused from now on."""

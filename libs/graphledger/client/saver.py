@@ -183,10 +183,10 @@ class KafkaSaver(ClientLifecycle, BaseCheckpointSaver[str]):
         thread_id, checkpoint_ns = body["thread_id"], body["checkpoint_ns"]
         reads = self._runtime.thread_reads
         assert reads is not None, "runtime not started"
-        answer = await reads.get(thread_id, checkpoint_ns, body["checkpoint_id"])
+        answered = await reads.get(thread_id, checkpoint_ns, body["checkpoint_id"])
         if body["checkpoint_id"] is None:
-            return answer, self._runtime.marked_read(config, thread_id, checkpoint_ns, answer)
-        return answer, await self._read_head(config, thread_id, checkpoint_ns)
+            return answered.answer, self._runtime.marked_read(config, thread_id, checkpoint_ns, answered)
+        return answered.answer, await self._read_head(config, thread_id, checkpoint_ns)
 
     async def _read_head(self, config: RunnableConfig, thread_id: str, checkpoint_ns: str) -> ownership.Run | None:
         """For a run that read the namespace otherwise than by its newest checkpoint (an older one, or a list:

@@ -25,7 +25,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from aiokafka import TopicPartition
 from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
@@ -71,6 +71,18 @@ class ThreadKeys(Protocol):
 """A read API call: path, body, extra headers."""
 
 
+class Answered(NamedTuple):
+    """A get's answer, and what it was answered from."""
+
+    answer: dict[str, Any] | None
+    """The read API's get answer (wire form)."""
+    source: Held | None
+    """The thread as the answer found it: its view holds every record of the thread below `through` and no
+    other (no own record past it), so it is the one-writer rule's state as of `through`, which a run that
+    read the answer writes against (`ClientRuntime.marked_read`). None: an answer no run's mark takes (a
+    checkpoint by id, an erased thread)."""
+
+
 class ThreadReads:
     """Answers `get_tuple` for one client; on the client's event loop."""
 
@@ -114,16 +126,16 @@ class ThreadReads:
         `log_unreadable`, `no_hashing_key`, `not_folded`, or why the others' records did not fold
         (`others_records.Fallback`)."""
 
-    async def get(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> dict[str, Any] | None:
+    async def get(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> Answered:
         """The read API's get answer (wire form) for the thread namespace's newest checkpoint, or for
-        `checkpoint_id`."""
+        `checkpoint_id`, and what it was answered from."""
         await self._threads.settled(thread_id)
         held = self._threads.get(thread_id)
-        if held is None and await self._proved_new(thread_id):
+        if held is None and (new := await self._proved_new(thread_id)) is not None:
             self._count("new")
-            return None
+            return Answered(None, new)
         if held is not None and held.view.erased:
-            return None
+            return Answered(None, None)
         reason = _not_local(held)
         if held is not None and reason is None:
             answer = held.view.answer(thread_id, checkpoint_ns, checkpoint_id)
@@ -136,12 +148,12 @@ class ThreadReads:
                     answer = current.view.answer(thread_id, checkpoint_ns, checkpoint_id)
                 if not isinstance(answer, thread.Underivable):
                     self._count("held" if current.view is held.view else "folded")
-                    return answer
+                    return Answered(answer, current if checkpoint_id is None else None)
                 current = Fallback("underivable")
             reason = current.reason
         self._count("read_api", reason)
         answered = await self._from_api(thread_id, checkpoint_ns, checkpoint_id, held)
-        if answered is not None and self._keys is not None:
+        if answered.answer is not None and self._keys is not None:
             self._keys.share(thread_id)  # unless the answer brought the key: then there is nothing to ask
         return answered
 
@@ -152,7 +164,7 @@ class ThreadReads:
         allows, else the read API's, which the process then holds (when its view is current)."""
         await self._threads.settled(thread_id)
         held = self._threads.get(thread_id)
-        if (held is not None and held.view.erased) or (held is None and await self._proved_new(thread_id)):
+        if (held is not None and held.view.erased) or (held is None and await self._proved_new(thread_id) is not None):
             return {channel: ChannelHistory([]) for channel in channels}
         reason = _not_local(held) or (None if _namespace(held, checkpoint_ns) is not None else "underivable")
         current: Held | Fallback | None = None
@@ -182,33 +194,33 @@ class ThreadReads:
             self.fell_back[fell_back] += 1
         telemetry.count_thread_read(answered, fell_back)
 
-    async def _proved_new(self, thread_id: str) -> bool:
-        """Whether the log held no record of the thread when this read began (its key is in neither its
-        partition's key filter nor the partition's records since); if so, the thread is held as new."""
+    async def _proved_new(self, thread_id: str) -> Held | None:
+        """The thread as new, if the log held no record of it when this read began (its key is in neither its
+        partition's key filter nor the partition's records since); it is then held so."""
         log_tail, key = self._log_tail(), self._record_key_of_thread(thread_id)
         if self.key_filters is None or self._partition_of is None or log_tail is None or key is None:
-            return False
+            return None
         partition = await self._partition_of(key)
         if partition is None:
-            return False
+            return None
         copy = await self.key_filters.of(partition)
         if copy is None or copy.may_hold(key):
-            return False
+            return None
         tp, start = TopicPartition(self._topic, partition), copy.through
         tail = await self._tail(tp, start)
         if tail is None:
-            return False
+            return None
         if not tail.complete:
             self.key_filters.drop(partition, copy)  # far behind: a fresh copy starts nearer the end
-            return False
+            return None
         copy.extend(start, (k for _, k in tail.keys), tail.end)
         # A record without a key (`runs.delete`, a tenant's erasure: never the unnamed tenant's) changes
         # nothing of a thread with no records.
         if any(k == key for _, k in tail.keys):
-            return False
+            return None
         # Never written: no operation and every namespace open, for the one-writer rule.
-        self._threads.install(thread_id, None, partition, thread.view({}, True, ledger=Ledger()), tail.end, tail.end)
-        return True
+        new = thread.view({}, True, ledger=Ledger())
+        return self._threads.install(thread_id, None, partition, new, tail.end, tail.end)
 
     async def _tail(self, tp: TopicPartition, start: int) -> Tail | None:
         """The partition's tail from `start`, by a fetch sent now; None when the log cannot be read (a client
@@ -241,7 +253,7 @@ class ThreadReads:
             if not self._threads.unchanged_by_others(thread_id, held, tail.end):
                 return Fallback("incomplete_tail")
             return self._threads.advance(thread_id, held, tail.end)
-        others = others_of_thread(held, tail.records, key)
+        others = others_of_thread(held, tail.records, key, tail.end)
         if not others:
             return self._threads.advance(thread_id, held, tail.end)
         if self._opening is None:
@@ -268,7 +280,7 @@ class ThreadReads:
 
     async def _from_api(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, held: Held | None
-    ) -> dict[str, Any] | None:
+    ) -> Answered:
         body = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
         named = held.named() if held is not None else None
         headers: dict[str, str] = {}
@@ -299,29 +311,39 @@ class ThreadReads:
         checkpoint_id: str | None,
         named: Held | None,
         answer: GetAnswer,
-    ) -> dict[str, Any] | thread.Underivable | None:
+    ) -> Answered | thread.Underivable:
         """The read API's `answer` with the named own records it lacks folded in (unless they do not fold
         onto it); holds the thread when the answer is of its newest checkpoint."""
         if answer.erased:
             self._on_erased(thread_id)
             self._threads.erased(thread_id)
-            return None
+            return Answered(None, None)
         partition, end = answer.log_partition, answer.log_end
         if named is not None and named.partition != partition:
             named = None  # named on another partition: the read API heeded none of them
         if answer.current and named is not None:
-            self._threads.advance(thread_id, named, end)
-            return named.view.answer(thread_id, checkpoint_ns, checkpoint_id)
+            current = self._threads.advance(thread_id, named, end)
+            return _answered_from(current, thread_id, checkpoint_ns, checkpoint_id)
         # Naming nothing, the answer holds every record of the thread below the log's end.
         applied = answer.own_writes_from if named is not None and answer.own_writes_from is not None else end
         if checkpoint_id is not None:
-            return _older(named, answer.tuple, thread_id, checkpoint_ns, checkpoint_id, applied)
+            older = _older(named, answer.tuple, thread_id, checkpoint_ns, checkpoint_id, applied)
+            return older if isinstance(older, thread.Underivable) else Answered(older, None)
         holding = answer.holding if answer.holding is not None else Holding({})
         later, ceilings = holding.later_writes, holding.blob_ceilings
         view = thread.from_answer(checkpoint_ns, answer.tuple, holding.namespaces, later, ceilings, answer.basis)
         # Too many writes of newer checkpoints to send: the answer stands, the thread is not held.
-        view = self._threads.install(thread_id, named, partition, view, applied, end, hold=later is not None)
-        return view.answer(thread_id, checkpoint_ns, None)
+        installed = self._threads.install(thread_id, named, partition, view, applied, end, hold=later is not None)
+        return _answered_from(installed, thread_id, checkpoint_ns, None)
+
+
+def _answered_from(
+    source: Held, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+) -> Answered | thread.Underivable:
+    answer = source.view.answer(thread_id, checkpoint_ns, checkpoint_id)
+    if isinstance(answer, thread.Underivable):
+        return answer
+    return Answered(answer, source if checkpoint_id is None else None)
 
 
 def _not_local(held: Held | None) -> str | None:

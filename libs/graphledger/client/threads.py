@@ -265,13 +265,14 @@ class HeldThreads:
     def advance(self, thread_id: str, snapshot: Held, end: int) -> Held:
         """A read found no record of the thread but own ones from the snapshot's `through` up to `end`:
         the thread's view is current through `end` (held so, if it is still the same holding). Returns the
-        snapshot as of `end`."""
+        snapshot as of `end`, without the own records acknowledged since it was taken (those the holding
+        has are folded onto a view that may lack another process's record before them)."""
         held = self._threads.peek(thread_id)
-        if held is None or held.epoch != snapshot.epoch or held.through is None or held.through >= end:
-            return snapshot
-        current = _held(held.epoch, held.partition, end, held.view, tuple(held.own_since(end)))
-        self._put(thread_id, current, touch=False)
-        return current
+        if held is not None and held.epoch == snapshot.epoch and held.through is not None and held.through < end:
+            current = _held(held.epoch, held.partition, end, held.view, tuple(held.own_since(end)))
+            self._put(thread_id, current, touch=False)
+        # Every own record of the snapshot lies below `end`: acknowledged before the read looked at the log.
+        return _held(snapshot.epoch, snapshot.partition, end, snapshot.view, ())
 
     def folded(self, thread_id: str, snapshot: Held, view: thread.View, end: int) -> Held:
         """A read folded the other processes' records of the thread from the snapshot's `through` up to `end`
@@ -293,12 +294,12 @@ class HeldThreads:
         end: int,
         *,
         hold: bool = True,
-    ) -> thread.View:
+    ) -> Held:
         """The read API answered the thread as of `end` (the log's end when it read), holding every
-        record below `applied` but the own ones the read named (`snapshot`'s). Returns the answer with
-        those folded in: the own records below `end`, never one past it (another process's record may
-        lie before it). Holds the thread as of `end`, with every own record at or past `applied` folded
-        in, when nothing replaced the snapshot meanwhile."""
+        record below `applied` but the own ones the read named (`snapshot`'s). Returns the thread as of
+        `end`: the answer with those folded in, the own records below `end`, never one past it (another
+        process's record may lie before it). Holds the thread as of `end`, with every own record at or past
+        `applied` folded in, when nothing replaced the snapshot meanwhile."""
         held = self._threads.peek(thread_id)
         current = held if held is not None and held.partition == partition else None
         named = snapshot.own if snapshot is not None and snapshot.partition == partition else ()
@@ -307,14 +308,14 @@ class HeldThreads:
         for _, event in (own for own in mine if own.last < end):
             view = thread.apply(view, event)
         if not hold or (snapshot is not None and (current is None or current.epoch != snapshot.epoch)):
-            return view  # forgotten or held anew meanwhile: keep what is held
+            return _held(next(_epochs), partition, end, view, ())  # forgotten or held anew meanwhile: keep it
         beyond = [own for own in mine if own.last >= end]
         kept = view
         for _, event in beyond:
             kept = thread.apply(kept, event)
         epoch = current.epoch if current is not None else next(_epochs)
         self._put(thread_id, _held(epoch, partition, end, kept, tuple(beyond)))
-        return view
+        return _held(epoch, partition, end, view, ())
 
     def learn_history(
         self,
