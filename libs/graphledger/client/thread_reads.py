@@ -49,6 +49,7 @@ GET_PATH = "/v1/checkpoints/get"
 DELTA_PATH = "/v1/checkpoints/delta-history"
 
 Read = Callable[[str, dict[str, Any], Mapping[str, str] | None], Awaitable[Any]]
+"""A read API call: path, body, extra headers."""
 
 
 class ThreadKeys(Protocol):
@@ -66,9 +67,6 @@ class ThreadKeys(Protocol):
     def share(self, thread_id: str) -> asyncio.Future[Any] | None:
         """Ask for the thread's key (`/v1/keys`), unless held; returns the ask in flight."""
         ...
-
-
-"""A read API call: path, body, extra headers."""
 
 
 class Answered(NamedTuple):

@@ -141,11 +141,10 @@ class EventSealer:
         of this process's: the other processes of the tenant that read the thread hold that key too, so each
         opens the others' records of it (`client/others_records.py`). A new thread keeps its fresh key until
         a process that did not write it reads it. Returns the ask in flight (None: nothing to wait for)."""
-        hashing = self._tenants.get(tenant)
-        if hashing is None:
+        named = self._thread_named(tenant, stored_thread_id)
+        if named is None:
             return None
-        subject = thread_subject(tenant, stored_thread_id)
-        ref = reference(hashing[0].hash_key, subject)
+        ref, subject = named
         known = self._keys.get(ref)
         if known is not None and isinstance(known.key, Erased):
             return None
@@ -159,10 +158,10 @@ class EventSealer:
     def thread_key_wanted(self, tenant: str, stored_thread_id: str) -> bool:
         """Whether a read of the thread should ask for its own key beside its answer (`adopt`): `share` would
         ask for it (no key of the thread held, a fresh key of this process's, or one past its TTL)."""
-        hashing = self._tenants.get(tenant)
-        if hashing is None:
+        named = self._thread_named(tenant, stored_thread_id)
+        if named is None:
             return False
-        known = self._keys.get(reference(hashing[0].hash_key, thread_subject(tenant, stored_thread_id)))
+        known = self._keys.get(named[0])
         if known is None:
             return True
         return not isinstance(known.key, Erased) and (known.key_id is not None or self._clock() >= known.fresh_until)
@@ -170,16 +169,23 @@ class EventSealer:
     def adopt(self, tenant: str, stored_thread_id: str, key: bytes) -> None:
         """The thread's own key as the read API answered it beside a read (`X-Graphledger-Thread-Key`): held and
         sealed with from now on, as `share` would."""
-        hashing = self._tenants.get(tenant)
-        if hashing is None:
+        named = self._thread_named(tenant, stored_thread_id)
+        if named is None:
             return
-        subject = thread_subject(tenant, stored_thread_id)
-        ref = reference(hashing[0].hash_key, subject)
+        ref, subject = named
         known = self._keys.get(ref)
         if known is not None and isinstance(known.key, Erased):
             return
         self._sharing.discard(ref)  # an ask in flight answers the same key; writes need not wait for it
         self._remember(ref, _Cached(cipher_of(key), self._clock() + self._ttl_s, asked_as=(tenant, subject)))
+
+    def _thread_named(self, tenant: str, stored_thread_id: str) -> tuple[str, Subject] | None:
+        """The thread's subject and its reference, if the tenant's hashing key is at hand."""
+        hashing = self._tenants.get(tenant)
+        if hashing is None:
+            return None
+        subject = thread_subject(tenant, stored_thread_id)
+        return reference(hashing[0].hash_key, subject), subject
 
     def opening_key(self, ref: str, key_id: str | None) -> Cipher | None:
         """The key a record of subject `ref` sealed with `key_id` (None: the subject's own) opens with, if this
