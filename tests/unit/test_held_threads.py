@@ -127,3 +127,14 @@ def test_a_look_at_the_log_starts_past_the_own_records_its_offsets_clear() -> No
     threads.acked("t", PARTITION, (12,), SECOND)  # the thread's, held anew: the snapshot must look at it
     threads.acked("u", PARTITION, (13,), SECOND)
     assert threads.first_unknown("t", snapshot) == 12
+
+
+def test_a_chunked_own_event_is_settled_only_when_nothing_lies_between_its_chunks() -> None:
+    """Every reader completes a chunked event at its last chunk: another writer's record between its chunks
+    comes before it, which the process's own records cannot rule out."""
+    threads = HeldThreads()
+    threads.install("t", None, PARTITION, thread.NEW, applied=0, end=5)
+    decided = threads.acked("t", PARTITION, (5, 6, 7), FIRST)
+    assert decided is not None and decided.settled and decided.at == 7
+    decided = threads.acked("t", PARTITION, (8, 10), SECOND)  # offset 9 is no record of this process
+    assert decided is not None and not decided.settled and decided.unknown == 8

@@ -5,6 +5,8 @@ else: a `runs.delete` refuses only a run whose lead it may name, a prune only wh
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from graphledger.client.ownership import FROM_HEADERS, IntentNames, Mark, window_verdict
@@ -89,3 +91,22 @@ def test_another_writers_put_supersedes_and_a_prune_whose_strategy_is_sealed_cou
     assert isinstance(superseded, Refused) and superseded.superseded_by == NAMES.checkpoint("c2")
     changed = window_verdict(mark, NAMES, [_prune(12), write], KEY, write)
     assert isinstance(changed, Refused) and "changed" in changed.reason
+
+
+def _chunk(record: LogRecord, index: int, count: int, offset: int) -> LogRecord:
+    chunk = (envelope.HEADER_CHUNK, f"event:{index}:{count}".encode())
+    return dataclasses.replace(record, offset=offset, headers=(*record.headers, chunk))
+
+
+def test_a_chunked_put_takes_its_place_in_the_log_at_its_last_chunk() -> None:
+    """As the projector completes it: another writer's put whose last chunk lands after the run's write comes
+    after it, and the run's own chunked put comes after another writer's record between its chunks."""
+    mark = _mark(lead="c1")
+    other = _put(0, "c2", "c1", OTHER)
+    own = _put(0, "c3", "c1", WRITER)
+    write = _chunk(own, 1, 2, 13)
+    straddling = [_chunk(other, 0, 2, 11), _chunk(own, 0, 2, 12), write, _chunk(other, 1, 2, 14)]
+    assert window_verdict(mark, NAMES, straddling, KEY, write) == Counted()
+    between = [_chunk(own, 0, 2, 11), _chunk(other, 0, 2, 12), _chunk(other, 1, 2, 13), _chunk(own, 1, 2, 14)]
+    refused = window_verdict(mark, NAMES, between, KEY, between[-1])
+    assert isinstance(refused, Refused) and refused.superseded_by == NAMES.checkpoint("c2")

@@ -25,10 +25,10 @@ from typing import Any, Final
 
 from graphledger import ownership
 from graphledger.answers import Basis
-from graphledger.errors import GraphledgerError, ThreadWriteRefusedError
-from graphledger.events import checkpoint_event
+from graphledger.errors import GraphledgerError, InvalidEventError, ThreadWriteRefusedError
+from graphledger.events import checkpoint_event, chunks
 from graphledger.events.checkpoint import CheckpointPut, RunsDelete
-from graphledger.events.envelope import HEADER_INTENT, HEADER_OPERATION, HEADER_TYPE, header
+from graphledger.events.envelope import HEADER_CHUNK, HEADER_INTENT, HEADER_OPERATION, HEADER_TYPE, header
 from graphledger.events.envelope import decode as envelope_decode
 from graphledger.log.records import LogRecord
 from graphledger.ownership import NO_CHECKPOINT, Intent, Ledger, Refused, Verdict
@@ -227,9 +227,10 @@ def window_verdict(
     mark: Mark, names: IntentNames, records: Sequence[LogRecord], key: bytes, write: LogRecord
 ) -> Verdict:
     """The one-writer rule's verdict of `write`, the run's own record, from the records of the thread (`key`)
-    and the keyless ones in the mark's partition from its `through` up to it, read by their headers alone:
-    every other writer's record is taken as applied (what the projector dead-letters would only have left
-    the thread as the run read it, so this errs toward refusing, never toward counting)."""
+    and the keyless ones in the mark's partition from its `through` up to it, read by their headers alone,
+    each event at its last record (where every reader completes a chunked one): every other writer's record
+    is taken as applied (what the projector dead-letters would only have left the thread as the run read it,
+    so this errs toward refusing, never toward counting)."""
     own_ns = names.namespace(mark.checkpoint_ns)
     runs: dict[bytes, object] = {own_ns: mark.lead_run} if mark.lead is not None else {}
     writers = {own_ns: mark.lead_writer} if mark.lead_writer else {}
@@ -238,7 +239,7 @@ def window_verdict(
     for record in records:
         if record.offset >= write.offset or record.offset < mark.through:
             continue
-        if record.key != key and record.key is not None:
+        if (record.key != key and record.key is not None) or not _completes_its_event(record):
             continue
         kind = header(record.headers, HEADER_TYPE)
         raw = header(record.headers, HEADER_INTENT)
@@ -261,6 +262,20 @@ def window_verdict(
     if isinstance(verdict, Refused):
         return dataclasses.replace(verdict, reason=verdict.reason + FROM_HEADERS)
     return verdict
+
+
+def _completes_its_event(record: LogRecord) -> bool:
+    """Whether the record is where its event takes its place in the log: a chunked event's last chunk (every
+    reader completes it there; the publisher sends chunks in order), any other record itself. A malformed
+    chunk header is taken as complete, which errs toward refusing."""
+    raw = header(record.headers, HEADER_CHUNK)
+    if raw is None:
+        return True
+    try:
+        ref = chunks.parse_header(raw)
+    except InvalidEventError:
+        return True
+    return ref.index == ref.count - 1
 
 
 FROM_HEADERS: Final = (

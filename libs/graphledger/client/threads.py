@@ -118,7 +118,7 @@ class Acked(NamedTuple):
     unknown: int
     """The first offset the process's own records do not account for (`at`: every one)."""
     at: int
-    """The event's first record's offset."""
+    """The event's last record's offset: a chunked event takes its place in the log at its last chunk."""
 
     @property
     def settled(self) -> bool:
@@ -217,6 +217,13 @@ class HeldThreads:
             offset += 1
         return offset
 
+    def _unknown_before(self, thread_id: str, held: Held, offsets: tuple[int, ...]) -> int:
+        """`first_unknown` up to an own event's last record, where every reader completes a chunked event: its
+        chunks account for the offsets between them only when nothing else lies there."""
+        unknown = self.first_unknown(thread_id, held, offsets[0])
+        contiguous = offsets[-1] - offsets[0] == len(offsets) - 1
+        return offsets[-1] if unknown >= offsets[0] and contiguous else unknown
+
     def _remember(self, partition: int, offsets: tuple[int, ...], thread_id: str | None) -> None:
         recent = self._recent.setdefault(partition, OrderedDict())
         for offset in offsets:
@@ -234,7 +241,7 @@ class HeldThreads:
             if isinstance(event, CheckpointPut | CheckpointWrites):
                 verdict = thread.verdict(held.view, event)
                 if verdict is not None:
-                    decided = Acked(verdict, self.first_unknown(thread_id, held, offsets[0]), offsets[0])
+                    decided = Acked(verdict, self._unknown_before(thread_id, held, offsets), offsets[-1])
         self._remember(partition, offsets, thread_id)
         own = Own(offsets, event)
         if held is None or held.partition != partition:
