@@ -10,6 +10,7 @@ Run as `python tests/model_agent.py`. Each stdin line is `{"id", "op", "args"}` 
   writes by log order);
 - `result` (packed): what a read answered;
 - `error`, `retryable` when the call raised;
+- `answered`: how each of its thread reads was answered (`held`, `folded`, `new`, `read_api:<why>`);
 - `calls` (packed), for a `turn` (a LangGraph run): each `aput` and `aput_writes` the run made, in the
   form of the script's own `put` and `put_writes` arguments, with the intent its record carried, its
   records, its times and how it ended.
@@ -41,6 +42,8 @@ ERASE_DEADLINE_S = 120.0
 _records: contextvars.ContextVar[list[list[list[int]]] | None] = contextvars.ContextVar("records", default=None)
 _calls: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar("calls", default=None)
 _call: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("call", default=None)
+_answered: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("answered", default=None)
+"""How the command's reads were answered (`ThreadReads`' counters: `held`, `folded`, `read_api:<why>`)."""
 
 
 def _instrument(saver: KafkaSaver) -> None:
@@ -75,6 +78,16 @@ def _instrument(saver: KafkaSaver) -> None:
 
     saver.aput = put  # type: ignore[method-assign]
     saver.aput_writes = put_writes  # type: ignore[method-assign]
+    reads = saver._runtime.thread_reads
+    if reads is not None:
+        count = reads._count
+
+        def counting(answered: str, fell_back: str | None = None) -> None:
+            if (noted := _answered.get()) is not None:
+                noted.append(answered if fell_back is None else f"{answered}:{fell_back}")
+            count(answered, fell_back)
+
+        reads._count = counting  # type: ignore[method-assign]
 
 
 async def _called(kind: str, args: dict[str, Any], call: Any) -> Any:
@@ -180,6 +193,8 @@ def emit(message: dict[str, Any]) -> None:
 async def handle(agent: Agent, command: dict[str, Any]) -> None:
     records: list[list[list[int]]] = []
     _records.set(records)
+    answered: list[str] = []
+    _answered.set(answered)
     calls: list[dict[str, Any]] = []
     if command["op"] == "turn":  # the run's saver writes, each with its own records
         _calls.set(calls)
@@ -198,6 +213,8 @@ async def handle(agent: Agent, command: dict[str, Any]) -> None:
             answer["result"] = pack(result["result"])
     if command["op"] == "turn":
         answer["calls"] = pack(calls)
+    if answered:
+        answer["answered"] = answered
     emit({**answer, "t0": t0, "t1": t1, "records": records})
 
 

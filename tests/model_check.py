@@ -70,6 +70,8 @@ class Outcome:
     retryable: bool = False
     calls: list[dict[str, Any]] | None = None
     """A turn's saver writes (`model_agent.py`)."""
+    answered: tuple[str, ...] = ()
+    """How its thread reads were answered (`model_agent.py`)."""
 
     @classmethod
     def from_answer(cls, answer: dict[str, Any]) -> Outcome:
@@ -83,6 +85,7 @@ class Outcome:
             error_type=answer.get("error_type"),
             retryable=answer.get("retryable", False),
             calls=unpack(answer["calls"]) if "calls" in answer else None,
+            answered=tuple(answer.get("answered", ())),
         )
 
 
@@ -492,7 +495,7 @@ class History:
         lines = [
             f"VIOLATION op#{op.index} agent {op.agent} {op.kind} {op.args} on {thread} "
             f"[{out.t0 - self.start:.4f}, {out.t1 - self.start:.4f}]: prefixes {lo}..{hi} allowed",
-            f"  answered: {_short(verdict.answer)}",
+            f"  answered ({', '.join(out.answered) or 'not told'}): {_short(verdict.answer)}",
         ]
         for expected in verdict.candidates:
             lines.append(f"  a reference answer in the window: {_short(expected)}")

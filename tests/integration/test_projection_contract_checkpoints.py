@@ -205,6 +205,14 @@ def _scenarios() -> dict[str, list[Any]]:
             put("t", 3, parent=2, blobs={"msgs": b"m1-again"}, ver=1, refs={"empty": 1}),
             writes("t", 3, "task-a", [("msgs", b"w3")]),
         ],
+        # A put calling a channel new without a value for it (the client stores no row, the official saver an
+        # "empty" one that does not replace a row): at a version an earlier put stored a value at, that value
+        # is the put's.
+        "checkpoint.put (no value stored at a version an earlier put stored a value at)": [
+            *chain,
+            dataclasses.replace(put("t", 3, parent=1, refs={"msgs": 1, "empty": 1}), new_channels=("msgs",)),
+            writes("t", 3, "task-a", [("msgs", b"w3")]),
+        ],
         # A put naming a version it does not call new, holding a value inline: above every blob row of the
         # channel, the inline value answers; at a version another put stored a row at, the row does.
         "checkpoint.put (an inline value at a version the put does not call new)": [
@@ -321,6 +329,7 @@ WAITS = {
     "checkpoint.put (a version first stored by a put of an older checkpoint)": CheckpointPut,
     "checkpoint.put (an inline value at a version another put stored a row at)": CheckpointPut,
     "checkpoint.put (a value stored again at a version an earlier put stored)": CheckpointPut,
+    "checkpoint.put (no value stored at a version an earlier put stored a value at)": CheckpointPut,
 }
 """Scenarios whose event the fold cannot derive (a read that meets it waits for the projection)."""
 

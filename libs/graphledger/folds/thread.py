@@ -277,7 +277,11 @@ def _put(ns: Namespace, event: CheckpointPut) -> Namespace | Underivable:
         elif known is not None:
             blobs[key] = known
         elif event.new_channels is not None and channel in event.new_channels:
-            blobs[key] = NO_BLOB  # this put's own, which it wrote no blob for (inline, or absent)
+            # This put's own, which it wrote no blob for (inline, or absent): a row another put stored at the
+            # version answers instead, as it does the official saver's read (its "empty" row stays out).
+            if _maybe_stored(ns.ceilings, channel, version):
+                return Underivable(f"a blob row of channel {channel!r} at version {version} may be stored already")
+            blobs[key] = NO_BLOB
         elif _above(ns.ceilings, channel, version):
             blobs[key] = NO_BLOB  # no put stored a row at this version: the value is inline, or absent
         elif event.new_channels is None and (
