@@ -1,11 +1,18 @@
-"""Rebuild row of `make bench`: how fast `graphledger replay` rebuilds projections from the log.
+"""Rebuild rows of `make bench`: how fast `graphledger replay` rebuilds projections from the log, against
+the two limits of any loader in the same run.
 
 A realistic mix is produced straight to fresh topics with the real event encoders (not through
 LangGraph, to keep setup fast): per thread, checkpoint puts (two blobs each) each followed by a
-pending-writes event (two writes), and store puts (a fifth of the events; without vectors). Then the
-replay's `Rebuilder` applies all of it into a fresh schema, capped at the produced offsets (what the
-acknowledgements said, not the broker's reported end offsets), and the rate is events per second
-from its start to the last batch. Runs alone too: `python -m bench.rebuild --events 100000`.
+pending-writes event (two writes), and store puts (a fifth of the events; without vectors). Then:
+- the load: the replay's `Rebuilder` applies all of it into a fresh schema without secondary indexes,
+  capped at the produced offsets (what the acknowledgements said, not the broker's reported end offsets);
+- the read-only limit: the same `Rebuilder` fetching and opening every record (decode, and unseal where
+  sealed) with nothing applied, since the broker and the decoding can be what bounds a rebuild;
+- the COPY limit: the rows the load wrote, copied with one binary COPY per table (asyncpg
+  `copy_records_to_table`, one connection) into a schema migrated as the rebuild's (primary keys, no
+  secondary indexes); the rows are read out before the clock starts.
+Each rate is events per second from its start to its last batch; the load's ratio is against the lower of
+the two limits. Runs alone too: `python -m bench.rebuild --events 100000`.
 """
 
 from __future__ import annotations
@@ -23,14 +30,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
+from aiokafka import TopicPartition
 
 from graphledger.client.producer import new_producer
+from graphledger.client.tenant import scope_event
+from graphledger.erasure.sealer import EventSealer
 from graphledger.events import chunks, envelope, to_envelope
 from graphledger.events.checkpoint import Blob, CheckpointPut, CheckpointWrites, Write
 from graphledger.events.store import StorePut
+from graphledger.log.records import LogRecord
+from graphledger.opening.records import Classified
 from graphledger.settings import Settings
+from graphledger_server.keys.key_store import key_store_for
 from graphledger_server.keys.ring import new_key_entry
+from graphledger_server.keys.source import StoreKeySource
 from graphledger_server.log.topics import ensure_topics
+from graphledger_server.projection.batch import BatchResult
 from graphledger_server.projection.migrate import migrate
 from graphledger_server.replay import indexes
 from graphledger_server.replay.progress import Progress
@@ -39,6 +54,8 @@ from graphledger_server.replay.rebuild import TP, Rebuilder
 DEFAULT_EVENTS = int(os.environ.get("GRAPHLEDGER_BENCH_REBUILD_EVENTS", "1000000"))
 THREADS = 2_000
 SCHEMA = "bench_rebuild"
+COPY_SCHEMA = "bench_rebuild_copy"
+READ_SCHEMA = "bench_rebuild_read"
 
 
 def _version(n: int) -> str:
@@ -81,17 +98,27 @@ def _events(total: int) -> Iterator[tuple[str, object]]:
         step += 1
 
 
-async def produce(settings: Settings, total: int) -> dict[TP, int]:
-    """Publish `total` events; returns each partition's next offset, from the acknowledgements."""
+async def produce(settings: Settings, total: int, *, sealed: bool = False) -> dict[TP, int]:
+    """Publish `total` events (`sealed`: as a client of the unnamed tenant seals them, each subject under its
+    own key from the key store); returns each partition's next offset, from the acknowledgements."""
     topics = {"checkpoint": settings.checkpoint_topic, "store": settings.store_topic}
+    pool = await asyncpg.create_pool(settings.postgres_dsn, min_size=1, max_size=2) if sealed else None
+    sealer = None
+    if pool is not None:
+        store = key_store_for(settings, pool)
+        assert store is not None, "sealed events need GRAPHLEDGER_KEY_ENCRYPTION_KEYS"
+        sealer = EventSealer(StoreKeySource(store, settings), settings.key_cache_ttl_s)
     producer = new_producer(settings, linger_ms=20)
     await producer.start()
     ends: dict[TP, int] = {}
     try:
         pending = []
         for kind, event in _events(total):
-            env = to_envelope(event)  # type: ignore[arg-type]
-            key = event.key.encode()  # type: ignore[attr-defined]
+            if sealer is None:
+                env, record_key = to_envelope(event), event.key  # type: ignore[arg-type, attr-defined]
+            else:
+                record_key, env = await sealer.seal(scope_event(event, ""), "")  # type: ignore[arg-type]
+            key = record_key.encode() if record_key is not None else None
             value, headers = envelope.encode(env), envelope.headers_for(env)
             for r in chunks.frame(value, headers, settings.max_message_bytes, env.event_id):
                 pending.append(await producer.send(topics[kind], r.value, key=key, headers=r.headers))
@@ -105,22 +132,14 @@ async def produce(settings: Settings, total: int) -> dict[TP, int]:
             ends[tp] = max(ends.get(tp, 0), meta.offset + 1)
     finally:
         await producer.stop()
+        if pool is not None:
+            await pool.close()
     return ends
 
 
 async def rebuild(settings: Settings, ends: dict[TP, int], out: object = sys.stdout) -> tuple[int, float]:
     """Rebuild everything up to `ends` into a fresh schema; returns (events, seconds)."""
-    conn = await asyncpg.connect(settings.postgres_dsn)
-    try:
-        await conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-    finally:
-        await conn.close()
-    await migrate(settings.postgres_dsn, SCHEMA)
-    conn = await asyncpg.connect(settings.postgres_dsn)
-    try:
-        await indexes.drop_secondary(conn, SCHEMA)  # as `replay run` loads, indexes come after
-    finally:
-        await conn.close()
+    await _fresh_schema(settings, SCHEMA)  # as `replay run` loads: indexes come after
     rebuilder = Rebuilder(settings, SCHEMA)
     progress = Progress(out)  # type: ignore[arg-type]
     start = time.perf_counter()
@@ -136,17 +155,114 @@ async def rebuild(settings: Settings, ends: dict[TP, int], out: object = sys.std
     return rebuilder.records, time.perf_counter() - start
 
 
+class _ReadOnly(Rebuilder):
+    """The rebuild's fetch and opening of every record, with no batch applied: each partition moves past
+    what it fetched."""
+
+    async def _apply(self, records: list[LogRecord], classified: list[Classified]) -> BatchResult:
+        return BatchResult(next_offsets={TopicPartition(r.topic, r.partition): r.offset + 1 for r in records})
+
+
+async def read_only(settings: Settings, ends: dict[TP, int]) -> tuple[int, float]:
+    """Fetch and open everything up to `ends`, applying nothing; returns (events, seconds). Its schema (where
+    a rebuild starts from: no offsets stored) is migrated before the clock starts."""
+    await _fresh_schema(settings, READ_SCHEMA)
+    reader = _ReadOnly(settings, READ_SCHEMA)
+    start = time.perf_counter()
+    await reader.start()
+    try:
+        reader.set_caps(ends)
+        while reader.lag() > 0:
+            await reader.step()
+        await reader.flush()
+    finally:
+        await reader.close()
+    seconds = time.perf_counter() - start
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        await conn.execute(f"DROP SCHEMA {READ_SCHEMA} CASCADE")
+    finally:
+        await conn.close()
+    return reader.records, seconds
+
+
+COLUMNS_SQL = """
+SELECT table_name, array_agg(column_name::text ORDER BY ordinal_position) AS columns
+FROM information_schema.columns
+WHERE table_schema = $1 AND is_generated = 'NEVER' AND identity_generation IS NULL
+GROUP BY table_name
+"""
+
+
+async def copy_limit(settings: Settings) -> tuple[int, float]:
+    """Binary COPY of every row the load wrote into `COPY_SCHEMA` (migrated, secondary indexes dropped);
+    returns (rows, seconds), the rows read out before the clock starts."""
+    await _fresh_schema(settings, COPY_SCHEMA)
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        tables = {r["table_name"]: r["columns"] for r in await conn.fetch(COLUMNS_SQL, SCHEMA)}
+        rows = {}
+        for table, columns in tables.items():
+            if await conn.fetchval(f'SELECT EXISTS (SELECT FROM {COPY_SCHEMA}."{table}")'):
+                continue  # the migrations' own bookkeeping, which the migrated schema holds already
+            listed = ", ".join(f'"{c}"' for c in columns)
+            rows[table] = await conn.fetch(f'SELECT {listed} FROM {SCHEMA}."{table}"')
+        await conn.execute("SET synchronous_commit = off")  # as the rebuild's connections
+        start = time.perf_counter()
+        for table, records in rows.items():
+            if records:
+                await conn.copy_records_to_table(table, records=records, columns=tables[table], schema_name=COPY_SCHEMA)
+        seconds = time.perf_counter() - start
+        counts = ", ".join(f"{table} {len(r):,}" for table, r in sorted(rows.items(), key=lambda i: -len(i[1])) if r)
+        print(f"  rows the load wrote: {counts}", flush=True)
+        return sum(len(r) for r in rows.values()), seconds
+    finally:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {COPY_SCHEMA} CASCADE")
+        await conn.close()
+
+
+async def _fresh_schema(settings: Settings, schema: str) -> None:
+    """`schema` migrated anew, without its secondary indexes (as `replay run` loads)."""
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    finally:
+        await conn.close()
+    await migrate(settings.postgres_dsn, schema)
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        await indexes.drop_secondary(conn, schema)
+    finally:
+        await conn.close()
+
+
 async def run(base: Settings, events: int) -> list[str]:
-    """The rebuild row (Markdown) on fresh topics of `base`'s broker and database."""
-    settings = base.model_copy(update={"topic_prefix": f"rebuild-bench-{uuid.uuid4().hex[:8]}"})
-    await ensure_topics(settings)
-    started = time.perf_counter()
-    ends = await produce(settings, events)
-    print(f"  rebuild bench: produced {events:,} events in {time.perf_counter() - started:.0f}s", flush=True)
-    done, seconds = await rebuild(settings, ends)
-    rate = done / seconds
-    print(f"  rebuild            {rate:9.0f} events/s ({done:,} events in {seconds:.1f}s)", flush=True)
-    return [f"| replay rebuild ({done:,} events) | – | {rate:,.0f} events/s | – | – |"]
+    """The rebuild rows (Markdown) on fresh topics of `base`'s broker and database: clear events, then sealed
+    ones (when `base` has a key store), each against its read-only limit and the COPY limit of its rows."""
+    rows = []
+    for sealed in (False, True) if base.key_encryption_keys else (False,):
+        kind = "sealed" if sealed else "clear"
+        prefix = f"rebuild-bench-{kind}-{uuid.uuid4().hex[:8]}"
+        # Clear events are a log written with sealing off, applied so (with sealing on they are dead letters).
+        settings = base.model_copy(update={"topic_prefix": prefix, "encrypt_events": sealed})
+        await ensure_topics(settings)
+        started = time.perf_counter()
+        ends = await produce(settings, events, sealed=sealed)
+        print(f"  rebuild bench: produced {events:,} {kind} events in {time.perf_counter() - started:.0f}s", flush=True)
+        done, seconds = await rebuild(settings, ends)
+        fetched, read_seconds = await read_only(settings, ends)
+        copied, copy_seconds = await copy_limit(settings)
+        rate, read_rate, copy_rate = done / seconds, fetched / read_seconds, done / copy_seconds
+        limit = min(read_rate, copy_rate)
+        print(f"  rebuild ({kind})    {rate:9.0f} events/s ({done:,} events in {seconds:.1f}s): {rate / limit:.2f}x "
+              f"its limit; read-only {read_rate:.0f}/s, COPY {copy_rate:.0f} events/s ({copied:,} rows in "
+              f"{copy_seconds:.1f}s)", flush=True)  # fmt: skip
+        loaded = f"{rate:,.0f} events/s ({rate / limit:.2f}x its limit)"
+        rows += [
+            f"| replay rebuild, {kind} ({done:,} events) | – | {loaded} | – | – |",
+            f"| its limits: read-only / COPY of its rows | – | {read_rate:,.0f} / {copy_rate:,.0f} events/s | – | – |",
+        ]
+    return rows
 
 
 async def _standalone(events: int) -> None:
