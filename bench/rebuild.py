@@ -41,6 +41,7 @@ from graphledger.events.store import StorePut
 from graphledger.log.records import LogRecord
 from graphledger.opening.records import Classified
 from graphledger.settings import Settings
+from graphledger_server.collector import collecting_fully, freeze_and_defer_full_collections
 from graphledger_server.keys.key_store import key_store_for
 from graphledger_server.keys.ring import new_key_entry
 from graphledger_server.keys.source import StoreKeySource
@@ -238,7 +239,18 @@ async def _fresh_schema(settings: Settings, schema: str) -> None:
 
 async def run(base: Settings, events: int) -> list[str]:
     """The rebuild rows (Markdown) on fresh topics of `base`'s broker and database: clear events, then sealed
-    ones (when `base` has a key store), each against its read-only limit and the COPY limit of its rows."""
+    ones (when `base` has a key store), each against its read-only limit and the COPY limit of its rows. The
+    process collects garbage as `graphledger replay run` does meanwhile."""
+    previous = gc.get_threshold()
+    freeze_and_defer_full_collections()
+    try:
+        return await collecting_fully(_rows(base, events))
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*previous)
+
+
+async def _rows(base: Settings, events: int) -> list[str]:
     rows = []
     for sealed in (False, True) if base.key_encryption_keys else (False,):
         kind = "sealed" if sealed else "clear"
@@ -291,8 +303,6 @@ async def _standalone(events: int) -> None:
 
 
 if __name__ == "__main__":
-    gc.collect()
-    gc.freeze()  # as `graphledger replay run` does
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=DEFAULT_EVENTS, help="events to produce and rebuild")
     asyncio.run(_standalone(parser.parse_args().events))

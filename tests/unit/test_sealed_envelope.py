@@ -49,3 +49,11 @@ def test_a_v1_record_is_upcast_to_a_clear_payload(name: str) -> None:
     decoded = envelope.decode(fixture(name))
     assert sealed_ref(decoded) is None
     assert envelope.header(envelope.headers_for(decoded), envelope.HEADER_SUBJECT) is None
+
+
+def test_sealing_and_opening_keep_every_field_of_the_envelope_but_its_payload() -> None:
+    """`envelope.with_payload` builds the envelope directly: a field it forgot would be lost on every seal."""
+    fields = {f.name: f for f in dataclasses.fields(envelope.Envelope)}
+    full = envelope.Envelope("thread.delete", "e1", 5, {"a": 1}, 2, 7, 1, b"intent", True)
+    assert all(getattr(full, name) != f.default for name, f in fields.items() if f.default is not dataclasses.MISSING)
+    assert envelope.with_payload(full, {"b": 2}) == dataclasses.replace(full, payload={"b": 2})

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import ormsgpack
@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from graphledger.errors import InvalidEventError
 from graphledger.events.envelope import SEALED_PAYLOAD as SEALED
-from graphledger.events.envelope import Envelope
+from graphledger.events.envelope import Envelope, with_payload
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -96,7 +96,7 @@ def seal(envelope: Envelope, subject: SealedSubject, data_key: Cipher, key_id: s
     fields: dict[str, Any] = {"ref": ref, "kind": kind, "nonce": nonce, "ct": sealed}
     if key_id is not None:
         fields["kid"] = key_id
-    return replace(envelope, payload={SEALED: fields})
+    return with_payload(envelope, {SEALED: fields})
 
 
 def sealed_ref(envelope: Envelope) -> str | None:
@@ -151,7 +151,7 @@ def unseal(envelope: Envelope, data_key: Cipher) -> tuple[Envelope, SealedSubjec
         raise InvalidEventError(f"sealed payload of {envelope.type} is not a map of payload, subject and tenant")
     kind = sealed.get("kind")
     subject = SealedSubject(ref, kind if isinstance(kind, str) else "", tenant, name)
-    return replace(envelope, payload=payload), subject
+    return with_payload(envelope, payload), subject
 
 
 def _associated(event_id: str, ref: str, key_id: str | None) -> bytes:

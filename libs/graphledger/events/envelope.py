@@ -117,6 +117,15 @@ class Envelope:
     and on a decoded envelope."""
 
 
+def with_payload(envelope: Envelope, payload: dict[str, Any]) -> Envelope:
+    """`envelope` with another payload (sealed or opened): `dataclasses.replace`'s result, built directly,
+    which every sealed record's opening pays for (replace walks the fields each call: 3-5 us)."""
+    e = envelope
+    return Envelope(
+        e.type, e.event_id, e.produced_ms, payload, e.version, e.appended_ms, e.written_version, e.intent, e.operation
+    )
+
+
 def new_envelope(
     event_type: str, payload: dict[str, Any], intent: bytes | None = None, operation: bool | None = None
 ) -> Envelope:

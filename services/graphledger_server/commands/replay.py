@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import sys
 from typing import Any
 
@@ -54,20 +53,18 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     from graphledger_server.replay.run import run_replay
 
     telemetry.setup("graphledger-replay", settings)
-    # Long-lived objects frozen: the collector stops rescanning them for every batch's garbage (as the
-    # projector's main does).
-    gc.collect()
-    gc.freeze()
-    report = asyncio.run(
-        run_replay(
-            settings,
-            accept_loss=args.accept_loss,
-            restart=args.restart,
-            switch=args.switch,
-            accept_differences=args.accept_differences,
-            out=sys.stderr,
-        )
+    from graphledger_server.collector import collecting_fully, freeze_and_defer_full_collections
+
+    freeze_and_defer_full_collections()  # as the projector's main
+    replay = run_replay(
+        settings,
+        accept_loss=args.accept_loss,
+        restart=args.restart,
+        switch=args.switch,
+        accept_differences=args.accept_differences,
+        out=sys.stderr,
     )
+    report = asyncio.run(collecting_fully(replay))
     rate = report.events / report.seconds if report.seconds else 0.0
     print(f"replay: rebuilt {report.live!r} in {report.rebuilt!r}: {report.events:,} events in "
           f"{report.seconds:,.1f}s ({rate:,.0f} events/s)")  # fmt: skip

@@ -383,7 +383,7 @@ class BatchApplier:
         the records (applied, parked, dead-lettered, skipped as erased): the filter says only which keys
         the log holds."""
         for topic in self._filtered:
-            keys = [(r.partition, r.key) for r in passed if r.topic == topic and r.key is not None]
+            keys = {(r.partition, r.key) for r in passed if r.topic == topic and r.key is not None}  # hashed once
             if keys:
                 await key_filter.record(conn, self._record_keys, topic, keys)
 
