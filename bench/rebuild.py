@@ -141,15 +141,19 @@ async def produce(settings: Settings, total: int, *, sealed: bool = False) -> di
 async def rebuild(settings: Settings, ends: dict[TP, int], out: object = sys.stdout) -> tuple[int, float]:
     """Rebuild everything up to `ends` into a fresh schema; returns (events, seconds)."""
     await _fresh_schema(settings, SCHEMA)  # as `replay run` loads: indexes come after
-    rebuilder = Rebuilder(settings, SCHEMA)
-    progress = Progress(out)  # type: ignore[arg-type]
+    return await _drained(Rebuilder(settings, SCHEMA), ends, Progress(out))  # type: ignore[arg-type]
+
+
+async def _drained(rebuilder: Rebuilder, ends: dict[TP, int], progress: Progress | None = None) -> tuple[int, float]:
+    """Run `rebuilder` up to `ends`; returns (events, seconds)."""
     start = time.perf_counter()
     await rebuilder.start()
     try:
         rebuilder.set_caps(ends)
         while rebuilder.lag() > 0:
             await rebuilder.step()
-            progress.update("bench", rebuilder.records, rebuilder.lag(), rebuilder.positions, rebuilder.caps)
+            if progress is not None:
+                progress.update("bench", rebuilder.records, rebuilder.lag(), rebuilder.positions, rebuilder.caps)
         await rebuilder.flush()
     finally:
         await rebuilder.close()
@@ -168,23 +172,13 @@ async def read_only(settings: Settings, ends: dict[TP, int]) -> tuple[int, float
     """Fetch and open everything up to `ends`, applying nothing; returns (events, seconds). Its schema (where
     a rebuild starts from: no offsets stored) is migrated before the clock starts."""
     await _fresh_schema(settings, READ_SCHEMA)
-    reader = _ReadOnly(settings, READ_SCHEMA)
-    start = time.perf_counter()
-    await reader.start()
-    try:
-        reader.set_caps(ends)
-        while reader.lag() > 0:
-            await reader.step()
-        await reader.flush()
-    finally:
-        await reader.close()
-    seconds = time.perf_counter() - start
+    records, seconds = await _drained(_ReadOnly(settings, READ_SCHEMA), ends)
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
         await conn.execute(f"DROP SCHEMA {READ_SCHEMA} CASCADE")
     finally:
         await conn.close()
-    return reader.records, seconds
+    return records, seconds
 
 
 COLUMNS_SQL = """
