@@ -8,7 +8,7 @@ the order they run (`--only` picks some):
 - pods: a thread's turns spread over 4 agent processes, each with its own saver (`bench/pods.py`), on a
   stack of its own;
 - checkpoints: raw `aput` and whole graph invocations at concurrency 1, 16 and 64, with ratios, and the
-  projector's apply rate;
+  projector's apply rate on a backlog against its limit (`bench/apply_limit.py`);
 - write-to-visible: latency of a new thread's write at a steady 500 writes/s;
 - sealing: its cost, on against off in alternating rounds; ownership: the one-writer rule's
   (`GRAPHLEDGER_WRITE_OWNERSHIP` `refuse` against `record`), likewise; store: `bench/store.py`; rebuild:
@@ -39,6 +39,7 @@ import asyncpg
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
+from bench import apply_limit
 from bench import conversations as conversation_bench
 from bench import pods as pods_bench
 from bench import rebuild as rebuild_bench
@@ -55,6 +56,9 @@ from graphledger_server.log.offsets import OffsetStatements, group_offsets
 
 CONCURRENCY = (1, 16, 64)
 SEALING_ROUNDS = 6
+SEALING_BACKLOG = 10_000
+"""Checkpoints of each sealing round's projector backlog (two rounds a side), at most: fewer than the projector
+apply row's, so the rounds stay short."""
 OWNERSHIP_ROUNDS = 6
 LABELS = {"aput": "`aput`", "graph.ainvoke": "`graph.ainvoke`, a new thread each"}
 SECTIONS = ("conversations", "pods", "checkpoints", "write-to-visible", "sealing", "ownership", "store", "rebuild")
@@ -183,6 +187,10 @@ async def _projector_rate(stack: DevStack, placement: Placement, saver: KafkaSav
         await conn.close()
 
 
+def _of_limit(rate: float, limit: float) -> str:
+    return f"{rate / limit:.2f}x its limit" if limit else "its limit not measured (no checkpoint rows)"
+
+
 async def _sealing(stack: DevStack, placement: Placement, total: int, backlog: int) -> list[str]:
     """What sealing costs: `aput` and store `aput` at concurrency 64 and the projector's apply rate, with
     `encrypt_events` on and off on the same stack, in alternating rounds (the machine is noisy)."""
@@ -203,7 +211,7 @@ async def _sealing(stack: DevStack, placement: Placement, total: int, backlog: i
                 rates["aput"][side].append(await _run_puts(saver, 64, total))
                 rates["store"][side].append(await store_bench.puts(store, f"sealing-{side}-{r}", 64, total // 4))
                 if r < 2:  # each apply row is a backlog: two rounds of it
-                    rates["apply"][side].append(await _projector_rate(stack, placement, saver, backlog // 2))
+                    rates["apply"][side].append(await _projector_rate(stack, placement, saver, backlog))
     lines = [
         "| sealing (docs/security.md) | concurrency | sealed | clear | ratio (median; spread over rounds) |",
         "|---|---:|---:|---:|---|",
@@ -438,6 +446,7 @@ async def _operations(
     settings = stack.settings
     rows: list[tuple[str, int, float, float]] = []
     rate: float | None = None
+    limit = 0.0
     visible: tuple[float, float] | None = None
     if {"checkpoints", "write-to-visible"} & sections:
         async with KafkaSaver(settings) as ours:
@@ -453,9 +462,19 @@ async def _operations(
                     await official.setup()
                     rows = await _side_by_side("aput", _run_puts, ours, official, args.total)
                     rows += await _side_by_side("graph.ainvoke", _run_graphs, ours, official, args.total // 8)
+                since = await apply_limit.mark(settings.postgres_dsn)
                 rate = await _projector_rate(stack, placement, ours, args.backlog)
-                print(f"  projector apply    {rate:9.0f} checkpoints/s (backlog of {args.backlog})", flush=True)
-    sealing_rows = await _sealing(stack, placement, args.total, args.backlog) if "sealing" in sections else []
+                placement.to_stack()  # the limit's loader where the projector ran, beside Postgres
+                try:
+                    copied, seconds = await apply_limit.staging_merge(settings, since)
+                finally:
+                    placement.to_agent()
+                limit = copied / seconds
+                print(f"  projector apply    {rate:9.0f} checkpoints/s (backlog of {args.backlog}): "
+                      f"{_of_limit(rate, limit)}, COPY into staging + one merge per table {limit:.0f}/s",
+                      flush=True)  # fmt: skip
+    sealing_backlog = min(args.backlog, SEALING_BACKLOG)
+    sealing_rows = await _sealing(stack, placement, args.total, sealing_backlog) if "sealing" in sections else []
     if "ownership" in sections:
         sealing_rows += ["", *await _ownership(stack, args.total)]
     store_rows = await store_bench.run(stack, args.total, args.recall_items) if "store" in sections else []
@@ -466,7 +485,7 @@ async def _operations(
         for name, concurrency, mine, theirs in rows
     ]
     if rate is not None:
-        applied = f"{rate:,.0f} checkpoints/s"
+        applied = f"{rate:,.0f} checkpoints/s ({_of_limit(rate, limit)}, {limit:,.0f}/s)"
         checkpoint_rows.append(f"| projector apply (backlog {args.backlog:,}) | – | {applied} | – | – |")
     if visible is not None:
         p50, p99 = visible
@@ -486,7 +505,7 @@ if __name__ == "__main__":
         "`--only conversations` takes about 7 minutes on 2 cores",
     )
     parser.add_argument("--total", type=int, default=4000, help="aput calls per row (graph rows use total/8)")
-    parser.add_argument("--backlog", type=int, default=20000, help="checkpoints for the projector rate")
+    parser.add_argument("--backlog", type=int, default=100_000, help="checkpoints for the projector rate")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of the write-to-visible run")
     parser.add_argument("--recall-items", type=int, default=20000, help="items for the HNSW recall@10 row")
     parser.add_argument("--no-store", dest="store", action="store_false", help="skip the store rows")
