@@ -27,6 +27,7 @@ from graphledger.events.checkpoint import (
 from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger.opening.records import DeadLetter
+from graphledger_server.projection import checkpoints
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
@@ -93,6 +94,43 @@ async def test_copy_thread_copies_every_namespace_and_keeps_the_target_rows(conn
     assert await count(conn, "gl", "checkpoints", "thread_id = 'target'") == 3
     # Each thread stays on the partition of its own records; the copy travelled on the source's.
     assert [r[:3] for r in rows["graphledger_thread_partitions"]] == [("src", TOPIC, 1), ("target", TOPIC, 3)]
+
+
+async def test_runs_of_many_rows_go_by_copy_and_leave_what_arrays_leave(
+    conn: asyncpg.Connection, fresh_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From `STAGED_FROM_ROWS` rows a table's rows are copied into a batch table and moved from it: the same
+    merge as the arrays (a repeated put's new metadata, a blob's first value, a write's insert and upsert),
+    each run of a batch with its own rows, and nothing staged left after the commit."""
+    n = checkpoints.STAGED_FROM_ROWS + 10
+
+    def run(first: int, label: str) -> list[Any]:
+        return [
+            event
+            for i in range(first, first + n)
+            for event in (
+                put(f"t{i % 7}", i, blobs={"msgs": f"{label}{i}".encode()}, metadata={"label": label}),
+                writes(f"t{i % 7}", i, "task", [("msgs", f"{label}{i}".encode())]),
+                writes(f"t{i % 7}", i, "task", [("__error__", label.encode())], upsert=True, first_idx=-1),
+            )
+        ]
+
+    # Two runs in one batch (a delete between them), then a batch repeating half of the first run's keys.
+    first = items([*run(0, "a"), ThreadDelete("t0"), *run(n, "b")])
+    again = items(run(n // 2, "c"), first_offset=len(first))
+    await migrate(fresh_database, "arrays")
+    for batch in (first, again):
+        await apply(conn, batch)
+    staged = await conn.fetchval("SELECT count(*) FROM graphledger_batch_checkpoints")
+    with monkeypatch.context() as patched:
+        patched.setattr(checkpoints, "STAGED_FROM_ROWS", 10**9)
+        for batch in (first, again):
+            await apply(conn, batch, "arrays")
+    copied, arrays = await dump(conn, "gl"), await dump(conn, "arrays")
+    assert staged == 0
+    assert len(copied["checkpoints"]) > 2 * checkpoints.STAGED_FROM_ROWS
+    assert {r[7] for r in copied["checkpoint_writes"] if r[4] == -1} == {b"a", b"b", b"c"}  # idx -1: upserts
+    assert copied == arrays
 
 
 async def _partition_of(conn: asyncpg.Connection, thread_id: str) -> int | None:

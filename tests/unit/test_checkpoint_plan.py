@@ -91,13 +91,13 @@ def test_plan_merges_duplicate_keys_as_sequential_application_would() -> None:
         )
     ).steps
     assert isinstance(run, DataRun)
-    checkpoints = list(zip(*run.checkpoints, strict=True))
+    checkpoints = [tuple(row) for row in run.checkpoints]
     assert len(checkpoints) == 1
     assert checkpoints[0][3] == cid(0)  # the first put's parent: the upsert does not touch it
     assert '"n": 2' in checkpoints[0][5]  # the last put's metadata
-    assert next(zip(*run.blobs, strict=True))[5] == b"first"
-    assert list(zip(*run.writes_insert, strict=True)) == [("t", "", cid(1), "task", "", 0, "x", "bytes", b"insert-1")]
-    upserts = sorted(zip(*run.writes_upsert, strict=True))
+    assert run.blobs[0][5] == b"first"
+    assert [tuple(row) for row in run.writes_insert] == [("t", "", cid(1), "task", "", 0, "x", "bytes", b"insert-1")]
+    upserts = sorted(tuple(row) for row in run.writes_upsert)
     assert upserts == [
         ("t", "", cid(1), "task", "", -1, "__error__", "bytes", b"up-2"),  # task_path stays the first insert's
         ("t", "", cid(1), "task2", "", -1, "__error__", "bytes", b"up"),  # a later plain insert does nothing
@@ -160,7 +160,7 @@ def test_of_two_turns_started_on_one_head_the_later_in_the_log_is_refused_with_i
     assert _puts(plan) == [("t", cid(1))]
     (run,) = plan.steps
     assert isinstance(run, DataRun)
-    assert [w[2:4] for w in zip(*run.writes_insert, strict=True)] == [(cid(1), "a-task")]
+    assert [tuple(w[2:4]) for w in run.writes_insert] == [(cid(1), "a-task")]
     assert [(r.checkpoint_id, r.event_type, r.cause, r.offset) for r in plan.refusals] == [
         (cid(2), "checkpoint.put", SUPERSEDED, 2),
         (cid(0), "checkpoint.writes", SUPERSEDED, 3),

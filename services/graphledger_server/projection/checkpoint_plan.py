@@ -42,7 +42,8 @@ tests build them, record no thread activity)."""
 
 @dataclass(slots=True)
 class DataRun:
-    """Consecutive put/writes events as column lists, one list per `unnest` parameter.
+    """Consecutive put/writes events as rows of each table (`threads`: column lists, one per `unnest`
+    parameter).
 
     Keys are unique within each statement, merged as sequential application would leave them:
     checkpoints keep the first put's parent and the last put's checkpoint and metadata (the upsert
@@ -50,10 +51,10 @@ class DataRun:
     any event upserted it, else the first insert's.
     """
 
-    checkpoints: list[list[Any]]
-    blobs: list[list[Any]]
-    writes_insert: list[list[Any]]
-    writes_upsert: list[list[Any]]
+    checkpoints: Sequence[Sequence[Any]]
+    blobs: Sequence[Sequence[Any]]
+    writes_insert: Sequence[Sequence[Any]]
+    writes_upsert: Sequence[Sequence[Any]]
     threads: list[list[Any]]
     events: int
     puts: list[Put]
@@ -271,10 +272,10 @@ class _RunBuilder:
         inserts = [r[:9] for r in self.writes.values() if not r[9]]
         upserts = [r[:9] for r in self.writes.values() if r[9]]
         return DataRun(
-            columns(self.checkpoints.values(), 6),
-            columns(self.blobs.values(), 6),
-            columns(inserts, 9),
-            columns(upserts, 9),
+            list(self.checkpoints.values()),
+            list(self.blobs.values()),
+            inserts,
+            upserts,
             columns(((t, *tp) for t, tp in self.threads.items()), 4),
             self.events,
             self.puts,

@@ -7,54 +7,88 @@ Like the official saver's `base.py`: each statement names what its `$n` paramete
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from graphledger_server.projection import erasure, prune
 from graphledger_server.sql import render
 
 # --- data runs --------------------------------------------------------------------------------------
 
+# A run's rows reach each table in one of two ways (`checkpoints._insert_rows`): as `unnest` arrays in one
+# statement, or, from `STAGED_FROM_ROWS` rows, by a binary COPY into the table's temporary batch table and
+# one statement that inserts them from it (asyncpg encodes a COPY's rows several times faster than arrays,
+# whose every element it tests against three abstract base classes). The batch tables are the session's
+# own, created and emptied before each run that stages rows (a batch may hold several runs) and emptied at
+# commit, so a rolled-back batch leaves nothing. Keys are unique within a run (deduplicated in Python):
+# ON CONFLICT DO UPDATE cannot touch one row twice in a statement.
+_WRITES_BATCH_COLUMNS = """(
+    thread_id text, checkpoint_ns text, checkpoint_id text, task_id text, task_path text, idx int, channel text,
+    type text, blob bytea
+) ON COMMIT DELETE ROWS"""
+BATCH_TABLES_SQL = f"""
+CREATE TEMP TABLE IF NOT EXISTS graphledger_batch_checkpoints (
+    thread_id text, checkpoint_ns text, checkpoint_id text, parent_checkpoint_id text, checkpoint text,
+    metadata text
+) ON COMMIT DELETE ROWS;
+CREATE TEMP TABLE IF NOT EXISTS graphledger_batch_blobs (
+    thread_id text, checkpoint_ns text, channel text, version text, type text, blob bytea
+) ON COMMIT DELETE ROWS;
+CREATE TEMP TABLE IF NOT EXISTS graphledger_batch_writes {_WRITES_BATCH_COLUMNS};
+CREATE TEMP TABLE IF NOT EXISTS graphledger_batch_write_upserts {_WRITES_BATCH_COLUMNS};
+DELETE FROM graphledger_batch_checkpoints;
+DELETE FROM graphledger_batch_blobs;
+DELETE FROM graphledger_batch_writes;
+DELETE FROM graphledger_batch_write_upserts
+"""
+
 # Like the official UPSERT_CHECKPOINTS_SQL: a repeated put replaces checkpoint and metadata only.
 # $1..$6 -> unnest(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata);
-# the JSON columns arrive as text and are cast to jsonb here. Keys are unique (deduplicated in Python):
-# ON CONFLICT DO UPDATE cannot touch one row twice in a statement.
-UPSERT_CHECKPOINTS_SQL = """
-INSERT INTO {schema}.checkpoints
-    (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
+# the JSON columns arrive as text and are cast to jsonb here.
+_CHECKPOINT_COLUMNS = "thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata"
+_INSERT_CHECKPOINTS = f"""
+INSERT INTO {{schema}}.checkpoints ({_CHECKPOINT_COLUMNS})
 SELECT u.thread_id, u.checkpoint_ns, u.checkpoint_id, u.parent_checkpoint_id, u.checkpoint::jsonb, u.metadata::jsonb
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
-    AS u(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
+"""
+_CHECKPOINTS_CONFLICT = """
 ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
     checkpoint = EXCLUDED.checkpoint,
     metadata = EXCLUDED.metadata
 """
+UPSERT_CHECKPOINTS_SQL = f"""{_INSERT_CHECKPOINTS}
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS u({_CHECKPOINT_COLUMNS})
+{_CHECKPOINTS_CONFLICT}"""
+UPSERT_BATCH_CHECKPOINTS_SQL = f"""{_INSERT_CHECKPOINTS} FROM graphledger_batch_checkpoints u {_CHECKPOINTS_CONFLICT}"""
 
 # Like UPSERT_CHECKPOINT_BLOBS_SQL: a channel version's value never changes, the first one stays.
 # $1..$6 -> unnest(thread_id, checkpoint_ns, channel, version, type, blob).
-INSERT_BLOBS_SQL = """
-INSERT INTO {schema}.checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+_INSERT_BLOBS = "INSERT INTO {schema}.checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)"
+_BLOBS_CONFLICT = "ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING"
+INSERT_BLOBS_SQL = f"""
+{_INSERT_BLOBS}
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[])
-ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING
+{_BLOBS_CONFLICT}
 """
+INSERT_BATCH_BLOBS_SQL = f"{_INSERT_BLOBS} SELECT * FROM graphledger_batch_blobs {_BLOBS_CONFLICT}"
 
 # INSERT_CHECKPOINT_WRITES_SQL / UPSERT_CHECKPOINT_WRITES_SQL, set-based.
 # $1..$9 -> unnest(thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob).
-INSERT_WRITES_SQL = """
+_INSERT_WRITES = """
 INSERT INTO {schema}.checkpoint_writes
     (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[],
-                     $8::text[], $9::bytea[])
-ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING
 """
-
-UPSERT_WRITES_SQL = """
-INSERT INTO {schema}.checkpoint_writes
-    (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[],
-                     $8::text[], $9::bytea[])
+_WRITES_ARRAYS = """SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[],
+                     $7::text[], $8::text[], $9::bytea[])"""
+_WRITES_INSERT_CONFLICT = "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING"
+_WRITES_UPSERT_CONFLICT = """
 ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
     channel = EXCLUDED.channel,
     type = EXCLUDED.type,
     blob = EXCLUDED.blob
 """
+INSERT_WRITES_SQL = f"{_INSERT_WRITES}{_WRITES_ARRAYS}\n{_WRITES_INSERT_CONFLICT}\n"
+INSERT_BATCH_WRITES_SQL = f"{_INSERT_WRITES}SELECT * FROM graphledger_batch_writes {_WRITES_INSERT_CONFLICT}\n"
+UPSERT_WRITES_SQL = f"{_INSERT_WRITES}{_WRITES_ARRAYS}{_WRITES_UPSERT_CONFLICT}"
+UPSERT_BATCH_WRITES_SQL = f"{_INSERT_WRITES}SELECT * FROM graphledger_batch_write_upserts {_WRITES_UPSERT_CONFLICT}"
 
 # How an insert into graphledger_thread_partitions (aliased `tp`) meets an existing row: the thread's
 # partition is the newest, its activity the greatest ever seen (null: none yet).
@@ -436,15 +470,35 @@ WHERE b.thread_id = g.thread_id AND b.checkpoint_ns = g.checkpoint_ns
 """
 
 
+@dataclass(frozen=True, slots=True)
+class RowInsert:
+    """One table's insert of a run's rows: from `unnest` arrays, or moved from its batch table (`batch`)."""
+
+    arrays: str
+    staged: str
+    batch: str
+
+
 class CheckpointStatements:
     """The projection's statements rendered for one schema (once per worker, not per batch)."""
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
-        self.upsert_checkpoints = render(UPSERT_CHECKPOINTS_SQL, schema)
-        self.insert_blobs = render(INSERT_BLOBS_SQL, schema)
-        self.insert_writes = render(INSERT_WRITES_SQL, schema)
-        self.upsert_writes = render(UPSERT_WRITES_SQL, schema)
+        self.upsert_checkpoints = RowInsert(
+            render(UPSERT_CHECKPOINTS_SQL, schema), render(UPSERT_BATCH_CHECKPOINTS_SQL, schema),
+            "graphledger_batch_checkpoints",
+        )  # fmt: skip
+        self.insert_blobs = RowInsert(
+            render(INSERT_BLOBS_SQL, schema), render(INSERT_BATCH_BLOBS_SQL, schema), "graphledger_batch_blobs"
+        )
+        self.insert_writes = RowInsert(
+            render(INSERT_WRITES_SQL, schema), render(INSERT_BATCH_WRITES_SQL, schema), "graphledger_batch_writes"
+        )
+        self.upsert_writes = RowInsert(
+            render(UPSERT_WRITES_SQL, schema), render(UPSERT_BATCH_WRITES_SQL, schema),
+            "graphledger_batch_write_upserts",
+        )  # fmt: skip
+        self.batch_tables = BATCH_TABLES_SQL
         self.upsert_thread_partitions = render(UPSERT_THREAD_PARTITIONS_SQL, schema)
         self.thread_idle = render(THREAD_IDLE_SQL, schema)
         self.delete_threads = render(DELETE_THREADS_SQL, schema)

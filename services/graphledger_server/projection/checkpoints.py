@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import assert_never
+from typing import Any, assert_never
 
 import asyncpg
 
@@ -40,11 +40,14 @@ from graphledger_server.projection.checkpoint_plan import (
     plan_batch,
     thread_of,
 )
-from graphledger_server.projection.checkpoint_sql import CheckpointStatements
+from graphledger_server.projection.checkpoint_sql import CheckpointStatements, RowInsert
 from graphledger_server.projection.report import ApplyReport
 
 log = logging.getLogger(__name__)
 PUT = CheckpointPut.TYPE
+STAGED_FROM_ROWS = 256
+"""Rows of one table in a run from which they go by COPY (`checkpoint_sql.BATCH_TABLES_SQL`): below, the two
+round trips cost more than encoding the arrays saves."""
 
 
 async def apply_steps(conn: asyncpg.Connection, sql: CheckpointStatements, steps: Sequence[Step]) -> list[Fork]:
@@ -109,14 +112,13 @@ async def _apply_run(conn: asyncpg.Connection, sql: CheckpointStatements, run: D
         scopes = list(dict.fromkeys((p.thread_id, p.checkpoint_ns) for p in run.puts))
         rows = await conn.fetch(sql.newest_checkpoints, [t for t, _ in scopes], [ns for _, ns in scopes])
         forks = find_forks(run.puts, {(r["thread_id"], r["checkpoint_ns"]): r["newest"] for r in rows})
-    if run.checkpoints[0]:
-        await conn.execute(sql.upsert_checkpoints, *run.checkpoints)
-    if run.blobs[0]:
-        await conn.execute(sql.insert_blobs, *run.blobs)
-    if run.writes_insert[0]:
-        await conn.execute(sql.insert_writes, *run.writes_insert)
-    if run.writes_upsert[0]:
-        await conn.execute(sql.upsert_writes, *run.writes_upsert)
+    tables = (run.checkpoints, run.blobs, run.writes_insert, run.writes_upsert)
+    if any(len(rows) >= STAGED_FROM_ROWS for rows in tables):
+        await conn.execute(sql.batch_tables)
+    await _insert_rows(conn, sql.upsert_checkpoints, run.checkpoints, 6)
+    await _insert_rows(conn, sql.insert_blobs, run.blobs, 6)
+    await _insert_rows(conn, sql.insert_writes, run.writes_insert, 9)
+    await _insert_rows(conn, sql.upsert_writes, run.writes_upsert, 9)
     if run.threads[0]:
         await conn.execute(sql.upsert_thread_partitions, *run.threads)
     if forks:
@@ -127,6 +129,18 @@ async def _apply_run(conn: asyncpg.Connection, sql: CheckpointStatements, run: D
         ]  # fmt: skip
         await conn.execute(sql.insert_forks, *columns(rows, 9))
     return forks
+
+
+async def _insert_rows(conn: asyncpg.Connection, insert: RowInsert, rows: Sequence[Sequence[Any]], width: int) -> None:
+    """`rows` into their table: from `STAGED_FROM_ROWS` on, by COPY into its batch table (created and emptied by
+    the caller) and one statement from there; fewer, as arrays in one statement, a round trip less."""
+    if not rows:
+        return
+    if len(rows) < STAGED_FROM_ROWS:
+        await conn.execute(insert.arrays, *columns(rows, width))
+        return
+    await conn.copy_records_to_table(insert.batch, records=rows)
+    await conn.execute(insert.staged)
 
 
 async def read_ledgers(
