@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from graphledger.errors import InvalidEventError
 from graphledger.events.envelope import SEALED_PAYLOAD as SEALED
 from graphledger.events.envelope import Envelope, with_payload
+from graphledger.quick_init import quick_init
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -76,6 +77,7 @@ def cipher_of(data_key: bytes) -> Cipher:
     return AESGCM(data_key)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class SealedSubject:
     """Whose data a sealed event carries: reference, kind, tenant and name (as `subjects.Subject`)."""

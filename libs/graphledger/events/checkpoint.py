@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from graphledger.events.codec import EPOCH_MS, Choice, EventPayload, Integer, Text, payload_codec, wire
 from graphledger.events.erasure import TenantErase, ThreadErase
+from graphledger.quick_init import quick_init
 
 NAMED = Text(nonempty=True)
 """A thread or checkpoint id: never empty."""
@@ -24,6 +25,7 @@ CELL = Text(nul_apart=False)
 """A channel name, version or type in a row of blobs or writes."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Blob:
     """One channel value at one version, as `checkpoint_blobs` stores it (`type` "empty" has no data)."""
@@ -34,6 +36,7 @@ class Blob:
     data: bytes | None = field(metadata=wire(label="value"))
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Write:
     """One pending write of a task, as `checkpoint_writes` stores it."""
@@ -45,6 +48,7 @@ class Write:
 
 
 @payload_codec
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CheckpointPut(EventPayload):
     """`put`: a checkpoint row and the blobs of the channels whose version changed."""
@@ -72,6 +76,7 @@ class CheckpointPut(EventPayload):
 
 
 @payload_codec
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CheckpointWrites(EventPayload):
     """`put_writes`: one task's writes against a checkpoint.

@@ -27,6 +27,7 @@ from typing import Any
 import ormsgpack
 
 from graphledger.errors import InvalidEventError, UnknownEventVersionError
+from graphledger.quick_init import quick_init
 
 SCHEMA_VERSION = 4
 """4: a put or writes may carry its writer's intent (`graphledger.ownership`), which a projector reading at
@@ -91,6 +92,7 @@ UPCASTERS: dict[int, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
 }
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Envelope:
     """One decoded event: its type, identity, producer time and raw payload map."""

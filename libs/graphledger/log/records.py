@@ -6,9 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from graphledger.quick_init import quick_init
+
 Header = tuple[str, bytes]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LogRecord:
     """One Kafka record: where it is in the log and what it carries."""

@@ -13,8 +13,10 @@ from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.ownership import Intent
 from graphledger.pg_text import json_text_problem, json_text_suspect
+from graphledger.quick_init import quick_init
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TimedCheckpointEvent:
     """A checkpoint event with its time (ms, `envelope.append_time_ms`): a thread's activity time."""

@@ -32,6 +32,7 @@ from graphledger.events.envelope import Envelope
 from graphledger.events.erasure import NamespaceErase, ThreadErase
 from graphledger.log.compressed_batches import UNREADABLE_HEADER
 from graphledger.log.records import Header, LogRecord
+from graphledger.quick_init import quick_init
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ MAX_EVENT_ID_CHARS = 200
 MAX_EVENT_TYPE_CHARS = 200
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Decoded:
     """A valid event, ready to apply at its record's position."""

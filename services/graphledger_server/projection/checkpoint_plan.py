@@ -10,7 +10,6 @@ target (`ApplyCopy`).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, assert_never
@@ -34,6 +33,7 @@ from graphledger.events.erasure import TenantErase, ThreadErase
 from graphledger.folds.thread import run_of
 from graphledger.opening.checkpoint_events import TimedCheckpointEvent
 from graphledger.ownership import Counted, Intent, Ledger, Refused
+from graphledger.quick_init import quick_init
 
 BatchItem = tuple[str, int, int, CheckpointEvent | TimedCheckpointEvent]
 """`(topic, partition, offset, event)`: one event at its position in the log (untimed events, as
@@ -61,6 +61,7 @@ class DataRun:
     """Every put of the run in log order, for fork detection (`forks`)."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Put:
     """Where a put sits in the log and what it says of its thread namespace's history."""
@@ -229,8 +230,10 @@ class _RunBuilder:
     def put(self, topic: str, partition: int, offset: int, e: CheckpointPut, ts_ms: int | None) -> None:
         self.events += 1
         thread_id, ns = e.thread_id, e.checkpoint_ns
-        put = Put(thread_id, ns, e.checkpoint_id, e.parent_checkpoint_id, topic, partition, offset)
-        self.puts.append(dataclasses.replace(put, protected=e.intent is not None, metadata_json=e.metadata_json))
+        self.puts.append(
+            Put(thread_id, ns, e.checkpoint_id, e.parent_checkpoint_id, topic, partition, offset,
+                e.intent is not None, e.metadata_json)
+        )  # fmt: skip
         self.touch(thread_id, topic, partition, ts_ms)
         key = (thread_id, ns, e.checkpoint_id)
         row = self.checkpoints.get(key)
