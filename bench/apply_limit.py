@@ -16,16 +16,11 @@ import time
 
 import asyncpg
 
+from bench.rebuild import COLUMNS_SQL
 from graphledger.settings import Settings
 from graphledger_server.projection.migrate import migrate
 
 SCHEMA = "bench_apply_limit"
-COLUMNS_SQL = """
-SELECT table_name, array_agg(column_name::text ORDER BY ordinal_position) AS columns
-FROM information_schema.columns
-WHERE table_schema = $1 AND is_generated = 'NEVER' AND identity_generation IS NULL
-GROUP BY table_name
-"""
 OFFSETS = "graphledger_offsets"
 """Not copied: each batch updates its own offset row instead, as the apply does."""
 
