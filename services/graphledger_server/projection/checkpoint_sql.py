@@ -477,6 +477,8 @@ class RowInsert:
     arrays: str
     staged: str
     batch: str
+    width: int
+    """Columns of a row (and `unnest` parameters of `arrays`)."""
 
 
 class CheckpointStatements:
@@ -486,17 +488,17 @@ class CheckpointStatements:
         self.schema = schema
         self.upsert_checkpoints = RowInsert(
             render(UPSERT_CHECKPOINTS_SQL, schema), render(UPSERT_BATCH_CHECKPOINTS_SQL, schema),
-            "graphledger_batch_checkpoints",
+            "graphledger_batch_checkpoints", 6,
         )  # fmt: skip
         self.insert_blobs = RowInsert(
-            render(INSERT_BLOBS_SQL, schema), render(INSERT_BATCH_BLOBS_SQL, schema), "graphledger_batch_blobs"
+            render(INSERT_BLOBS_SQL, schema), render(INSERT_BATCH_BLOBS_SQL, schema), "graphledger_batch_blobs", 6
         )
         self.insert_writes = RowInsert(
-            render(INSERT_WRITES_SQL, schema), render(INSERT_BATCH_WRITES_SQL, schema), "graphledger_batch_writes"
+            render(INSERT_WRITES_SQL, schema), render(INSERT_BATCH_WRITES_SQL, schema), "graphledger_batch_writes", 9
         )
         self.upsert_writes = RowInsert(
             render(UPSERT_WRITES_SQL, schema), render(UPSERT_BATCH_WRITES_SQL, schema),
-            "graphledger_batch_write_upserts",
+            "graphledger_batch_write_upserts", 9,
         )  # fmt: skip
         self.batch_tables = BATCH_TABLES_SQL
         self.upsert_thread_partitions = render(UPSERT_THREAD_PARTITIONS_SQL, schema)

@@ -115,10 +115,10 @@ async def _apply_run(conn: asyncpg.Connection, sql: CheckpointStatements, run: D
     tables = (run.checkpoints, run.blobs, run.writes_insert, run.writes_upsert)
     if any(len(rows) >= STAGED_FROM_ROWS for rows in tables):
         await conn.execute(sql.batch_tables)
-    await _insert_rows(conn, sql.upsert_checkpoints, run.checkpoints, 6)
-    await _insert_rows(conn, sql.insert_blobs, run.blobs, 6)
-    await _insert_rows(conn, sql.insert_writes, run.writes_insert, 9)
-    await _insert_rows(conn, sql.upsert_writes, run.writes_upsert, 9)
+    await _insert_rows(conn, sql.upsert_checkpoints, run.checkpoints)
+    await _insert_rows(conn, sql.insert_blobs, run.blobs)
+    await _insert_rows(conn, sql.insert_writes, run.writes_insert)
+    await _insert_rows(conn, sql.upsert_writes, run.writes_upsert)
     if run.threads[0]:
         await conn.execute(sql.upsert_thread_partitions, *run.threads)
     if forks:
@@ -131,13 +131,13 @@ async def _apply_run(conn: asyncpg.Connection, sql: CheckpointStatements, run: D
     return forks
 
 
-async def _insert_rows(conn: asyncpg.Connection, insert: RowInsert, rows: Sequence[Sequence[Any]], width: int) -> None:
+async def _insert_rows(conn: asyncpg.Connection, insert: RowInsert, rows: Sequence[Sequence[Any]]) -> None:
     """`rows` into their table: from `STAGED_FROM_ROWS` on, by COPY into its batch table (created and emptied by
     the caller) and one statement from there; fewer, as arrays in one statement, a round trip less."""
     if not rows:
         return
     if len(rows) < STAGED_FROM_ROWS:
-        await conn.execute(insert.arrays, *columns(rows, width))
+        await conn.execute(insert.arrays, *columns(rows, insert.width))
         return
     await conn.copy_records_to_table(insert.batch, records=rows)
     await conn.execute(insert.staged)
