@@ -45,6 +45,7 @@ async def staging_merge(settings: Settings, since: int) -> tuple[int, float]:
         await migrate(settings.postgres_dsn, SCHEMA)
         tables = {r["table_name"]: r["columns"] for r in await conn.fetch(COLUMNS_SQL, live)}
         rows: dict[str, list[asyncpg.Record]] = {}
+        merges: dict[str, str] = {}
         for table, columns in sorted(tables.items()):
             if table == OFFSETS or not await _exists(conn, SCHEMA, table):
                 continue
@@ -52,6 +53,10 @@ async def staging_merge(settings: Settings, since: int) -> tuple[int, float]:
             found = await conn.fetch(f'SELECT {listed} FROM {live}."{table}" WHERE xmin::text::bigint > $1', since)
             if found:
                 rows[table] = found
+                merges[table] = (
+                    f'INSERT INTO {SCHEMA}."{table}" ({listed}) SELECT {listed} FROM "stage_{table}" '
+                    "ON CONFLICT DO NOTHING"
+                )
                 await conn.execute(
                     f'CREATE TEMP TABLE "stage_{table}" ON COMMIT DELETE ROWS AS '
                     f'SELECT {listed} FROM {SCHEMA}."{table}" WITH NO DATA'
@@ -67,12 +72,8 @@ async def staging_merge(settings: Settings, since: int) -> tuple[int, float]:
                     part = found[b * len(found) // batches : (b + 1) * len(found) // batches]
                     if not part:
                         continue
-                    listed = ", ".join(f'"{c}"' for c in tables[table])
                     await conn.copy_records_to_table(f"stage_{table}", records=part, columns=tables[table])
-                    await conn.execute(
-                        f'INSERT INTO {SCHEMA}."{table}" ({listed}) SELECT {listed} FROM "stage_{table}" '
-                        "ON CONFLICT DO NOTHING"
-                    )
+                    await conn.execute(merges[table])
                 await conn.execute(f"UPDATE {SCHEMA}.{OFFSETS} SET next_offset = $1 WHERE consumer_group = 'bench'", b)
         seconds = time.perf_counter() - start
         counts = ", ".join(f"{table} {len(r):,}" for table, r in sorted(rows.items(), key=lambda i: -len(i[1])))
