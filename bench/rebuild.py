@@ -10,9 +10,15 @@ pending-writes event (two writes), and store puts (a fifth of the events; withou
   sealed) with nothing applied, since the broker and the decoding can be what bounds a rebuild;
 - the COPY limit: the rows the load wrote, copied with one binary COPY per table (asyncpg
   `copy_records_to_table`, one connection) into a schema migrated as the rebuild's (primary keys, no
-  secondary indexes); the rows are read out before the clock starts.
+  secondary indexes); the rows are read out before the clock starts;
+- the whole `replay run`: the load's schema, given the secondary indexes a migrated schema has, stands as
+  the live projection of the same log, and `run_replay` rebuilds it (preflight, load, index builds, the last
+  catch-up, verify, switch).
 Each rate is events per second from its start to its last batch; the load's ratio is against the lower of
-the two limits. Runs alone too: `python -m bench.rebuild --events 100000`.
+the two limits. The process's resident memory is sampled after every batch of the load and reported at the
+load's start and at its peak: the rise is bounded by the batches alive at once (two lanes applying, one
+being opened; `GRAPHLEDGER_REPLAY_BATCH_MAX_EVENTS` and `GRAPHLEDGER_BATCH_MAX_BYTES` each), not by the
+log's length. Runs alone too: `python -m bench.rebuild --events 100000 [--kinds sealed]`.
 """
 
 from __future__ import annotations
@@ -51,12 +57,16 @@ from graphledger_server.projection.migrate import migrate
 from graphledger_server.replay import indexes
 from graphledger_server.replay.progress import Progress
 from graphledger_server.replay.rebuild import TP, Rebuilder
+from graphledger_server.replay.run import run_replay
 
 DEFAULT_EVENTS = int(os.environ.get("GRAPHLEDGER_BENCH_REBUILD_EVENTS", "1000000"))
 THREADS = 2_000
 SCHEMA = "bench_rebuild"
 COPY_SCHEMA = "bench_rebuild_copy"
 READ_SCHEMA = "bench_rebuild_read"
+INDEXED_SCHEMA = "bench_rebuild_indexed"
+KINDS = ("clear", "sealed")
+MIB = 1024 * 1024
 
 
 def _version(n: int) -> str:
@@ -138,26 +148,38 @@ async def produce(settings: Settings, total: int, *, sealed: bool = False) -> di
     return ends
 
 
-async def rebuild(settings: Settings, ends: dict[TP, int], out: object = sys.stdout) -> tuple[int, float]:
-    """Rebuild everything up to `ends` into a fresh schema; returns (events, seconds)."""
+async def rebuild(
+    settings: Settings, ends: dict[TP, int], out: object = sys.stdout
+) -> tuple[int, float, tuple[int, int]]:
+    """Rebuild everything up to `ends` into a fresh schema; returns (events, seconds, (RSS at start, peak))."""
     await _fresh_schema(settings, SCHEMA)  # as `replay run` loads: indexes come after
     return await _drained(Rebuilder(settings, SCHEMA), ends, Progress(out))  # type: ignore[arg-type]
 
 
-async def _drained(rebuilder: Rebuilder, ends: dict[TP, int], progress: Progress | None = None) -> tuple[int, float]:
-    """Run `rebuilder` up to `ends`; returns (events, seconds)."""
+def _rss_bytes() -> int:
+    """This process's resident memory now (Linux)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def _drained(
+    rebuilder: Rebuilder, ends: dict[TP, int], progress: Progress | None = None
+) -> tuple[int, float, tuple[int, int]]:
+    """Run `rebuilder` up to `ends`; returns (events, seconds, the process's RSS at the start and its peak)."""
     start = time.perf_counter()
+    peak = first = _rss_bytes()
     await rebuilder.start()
     try:
         rebuilder.set_caps(ends)
         while rebuilder.lag() > 0:
             await rebuilder.step()
+            peak = max(peak, _rss_bytes())
             if progress is not None:
                 progress.update("bench", rebuilder.records, rebuilder.lag(), rebuilder.positions, rebuilder.caps)
         await rebuilder.flush()
     finally:
         await rebuilder.close()
-    return rebuilder.records, time.perf_counter() - start
+    return rebuilder.records, time.perf_counter() - start, (first, peak)
 
 
 class _ReadOnly(Rebuilder):
@@ -172,12 +194,8 @@ async def read_only(settings: Settings, ends: dict[TP, int]) -> tuple[int, float
     """Fetch and open everything up to `ends`, applying nothing; returns (events, seconds). Its schema (where
     a rebuild starts from: no offsets stored) is migrated before the clock starts."""
     await _fresh_schema(settings, READ_SCHEMA)
-    records, seconds = await _drained(_ReadOnly(settings, READ_SCHEMA), ends)
-    conn = await asyncpg.connect(settings.postgres_dsn)
-    try:
-        await conn.execute(f"DROP SCHEMA {READ_SCHEMA} CASCADE")
-    finally:
-        await conn.close()
+    records, seconds, _ = await _drained(_ReadOnly(settings, READ_SCHEMA), ends)
+    await _drop_schemas(settings, READ_SCHEMA)
     return records, seconds
 
 
@@ -216,13 +234,34 @@ async def copy_limit(settings: Settings) -> tuple[int, float]:
         await conn.close()
 
 
-async def _fresh_schema(settings: Settings, schema: str) -> None:
-    """`schema` migrated anew, without its secondary indexes (as `replay run` loads)."""
+async def replay_run(settings: Settings) -> tuple[int, float]:
+    """The whole `graphledger replay run` of the load's schema, standing as the live projection of the same
+    log once it has the secondary indexes a migrated schema has (built before the clock starts); returns
+    (events, seconds). The schemas it leaves are dropped."""
+    await migrate(settings.postgres_dsn, INDEXED_SCHEMA)
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
-        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        await indexes.create_like_live(conn, INDEXED_SCHEMA, SCHEMA)
     finally:
         await conn.close()
+    await _drop_schemas(settings, INDEXED_SCHEMA)
+    report = await run_replay(settings.model_copy(update={"postgres_schema": SCHEMA}), out=None)
+    await _drop_schemas(settings, *(s for s in (report.retired, SCHEMA) if s is not None))
+    return report.events, report.seconds
+
+
+async def _drop_schemas(settings: Settings, *schemas: str) -> None:
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        for schema in schemas:
+            await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    finally:
+        await conn.close()
+
+
+async def _fresh_schema(settings: Settings, schema: str) -> None:
+    """`schema` migrated anew, without its secondary indexes (as `replay run` loads)."""
+    await _drop_schemas(settings, schema)
     await migrate(settings.postgres_dsn, schema)
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
@@ -231,23 +270,25 @@ async def _fresh_schema(settings: Settings, schema: str) -> None:
         await conn.close()
 
 
-async def run(base: Settings, events: int) -> list[str]:
+async def run(base: Settings, events: int, kinds: tuple[str, ...] = KINDS) -> list[str]:
     """The rebuild rows (Markdown) on fresh topics of `base`'s broker and database: clear events, then sealed
-    ones (when `base` has a key store), each against its read-only limit and the COPY limit of its rows. The
-    process collects garbage as `graphledger replay run` does meanwhile."""
+    ones (when `base` has a key store), each against its read-only limit and the COPY limit of its rows, then
+    the whole replay run. The process collects garbage as `graphledger replay run` does meanwhile."""
     previous = gc.get_threshold()
     freeze_and_defer_full_collections()
     try:
-        return await collecting_fully(_rows(base, events))
+        return await collecting_fully(_rows(base, events, kinds))
     finally:
         gc.unfreeze()
         gc.set_threshold(*previous)
 
 
-async def _rows(base: Settings, events: int) -> list[str]:
+async def _rows(base: Settings, events: int, kinds: tuple[str, ...]) -> list[str]:
     rows = []
-    for sealed in (False, True) if base.key_encryption_keys else (False,):
-        kind = "sealed" if sealed else "clear"
+    for kind in kinds:
+        sealed = kind == "sealed"
+        if sealed and not base.key_encryption_keys:
+            continue
         prefix = f"rebuild-bench-{kind}-{uuid.uuid4().hex[:8]}"
         # Clear events are a log written with sealing off, applied so (with sealing on they are dead letters).
         settings = base.model_copy(update={"topic_prefix": prefix, "encrypt_events": sealed})
@@ -255,23 +296,28 @@ async def _rows(base: Settings, events: int) -> list[str]:
         started = time.perf_counter()
         ends = await produce(settings, events, sealed=sealed)
         print(f"  rebuild bench: produced {events:,} {kind} events in {time.perf_counter() - started:.0f}s", flush=True)
-        done, seconds = await rebuild(settings, ends)
+        gc.collect()
+        done, seconds, (first, peak) = await rebuild(settings, ends)
         fetched, read_seconds = await read_only(settings, ends)
         copied, copy_seconds = await copy_limit(settings)
+        replayed, replay_seconds = await replay_run(settings)
         rate, read_rate, copy_rate = done / seconds, fetched / read_seconds, done / copy_seconds
         limit = min(read_rate, copy_rate)
-        print(f"  rebuild ({kind})    {rate:9.0f} events/s ({done:,} events in {seconds:.1f}s): {rate / limit:.2f}x "
-              f"its limit; read-only {read_rate:.0f}/s, COPY {copy_rate:.0f} events/s ({copied:,} rows in "
-              f"{copy_seconds:.1f}s)", flush=True)  # fmt: skip
-        loaded = f"{rate:,.0f} events/s ({rate / limit:.2f}x its limit)"
+        print(f"  rebuild ({kind})    {rate:9.0f} events/s ({done:,} events in {seconds:.1f}s, RSS "
+              f"{first / MIB:,.0f} -> {peak / MIB:,.0f} MiB): {rate / limit:.2f}x its limit; read-only "
+              f"{read_rate:.0f}/s, COPY {copy_rate:.0f} events/s ({copied:,} rows in {copy_seconds:.1f}s); replay run "
+              f"{replayed / replay_seconds:.0f} events/s ({replay_seconds:.1f}s)", flush=True)  # fmt: skip
+        loaded = f"{rate:,.0f} events/s ({rate / limit:.2f}x its limit), RSS {first / MIB:,.0f} → {peak / MIB:,.0f} MiB"
+        whole = f"{replayed / replay_seconds:,.0f} events/s ({replay_seconds:,.0f} s)"
         rows += [
             f"| replay rebuild, {kind} ({done:,} events) | – | {loaded} | – | – |",
             f"| its limits: read-only / COPY of its rows | – | {read_rate:,.0f} / {copy_rate:,.0f} events/s | – | – |",
+            f"| whole `replay run`: load, indexes, verify, switch | – | {whole} | – | – |",
         ]
     return rows
 
 
-async def _standalone(events: int) -> None:
+async def _standalone(events: int, kinds: tuple[str, ...]) -> None:
     from graphledger_server.devstack.broker import EmbeddedBroker
     from graphledger_server.devstack.postgres import EmbeddedPostgres
 
@@ -290,7 +336,7 @@ async def _standalone(events: int) -> None:
             # this Postgres's key store gets a key of its own, as the dev stack's does.
             key_encryption_keys=new_key_entry("bench"),
         )
-        print("\n".join(await run(settings, events)))
+        print("\n".join(await run(settings, events, kinds)))
     finally:
         broker.stop()
         pg.stop()
@@ -299,4 +345,9 @@ async def _standalone(events: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=DEFAULT_EVENTS, help="events to produce and rebuild")
-    asyncio.run(_standalone(parser.parse_args().events))
+    parser.add_argument("--kinds", default=",".join(KINDS), help="which loads, comma-separated: clear, sealed")
+    args = parser.parse_args()
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    if unknown := set(kinds) - set(KINDS):
+        parser.error(f"--kinds: unknown {sorted(unknown)}; choose from {', '.join(KINDS)}")
+    asyncio.run(_standalone(args.events, kinds))
