@@ -296,7 +296,7 @@ async def _rows(base: Settings, events: int, kinds: tuple[str, ...]) -> list[str
         started = time.perf_counter()
         ends = await produce(settings, events, sealed=sealed)
         print(f"  rebuild bench: produced {events:,} {kind} events in {time.perf_counter() - started:.0f}s", flush=True)
-        gc.collect()
+        gc.collect()  # the producer's garbage, before the load's resident memory is first read
         done, seconds, (first, peak) = await rebuild(settings, ends)
         fetched, read_seconds = await read_only(settings, ends)
         copied, copy_seconds = await copy_limit(settings)
