@@ -245,7 +245,8 @@ async def replay_run(settings: Settings) -> tuple[int, float]:
     finally:
         await conn.close()
     await _drop_schemas(settings, INDEXED_SCHEMA)
-    report = await run_replay(settings.model_copy(update={"postgres_schema": SCHEMA}), out=None)
+    # `restart`: a rebuild an interrupted bench run left behind is of other topics, never resumed.
+    report = await run_replay(settings.model_copy(update={"postgres_schema": SCHEMA}), restart=True, out=None)
     await _drop_schemas(settings, *(s for s in (report.retired, SCHEMA) if s is not None))
     return report.events, report.seconds
 
