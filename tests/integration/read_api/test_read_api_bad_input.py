@@ -53,6 +53,21 @@ async def test_a_verdict_asked_on_another_partition_than_the_threads_is_a_400(ap
     assert error["error"] == "wrong_partition" and "'t'" in error["message"]
 
 
+async def test_a_verdict_asked_for_an_offset_beyond_the_logs_end_is_a_400_not_a_wait(api: Api) -> None:
+    partitions = api.app.state.api.settings.topic_partitions
+    asked = [
+        await call(api.client, VERDICTS, {"thread_id": "t", "partition": p, "offsets": [2**40]}, "msgpack")
+        for p in range(partitions)
+    ]
+    on_its_partition = [r for r in asked if answer(r)["error"] != "wrong_partition"]
+    assert len(on_its_partition) == 1, [r.text for r in asked]
+    response = on_its_partition[0]
+    assert response.status_code == 400, response.text
+    error = answer(response)
+    assert error["error"] == "beyond_log_end" and error["retryable"] is False
+    assert f":{2**40} is beyond the log's end" in error["message"]
+
+
 @pytest.mark.parametrize(
     ("content", "content_type", "status"),
     [

@@ -205,11 +205,19 @@ class ReadBarrier:
         return replace(settled, applied=self._offsets.applied(topic, settled.partition), tail=None, need=None)
 
     async def applied_through(self, topic: str, partition: int, offset: int, key: bytes, *, tenant: str) -> None:
-        """Wait until the projection applied `topic:partition:offset`; a 503 when `key`'s records are parked
-        there (the record at `offset` is then undecided)."""
+        """Wait until the projection applied `topic:partition:offset`; a 400 when the offset is at or beyond
+        the log's end (no record of the caller's is there: it could never be applied), a 503 when `key`'s
+        records are parked there (the record at `offset` is then undecided)."""
         deadline = time.monotonic() + self._settings.consistency_timeout_s
+        tp = TopicPartition(topic, partition)
+        if self._offsets.applied(topic, partition) <= offset:
+            async with _log_deadline(deadline):
+                end = (await self._log.ends(self._positions((tp,)), self._remaining(deadline)))[tp]
+            if offset >= end:
+                why = f"{topic}:{partition}:{offset} is beyond the log's end ({end}): it names no record"
+                raise ApiError(400, "beyond_log_end", why)
         await self._await({(topic, partition): offset}, deadline, tenant, why=None)
-        self._refuse_parked(TopicPartition(topic, partition), key)
+        self._refuse_parked(tp, key)
 
     def _refuse_parked(self, tp: TopicPartition, key: bytes) -> None:
         """A 503 `subject_parked` when `key`'s records on `tp` are parked (as the offsets watcher last read)."""
