@@ -36,7 +36,7 @@ from graphledger_server.api.db import open_store_pool
 from graphledger_server.api.reads import store_sql
 from graphledger_server.api.reads.store_reader import StoreReader
 from graphledger_server.api.store_models import SearchOp
-from graphledger_server.opening.vector_index import VectorIndex
+from graphledger_server.opening.vector_index import VectorIndex, load_extension_schema, load_vector_index
 from graphledger_server.projection.migrate import migrate
 from read_api_helpers import api_settings
 from store_helpers import Applier, delete, put, record
@@ -359,6 +359,42 @@ async def test_the_index_path_equals_brute_force_on_small_data(projection: str) 
         assert full_pages >= 4
     finally:
         await pool.close()
+
+
+async def test_a_large_scopes_index_search_is_planned_once_per_connection(projection: str) -> None:
+    """The page statement of a scope known to be large keeps a generic plan after Postgres's first five
+    custom ones (planning every search anew cost a fifth of it, measured), in a table large enough
+    that the planner scans the HNSW index, and answers as the custom plans do."""
+    big = "big"
+    await migrate(projection, big, vectors=VectorIndex(DIMS))
+    conn = await asyncpg.connect(projection, server_settings={"search_path": big, "hnsw.ef_search": "200"})
+    try:
+        await conn.execute(
+            f"""INSERT INTO {big}.store (prefix, key, value)
+            SELECT 'docs.' || (g % 3), 'k' || g, jsonb_build_object('n', g % 20) FROM generate_series(1, 6000) g;
+            INSERT INTO {big}.store_vectors (prefix, key, field_name, embedding)
+            SELECT prefix, key, 'text', array(SELECT random() - 0.5 + length(key) * 0 FROM generate_series(1, {DIMS}))
+            FROM {big}.store;
+            ANALYZE {big}.store, {big}.store_vectors"""
+        )
+        index, ext = await load_vector_index(conn, big), await load_extension_schema(conn)
+        assert index is not None
+        for prefix, flt in ((("docs",), None), (("docs", "1"), {"n": {"$gte": 4}})):
+            answers = []
+            for mode in ("force_custom_plan", "auto"):
+                await conn.execute(f"SET plan_cache_mode = {mode}")
+                for i in range(8):
+                    query = EMBED.embed_query(f"{WORDS[i]} {WORDS[-i - 1]}")
+                    sql, args = store_sql.vector_search_statement(
+                        big, ext, index, prefix, flt, query, 10, 0, index_scope=(-1, 10 * 2)
+                    )
+                    answers.append([(row["key"], row["score"]) for row in await conn.fetch(sql, *args)])
+            assert answers[:8] == answers[8:]
+            assert all(len(page) == 10 for page in answers)
+            plans = await conn.fetchrow("SELECT generic_plans FROM pg_prepared_statements WHERE statement = $1", sql)
+            assert plans is not None and plans["generic_plans"] >= 3, (prefix, flt, dict(plans or {}))
+    finally:
+        await conn.close()
 
 
 async def test_pages_far_past_the_end_are_empty_on_every_path(projection: str) -> None:
