@@ -38,8 +38,9 @@ SECRET_VARIABLES = {
     f"{PREFIX}{name}".upper() for name, field in Settings.model_fields.items() if "SecretStr" in str(field.annotation)
 } | {f"{PREFIX}POSTGRES_DSN"}
 KEK_VARIABLE = f"{PREFIX}KEY_ENCRYPTION_KEYS"
-# The pods that seal or open events: the projector, the read API (clients' keys) and the sweeper.
-KEK_COMPONENTS = frozenset({"projector", "api", "sweeper"})
+# The pods that seal or open events: the projector, the read API (clients' keys), the sweeper, and a replay's
+# workers (the projector's code, on the whole log).
+KEK_COMPONENTS = frozenset({"projector", "api", "sweeper", "replay"})
 
 Manifest = dict[str, Any]
 
@@ -207,6 +208,8 @@ def hook_problems(docs: list[Manifest]) -> list[str]:
     for job in of_kind(docs, "Job"):
         annotations = job["metadata"].get("annotations", {})
         name = job["metadata"]["name"]
+        if component(job) == "replay":
+            continue  # an operator's run, not a hook: `replay_job_problems`
         if set(annotations.get("helm.sh/hook", "").split(",")) != {"pre-install", "pre-upgrade"}:
             problems.append(f"{name}: must be a pre-install,pre-upgrade hook")
         if "before-hook-creation" not in annotations.get("helm.sh/hook-delete-policy", ""):
@@ -234,6 +237,41 @@ def hook_problems(docs: list[Manifest]) -> list[str]:
         hook = doc["metadata"].get("annotations", {}).get("helm.sh/hook")
         if hook and doc["kind"] != "Job" and not (doc["kind"] == "Pod" and hook == "test"):
             problems.append(f"{doc['kind']}/{doc['metadata']['name']}: only the two Jobs and the test Pod are hooks")
+    return problems
+
+
+def replay_job_problems(docs: list[Manifest]) -> list[str]:
+    """A replay Job is an Indexed Job of `--workers` pods that each run `replay run --indexed-job` of one run
+    (the Job's name), restarted per index, with a pod template that upgrades leave as it is (a Job's template
+    is immutable: no config checksum, no chart version)."""
+    problems = []
+    parser = build_parser()
+    for job in of_kind(docs, "Job"):
+        if component(job) != "replay":
+            continue
+        name, spec = job["metadata"]["name"], job["spec"]
+        [container] = pod_spec(job)["containers"]
+        try:
+            args = parser.parse_args(container["args"])
+        except SystemExit:
+            problems.append(f"{name}: {container['args']} is not a graphledger command line")
+            continue
+        if (args.command, getattr(args, "replay_command", None)) != ("replay", "run") or not args.indexed_job:
+            problems.append(f"{name}: must run `replay run --indexed-job`, not {container['args']}")
+        if args.run_id != name:
+            problems.append(f"{name}: its pods must share the Job's name as --run-id, not {args.run_id!r}")
+        indexed = spec.get("completionMode") == "Indexed"
+        if not indexed or not spec.get("completions") == spec.get("parallelism") == args.workers:
+            problems.append(f"{name}: an Indexed Job of {args.workers} completions, all at once: {spec}")
+        if "backoffLimitPerIndex" not in spec or "backoffLimit" in spec:
+            problems.append(f"{name}: retries per index (backoffLimitPerIndex), so a dead pod's share resumes")
+        template = spec["template"]
+        if pod_spec(job).get("restartPolicy") != "Never":
+            problems.append(f"{name}: restartPolicy Never (a failed pod is replaced with its index)")
+        if "checksum/config" in template["metadata"].get("annotations", {}) or any(
+            key.startswith("helm.sh/") or key == "app.kubernetes.io/version" for key in template["metadata"]["labels"]
+        ):
+            problems.append(f"{name}: its pod template must not change with the config or the chart's version")
     return problems
 
 
@@ -275,8 +313,8 @@ def checksum_problems(docs: list[Manifest], rendered: dict[str, str]) -> list[st
 
 
 def kek_problems(docs: list[Manifest]) -> list[str]:
-    """The key-encryption keys reach the projector, the read API and the sweeper, from a key the Secret
-    holds, whenever events are sealed; never another pod (hooks, `helm test`)."""
+    """The key-encryption keys reach the projector, the read API, the sweeper and a replay's workers, from a
+    key the Secret holds, whenever events are sealed; never another pod (hooks, `helm test`)."""
     problems = []
     [configmap] = of_kind(docs, "ConfigMap")
     sealed = configmap["data"][f"{PREFIX}ENCRYPT_EVENTS"] == "true"
@@ -365,6 +403,7 @@ ALL_CHECKS: dict[str, Callable[[list[Manifest]], list[str]]] = {
     "security": security_problems,
     "probes": probe_problems,
     "hooks": hook_problems,
+    "replay-job": replay_job_problems,
     "config": config_problems,
     "kek": kek_problems,
     "labels": label_problems,

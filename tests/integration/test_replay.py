@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -29,8 +32,9 @@ from graphledger.settings import Settings
 from graphledger_server.api.main import server as api_server
 from graphledger_server.cli import main as cli_main
 from graphledger_server.devstack.ports import free_port
+from graphledger_server.devstack.stack import settings_to_env
 from graphledger_server.log.ends import log_ends
-from graphledger_server.log.topics import ensure_topics
+from graphledger_server.log.topics import ensure_topics, source_topics
 from graphledger_server.projection.batch import BatchApplier
 from graphledger_server.projection.checkpoints import CheckpointProjection
 from graphledger_server.projection.migrate import migrate
@@ -39,8 +43,9 @@ from graphledger_server.projector.release import release
 from graphledger_server.replay import schemas
 from graphledger_server.replay.indexes import secondary_indexes
 from graphledger_server.replay.run import run_replay
+from graphledger_server.replay.shares import Share
 from kafka_clients import raw_admin, raw_producer
-from polling import wait_for
+from polling import wait_applied, wait_for
 from projection_helpers import TOPIC, cid, count, put, record
 
 WAIT_S = 90.0
@@ -231,9 +236,13 @@ async def test_replay_under_load_switches_to_an_identical_schema(settings: Setti
         await conn.close()
 
 
-async def test_a_replay_of_copies_onto_threads_with_records_equals_the_live_projection(settings: Settings) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_a_replay_of_copies_onto_threads_with_records_equals_the_live_projection(
+    settings: Settings, workers: int
+) -> None:
     """Each copy lands in its target after the target's delete or prune acknowledged before it, live and in
-    the rebuild (whose lanes reach a target's barrier before or after its copy's record)."""
+    the rebuild (whose lanes reach a target's barrier before or after its copy's record; split between two
+    workers, in batches of 5, a barrier can wait for a partition of the other worker's share)."""
     async with live_stack(settings), KafkaSaver(settings) as saver, KafkaSaver(settings) as reader:
         expected = {}
         for n in range(8):
@@ -254,7 +263,9 @@ async def test_a_replay_of_copies_onto_threads_with_records_equals_the_live_proj
             found = [t async for t in reader.alist({"configurable": {"thread_id": target}})]
             assert len(found) == checkpoints, target
 
-        report = await run_replay(settings, switch=False, out=None)
+        await _until_live_at_log_end(settings)
+        split = settings.model_copy(update={"replay_batch_max_events": 5}) if workers > 1 else settings
+        report = await run_replay(split, switch=False, out=None, workers=workers)
     assert all(check.equal for check in report.checks), [c.describe() for c in report.checks]
     assert {c.table: c.live.rows for c in report.checks if c.live}["graphledger_copy_stages"] == 0
 
@@ -456,3 +467,108 @@ async def test_a_projector_batch_blocked_by_the_switch_lands_in_the_new_schema(
     finally:
         await projector_conn.close()
         await replay_conn.close()
+
+
+def _share_partitions(settings: Settings, share: Share) -> list[tuple[str, int]]:
+    return share.of((t, p) for t in source_topics(settings) for p in range(settings.topic_partitions))
+
+
+async def _until_live_at_log_end(settings: Settings) -> None:
+    """Until the live projector applied every record the source topics hold now: a replay then has it all to
+    load at once, not as the live projector gets to it."""
+    tail = LogTail(settings)
+    await tail.start()
+    try:
+        tps = {(t, p) for t in source_topics(settings) for p in range(settings.topic_partitions)}
+        ends = await log_ends(tail, tps, WAIT_S)
+    finally:
+        await tail.stop()
+    await wait_applied(settings, ends, "the live projector at the log's end")
+
+
+async def _share_row(settings: Settings, schema: str, share: int) -> asyncpg.Record | None:
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        if not await conn.fetchval("SELECT to_regclass($1::text) IS NOT NULL", f"{schema}.graphledger_replay_shares"):
+            return None
+        return await conn.fetchrow(f"SELECT * FROM {schema}.graphledger_replay_shares WHERE share = $1", share)
+    finally:
+        await conn.close()
+
+
+async def test_a_replay_split_between_worker_processes_equals_the_live_projection_and_resumes(
+    settings: Settings,
+) -> None:
+    """`replay run --workers 2`: worker 1 runs as a child process of the run and marks its share done with the
+    records it applied; the rebuild verifies equal; a later run of one worker resumes from what both stored."""
+    live = settings.postgres_schema
+    rebuilt = schemas.rebuild_name(live)
+    async with live_stack(settings), KafkaSaver(settings) as saver, KafkaStore(settings, index=_index()) as store:
+        await _write_load(saver, store, "split", rounds=6, threads=20)
+        await _until_live_at_log_end(settings)
+        # Batches smaller than a share: a worker leaves the last batch of its share to the coordinator.
+        small = settings.model_copy(update={"replay_batch_max_events": 20})
+        report = await run_replay(small, switch=False, out=None, workers=2)
+        assert report.retired is None and all(c.equal for c in report.checks), [c.describe() for c in report.checks]
+        row = await _share_row(settings, rebuilt, 1)
+        assert row is not None and row["shares"] == 2 and row["done_at"] is not None and row["records"] > 0
+        assert report.events >= sum(report.offsets.values())
+
+        await _write_load(saver, store, "more", rounds=2, threads=5)
+        second = await run_replay(settings, out=None)
+    assert second.retired is not None and all(c.equal for c in second.checks)
+    assert 0 < second.events < report.events  # resumed from the offsets both workers stored
+    assert await _share_row(settings, live, 1) is None  # the shares' marks went with the switch
+
+
+async def test_a_replay_worker_killed_mid_share_resumes_it_when_started_again(settings: Settings) -> None:
+    """The Indexed Job's shape: the coordinator (worker 0) here, worker 1 as a process of its own started with
+    the run's id, killed (SIGKILL) with its share half loaded and started again with the same index: it
+    resumes from its share's stored offsets, the coordinator waits for it, and the run verifies equal and
+    switches."""
+    live = settings.postgres_schema
+    rebuilt = schemas.rebuild_name(live)
+    worker_tps = _share_partitions(settings, Share(1, 2))
+    env = {**os.environ, **settings_to_env(settings), "GRAPHLEDGER_REPLAY_BATCH_MAX_EVENTS": "5"}
+    argv = [sys.executable, "-m", "graphledger_server", "replay", "run", "--workers", "2", "--worker-index", "1",
+            "--run-id", "job-1"]  # fmt: skip
+
+    async def worker_applied() -> int:
+        conn = await asyncpg.connect(settings.postgres_dsn)
+        try:
+            if not await conn.fetchval("SELECT to_regclass($1::text) IS NOT NULL", f"{rebuilt}.graphledger_offsets"):
+                return 0
+            rows = await conn.fetch(f"SELECT topic, partition, next_offset FROM {rebuilt}.graphledger_offsets")
+            return sum(r["next_offset"] for r in rows if (r["topic"], r["partition"]) in worker_tps)
+        finally:
+            await conn.close()
+
+    async with live_stack(settings), KafkaSaver(settings) as saver, KafkaStore(settings, index=_index()) as store:
+        await _write_load(saver, store, "kill", rounds=8, threads=25)
+        await _until_live_at_log_end(settings)
+        coordinator = asyncio.create_task(run_replay(settings, out=None, workers=2, spawn=False, run="job-1"))
+        try:
+            first = await asyncio.create_subprocess_exec(*argv, env=env)
+            await wait_for(lambda: _positive(worker_applied()), "worker 1 to apply part of its share", WAIT_S)
+            first.send_signal(signal.SIGSTOP)  # frozen half way: nothing it does can finish the share now
+            row = await _share_row(settings, rebuilt, 1)
+            assert row is not None and row["done_at"] is None
+            half = await worker_applied()
+            first.kill()
+            await first.wait()
+            assert not coordinator.done()  # it waits for share 1
+
+            again = await asyncio.create_subprocess_exec(*argv, env=env, stdout=asyncio.subprocess.PIPE)
+            out, _ = await asyncio.wait_for(again.communicate(), WAIT_S)
+            assert again.returncode == 0, out
+            report = await asyncio.wait_for(coordinator, WAIT_S)
+        finally:
+            coordinator.cancel()
+    assert report.retired is not None and all(c.equal for c in report.checks), [c.describe() for c in report.checks]
+    # Started again, it applied what its share had left, not its share from offset 0.
+    resumed = int(out.decode().split("applied ")[1].split(" events")[0].replace(",", ""))
+    assert 0 < resumed <= sum(o for tp, o in report.offsets.items() if tp in worker_tps) - half
+
+
+async def _positive(found: Awaitable[int]) -> bool:
+    return await found > 0

@@ -103,6 +103,16 @@ def test_an_unknown_kind_is_not_skipped() -> None:
         ),
         ("_helpers.tpl", "enableServiceLinks: false", "enableServiceLinks: true", "security", "enableServiceLinks"),
         ("hook-jobs.yaml", '"weight" "-20"', '"weight" "-5"', "hooks", "order topics ensure before migrate"),
+        ("replay-job.yaml", "completionMode: Indexed", "completionMode: NonIndexed", "replay-job", "an Indexed Job"),
+        ("replay-job.yaml", '"--indexed-job" ', "", "replay-job", "must run `replay run --indexed-job`"),
+        ("replay-job.yaml", '"--run-id" $name', '"--run-id" "fixed"', "replay-job", "share the Job's name"),
+        (
+            "replay-job.yaml",
+            'include "graphledger.selectorLabels" . | trim | nindent 8',
+            'include "graphledger.labels" . | trim | nindent 8',
+            "replay-job",
+            "must not change with the config or the chart's version",
+        ),
         ("hook-jobs.yaml", "pre-install,pre-upgrade", "post-install", "hooks", "pre-install,pre-upgrade"),
         ("hook-jobs.yaml", 'list "topics" "ensure"', 'list "topics" "create"', "hooks", "not a graphledger"),
         (

@@ -141,6 +141,7 @@ def test_secrets_are_mounted_and_referenced_only_where_needed(rendered) -> None:
         "sweeper": (True, True, False, True),
         "api": (True, True, True, True),  # consistent reads ask Kafka where the log ends; erasures publish
         "migrate": (False, True, False, False),
+        "replay": (True, True, False, True),  # the projector's code on the whole log
         "test": (False, False, False, False),
     }
     seen = set()

@@ -63,6 +63,8 @@ GRAPHLEDGER_REFUSAL_CAUSE: Final = "graphledger.refusal.cause"
 """Why the rule refused a write (`graphledger.ownership`): `superseded` or `thread_changed`."""
 GRAPHLEDGER_GAP_OUTCOME: Final = "graphledger.gap.outcome"
 """What a reader did with offsets a fetch's answer passed over: `fetched_again` or `read_past`."""
+GRAPHLEDGER_REPLAY_WORKER: Final = "graphledger.replay.worker"
+"""Which worker of a replay split by partition (`replay run --workers N`) applies the partition: `i/N`."""
 GRAPHLEDGER_READ_ANSWERED: Final = "graphledger.read.answered"
 """How a client answered a read of a thread: `held`, `folded` (other pods' records folded onto what it held),
 `new` (the log proved the thread new) or `read_api`."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from typing import Any
 
@@ -41,6 +42,30 @@ def register(commands: Any) -> None:
         help="switch even when the rebuild differs from the live schema (after an upgrade that applies events "
         "otherwise, such as one that dates them by another clock)",
     )
+    run.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the load by partition between N worker processes (default 1); worker 0 coordinates: it "
+        "starts the others unless --worker-index is given, then indexes, verifies and switches",
+    )
+    run.add_argument(
+        "--worker-index",
+        type=int,
+        metavar="I",
+        help="run only worker I of N, as a pod of an Indexed Job does (0: the coordinator); needs --run-id",
+    )
+    run.add_argument(
+        "--indexed-job",
+        action="store_true",
+        help="take --worker-index from JOB_COMPLETION_INDEX, which Kubernetes sets in each pod of an Indexed Job",
+    )
+    run.add_argument(
+        "--run-id",
+        metavar="ID",
+        help="what the workers of one run share (the chart: the Job's name); a new run resets the shares' marks",
+    )
     run.set_defaults(run=_run)
     sub.add_parser("list", help="the live schema, a rebuild in progress and old schemas").set_defaults(run=_list)
     drop = sub.add_parser("drop-old", help="drop old schemas a replay switched away from")
@@ -51,11 +76,15 @@ def register(commands: Any) -> None:
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     from graphledger_server import telemetry
     from graphledger_server.replay.run import run_replay
+    from graphledger_server.replay.shares import Share
 
+    share = Share(_worker_index(args), args.workers)
     telemetry.setup("graphledger-replay", settings)
     from graphledger_server.collector import collecting_fully, freeze_and_defer_full_collections
 
     freeze_and_defer_full_collections()  # as the projector's main
+    if share.index > 0:
+        return _run_worker(args, settings, share)
     replay = run_replay(
         settings,
         accept_loss=args.accept_loss,
@@ -63,6 +92,9 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         switch=args.switch,
         accept_differences=args.accept_differences,
         out=sys.stderr,
+        workers=share.count,
+        spawn=args.worker_index is None,
+        run=args.run_id,
     )
     report = asyncio.run(collecting_fully(replay))
     rate = report.events / report.seconds if report.seconds else 0.0
@@ -75,6 +107,38 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
               f"(`graphledger replay drop-old {report.retired}` drops it)")  # fmt: skip
     else:
         print(f"replay: verified, not switched; the rebuild stays in {report.rebuilt!r}")
+    return 0
+
+
+def _worker_index(args: argparse.Namespace) -> int:
+    from graphledger.errors import GraphledgerError
+
+    if not args.indexed_job:
+        return 0 if args.worker_index is None else int(args.worker_index)
+    if args.worker_index is not None:
+        raise GraphledgerError("--indexed-job takes the worker's index from JOB_COMPLETION_INDEX: drop --worker-index")
+    index = os.environ.get("JOB_COMPLETION_INDEX", "")
+    if not index.isdigit():
+        raise GraphledgerError(
+            f"--indexed-job needs JOB_COMPLETION_INDEX (Kubernetes sets it in an Indexed Job's pods), found {index!r}"
+        )
+    args.worker_index = int(index)
+    return args.worker_index
+
+
+def _run_worker(args: argparse.Namespace, settings: Settings, share: Any) -> int:
+    """Worker `share` (index above 0) of a split replay: its share of the load, nothing else."""
+    import time
+
+    from graphledger.errors import GraphledgerError
+    from graphledger_server.collector import collecting_fully
+    from graphledger_server.replay.workers import run_worker
+
+    if args.run_id is None:
+        raise GraphledgerError("--worker-index above 0 needs --run-id: the coordinator's run to join")
+    started = time.monotonic()
+    records = asyncio.run(collecting_fully(run_worker(settings, share, args.run_id)))
+    print(f"replay worker {share.label}: applied {records:,} events of its share in {time.monotonic() - started:,.1f}s")
     return 0
 
 

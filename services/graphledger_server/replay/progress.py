@@ -15,8 +15,10 @@ RATE_WINDOW_S = 10.0
 class Progress:
     """Prints a line at most every `interval_s` (and on `final`), and reports the progress gauge."""
 
-    def __init__(self, out: TextIO | None, interval_s: float = PRINT_INTERVAL_S) -> None:
+    def __init__(self, out: TextIO | None, interval_s: float = PRINT_INTERVAL_S, worker: str = "0/1") -> None:
         self.out = out
+        self.worker = worker
+        """`i/N`: the worker of a replay split by partition whose progress this is."""
         self.interval_s = interval_s
         self.started = time.monotonic()
         self._samples: deque[tuple[float, int]] = deque([(self.started, 0)])
@@ -37,9 +39,10 @@ class Progress:
         """Report (gauge always, terminal when due); returns the line."""
         now = time.monotonic()
         rate = self.rate(records, now)
-        telemetry.report_progress(positions, caps)
+        telemetry.report_progress(positions, caps, self.worker)
         eta = f"{lag / rate:,.0f}s" if rate > 0 else "–"
-        line = f"replay {phase}: {records:,} events applied, {rate:,.0f} events/s, lag {lag:,} events, ETA {eta}"
+        who = "" if self.worker == "0/1" else f" worker {self.worker}"
+        line = f"replay{who} {phase}: {records:,} events applied, {rate:,.0f} events/s, lag {lag:,} events, ETA {eta}"
         if self.out is not None and (final or now - self._printed >= self.interval_s):
             print(line, file=self.out, flush=True)
             self._printed = now

@@ -47,6 +47,7 @@ from graphledger_server.log.offsets import OffsetStatements, stored_offsets
 from graphledger_server.log.topics import source_topics
 from graphledger_server.projection.batch import BatchApplier, BatchResult
 from graphledger_server.projector.worker import BACKOFF_INITIAL_S, projections_for
+from graphledger_server.replay.shares import Share
 from graphledger_server.telemetry import replay as telemetry
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,11 @@ async def _already_dead_lettered(letters: Sequence[DeadLetter]) -> None:
 class Rebuilder:
     """Applies the source topics into `schema` as far as the caps allow."""
 
-    def __init__(self, settings: Settings, schema: str) -> None:
+    def __init__(self, settings: Settings, schema: str, share: Share | None = None) -> None:
         self.settings = settings
         self.schema = schema
+        self.share = share
+        """The partitions this process applies (`replay/shares.py`); None: every one."""
         self.group = settings.projector_group_id
         self.projections = projections_for(settings.model_copy(update={"postgres_schema": schema}))
         # The live projector's reassembly budget: a batch loads at most batch_max_bytes of stored chunks.
@@ -120,9 +123,8 @@ class Rebuilder:
         await self._tail.start()
         self.applier.log_ends = self._log_ends
         await self._consumer.topics()  # metadata of every topic, for partitions_for_topic
-        assigned = [
-            TopicPartition(t, p) for t in source_topics(s) for p in sorted(self._consumer.partitions_for_topic(t) or ())
-        ]
+        every = [(t, p) for t in source_topics(s) for p in sorted(self._consumer.partitions_for_topic(t) or ())]
+        assigned = [TopicPartition(*tp) for tp in (every if self.share is None else self.share.of(every))]
         self._consumer.assign(assigned)
         for tp in assigned:
             offset = stored[tp.topic].get(tp.partition)
@@ -133,8 +135,9 @@ class Rebuilder:
             self.positions[(tp.topic, tp.partition)] = offset or 0
             self._lanes[(tp.topic, tp.partition)] = len(self._lanes) % LANES
             self._fetched[(tp.topic, tp.partition)] = offset or 0
-        log.info("rebuilding into schema %s from %s", self.schema,
-                 ", ".join(f"{t}:{p}@{o}" for (t, p), o in sorted(self.positions.items())))  # fmt: skip
+        which = "" if self.share is None else f" (share {self.share.label})"
+        starts = ", ".join(f"{t}:{p}@{o}" for (t, p), o in sorted(self.positions.items()))
+        log.info("rebuilding into schema %s%s from %s", self.schema, which, starts)
 
     async def close(self) -> None:
         inflight = list(self._inflight.values())

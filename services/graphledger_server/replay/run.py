@@ -20,6 +20,7 @@ import asyncio
 import logging
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TextIO
@@ -35,14 +36,16 @@ from graphledger_server.log.offsets import (
     notify_applied,
     offsets_table_exists,
 )
-from graphledger_server.log.parked import carry_verdicts
 from graphledger_server.opening.vector_index import load_vector_index
 from graphledger_server.projection.migrate import migrate
-from graphledger_server.replay import indexes, schemas
+from graphledger_server.replay import indexes, schemas, shares
+from graphledger_server.replay.catch_up import carry_verdicts_once, catch_up
 from graphledger_server.replay.checksums import TableCheck, compare
 from graphledger_server.replay.preflight import inspect_sources, refuse_losses
 from graphledger_server.replay.progress import Progress
 from graphledger_server.replay.rebuild import TP, Rebuilder
+from graphledger_server.replay.shares import Share
+from graphledger_server.replay.workers import LocalWorkers, await_shares, load_share
 from graphledger_server.telemetry import replay as telemetry
 
 log = logging.getLogger(__name__)
@@ -77,13 +80,18 @@ async def run_replay(
     accept_differences: bool = False,
     out: TextIO | None = sys.stderr,
     stop: asyncio.Event | None = None,
+    workers: int = 1,
+    spawn: bool = True,
+    run: str | None = None,
 ) -> ReplayReport:
     """Rebuild `settings.postgres_schema` from the log and (with `switch`) put the rebuild in its place.
 
     Resumes an unfinished rebuild unless `restart`. Raises `LossRefusedError` before touching anything
     when the log lacks events (unless `accept_loss`), `ReplayVerificationError` when the rebuild differs
     (unless `accept_differences`: a rebuild meant to differ, by a version that applies events otherwise
-    than the one that built the live schema, switches all the same).
+    than the one that built the live schema, switches all the same). With `workers` above 1 the load is
+    split by partition (`replay/shares.py`): this process is worker 0, the coordinator, and starts the
+    others as child processes (`spawn`) or leaves them to the pods of an Indexed Job, which share `run`.
     """
     live, group = settings.postgres_schema, settings.projector_group_id
     rebuilt = schemas.rebuild_name(live)
@@ -100,17 +108,18 @@ async def run_replay(
             await migrate(settings.postgres_dsn, rebuilt, vectors=await load_vector_index(conn, live))
             await schemas.mark_rebuild(conn, live)
             await indexes.drop_secondary(conn, rebuilt)
+            shared = await _load_shares(settings, conn, workers, spawn, run, out, stop) if workers > 1 else 0
             rebuilder = Rebuilder(settings, rebuilt)
             progress = Progress(out)
             await rebuilder.start()
             try:
                 with telemetry.span("replay.catch_up"):
-                    await _catch_up(conn, rebuilder, progress, live, group, stop)
+                    await catch_up(conn, rebuilder, progress, live, group, stop)
                     await rebuilder.flush()
                 with telemetry.span("replay.index"):
                     await indexes.create_like_live(conn, live, rebuilt)
                 with telemetry.span("replay.catch_up"):
-                    await _catch_up(conn, rebuilder, progress, live, group, stop)
+                    await catch_up(conn, rebuilder, progress, live, group, stop)
                 report = await _verify_and_switch(
                     conn, rebuilder, progress, live, group, switch=switch, accept_differences=accept_differences
                 )
@@ -118,27 +127,35 @@ async def run_replay(
                 await rebuilder.close()
         finally:
             await conn.close()
+    report.events += shared
     report.seconds = time.monotonic() - started
     report.losses = losses
     return report
 
 
-async def _catch_up(
-    conn: asyncpg.Connection, rebuilder: Rebuilder, progress: Progress, live: str, group: str,
-    stop: asyncio.Event | None,
-) -> None:  # fmt: skip
-    """Apply, without holding anything of the live schema, until within one batch of the live projector."""
-    while True:
-        rebuilder.set_caps(await group_offsets(conn, OffsetStatements(live), group))
-        # After the caps: every verdict on a record below them was committed with (or before) its offset.
-        await carry_verdicts(conn, live, rebuilder.schema)
-        lag = rebuilder.lag()
-        progress.update("catching up", rebuilder.records, lag, rebuilder.positions, rebuilder.caps)
-        if lag <= rebuilder.settings.replay_batch_max_events:
-            return
-        if stop is not None and stop.is_set():
-            raise GraphledgerError("replay interrupted; run it again to resume the rebuild")
-        await rebuilder.step()
+async def _load_shares(
+    settings: Settings, conn: asyncpg.Connection, workers: int, spawn: bool, run: str | None,
+    out: TextIO | None, stop: asyncio.Event | None,
+) -> int:  # fmt: skip
+    """Worker 0's part of a split load: open the run's shares, load share 0 while the other workers load
+    theirs, wait for every one; returns the records all of them applied."""
+    if run is None:
+        if not spawn:
+            raise GraphledgerError("--worker-index 0 coordinates the pods of one run: give them all the same --run-id")
+        run = uuid.uuid4().hex
+    rebuilt = schemas.rebuild_name(settings.postgres_schema)
+    await shares.open_shares(conn, rebuilt, workers, run)
+    local = LocalWorkers(settings, workers, run) if spawn else None
+    try:
+        if local is not None:
+            await local.start()
+        with telemetry.span("replay.load"):
+            own = await load_share(settings, conn, Share(0, workers), out, stop)
+            await await_shares(conn, rebuilt, local, out, stop)
+    finally:
+        if local is not None:
+            await local.stop()
+    return own + await shares.loaded(conn, rebuilt)
 
 
 async def _verify_and_switch(
@@ -161,7 +178,7 @@ async def _verify_and_switch(
             # rows when they park a barrier. The lock held here keeps the live ones as they are.
             carrying = await asyncpg.connect(rebuilder.settings.postgres_dsn)
             try:
-                await carry_verdicts(carrying, live, rebuilt)
+                await carry_verdicts_once(carrying, live, rebuilt)
             finally:
                 await carrying.close()
             deadline = time.monotonic() + FINAL_CATCH_UP_S
@@ -193,6 +210,7 @@ async def _verify_and_switch(
         retired = None
         if switch:
             with telemetry.span("replay.switch"):
+                await shares.drop_shares(conn, rebuilt)
                 retired = await schemas.switch(conn, live, datetime.now(UTC))
                 await notify_applied(conn, live)
     return ReplayReport(live, rebuilt, retired, rebuilder.records, 0.0, targets, checks)

@@ -335,9 +335,10 @@ REPLAY_PROGRESS = MetricSpec(
     "graphledger.replay.progress",
     "gauge",
     "1",
-    "Fraction of a partition's records a replay has applied into its new schema (0 to 1).",
+    "Fraction of a partition's records a replay has applied into its new schema (0 to 1), by the worker "
+    "that applies it.",
     names.REPLAY_SCOPE,
-    (_TOPIC, _PARTITION),
+    (_TOPIC, _PARTITION, names.GRAPHLEDGER_REPLAY_WORKER),
 )
 
 CLIENT_THREAD_READS = MetricSpec(

@@ -22,11 +22,16 @@ def span(name: str, **attributes: str | int) -> Iterator[Span]:
         yield current
 
 
-def report_progress(positions: Mapping[tuple[str, int], int], targets: Mapping[tuple[str, int], int]) -> None:
-    """Per partition: the share of the live projector's records the rebuild has applied (1 when there are none)."""
+def report_progress(
+    positions: Mapping[tuple[str, int], int], targets: Mapping[tuple[str, int], int], worker: str = "0/1"
+) -> None:
+    """Per partition: the share of the live projector's records the rebuild has applied (1 when there are none),
+    from the worker (`i/N`) that applies it."""
     for (topic, partition), target in targets.items():
         done = min(positions.get((topic, partition), 0), target)
-        progress.set(
-            done / target if target else 1.0,
-            {names.MESSAGING_DESTINATION_NAME: topic, names.MESSAGING_DESTINATION_PARTITION_ID: str(partition)},
-        )
+        attributes = {
+            names.MESSAGING_DESTINATION_NAME: topic,
+            names.MESSAGING_DESTINATION_PARTITION_ID: str(partition),
+            names.GRAPHLEDGER_REPLAY_WORKER: worker,
+        }
+        progress.set(done / target if target else 1.0, attributes)
