@@ -11,9 +11,12 @@ import argparse
 import asyncio
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graphledger.settings import Settings
+
+if TYPE_CHECKING:
+    from graphledger_server.replay.shares import Share
 
 
 def register(commands: Any) -> None:
@@ -93,7 +96,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         accept_differences=args.accept_differences,
         out=sys.stderr,
         workers=share.count,
-        spawn=args.worker_index is None,
+        spawn=args.worker_index is None and not args.indexed_job,
         run=args.run_id,
     )
     report = asyncio.run(collecting_fully(replay))
@@ -122,11 +125,10 @@ def _worker_index(args: argparse.Namespace) -> int:
         raise GraphledgerError(
             f"--indexed-job needs JOB_COMPLETION_INDEX (Kubernetes sets it in an Indexed Job's pods), found {index!r}"
         )
-    args.worker_index = int(index)
-    return args.worker_index
+    return int(index)
 
 
-def _run_worker(args: argparse.Namespace, settings: Settings, share: Any) -> int:
+def _run_worker(args: argparse.Namespace, settings: Settings, share: Share) -> int:
     """Worker `share` (index above 0) of a split replay: its share of the load, nothing else."""
     import time
 

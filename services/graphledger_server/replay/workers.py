@@ -22,6 +22,7 @@ import asyncpg
 
 from graphledger.errors import GraphledgerError
 from graphledger.settings import Settings
+from graphledger.telemetry import names
 from graphledger_server.replay import schemas, shares
 from graphledger_server.replay.catch_up import catch_up
 from graphledger_server.replay.progress import Progress
@@ -48,7 +49,7 @@ async def load_share(
     progress = Progress(out, worker=share.label)
     await rebuilder.start()
     try:
-        with telemetry.span("replay.load_share", **{"graphledger.replay.worker": share.label}):
+        with telemetry.span("replay.load_share", **{names.GRAPHLEDGER_REPLAY_WORKER: share.label}):
             await catch_up(conn, rebuilder, progress, live, group, stop, Stall())
             await rebuilder.flush()
     finally:
@@ -111,15 +112,6 @@ class LocalWorkers:
                 return f"replay worker {index}/{self._count} (pid {child.pid}) exited with status {child.returncode}"
         return None
 
-    async def wait_any(self, timeout_s: float) -> None:
-        running = [asyncio.ensure_future(c.wait()) for c in self._children.values() if c.returncode is None]
-        if not running:
-            await asyncio.sleep(timeout_s)  # every child is gone: pace the caller's poll of the table
-            return
-        _, waiting = await asyncio.wait(running, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        for task in waiting:
-            task.cancel()
-
     async def stop(self) -> None:
         """Stop the children still running (a failed run), and reap every one."""
         for child in self._children.values():
@@ -151,7 +143,5 @@ async def await_shares(
             print(f"replay: waiting for workers {', '.join(map(str, waiting))} to load their shares",
                   file=out, flush=True)  # fmt: skip
             printed = now
-        if local is not None:
-            await local.wait_any(POLL_S)
-        else:
-            await asyncio.sleep(POLL_S)  # pods of the Indexed Job: the table is all there is to watch
+        # A poll interval: the table says what is done, and a local child's exit status is set when it exits.
+        await asyncio.sleep(POLL_S)
