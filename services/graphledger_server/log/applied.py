@@ -10,9 +10,10 @@ while anyone waits. A lost connection is noticed when it closes and re-made with
 until then `unreachable` says why. The read API waits on it for consistent reads, the eraser for its
 erasure events.
 
-With the offsets it reads which record keys are parked (`log/parked.py`), after them: a read that finds
-a partition applied past a record sees the subject that record parked, so a read of a parked subject
-fails instead of answering without the records it holds (`api/consistency/read_barrier.py`).
+With the offsets, in the same statement and so the same snapshot, it reads which record keys are parked
+(`log/parked.py`): a read that finds a partition applied past a record sees the subject that record
+parked, so a read of a parked subject fails instead of answering without the records it holds
+(`api/consistency/read_barrier.py`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class AppliedOffsets:
         self._schema = schema
         self._sql = OffsetStatements(schema)
         self._parked_sql = ParkedStatements(schema)
+        self._view_sql = _view_sql(self._sql, self._parked_sql)
         self._group = consumer_group
         self._next: Token = {}
         self._parked: dict[tuple[tuple[str, int], bytes], str] = {}
@@ -166,6 +168,17 @@ class AppliedOffsets:
 
     async def _refresh(self, conn: asyncpg.Connection) -> None:
         try:
+            rows = await conn.fetch(self._view_sql, self._group)
+        except asyncpg.UndefinedTableError:
+            await self._refresh_apart(conn)
+            return
+        offsets = {(r["topic"], r["partition"]): r["next_offset"] for r in rows if r["record_key"] is None}
+        self._parked = parked.keyed_of_rows(r for r in rows if r["record_key"] is not None)
+        await self._publish(offsets)
+
+    async def _refresh_apart(self, conn: asyncpg.Connection) -> None:
+        """The view from a schema missing one of the tables: each read on its own."""
+        try:
             offsets = await group_offsets(conn, self._sql, self._group)
         except asyncpg.UndefinedTableError:
             if not self._warned_no_table:
@@ -177,7 +190,22 @@ class AppliedOffsets:
             self._parked = await parked.keyed(conn, self._parked_sql)
         except asyncpg.UndefinedTableError:
             self._parked = {}  # a schema not migrated this far parks nothing
+        await self._publish(offsets)
+
+    async def _publish(self, offsets: Token) -> None:
         if offsets != self._next:
             async with self._changed:
                 self._next = offsets
                 self._changed.notify_all()
+
+
+def _view_sql(offsets: OffsetStatements, parked_sql: ParkedStatements) -> str:
+    """The group's offsets ($1) and the keyed parked subjects, each table's own statement, in one statement:
+    one round trip per refresh, and one snapshot, so a subject parked with the offsets is seen with them.
+    An offsets row is the one without a record key."""
+    return f"""
+WITH o AS ({offsets.group}), k AS ({parked_sql.keyed})
+SELECT topic, partition, next_offset, NULL AS record_key, NULL AS first_offset, NULL AS cause FROM o
+UNION ALL
+SELECT topic, partition, NULL, record_key, first_offset, cause FROM k
+"""

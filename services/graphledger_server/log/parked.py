@@ -297,7 +297,11 @@ async def keyed_of_partitions(
 
 async def keyed(conn: asyncpg.Connection, sql: ParkedStatements) -> dict[tuple[TopicPartition, bytes], str]:
     """`(partition, record key) -> subject name and cause` of every keyed parked subject, for reads."""
-    rows = await conn.fetch(sql.keyed)
+    return keyed_of_rows(await conn.fetch(sql.keyed))
+
+
+def keyed_of_rows(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[TopicPartition, bytes], str]:
+    """`keyed`'s answer from rows of `KEYED_SQL`'s columns (a caller that reads them within its own statement)."""
     return {
         ((r["topic"], r["partition"]), r["record_key"]): (
             f"{subject_name(r['topic'], r['partition'], r['first_offset'])} ({r['cause']})"
