@@ -219,6 +219,15 @@ async def test_a_page_asked_below_the_end_waits_out_a_gap() -> None:
     assert fetches(wire_) == [(10, FETCH_MAX_WAIT_MS)] * 7
 
 
+async def test_a_tail_from_a_partitions_start_whose_answer_passed_over_its_first_record_asks_from_it_again() -> None:
+    """One record back from offset 0 is offset 0: a fetch from -1 would pass over the first record (a gap that
+    never closes), and the tail would stop short of the records after it."""
+    tail, wire_ = _tail_over(_short_answers(3, 1, gap=0))
+    found = (await tail.tails({P0: 0}, 1))[P0]
+    assert ([offset for offset, _ in found.keys], found.complete) == ([0, 1, 2], True)
+    assert fetches(wire_) == [(0, END_MAX_WAIT_MS), (0, END_MAX_WAIT_MS)]  # offset 0 never waits long
+
+
 async def test_a_gap_that_persists_is_read_past_once_confirmed() -> None:
     tail, _ = _tail_over(_short_answers(14, None, gap=10))
     told: list[bool] = []

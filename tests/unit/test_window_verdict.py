@@ -6,10 +6,11 @@ else: a `runs.delete` refuses only a run whose lead it may name, a prune only wh
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
-from graphledger.client.ownership import FROM_HEADERS, IntentNames, Mark, window_verdict
+from graphledger.client.ownership import FROM_HEADERS, IntentNames, Mark, window_start, window_verdict
 from graphledger.errors import InvalidEventError
 from graphledger.events import envelope, to_envelope
 from graphledger.events.checkpoint import RunsDelete, ThreadPrune
@@ -108,5 +109,47 @@ def test_a_chunked_put_takes_its_place_in_the_log_at_its_last_chunk() -> None:
     straddling = [_chunk(other, 0, 2, 11), _chunk(own, 0, 2, 12), write, _chunk(other, 1, 2, 14)]
     assert window_verdict(mark, NAMES, straddling, KEY, write) == Counted()
     between = [_chunk(own, 0, 2, 11), _chunk(other, 0, 2, 12), _chunk(other, 1, 2, 13), _chunk(own, 1, 2, 14)]
-    refused = window_verdict(mark, NAMES, between, KEY, between[-1])
+    refused = window_verdict(_mark(lead="c1"), NAMES, between, KEY, between[-1])  # another log: a fresh run
     assert isinstance(refused, Refused) and refused.superseded_by == NAMES.checkpoint("c2")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_scan_from_the_runs_last_counted_write_decides_as_a_scan_from_its_read(seed: int) -> None:
+    """Each verdict moves the mark's scan past its counted write; the next write's verdict, scanned from there,
+    is the verdict a scan from the run's read gives."""
+    rng = random.Random(seed)
+    mark = _mark(lead="c1")
+    mark.run_id = "run-1"
+    records: list[LogRecord] = []
+    expects, offset = "c1", mark.through
+    for step in range(30):
+        offset += 1
+        roll = rng.random()
+        if roll < 0.15:
+            records.append(_put(offset, f"o{step}", rng.choice([expects, "c1"]), OTHER))
+        elif roll < 0.2:
+            records.append(_prune(offset, rng.choice([b"0", b"1"])))
+        elif roll < 0.25:
+            records.append(_runs_delete(offset, rng.choice(["run-1", "run-2"])))
+        else:
+            write = _put(offset, f"c{step + 2}", expects, WRITER)
+            records.append(write)
+            from_read = window_verdict(dataclasses.replace(mark, scanned=None), NAMES, records, KEY, write)
+            assert window_verdict(mark, NAMES, records, KEY, write) == from_read, f"seed {seed}, step {step}"
+            if isinstance(from_read, Refused):
+                assert mark.scanned is None or mark.scanned.through <= write.offset
+                return
+            assert mark.scanned is not None and mark.scanned.through == write.offset + 1
+            expects = f"c{step + 2}"
+
+
+def test_a_write_below_the_runs_last_scanned_one_is_scanned_from_the_read() -> None:
+    """Verdicts run concurrently: one of a write below the one a scan went past starts at the read again."""
+    mark = _mark(lead="c1")
+    later = _put(14, "c2", "c1", WRITER)
+    assert window_verdict(mark, NAMES, [later], KEY, later) == Counted()
+    assert window_start(mark, NAMES, 15).through == 15
+    assert window_start(mark, NAMES, 12).through == mark.through
+    earlier = _put(12, "c2", "c1", WRITER)
+    assert window_verdict(mark, NAMES, [earlier, later], KEY, earlier) == Counted()
+    assert mark.scanned is not None and mark.scanned.through == 15

@@ -100,6 +100,10 @@ class Mark:
     """The metadata `run_id` of the run's puts (`folds.thread.run_id_text`; `UNSENT` until it sent one)."""
     refusal: ThreadWriteRefusedError | None = None
     """Set once a write of the run on this thread was refused: every later call of the run raises it."""
+    scanned: Scanned | None = None
+    """How far a window scan of the run's counted writes has taken the rule's state (None: not yet): the next
+    scan starts there rather than at the read, so each record of the thread is read once a run, not once a
+    write."""
 
     def intent(self, names: IntentNames, checkpoint_id: str) -> Intent:
         """The intent of the run's next write, against `checkpoint_id`. Each name is hashed once: a run's
@@ -114,6 +118,15 @@ class Mark:
     def sent_put(self, intent: Intent, checkpoint_id: str, run_id: object) -> None:
         """The run sent a put of `checkpoint_id` (of metadata `run_id`) with `intent`: its next writes expect it."""
         self.expects, self.expects_id, self.run_id = intent.checkpoint, checkpoint_id, run_id
+
+
+@dataclass(frozen=True, slots=True)
+class Scanned:
+    """The rule's state of a mark's namespace through `through` (exclusive) of its partition, from the read
+    and the thread's records up to and including a counted write of the run."""
+
+    through: int
+    ledger: Ledger[bytes]
 
 
 @dataclass(slots=True)
@@ -223,21 +236,37 @@ PRUNE: Final = b"thread.prune"
 is sealed, and without the header this errs toward refusing)."""
 
 
-def window_verdict(
-    mark: Mark, names: IntentNames, records: Sequence[LogRecord], key: bytes, write: LogRecord
-) -> Verdict:
-    """The one-writer rule's verdict of `write`, the run's own record, from the records of the thread (`key`)
-    and the keyless ones in the mark's partition from its `through` up to it, read by their headers alone,
-    each event at its last record (where every reader completes a chunked one): every other writer's record
-    is taken as applied (what the projector dead-letters would only have left the thread as the run read it,
-    so this errs toward refusing, never toward counting)."""
+def window_start(mark: Mark, names: IntentNames, last: int) -> Scanned:
+    """Where the scan for the verdict of the run's write at `last` starts: after the run's latest counted write
+    below it, else at the read (the mark's lead, operations and `through`)."""
+    if mark.scanned is not None and mark.scanned.through <= last:
+        return mark.scanned
     own_ns = names.namespace(mark.checkpoint_ns)
     runs: dict[bytes, object] = {own_ns: mark.lead_run} if mark.lead is not None else {}
     writers = {own_ns: mark.lead_writer} if mark.lead_writer else {}
     leads = {own_ns: mark.lead} if mark.lead is not None else {}
-    ledger: Ledger[bytes] = Ledger(mark.operations, leads, runs, {}, writers)
+    return Scanned(mark.through, Ledger(mark.operations, leads, runs, {}, writers))
+
+
+def window_verdict(
+    mark: Mark,
+    names: IntentNames,
+    records: Sequence[LogRecord],
+    key: bytes,
+    write: LogRecord,
+    start: Scanned | None = None,
+) -> Verdict:
+    """The one-writer rule's verdict of `write`, the run's own record, from the records of the thread (`key`)
+    and the keyless ones in the mark's partition from `start` (default: `window_start`) up to it, read by their
+    headers alone, each event at its last record (where every reader completes a chunked one): every other
+    writer's record is taken as applied (what the projector dead-letters would only have left the thread as the
+    run read it, so this errs toward refusing, never toward counting). A counted write moves `mark.scanned`
+    past it."""
+    start = window_start(mark, names, write.offset) if start is None else start
+    own_ns = names.namespace(mark.checkpoint_ns)
+    ledger = start.ledger
     for record in records:
-        if record.offset >= write.offset or record.offset < mark.through:
+        if record.offset >= write.offset or record.offset < start.through:
             continue
         if (record.key != key and record.key is not None) or not _completes_its_event(record):
             continue
@@ -256,11 +285,14 @@ def window_verdict(
     assert raw is not None, "a run's write carries its intent"
     intent = ownership.parsed(raw)
     if header(write.headers, HEADER_TYPE) == PUT:
-        verdict = ownership.put(ledger, own_ns, intent)[1]
+        # As a later scan takes this record: the run's own put, of its run id.
+        ledger, verdict = ownership.put(ledger, own_ns, intent, mark.run_id)
     else:
         verdict = ownership.writes(ledger, own_ns, intent)
     if isinstance(verdict, Refused):
         return dataclasses.replace(verdict, reason=verdict.reason + FROM_HEADERS)
+    if mark.scanned is None or mark.scanned.through <= write.offset:
+        mark.scanned = Scanned(write.offset + 1, ledger)
     return verdict
 
 

@@ -25,7 +25,16 @@ from graphledger.client.asked_verdicts import PUT_WAIT_S, AskedVerdicts
 from graphledger.client.key_filters import KeyFilters
 from graphledger.client.loop import BackgroundLoop, HomeLoop
 from graphledger.client.others_records import Opening
-from graphledger.client.ownership import UNSENT, IntentNames, Mark, Run, RunMarks, in_run, window_verdict
+from graphledger.client.ownership import (
+    UNSENT,
+    IntentNames,
+    Mark,
+    Run,
+    RunMarks,
+    in_run,
+    window_start,
+    window_verdict,
+)
 from graphledger.client.publisher import EventPublisher
 from graphledger.client.put_riders import PutRiders
 from graphledger.client.reader import ReadApiClient
@@ -384,14 +393,15 @@ class ClientRuntime:
         if self.log is None or key is None or partition != mark.partition:
             return None
         tp = TopicPartition(self._settings.checkpoint_topic, partition)
+        start = window_start(mark, names, last)
         try:
-            tail = (await self.log.tails({tp: mark.through}, self._settings.consistency_timeout_s))[tp]
+            tail = (await self.log.tails({tp: start.through}, self._settings.consistency_timeout_s))[tp]
         except LogUnavailableError:
             return None
         write = next((r for r in tail.records if r.offset == last), None)
         if write is None:
             return None  # the scan stopped short of it
-        return window_verdict(mark, names, tail.records, key.encode(), write)
+        return window_verdict(mark, names, tail.records, key.encode(), write, start)
 
     def _acked(self, topic: str, acked: Sequence[tuple[str, int, int]], key: str | None) -> None:
         """Records of this process, with their record key, acknowledged at `acked`."""

@@ -310,7 +310,7 @@ class LogTail:
         # the page stopped, up to the bound. Each fetch starts one record back (one at the position waits
         # when it finds nothing), and a batch comes whole: records before the position are dropped.
         while position < page.end and scanned < SCAN_MAX_BYTES:
-            more = await self._page(tp, position - 1)
+            more = await self._page(tp, max(position - 1, 0))
             if more is None:
                 break
             found = [r for r in more.records if r.offset >= position]
