@@ -177,6 +177,29 @@ async def test_writes_ahead_of_their_put_come_with_the_answer_as_the_projection_
             assert await get(client, "t-ahead") == folded
 
 
+async def test_a_history_over_writes_the_projection_applied_before_their_put_waits_for_it(settings: Settings) -> None:
+    """Writes the projector applied ahead of their put are in no answer the fold starts from: a DeltaChannel
+    history of a child of their checkpoint folded without them would lack them, so it waits, as a get does."""
+    async with read_api(settings) as client, KafkaSaver(settings) as a, KafkaSaver(settings) as b:
+        config = {"configurable": {"thread_id": "t-early", "checkpoint_ns": ""}}
+        first, second, third = empty_checkpoint(), empty_checkpoint(), empty_checkpoint()
+        await a.aput(config, first, {"source": "input", "step": -1}, {})
+        at = {"configurable": {**config["configurable"], "checkpoint_id": second["id"]}}
+        await b.aput_writes(at, [("x", 1)], "task")  # before their put
+        async with projector(settings):
+            await fully_projected(settings, client)
+        parent = {"configurable": {**config["configurable"], "checkpoint_id": first["id"]}}
+        await a.aput(parent, second, {"source": "loop", "step": 0}, {})
+        await a.aput(at, third, {"source": "loop", "step": 1}, {})
+        body = {"thread_id": "t-early", "checkpoint_ns": "", "channels": ["x"]}
+        status, answer = await post(client, "/v1/checkpoints/delta-history", body)
+        assert status == 503 and answer["error"] == "consistency_timeout", answer
+        async with projector(settings):
+            await fully_projected(settings, client)
+            writes = (await history(client, "t-early", ["x"]))["x"]["writes"]
+            assert [(channel, ormsgpack.unpackb(value["b"])) for _, channel, value in writes] == [("x", 1)]
+
+
 async def test_a_write_after_its_thread_was_erased_is_not_read_though_the_projector_applied_the_erasure_unread(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -67,8 +67,8 @@ LaterWrites = dict[str, list[WireWrite]]
 """The pending writes of checkpoints whose puts are still to come, by checkpoint id (`Holding.later_writes`)."""
 
 EARLY_WRITES = "the projection holds writes of a checkpoint newer than the namespace's newest, before their put"
-"""Why a get waits that the fold cannot start from the projection's answer: a put of that checkpoint among
-the thread's unprojected records comes with writes the fold does not know."""
+"""Why a get or a DeltaChannel history waits that the fold cannot start from the projection's answer: a put of
+that checkpoint among the thread's unprojected records comes with writes the fold does not know."""
 
 
 class Base(NamedTuple):
@@ -458,6 +458,8 @@ class CheckpointReads:
             saver = self._saver(conn)
             found = await saver.aget_tuple(newest_config)
             base = wire_tuple(found, tenant) if found else None
+            if await _early_writes(conn, stored, ns, base):
+                return thread.Underivable(EARLY_WRITES)  # a child's history holds them, the answer does not
             answered: dict[str, ChannelHistory] = {}
             ceilings = await _ceilings_on(conn, stored, ns)
             if base is not None:
