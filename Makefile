@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 AGENT_SERVER_VENV := .venv-agent-server
 AGENT_SERVER_STAMP := $(AGENT_SERVER_VENV)/.installed
 
-.PHONY: run test test-unit bench soak lint install agent-server-env settings-doc clean
+.PHONY: run test test-unit bench soak langgraph-suite lint install agent-server-env settings-doc clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -69,10 +69,16 @@ soak: $(STAMP)
 	GRAPHLEDGER_READ_THROUGH_STOPPED_S=300 $(BIN)/python -m pytest -q -s --timeout 1200 tests/acceptance/test_read_through_hops.py
 	GRAPHLEDGER_CONCURRENT_STARTS=50 $(BIN)/python -m pytest -q tests/acceptance/test_one_writer.py
 
+# LangGraph's own test suite, at the installed version, on KafkaSaver (rule refusing, rule recording) beside
+# InMemorySaver: its 913 checkpointer tests, about 8 minutes (a virtualenv of its own, .venv-langgraph-suite,
+# for the suite's test dependencies; SUITE_ARGS="--modes kafka -- -k time_travel" narrows it).
+langgraph-suite: $(STAMP)
+	$(BIN)/python tests/langgraph_repository/run.py $(SUITE_ARGS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check libs services tests bench
 	$(BIN)/ruff format --check libs services tests bench
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) $(AGENT_SERVER_VENV) .pytest_cache
+	rm -rf $(VENV) $(AGENT_SERVER_VENV) .venv-langgraph-suite .langgraph-suite .pytest_cache
