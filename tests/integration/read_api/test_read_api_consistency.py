@@ -6,8 +6,10 @@ reached is a retryable 503, one naming what no write was acknowledged at, or mal
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
@@ -95,48 +97,51 @@ async def test_a_missed_notification_is_caught_by_the_fallback_refresh(projectio
 
 async def test_the_watcher_reads_offsets_and_parked_keys_together(projection: str) -> None:
     group, topic = f"g{uuid.uuid4().hex[:8]}", f"t{uuid.uuid4().hex[:8]}.checkpoints"
-    conn = await asyncpg.connect(projection)
-    try:
-        await conn.execute(
-            f"INSERT INTO {SCHEMA}.graphledger_parked_subjects"
-            " (topic, partition, first_offset, record_key, cause, reason, parked_by_version)"
-            " VALUES ($1, 0, 3, 'k1', 'newer_version', 'from a newer producer', 1),"
-            " ($1, 0, 4, NULL, 'beyond_log', 'keyless', 1)",
-            topic,
-        )
-    finally:
-        await conn.close()
+    await _execute(
+        projection,
+        f"INSERT INTO {SCHEMA}.graphledger_parked_subjects"
+        " (topic, partition, first_offset, record_key, cause, reason, parked_by_version)"
+        " VALUES ($1, 0, 3, 'k1', 'newer_version', 'from a newer producer', 1),"
+        " ($1, 0, 4, NULL, 'beyond_log', 'keyless', 1)",
+        topic,
+    )
     await set_applied(projection, group, topic, 0, 5, notify=False)
-    offsets = AppliedOffsets(projection, SCHEMA, group, fallback_refresh_s=300)
-    await offsets.start()
-    try:
-        await asyncio.wait_for(offsets.listening.wait(), 10)
+    async with _listening(AppliedOffsets(projection, SCHEMA, group, fallback_refresh_s=300)) as offsets:
         assert offsets.applied(topic, 0) == 5
         assert offsets.parked(topic, 0, b"k1") == f"{topic}:0@3 (newer_version)"
         assert offsets.parked(topic, 0, b"k2") is None
-    finally:
-        await offsets.stop()
 
 
 async def test_a_schema_without_the_parking_tables_still_gives_its_offsets(projection: str) -> None:
     """A schema migrated before parking existed has no parked subjects; its offsets are read on their own."""
     schema, group = f"old{uuid.uuid4().hex[:8]}", f"g{uuid.uuid4().hex[:8]}"
-    conn = await asyncpg.connect(projection)
+    await _execute(
+        projection,
+        f"CREATE SCHEMA {schema};"
+        f" CREATE TABLE {schema}.graphledger_offsets (LIKE {SCHEMA}.graphledger_offsets INCLUDING ALL);"
+        f" INSERT INTO {schema}.graphledger_offsets (consumer_group, topic, partition, next_offset)"
+        f" VALUES ('{group}', 't.checkpoints', 0, 42)",
+    )
+    async with _listening(AppliedOffsets(projection, schema, group, fallback_refresh_s=300)) as offsets:
+        assert offsets.applied("t.checkpoints", 0) == 42
+        assert offsets.parked("t.checkpoints", 0, b"k1") is None
+
+
+async def _execute(dsn: str, sql: str, *args: object) -> None:
+    conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(
-            f"CREATE SCHEMA {schema};"
-            f" CREATE TABLE {schema}.graphledger_offsets (LIKE {SCHEMA}.graphledger_offsets INCLUDING ALL);"
-            f" INSERT INTO {schema}.graphledger_offsets (consumer_group, topic, partition, next_offset)"
-            f" VALUES ('{group}', 't.checkpoints', 0, 42)"
-        )
+        await conn.execute(sql, *args)
     finally:
         await conn.close()
-    offsets = AppliedOffsets(projection, schema, group, fallback_refresh_s=300)
+
+
+@contextlib.asynccontextmanager
+async def _listening(offsets: AppliedOffsets) -> AsyncIterator[AppliedOffsets]:
+    """`offsets` started and listening, stopped after."""
     await offsets.start()
     try:
         await asyncio.wait_for(offsets.listening.wait(), 10)
-        assert offsets.applied("t.checkpoints", 0) == 42
-        assert offsets.parked("t.checkpoints", 0, b"k1") is None
+        yield offsets
     finally:
         await offsets.stop()
 
