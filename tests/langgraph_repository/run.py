@@ -60,7 +60,10 @@ def suite(version: str) -> Path:
         pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:"]
         subprocess.run([*pip, "-d", str(WORK), f"langgraph=={version}"], check=True)
         with tarfile.open(WORK / f"langgraph-{version}.tar.gz") as sdist:
-            sdist.extractall(WORK, filter="data")
+            if hasattr(tarfile, "data_filter"):  # Python 3.11.4 and later
+                sdist.extractall(WORK, filter="data")
+            else:
+                sdist.extractall(WORK)  # PyPI's sdist of LangGraph
     shutil.copyfile(Path(__file__).with_name("fixtures.py"), tree / "tests" / "graphledger_fixtures.py")
     conftest = tree / "tests" / "conftest.py"
     text = conftest.read_text()
