@@ -10,7 +10,7 @@ checkpointer fixtures:
 - `record`: KafkaSaver with `GRAPHLEDGER_WRITE_OWNERSHIP=record` (the rule only recording, as before it).
 Services and Docker the suite's other fixtures want are off (`NO_DOCKER=true`: in-memory stores and caches).
 A test's outcome on KafkaSaver is compared with its outcome on `InMemorySaver`; the run fails when a test
-that passes there does not pass on `kafka`.
+that passes there (every test, without a `memory` run) does not pass on `kafka`.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ TEST_DEPENDENCIES = (
     "psycopg[binary]",
 )
 CHECKPOINTER_ID = re.compile(r"(?<=[\[-])(memory|kafka)(?=[\]-])")
+OUTCOMES = {"failure": "failed", "error": "error", "skipped": "skipped"}
+"""A junit test case's outcome by the first of these elements it holds (none: passed)."""
 IMPORT_LINE = "from tests.graphledger_fixtures import async_checkpointer, sync_checkpointer  # noqa: E402,F401,F811\n"
 
 
@@ -113,8 +115,7 @@ def outcomes(report: Path) -> dict[str, str]:
     for case in ET.parse(report).iter("testcase"):
         name = CHECKPOINTER_ID.sub("saver", f"{case.get('classname')}::{case.get('name')}")
         kinds = {child.tag for child in case}
-        found[name] = next((k for k in ("failure", "error", "skipped") if k in kinds), "passed")
-        found[name] = {"failure": "failed"}.get(found[name], found[name])
+        found[name] = next((outcome for tag, outcome in OUTCOMES.items() if tag in kinds), "passed")
     return found
 
 
@@ -145,7 +146,8 @@ def main() -> int:
     for mode, found in reports.items():
         if mode == "memory":
             continue
-        worse[mode] = sorted(t for t, o in found.items() if o != "passed" and reference.get(t) == "passed")
+        # Without a reference run, every test is taken as passing there.
+        worse[mode] = sorted(t for t, o in found.items() if o != "passed" and reference.get(t, "passed") == "passed")
         for test in worse[mode]:
             print(f"  {mode}: {found[test]} {test} (passes on InMemorySaver)")
     return 1 if worse.get("kafka") else 0
