@@ -40,6 +40,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from aiokafka import TopicPartition
 from aiokafka.client import AIOKafkaClient
@@ -239,9 +240,7 @@ class LogTail:
         offsets known to be in the log or at its end (the projection's positions)."""
         try:
             async with asyncio.timeout(timeout_s):
-                pages = await asyncio.gather(
-                    *(self._shared_page(tp, start, END_BYTES, END_MAX_WAIT_MS) for tp, start in starts.items())
-                )
+                pages = await self._shared_ends(starts)
                 return {
                     tp: page.end if page is not None else await self._list_end(tp)
                     for tp, page in zip(starts, pages, strict=True)
@@ -323,6 +322,52 @@ class LogTail:
 
     # -- fetches, shared by the reads of one loop turn -------------------------------------------------
 
+    async def _shared_ends(self, starts: Mapping[TopicPartition, int]) -> list[_Page | None]:
+        """`_shared_page` of each partition at its start for its end, joining each leader's next round once
+        for all of them (one wait per round, not a task per partition: this runs before every read of the
+        read API). A partition whose leader is to be asked for, or whose answer is an error to recover
+        from, goes the way of `_shared_page`."""
+        fresh = self._clock() - LEADERS_MAX_AGE_S
+        rounds: dict[TopicPartition, _Round] = {}
+        for tp, start in starts.items():
+            leader = self._leaders.get(tp)
+            if leader is None or leader.node < 0 or self._asked_at.get(tp.topic, 0.0) < fresh:
+                continue
+            rounds[tp] = self._join(leader.node, TAILS_LANE, tp, start, END_BYTES, END_MAX_WAIT_MS)
+        answers: dict[asyncio.Future[dict[TopicPartition, _Answer]], dict[TopicPartition, _Answer]] = {}
+        for round_ in rounds.values():
+            if round_.done not in answers:
+                answers[round_.done] = await asyncio.shield(round_.done)
+        pages = {tp: answers[round_.done].get(tp) for tp, round_ in rounds.items()}
+        again = [tp for tp in starts if tp not in pages or not (isinstance(pages[tp], _Page) or pages[tp] is None)]
+        if again:
+            found = await asyncio.gather(*(self._end_again(tp, starts[tp], pages.get(tp)) for tp in again))
+            pages.update(zip(again, found, strict=True))
+        return [cast(_Page | None, pages[tp]) for tp in starts]
+
+    async def _end_again(self, tp: TopicPartition, start: int, failure: _Answer) -> _Page | None:
+        """`_shared_page` of `tp` for its end, after recovering from the failure of a first fetch, if any."""
+        if failure is not None:
+            await self._recover(tp, cast(BaseException, failure))
+        return await self._shared_page(tp, start, END_BYTES, END_MAX_WAIT_MS)
+
+    def _join(self, node: int, lane: str, tp: TopicPartition, position: int, max_bytes: int, wait_ms: int) -> _Round:
+        """The next round to `node` in `lane`, asking for `tp` from `position` (sent once the round in flight
+        there, if any, has its answer)."""
+        round_ = self._rounds.get((node, lane))
+        if round_ is None:
+            loop = asyncio.get_running_loop()
+            round_ = self._rounds[(node, lane)] = _Round(loop.create_future())
+            in_flight = self._in_flight.get((node, lane))
+            if in_flight is None or in_flight.done():
+                loop.call_soon(self._send_round, (node, lane))
+            else:
+                in_flight.add_done_callback(functools.partial(self._send_round_after, (node, lane)))
+        earlier, most = round_.positions.get(tp, (position, max_bytes))
+        round_.positions[tp] = (min(position, earlier), max(max_bytes, most))
+        round_.wait_ms = max(round_.wait_ms, wait_ms)
+        return round_
+
     async def _shared_page(
         self, tp: TopicPartition, position: int, max_bytes: int, wait_ms: int, lane: str = TAILS_LANE
     ) -> _Page | None:
@@ -334,19 +379,7 @@ class LogTail:
         asked: reads of whole records from where the read API has read (`pages`) have a lane of their
         own, so that a scan from the projection's position, far behind it, never takes the page they need."""
         while True:
-            node = await self._leader(tp)
-            round_ = self._rounds.get((node, lane))
-            if round_ is None:
-                loop = asyncio.get_running_loop()
-                round_ = self._rounds[(node, lane)] = _Round(loop.create_future())
-                in_flight = self._in_flight.get((node, lane))
-                if in_flight is None or in_flight.done():
-                    loop.call_soon(self._send_round, (node, lane))
-                else:
-                    in_flight.add_done_callback(functools.partial(self._send_round_after, (node, lane)))
-            earlier, most = round_.positions.get(tp, (position, max_bytes))
-            round_.positions[tp] = (min(position, earlier), max(max_bytes, most))
-            round_.wait_ms = max(round_.wait_ms, wait_ms)
+            round_ = self._join(await self._leader(tp), lane, tp, position, max_bytes, wait_ms)
             answer = (await asyncio.shield(round_.done)).get(tp)
             if isinstance(answer, _Page) or answer is None:
                 return answer
