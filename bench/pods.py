@@ -312,8 +312,10 @@ async def run(
     ownership: bool = False,
 ) -> tuple[list[str], str]:
     """The pods rows and where the last round ran: each round on a fresh stack (`stacks`), every side's pods
-    started on it, the sides in an order reversed every other round (`ownership`: a third side, KafkaSaver
-    with the one-writer rule off, and its ratio)."""
+    started on it, the sides and each side's cells in an order reversed every other round (`ownership`: a
+    third side, KafkaSaver with the one-writer rule off, and its ratio). Within a round tansu's cost a turn
+    grows with the records the cells before left (`fresh_stack`), so a cell order kept for every round
+    would charge that growth to the last cells (the pods-stay row after the random one) every time."""
     sides = (*SIDES, RECORDING) if ownership else SIDES
     rng = random.Random(seed)
     cells = [(routing, c, 0.0) for routing in ("random", "stay") for c in CONCURRENCY]
@@ -340,7 +342,7 @@ async def run(
             try:
                 async with Settle(stack.settings) as settle:
                     for side in sides if r % 2 == 0 else sides[::-1]:
-                        for routing, concurrency, pause in cells:
+                        for routing, concurrency, pause in cells if r % 2 == 0 else cells[::-1]:
                             await settle()
                             cell = await run_cell(pods[side], concurrency, routing, rng, stack_cpu, pause, run_s)
                             results.setdefault((routing, concurrency, pause, side), []).append(cell)
