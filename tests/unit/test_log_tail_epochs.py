@@ -196,6 +196,25 @@ async def test_a_fenced_epoch_asks_for_the_leader_again() -> None:
     assert len(wire.of(METADATA)) == 2
 
 
+async def test_the_end_of_partitions_on_two_leaders_is_one_fetch_to_each_and_only_a_moved_one_is_asked_again() -> None:
+    # P0 on node 1, P1 on node 2; then P0 moves to node 2 (epoch 8) and node 1, told so, fences epoch 7.
+    cluster = led_by(1, 7, 10, P0)
+    cluster.published[P1] = (2, 3)
+    cluster.replicas[(2, P1)] = Replica(3, True, 20)
+    wire = cluster.wire()
+    log = tail(wire)
+    assert await log.ends({P0: 1, P1: 1}, 1) == {P0: 10, P1: 20}
+    assert sorted(fetches(wire)) == [(1, 10, {0: 7}), (2, 10, {1: 3})]
+    cluster.published[P0] = (2, 8)
+    cluster.replicas[(1, P0)] = Replica(8, False, 10)
+    cluster.replicas[(2, P0)] = Replica(8, True, 12)
+    assert await log.ends({P0: 1, P1: 1}, 1) == {P0: 12, P1: 20}
+    # Both leaders asked at once; then, after the Metadata answer, only P0, of its new leader.
+    assert sorted(fetches(wire)[2:4]) == [(1, 10, {0: 7}), (2, 10, {1: 3})]
+    assert fetches(wire)[4:] == [(2, 10, {0: 8})]
+    assert len(wire.of(METADATA)) == 2
+
+
 async def test_an_epoch_the_leader_does_not_know_yet_is_asked_again_until_it_does() -> None:
     # Metadata names node 2 in epoch 8 before node 2 has taken over: it answers UNKNOWN_LEADER_EPOCH.
     cluster = led_by(2, 8, 12)
