@@ -327,13 +327,11 @@ class LogTail:
         for all of them (one wait per round, not a task per partition: this runs before every read of the
         read API). A partition whose leader is to be asked for, or whose answer is an error to recover
         from, goes the way of `_shared_page`."""
-        fresh = self._clock() - LEADERS_MAX_AGE_S
         rounds: dict[TopicPartition, _Round] = {}
         for tp, start in starts.items():
-            leader = self._leaders.get(tp)
-            if leader is None or leader.node < 0 or self._asked_at.get(tp.topic, 0.0) < fresh:
-                continue
-            rounds[tp] = self._join(leader.node, TAILS_LANE, tp, start, END_BYTES, END_MAX_WAIT_MS)
+            node = self._fresh_leader(tp)
+            if node is not None:
+                rounds[tp] = self._join(node, TAILS_LANE, tp, start, END_BYTES, END_MAX_WAIT_MS)
         answers: dict[asyncio.Future[dict[TopicPartition, _Answer]], dict[TopicPartition, _Answer]] = {}
         for round_ in rounds.values():
             if round_.done not in answers:
@@ -487,6 +485,9 @@ class LogTail:
         """The node leading `tp`, as our last Metadata answer named it (asked again when it named none or
         is older than `LEADERS_MAX_AGE_S`); a partition in an election is asked about again until it has a
         leader (the read's deadline)."""
+        node = self._fresh_leader(tp)
+        if node is not None:
+            return node
         leader = self._leaders.get(tp)
         if leader is not None and self._clock() - self._asked_at.get(tp.topic, 0.0) > LEADERS_MAX_AGE_S:
             try:
@@ -508,6 +509,14 @@ class LogTail:
                 raise LogUnavailableError(f"Kafka names no partition {tp.partition} of {tp.topic}")
             if leader.node < 0:
                 await asyncio.sleep(RETRY_S)
+        return leader.node
+
+    def _fresh_leader(self, tp: TopicPartition) -> int | None:
+        """The node leading `tp` as our last Metadata answer named it, unless it named none or is older than
+        `LEADERS_MAX_AGE_S` (then `_leader` asks again)."""
+        leader = self._leaders.get(tp)
+        if leader is None or leader.node < 0 or self._clock() - self._asked_at.get(tp.topic, 0.0) > LEADERS_MAX_AGE_S:
+            return None
         return leader.node
 
     def _epoch(self, tp: TopicPartition) -> int:
